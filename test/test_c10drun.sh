@@ -1,0 +1,347 @@
+#!/usr/bin/env bash
+# Tests of the c10drun launcher: environment, output prefixes, failure handling, signals,
+# --timeout, the external store. Ranks are small shell scripts that record their pid (and
+# their children's) so the test can check that nothing is left running.
+#
+# usage: test_c10drun.sh PATH/TO/c10drun [BUILD_DIR]
+set -u
+
+RUN=${1:?usage: test_c10drun.sh PATH/TO/c10drun [BUILD_DIR]}
+BUILD=${2:-}
+T=$(mktemp -d "${TMPDIR:-/tmp}/test_c10drun.XXXXXX")
+BG=() # c10drun processes started in the background
+FAILS=0
+
+cleanup() {
+    local p f
+    for p in "${BG[@]}"; do
+        kill -KILL "$p" 2>/dev/null
+    done
+    for f in "$T"/*.pid; do
+        [ -s "$f" ] || continue
+        p=$(cat "$f")
+        kill -KILL -- "-$p" 2>/dev/null
+        kill -KILL "$p" 2>/dev/null
+    done
+    rm -rf "$T"
+}
+trap cleanup EXIT
+# Every c10drun run is bounded; timeout(1) sends SIGTERM, which c10drun forwards.
+c10drun() { timeout -k 10 120 "$RUN" "$@"; }
+
+fail() {
+    echo "FAIL: $*"
+    FAILS=$((FAILS + 1))
+}
+pass() { echo "ok:   $*"; }
+
+# A zombie (its parent has not reaped it yet) counts as gone.
+alive() {
+    [ -r "/proc/$1/stat" ] || return 1
+    local state
+    state=$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+    [ -n "$state" ] && [ "$state" != Z ] && [ "$state" != X ]
+}
+
+# wait_gone PID...: true once every PID is gone; bounded.
+wait_gone() {
+    local p left
+    for _ in $(seq 1 200); do
+        left=0
+        for p in "$@"; do
+            alive "$p" && left=1
+        done
+        [ $left = 0 ] && return 0
+        sleep 0.05
+    done
+    return 1
+}
+
+# wait_files N GLOB: until N files match (the ranks have written their pids); bounded.
+wait_files() {
+    local n=$1 glob=$2
+    for _ in $(seq 1 600); do
+        # shellcheck disable=SC2086
+        [ "$(ls $glob 2>/dev/null | wc -l)" -ge "$n" ] && return 0
+        sleep 0.05
+    done
+    return 1
+}
+
+# check_gone CASE GLOB: every pid recorded in files matching GLOB is gone.
+check_gone() {
+    local name=$1 glob=$2 f pids=()
+    for f in $glob; do
+        [ -s "$f" ] && pids+=("$(cat "$f")")
+    done
+    if [ ${#pids[@]} = 0 ]; then
+        fail "$name: no pid files $glob"
+    elif wait_gone "${pids[@]}"; then
+        pass "$name: no process left (${#pids[@]} checked)"
+    else
+        fail "$name: processes left: ${pids[*]}"
+    fi
+}
+
+expect_rc() {
+    if [ "$2" = "$3" ]; then pass "$1: exit status $2"; else fail "$1: exit status $2, want $3"; fi
+}
+
+expect_line() { # name file fixed-string
+    if grep -qxF -- "$3" "$2"; then pass "$1: has '$3'"; else
+        fail "$1: no line '$3' in $2:"
+        sed 's/^/    | /' "$2"
+    fi
+}
+
+expect_match() { # name file regex
+    if grep -qE -- "$3" "$2"; then pass "$1: matches '$3'"; else
+        fail "$1: nothing matches '$3' in $2:"
+        sed 's/^/    | /' "$2"
+    fi
+}
+
+expect_no_match() {
+    if grep -qE -- "$3" "$2"; then
+        fail "$1: unexpected '$3' in $2"
+    else pass "$1: no '$3'"; fi
+}
+
+# ---------------------------------------------------------------- all ranks succeed, env
+RANK=99 WORLD_SIZE=77 c10drun -n 3 sh -c 'echo "env $RANK $LOCAL_RANK $GROUP_RANK $ROLE_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $ROLE_WORLD_SIZE $MASTER_ADDR $TORCHELASTIC_USE_AGENT_STORE"; echo "port $MASTER_PORT"; echo "run $TORCHELASTIC_RUN_ID"' \
+    >"$T/env.out" 2>"$T/env.err"
+expect_rc env $? 0
+for r in 0 1 2; do
+    expect_line env "$T/env.out" "[rank$r]: env $r $r 0 $r 3 3 3 127.0.0.1 False"
+done
+ports=$(sed -n 's/^\[rank[0-9]*\]: port //p' "$T/env.out" | sort -u)
+if [ "$(echo "$ports" | wc -l)" = 1 ] && [ "$ports" -gt 0 ] 2>/dev/null; then
+    pass "env: one MASTER_PORT for all ranks ($ports)"
+else fail "env: MASTER_PORT values '$ports'"; fi
+runs=$(sed -n 's/^\[rank[0-9]*\]: run //p' "$T/env.out" | sort -u)
+if [ "$(echo "$runs" | wc -l)" = 1 ] && [ -n "$runs" ]; then
+    pass "env: one TORCHELASTIC_RUN_ID ($runs)"
+else fail "env: TORCHELASTIC_RUN_ID values '$runs'"; fi
+if [ ! -s "$T/env.err" ]; then pass "env: nothing on stderr"; else fail "env: stderr not empty"; fi
+
+c10drun -n 2 --master-addr localhost --master-port 12345 --run-id job7 \
+    sh -c 'echo "$MASTER_ADDR $MASTER_PORT $TORCHELASTIC_RUN_ID"' >"$T/addr.out" 2>&1
+expect_rc master-addr $? 0
+expect_line master-addr "$T/addr.out" "[rank1]: localhost 12345 job7"
+
+# A PROGRAM's own options are not c10drun's.
+c10drun -n 1 sh -c 'echo "$0 $1"' -n x >"$T/args.out" 2>&1
+expect_rc args $? 0
+expect_line args "$T/args.out" "[rank0]: -n x"
+
+# ---------------------------------------------------------------- output prefixes
+c10drun -n 2 sh -c 'printf "a\nb\n"; echo "e$RANK" >&2; printf "tail$RANK"' \
+    >"$T/pre.out" 2>"$T/pre.err"
+expect_rc prefix $? 0
+for r in 0 1; do
+    expect_line prefix "$T/pre.out" "[rank$r]: a"
+    expect_line prefix "$T/pre.out" "[rank$r]: b"
+    expect_line prefix "$T/pre.out" "[rank$r]: tail$r"
+    expect_line prefix "$T/pre.err" "[rank$r]: e$r"
+done
+expect_no_match prefix-stdout "$T/pre.out" 'e[01]$'
+expect_no_match prefix-stderr "$T/pre.err" ': (a|b|tail.)$'
+n=$(wc -l <"$T/pre.out")
+if [ "$n" = 6 ]; then pass "prefix: 6 stdout lines"; else fail "prefix: $n stdout lines, want 6"; fi
+
+c10drun -n 2 --no-prefix sh -c 'echo "plain$RANK"' >"$T/nopre.out" 2>&1
+expect_rc no-prefix $? 0
+expect_line no-prefix "$T/nopre.out" "plain0"
+expect_line no-prefix "$T/nopre.out" "plain1"
+
+# Many lines, read in many chunks: none lost, none cut, each rank's in order.
+c10drun -n 2 seq 1 20000 >"$T/many.out" 2>&1
+expect_rc many-lines $? 0
+for r in 0 1; do
+    if sed -n "s/^\[rank$r\]: //p" "$T/many.out" | cmp -s - <(seq 1 20000); then
+        pass "many-lines: rank $r's 20000 lines intact and in order"
+    else fail "many-lines: rank $r's lines differ"; fi
+done
+
+# Our stdout goes away (`| head`): the ranks' next write fails as in a plain pipeline.
+timeout -k 10 120 "$RUN" -n 2 yes 2>"$T/head.err" | head -n 3 >"$T/head.out"
+expect_rc stdout-closed "${PIPESTATUS[0]}" 141
+expect_match stdout-closed "$T/head.err" '^c10drun: rank [01] \(pid [0-9]+\) killed by signal 13 \(SIGPIPE\)$'
+
+# ---------------------------------------------------------------- a failing rank
+# Every rank records its pid and a child's; rank 1 fails once all have started.
+rank_script='echo $$ > "$D/$C.r$RANK.pid"; sleep 1000 & echo $! > "$D/$C.c$RANK.pid";
+while [ "$(ls "$D"/$C.c*.pid 2>/dev/null | wc -l)" -lt "$WORLD_SIZE" ]; do sleep 0.05; done;
+'
+D=$T C=fail c10drun -n 3 --grace-ms 2000 sh -c "$rank_script"'
+if [ "$RANK" = 1 ]; then echo "rank 1 fails"; exit 3; fi; wait' >"$T/fail.out" 2>"$T/fail.err"
+expect_rc fail $? 3
+expect_line fail "$T/fail.err" "c10drun: rank 1 (pid $(cat "$T/fail.r1.pid" 2>/dev/null)) exited with status 3"
+expect_line fail "$T/fail.out" "[rank1]: rank 1 fails"
+n=$(grep -c '^c10drun: rank' "$T/fail.err")
+if [ "$n" = 1 ]; then pass "fail: one failure line"; else fail "fail: $n failure lines"; fi
+check_gone fail "$T/fail.*.pid"
+
+# ---------------------------------------------------------------- a rank killed by a signal
+D=$T C=sig c10drun -n 2 sh -c "$rank_script"'
+if [ "$RANK" = 1 ]; then kill -KILL $$; fi; wait' >"$T/sig.out" 2>"$T/sig.err"
+expect_rc signal $? 137
+expect_line signal "$T/sig.err" "c10drun: rank 1 (pid $(cat "$T/sig.r1.pid" 2>/dev/null)) killed by signal 9 (SIGKILL)"
+check_gone signal "$T/sig.*.pid"
+
+# ---------------------------------------------------------------- SIGTERM to c10drun
+D=$T C=term "$RUN" -n 2 sh -c 'trap "echo got-TERM; exit 0" TERM; '"$rank_script"'wait' >"$T/term.out" 2>"$T/term.err" &
+pid=$!
+BG+=("$pid")
+if wait_files 4 "$T/term.*.pid"; then
+    kill -TERM "$pid"
+else
+    fail "term: ranks did not start"
+    kill -KILL "$pid"
+fi
+if wait_gone "$pid"; then :; else
+    fail "term: c10drun still running"
+    kill -KILL "$pid"
+fi
+wait "$pid"
+expect_rc sigterm $? 143
+expect_line sigterm "$T/term.out" "[rank0]: got-TERM"
+expect_line sigterm "$T/term.out" "[rank1]: got-TERM"
+expect_match sigterm "$T/term.err" '^c10drun: received SIGTERM'
+check_gone sigterm "$T/term.*.pid"
+
+# ---------------------------------------------------------------- SIGINT, ranks ignore it
+# The ranks ignore SIGINT and SIGTERM: only the SIGKILL after --grace-ms ends them.
+D=$T C=int "$RUN" -n 2 --grace-ms 200 sh -c 'trap "" INT TERM; '"$rank_script"'
+while :; do sleep 0.1; done' >"$T/int.out" 2>"$T/int.err" &
+pid=$!
+BG+=("$pid")
+if wait_files 4 "$T/int.*.pid"; then
+    kill -INT "$pid"
+else
+    fail "sigint: ranks did not start"
+    kill -KILL "$pid"
+fi
+if wait_gone "$pid"; then :; else
+    fail "sigint: c10drun still running"
+    kill -KILL "$pid"
+fi
+wait "$pid"
+expect_rc sigint $? 130
+expect_match sigint "$T/int.err" '^c10drun: received SIGINT'
+expect_match sigint "$T/int.err" 'sending SIGKILL'
+check_gone sigint "$T/int.*.pid"
+
+# ---------------------------------------------------------------- c10drun killed with SIGKILL
+# Nothing can forward that; the kernel's parent-death signal stops the ranks.
+D=$T C=orphan "$RUN" -n 2 sh -c 'echo $$ > "$D/$C.r$RANK.pid"; exec sleep 1000' \
+    >"$T/orphan.out" 2>&1 &
+pid=$!
+BG+=("$pid")
+if wait_files 2 "$T/orphan.*.pid"; then
+    # The pid file is written before the exec: wait until the rank is the sleep.
+    for _ in $(seq 1 200); do
+        n=0
+        for f in "$T"/orphan.*.pid; do
+            grep -q sleep "/proc/$(cat "$f")/cmdline" 2>/dev/null && n=$((n + 1))
+        done
+        [ $n = 2 ] && break
+        sleep 0.05
+    done
+fi
+# (stderr off: bash reports the killed job)
+{
+    kill -KILL "$pid"
+    wait "$pid"
+} 2>/dev/null
+check_gone orphan "$T/orphan.*.pid"
+
+# ---------------------------------------------------------------- --timeout
+D=$T C=tmo c10drun -n 2 --timeout 1 sh -c "$rank_script"'wait' >"$T/tmo.out" 2>"$T/tmo.err"
+expect_rc timeout $? 124
+expect_match timeout "$T/tmo.err" '^c10drun: timeout'
+check_gone timeout "$T/tmo.*.pid"
+
+# ---------------------------------------------------------------- usage errors
+c10drun sh -c true >/dev/null 2>&1
+expect_rc "missing -n" $? 2
+c10drun -n 2 /nonexistent/program >/dev/null 2>"$T/nf.err"
+expect_rc "no such program" $? 127
+c10drun -n 2 --store nowhere true >/dev/null 2>&1
+expect_rc "bad --store" $? 2
+c10drun -n 2 --store external --store-bin /nonexistent/c10d-store true >/dev/null 2>&1
+expect_rc "missing store binary" $? 1
+
+# ---------------------------------------------------------------- --store external
+# Each rank connects to MASTER_ADDR:MASTER_PORT (bash's /dev/tcp), which only works if the
+# launcher started the store and waited for it.
+store_rank='echo "agent=$TORCHELASTIC_USE_AGENT_STORE"; exec 3<>"/dev/tcp/$MASTER_ADDR/$MASTER_PORT" && echo connected'
+
+run_external() { # name store-binary-or-empty
+    local name=$1
+    shift
+    c10drun -v -n 2 --store external --store-timeout 20 "$@" bash -c "$store_rank" \
+        >"$T/$name.out" 2>"$T/$name.err"
+    expect_rc "$name" $? 0
+    for r in 0 1; do
+        expect_line "$name" "$T/$name.out" "[rank$r]: agent=True"
+        expect_line "$name" "$T/$name.out" "[rank$r]: connected"
+    done
+    # -v names the store's pid: it must be gone once c10drun has returned.
+    sed -n 's/^c10drun: store: .* (pid \([0-9]*\))$/\1/p' "$T/$name.err" >"$T/$name.s.pid"
+    check_gone "$name" "$T/$name.s.pid"
+}
+
+if command -v python3 >/dev/null 2>&1; then
+    # A stand-in with c10d-store's command line, so the launcher's side is tested even before
+    # the real server exists: it records its pid and accepts connections until terminated.
+    cat >"$T/fake-store" <<EOF
+#!$(command -v python3)
+import os, socket, sys
+a = sys.argv
+assert a[1] == "serve", a
+host, port = a[a.index("--host") + 1], int(a[a.index("--port") + 1])
+if os.environ.get("FAKE_STORE_FAIL"):
+    print("fake store: failing on purpose", file=sys.stderr)
+    sys.exit(5)
+s = socket.create_server((host, port))
+print("fake store listening", flush=True)
+while True:
+    c, _ = s.accept()
+    c.close()
+EOF
+    chmod +x "$T/fake-store"
+    run_external external-fake --store-bin "$T/fake-store"
+    expect_line external-fake "$T/external-fake.out" "[store]: fake store listening"
+
+    FAKE_STORE_FAIL=1 c10drun -n 2 --store external --store-bin "$T/fake-store" true \
+        >"$T/sfail.out" 2>"$T/sfail.err"
+    expect_rc store-fails $? 1
+    expect_match store-fails "$T/sfail.err" 'exited with status 5 before accepting connections'
+    expect_line store-fails "$T/sfail.err" "[store]: fake store: failing on purpose"
+else
+    echo "SKIP: external store with a stand-in server (no python3)"
+fi
+
+store_bin=""
+for cand in ${BUILD:+"$BUILD/store_server/c10d-store"} "$(dirname "$RUN")/../../store_server/c10d-store"; do
+    if [ -x "$cand" ]; then
+        store_bin=$cand
+        break
+    fi
+done
+if [ -n "$store_bin" ]; then
+    # No --store-bin: c10drun must find the store in the build tree by itself.
+    run_external external-real
+else
+    echo "SKIP: --store external with the real c10d-store: not built" \
+        "(looked for ${BUILD:-<no build dir>}/store_server/c10d-store)"
+fi
+
+echo
+if [ "$FAILS" = 0 ]; then
+    echo "test_c10drun: all passed"
+    exit 0
+fi
+echo "test_c10drun: $FAILS failure(s)"
+exit 1
