@@ -1,0 +1,176 @@
+/*
+ * libc10d: torch.distributed's collectives for programs without Python.
+ *
+ * Conventions (see docs/api.md):
+ *  - every public name starts with c10d_ / C10D_;
+ *  - functions return 0 on success or a negative c10d_status; on failure
+ *    c10d_last_error() holds a message naming what was wrong (thread-local);
+ *  - an async call that fails never invokes its callback; one that succeeds
+ *    invokes it exactly once, on the engine's loop thread;
+ *  - callbacks must not block: they run on the one thread that drives all I/O.
+ *  - options structs are zero-initialisable; zero means "default".
+ */
+#ifndef C10D_H
+#define C10D_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(C10D_BUILDING) && defined(__GNUC__)
+#define C10D_EXPORT __attribute__((visibility("default")))
+#else
+#define C10D_EXPORT
+#endif
+
+#define C10D_VERSION_MAJOR 0
+#define C10D_VERSION_MINOR 1
+#define C10D_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum c10d_status {
+    C10D_OK = 0,
+    C10D_EINVAL = -1,       /* a bad argument; the call had no effect */
+    C10D_ETIMEDOUT = -2,    /* a deadline passed */
+    C10D_ECANCELED = -3,    /* cancelled by the caller */
+    C10D_ECLOSED = -4,      /* the peer (or store) closed the connection / died */
+    C10D_EABORTED = -5,     /* the group or engine was aborted / shut down */
+    C10D_ESTORE = -6,       /* the store answered with an error */
+    C10D_EUNSUPPORTED = -7, /* valid request this backend/build cannot do */
+    C10D_ENOMEM = -8,       /* out of memory, or a configured limit was reached */
+    C10D_EIO = -9,          /* an OS-level I/O error */
+    C10D_EPROTO = -10,      /* the peer spoke something we did not expect */
+    C10D_EDEADLK = -11,     /* the call would deadlock (e.g. wait on the loop thread) */
+    C10D_ENOTFOUND = -12,   /* no such key / object */
+    C10D_EINTERNAL = -13,   /* a bug in libc10d: please report it */
+} c10d_status;
+
+/* A short, static description of a status code ("connection closed by peer"). */
+C10D_EXPORT const char *c10d_strerror(int status);
+
+/* The status code's name ("C10D_ETIMEDOUT"). */
+C10D_EXPORT const char *c10d_status_name(int status);
+
+/* The detailed message of the last failed call on this thread ("" if none). */
+C10D_EXPORT const char *c10d_last_error(void);
+
+C10D_EXPORT const char *c10d_version(void);
+
+/* What this build contains, e.g. "libc10d 0.1.0; backends: tcp; nccl 2.28.3 (runtime 2.28.3)". */
+C10D_EXPORT const char *c10d_build_info(void);
+
+/* ---------------------------------------------------- dtypes, reduce ops */
+
+typedef enum c10d_dtype {
+    C10D_FLOAT32 = 0,
+    C10D_FLOAT64,
+    C10D_FLOAT16,
+    C10D_BFLOAT16,
+    C10D_INT8,
+    C10D_UINT8,
+    C10D_INT32,
+    C10D_INT64,
+    C10D_BOOL,        /* one byte, 0 or 1 */
+    C10D_FLOAT8_E4M3, /* e4m3fn: no infinities, 0x7f/0xff are NaN */
+    C10D_FLOAT8_E5M2,
+    C10D_DTYPE_COUNT
+} c10d_dtype;
+
+typedef enum c10d_reduce_op {
+    C10D_SUM = 0,
+    C10D_AVG,
+    C10D_PRODUCT,
+    C10D_MIN,
+    C10D_MAX,
+    C10D_BAND,
+    C10D_BOR,
+    C10D_BXOR,
+    C10D_PREMUL_SUM, /* each rank's input is multiplied by a factor, then summed */
+    C10D_REDUCE_OP_COUNT
+} c10d_reduce_op;
+
+/* Size in bytes of one element; 0 for an unknown dtype. */
+C10D_EXPORT size_t c10d_dtype_size(c10d_dtype dtype);
+/* "float32", "bfloat16", ...; NULL for an unknown dtype. */
+C10D_EXPORT const char *c10d_dtype_name(c10d_dtype dtype);
+/* Parses a dtype name (also torch spellings: "float", "half", "bf16", "int", "long"). */
+C10D_EXPORT int c10d_dtype_from_name(const char *name, c10d_dtype *out);
+/* "SUM", "AVG", ...; NULL for an unknown op. */
+C10D_EXPORT const char *c10d_reduce_op_name(c10d_reduce_op op);
+C10D_EXPORT int c10d_reduce_op_from_name(const char *name, c10d_reduce_op *out);
+
+/* Whether the host backend can reduce `dtype` with `op` (SEMANTICS.md section 3).
+ * Returns 0, or C10D_EINVAL with c10d_last_error() saying why, e.g.
+ * "Cannot use ReduceOp.BAND with non-integral dtype float32". */
+C10D_EXPORT int c10d_reduce_op_check(c10d_reduce_op op, c10d_dtype dtype);
+
+/* ------------------------------------------------------------- engine */
+
+/* The engine (one libuv loop on one thread per process) starts on first use.
+ * c10d_shutdown() fails every pending work with C10D_EABORTED (their callbacks
+ * run), closes every handle, joins the loop thread and frees the engine. A
+ * later call that needs the engine starts a fresh one. Must not be called from
+ * a callback (returns C10D_EDEADLK).
+ *
+ * fork(): the child starts with no engine, whatever the parent had; works and
+ * groups inherited from the parent must not be used in the child (their
+ * memory is merely leaked). The child may start its own engine by using the
+ * library. */
+C10D_EXPORT int c10d_shutdown(void);
+
+/* Whether the calling thread is the engine's loop thread (i.e. inside a callback). */
+C10D_EXPORT int c10d_on_loop_thread(void);
+
+/* -------------------------------------------------------- works/futures */
+
+typedef struct c10d_work c10d_work;
+
+/* Runs exactly once on the loop thread after `work` completes. `status` is the
+ * work's final status. The callback may release `work`. Must not block. */
+typedef void (*c10d_work_cb)(c10d_work *work, int status, void *arg);
+
+/* A work created by the caller: a future to be completed with
+ * c10d_work_complete(). timeout_ms > 0 gives it a deadline after which it
+ * fails with C10D_ETIMEDOUT; 0 means no deadline. `what` names it in
+ * messages (copied; may be NULL). The caller holds one reference. */
+C10D_EXPORT int c10d_work_create(c10d_work **out, const char *what, int64_t timeout_ms);
+
+/* Completes `work` with `status` (0 or a negative c10d_status) and an optional
+ * message. Returns 1 if this call completed it, 0 if it was already complete
+ * (the first completion wins), C10D_EINVAL for bad arguments. Any thread. */
+C10D_EXPORT int c10d_work_complete(c10d_work *work, int status, const char *message);
+
+/* Adds a completion callback. Callbacks run in registration order; one added
+ * after completion still runs (on the loop thread, never inside this call). */
+C10D_EXPORT int c10d_work_on_complete(c10d_work *work, c10d_work_cb cb, void *arg);
+
+/* Blocks until `work` completes or timeout_ms passes (< 0: no limit beyond
+ * the work's own deadline). Returns the work's status, or C10D_ETIMEDOUT if the
+ * wait itself timed out (the work stays pending), or C10D_EDEADLK on the loop
+ * thread. */
+C10D_EXPORT int c10d_work_wait(c10d_work *work, int64_t timeout_ms);
+
+/* 1 if complete, 0 if pending. Never blocks. */
+C10D_EXPORT int c10d_work_test(c10d_work *work);
+
+/* The final status (only meaningful once complete; 0 while pending). */
+C10D_EXPORT int c10d_work_status(c10d_work *work);
+
+/* The failure message ("" on success or while pending). Valid while the caller
+ * holds a reference. */
+C10D_EXPORT const char *c10d_work_message(c10d_work *work);
+
+/* The source rank of a receive from any source; -1 otherwise. */
+C10D_EXPORT int c10d_work_source_rank(c10d_work *work);
+
+C10D_EXPORT void c10d_work_retain(c10d_work *work);
+C10D_EXPORT void c10d_work_release(c10d_work *work);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* C10D_H */

@@ -1,0 +1,161 @@
+#include "env.h"
+
+#include "log.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <uv.h>
+
+static const struct c10d__env_var env_table[C10D_ENV_COUNT] = {
+#define C10D_ENV_ROW(id, name, fallback, def, doc) {name, fallback, def, doc},
+    C10D_ENV_VARS(C10D_ENV_ROW)
+#undef C10D_ENV_ROW
+};
+
+/* Values captured at first use: getenv() is not thread-safe against setenv(),
+ * so we read the environment once, under a lock. */
+static char *env_values[C10D_ENV_COUNT];
+static int env_from_fallback[C10D_ENV_COUNT];
+static int env_loaded;
+static uv_mutex_t env_mutex;
+static uv_once_t env_once = UV_ONCE_INIT;
+
+static void env_init_mutex(void)
+{
+    uv_mutex_init(&env_mutex);
+}
+
+static void env_load_locked(void)
+{
+    for (int i = 0; i < C10D_ENV_COUNT; i++) {
+        free(env_values[i]);
+        env_values[i] = NULL;
+        env_from_fallback[i] = 0;
+        const char *v = getenv(env_table[i].name);
+        if ((v == NULL || *v == '\0') && env_table[i].fallback != NULL) {
+            v = getenv(env_table[i].fallback);
+            env_from_fallback[i] = v != NULL && *v != '\0';
+        }
+        if (v != NULL && *v != '\0')
+            env_values[i] = strdup(v);
+    }
+    env_loaded = 1;
+}
+
+static const char *env_value(enum c10d__env_id id, int *from_fallback)
+{
+    uv_once(&env_once, env_init_mutex);
+    uv_mutex_lock(&env_mutex);
+    if (!env_loaded)
+        env_load_locked();
+    const char *v = env_values[id];
+    if (from_fallback != NULL)
+        *from_fallback = env_from_fallback[id];
+    uv_mutex_unlock(&env_mutex);
+    return v;
+}
+
+const struct c10d__env_var *c10d__env_table(void)
+{
+    return env_table;
+}
+
+void c10d__env_reload(void)
+{
+    uv_once(&env_once, env_init_mutex);
+    uv_mutex_lock(&env_mutex);
+    env_load_locked();
+    uv_mutex_unlock(&env_mutex);
+    c10d__log_set_level(c10d__env_log_level());
+}
+
+const char *c10d__env_str(enum c10d__env_id id)
+{
+    const char *v = env_value(id, NULL);
+    return v != NULL ? v : env_table[id].default_text;
+}
+
+int64_t c10d__env_int(enum c10d__env_id id)
+{
+    const char *v = c10d__env_str(id);
+    char *end = NULL;
+    errno = 0;
+    long long x = strtoll(v, &end, 0);
+    if (errno != 0 || end == v || *end != '\0') {
+        C10D_WARN("env", "%s=\"%s\" is not an integer; using the default %s", env_table[id].name, v,
+                  env_table[id].default_text);
+        return strtoll(env_table[id].default_text, NULL, 0);
+    }
+    return x;
+}
+
+static int parse_bool(const char *v, int *out)
+{
+    static const char *yes[] = {"1", "true", "yes", "on", "y"};
+    static const char *no[] = {"0", "false", "no", "off", "n"};
+    for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
+        if (strcasecmp(v, yes[i]) == 0)
+            return *out = 1, 0;
+        if (strcasecmp(v, no[i]) == 0)
+            return *out = 0, 0;
+    }
+    return -1;
+}
+
+int c10d__env_bool(enum c10d__env_id id)
+{
+    const char *v = c10d__env_str(id);
+    int b = 0;
+    if (parse_bool(v, &b) == 0)
+        return b;
+    C10D_WARN("env", "%s=\"%s\" is not a boolean; using the default %s", env_table[id].name, v,
+              env_table[id].default_text);
+    parse_bool(env_table[id].default_text, &b);
+    return b;
+}
+
+/* Our names, and torch's (c10 logging: 0 INFO, 1 WARNING, 2 ERROR, 3 FATAL). */
+static int parse_level(const char *v, int torch_numbers, int *out)
+{
+    static const struct {
+        const char *name;
+        int level;
+    } names[] = {
+        {"TRACE", C10D_LOG_TRACE}, {"DEBUG", C10D_LOG_DEBUG},  {"INFO", C10D_LOG_INFO},
+        {"WARN", C10D_LOG_WARN},   {"WARNING", C10D_LOG_WARN}, {"ERROR", C10D_LOG_ERROR},
+        {"FATAL", C10D_LOG_OFF},   {"OFF", C10D_LOG_OFF},      {"NONE", C10D_LOG_OFF},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcasecmp(v, names[i].name) == 0)
+            return *out = names[i].level, 0;
+    char *end = NULL;
+    long n = strtol(v, &end, 10);
+    if (end == v || *end != '\0')
+        return -1;
+    if (torch_numbers) {
+        static const int torch_levels[] = {C10D_LOG_INFO, C10D_LOG_WARN, C10D_LOG_ERROR,
+                                           C10D_LOG_OFF};
+        if (n < 0 || n > 3)
+            return -1;
+        return *out = torch_levels[n], 0;
+    }
+    if (n < C10D_LOG_TRACE || n > C10D_LOG_OFF)
+        return -1;
+    return *out = (int)n, 0;
+}
+
+int c10d__env_log_level(void)
+{
+    int from_fallback = 0;
+    const char *v = env_value(C10D_ENV_LOG_LEVEL, &from_fallback);
+    int level = C10D_LOG_WARN;
+    if (v != NULL && parse_level(v, from_fallback, &level) != 0) {
+        level = C10D_LOG_WARN;
+        /* Written directly: C10D_WARN would recurse into the level we are computing. */
+        c10d__log(C10D_LOG_WARN, "env", "%s=\"%s\" is not a log level; using WARN",
+                  from_fallback ? "TORCH_CPP_LOG_LEVEL" : "C10D_LOG_LEVEL", v);
+    }
+    return level;
+}

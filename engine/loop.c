@@ -1,0 +1,333 @@
+/* The engine thread: one uv loop, a task queue fed by any thread, shutdown and fork.
+ *
+ * Locking: engine_mutex guards the `engine` pointer, the task queue and the
+ * stopping flag. Posting holds it while appending and calling uv_async_send, so
+ * once `stopping` is set nobody can touch the async handle and it can be closed.
+ * shutdown_mutex serialises whole shutdowns (start -> join -> free). */
+#include "loop.h"
+
+#include "env.h"
+#include "error.h"
+#include "log.h"
+#include "work.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+struct engine {
+    uv_loop_t loop;
+    uv_async_t wake;
+    uv_thread_t thread;
+    struct c10d__task *head; /* FIFO of posted tasks (engine_mutex) */
+    struct c10d__task *tail;
+    int stopping;                      /* posts are refused (engine_mutex) */
+    int stop_requested;                /* loop thread only */
+    struct c10d__shutdown_hook *hooks; /* loop thread only */
+    struct c10d__task stop_task;
+    int64_t batch;            /* tasks run per wake-up (C10D_ENGINE_BATCH) */
+    struct c10d__task *ready; /* taken from the queue, not yet run (loop thread only) */
+};
+
+static struct engine *engine;
+static uv_mutex_t engine_mutex;
+static uv_mutex_t shutdown_mutex;
+static uv_once_t engine_once = UV_ONCE_INIT;
+static _Thread_local int on_loop_thread;
+/* The engine this thread drives (set on the loop thread only). */
+static _Thread_local struct engine *loop_engine;
+
+static void fork_prepare(void)
+{
+    uv_mutex_lock(&shutdown_mutex);
+    uv_mutex_lock(&engine_mutex);
+}
+
+static void fork_parent(void)
+{
+    uv_mutex_unlock(&engine_mutex);
+    uv_mutex_unlock(&shutdown_mutex);
+}
+
+/* The child has no loop thread: the parent's engine (and every handle on it) is
+ * abandoned, its memory leaked on purpose, since freeing uv state owned by a
+ * thread that does not exist here is unsafe. The next use starts a new engine. */
+static void fork_child(void)
+{
+    engine = NULL;
+    on_loop_thread = 0;
+    loop_engine = NULL;
+    uv_mutex_init(&engine_mutex);
+    uv_mutex_init(&shutdown_mutex);
+}
+
+static void engine_init_once(void)
+{
+    uv_mutex_init(&engine_mutex);
+    uv_mutex_init(&shutdown_mutex);
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+static struct c10d__task *take_all_tasks(struct engine *e)
+{
+    uv_mutex_lock(&engine_mutex);
+    struct c10d__task *list = e->head;
+    e->head = e->tail = NULL;
+    uv_mutex_unlock(&engine_mutex);
+    return list;
+}
+
+static void run_tasks(struct c10d__task *t)
+{
+    while (t != NULL) {
+        struct c10d__task *next = t->next;
+        t->next = NULL;
+        t->fn(t);
+        t = next;
+    }
+}
+
+static void close_any_handle(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h)) {
+        C10D_DEBUG("engine", "closing a leftover %s handle at shutdown",
+                   uv_handle_type_name(h->type));
+        uv_close(h, NULL);
+    }
+}
+
+/* Loop thread. Order matters: modules fail their operations first (their
+ * callbacks may post tasks, which still run), then posting is closed, then
+ * works created in the meantime are failed too, then every handle is closed
+ * and uv_run returns once their close callbacks have run. */
+static void engine_stop_on_loop(struct engine *e)
+{
+    while (e->hooks != NULL) {
+        struct c10d__shutdown_hook *h = e->hooks;
+        e->hooks = h->next;
+        h->next = NULL;
+        h->fn(h);
+    }
+    run_tasks(e->ready);
+    e->ready = NULL;
+    c10d__work_abort_all(C10D_EABORTED, "the engine was shut down (c10d_shutdown)");
+    for (struct c10d__task *t; (t = take_all_tasks(e)) != NULL;)
+        run_tasks(t);
+    uv_mutex_lock(&engine_mutex);
+    e->stopping = 1;
+    uv_mutex_unlock(&engine_mutex);
+    c10d__work_abort_all(C10D_EABORTED, "the engine was shut down (c10d_shutdown)");
+    run_tasks(take_all_tasks(e));
+    uv_walk(&e->loop, close_any_handle, NULL);
+}
+
+static void wake_cb(uv_async_t *async)
+{
+    struct engine *e = async->data;
+    /* At most `batch` tasks per wake-up so socket and timer callbacks are never
+     * starved by a flood of posts; the rest stay in `ready` (FIFO before anything
+     * posted later) and the wake-up is re-armed. */
+    if (e->ready == NULL)
+        e->ready = take_all_tasks(e);
+    for (int64_t n = 0; e->ready != NULL && n < e->batch; n++) {
+        struct c10d__task *t = e->ready;
+        e->ready = t->next;
+        t->next = NULL;
+        t->fn(t);
+    }
+    /* Posts coalesced into this wake-up may sit behind the batch: pick them up
+     * now, or no later wake-up would come for them. */
+    if (e->ready == NULL)
+        e->ready = take_all_tasks(e);
+    if (e->ready != NULL)
+        uv_async_send(&e->wake);
+    if (e->stop_requested && !e->stopping)
+        engine_stop_on_loop(e);
+}
+
+static void stop_task_fn(struct c10d__task *t)
+{
+    struct engine *e = (struct engine *)((char *)t - offsetof(struct engine, stop_task));
+    e->stop_requested = 1;
+}
+
+static void loop_thread_main(void *arg)
+{
+    struct engine *e = arg;
+    on_loop_thread = 1;
+    loop_engine = e;
+    uv_run(&e->loop, UV_RUN_DEFAULT);
+    int rc = uv_loop_close(&e->loop);
+    if (rc != 0)
+        C10D_ERROR("engine", "uv_loop_close at shutdown: %s", uv_strerror(rc));
+    on_loop_thread = 0;
+    loop_engine = NULL;
+}
+
+static int engine_start_locked(void)
+{
+    if (engine != NULL)
+        return 0;
+    struct engine *e = calloc(1, sizeof *e);
+    if (e == NULL)
+        return c10d__fail(C10D_ENOMEM, "engine: out of memory");
+    int rc = uv_loop_init(&e->loop);
+    if (rc != 0) {
+        free(e);
+        return c10d__fail(c10d__status_from_uv(rc), "engine: uv_loop_init: %s", uv_strerror(rc));
+    }
+    uv_async_init(&e->loop, &e->wake, wake_cb);
+    e->wake.data = e;
+    e->stop_task.fn = stop_task_fn;
+    e->batch = c10d__env_int(C10D_ENV_ENGINE_BATCH);
+    if (e->batch < 1)
+        e->batch = 1;
+    rc = uv_thread_create(&e->thread, loop_thread_main, e);
+    if (rc != 0) {
+        uv_close((uv_handle_t *)&e->wake, NULL);
+        uv_run(&e->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&e->loop);
+        free(e);
+        return c10d__fail(c10d__status_from_uv(rc), "engine: cannot start the loop thread: %s",
+                          uv_strerror(rc));
+    }
+    engine = e;
+    C10D_DEBUG("engine", "engine started");
+    return 0;
+}
+
+int c10d__engine_start(void)
+{
+    uv_once(&engine_once, engine_init_once);
+    uv_mutex_lock(&engine_mutex);
+    int rc = engine_start_locked();
+    uv_mutex_unlock(&engine_mutex);
+    return rc;
+}
+
+static int engine_post_locked(struct c10d__task *task)
+{
+    int rc = engine_start_locked();
+    if (rc != 0)
+        return rc;
+    if (engine->stopping)
+        return c10d__fail(C10D_EABORTED, "engine: shutting down; no new work is accepted");
+    task->next = NULL;
+    if (engine->tail != NULL)
+        engine->tail->next = task;
+    else
+        engine->head = task;
+    engine->tail = task;
+    uv_async_send(&engine->wake);
+    return 0;
+}
+
+int c10d__engine_post(struct c10d__task *task)
+{
+    uv_once(&engine_once, engine_init_once);
+    uv_mutex_lock(&engine_mutex);
+    int rc = engine_post_locked(task);
+    uv_mutex_unlock(&engine_mutex);
+    return rc;
+}
+
+struct call_task {
+    struct c10d__task task;
+    void (*fn)(void *arg);
+    void *arg;
+};
+
+static void call_task_fn(struct c10d__task *t)
+{
+    struct call_task *c = (struct call_task *)t;
+    void (*fn)(void *) = c->fn;
+    void *arg = c->arg;
+    free(c);
+    fn(arg);
+}
+
+int c10d__engine_call(void (*fn)(void *arg), void *arg)
+{
+    struct call_task *c = malloc(sizeof *c);
+    if (c == NULL)
+        return c10d__fail(C10D_ENOMEM, "engine: out of memory");
+    c->task.fn = call_task_fn;
+    c->fn = fn;
+    c->arg = arg;
+    int rc = c10d__engine_post(&c->task);
+    if (rc != 0)
+        free(c);
+    return rc;
+}
+
+uv_loop_t *c10d__engine_loop(void)
+{
+    return loop_engine != NULL ? &loop_engine->loop : NULL;
+}
+
+int c10d__on_loop_thread(void)
+{
+    return on_loop_thread;
+}
+
+int c10d_on_loop_thread(void)
+{
+    return on_loop_thread;
+}
+
+void c10d__engine_on_shutdown(struct c10d__shutdown_hook *hook)
+{
+    if (loop_engine == NULL)
+        return;
+    hook->next = loop_engine->hooks;
+    loop_engine->hooks = hook;
+}
+
+void c10d__engine_remove_shutdown_hook(struct c10d__shutdown_hook *hook)
+{
+    if (loop_engine == NULL)
+        return;
+    for (struct c10d__shutdown_hook **p = &loop_engine->hooks; *p != NULL; p = &(*p)->next) {
+        if (*p == hook) {
+            *p = hook->next;
+            hook->next = NULL;
+            return;
+        }
+    }
+}
+
+int c10d_shutdown(void)
+{
+    if (on_loop_thread)
+        return c10d__fail(C10D_EDEADLK,
+                          "c10d_shutdown called on the engine loop thread (from a callback); "
+                          "it would wait for itself");
+    uv_once(&engine_once, engine_init_once);
+    uv_mutex_lock(&shutdown_mutex);
+    uv_mutex_lock(&engine_mutex);
+    struct engine *e = engine;
+    int rc = 0;
+    if (e != NULL)
+        rc = engine_post_locked(&e->stop_task);
+    uv_mutex_unlock(&engine_mutex);
+    if (e != NULL && rc == 0) {
+        uv_thread_join(&e->thread);
+        uv_mutex_lock(&engine_mutex);
+        engine = NULL;
+        uv_mutex_unlock(&engine_mutex);
+        free(e);
+        C10D_DEBUG("engine", "engine shut down");
+    }
+    uv_mutex_unlock(&shutdown_mutex);
+    return rc;
+}
+
+uint64_t c10d__now_ns(void)
+{
+    return uv_hrtime();
+}
+
+uint64_t c10d__now_ms(void)
+{
+    return uv_hrtime() / 1000000u;
+}

@@ -1,0 +1,49 @@
+/* The engine: one libuv loop on one thread per process, started on first use.
+ * Everything that touches a uv handle runs on that thread; other threads hand
+ * it work through c10d__engine_post / c10d__engine_call (queue + uv_async_send). */
+#ifndef C10D_ENGINE_LOOP_H
+#define C10D_ENGINE_LOOP_H
+
+#include <uv.h>
+
+/* An intrusive task: embed it in your own struct to post without allocating. */
+struct c10d__task;
+typedef void (*c10d__task_fn)(struct c10d__task *task);
+struct c10d__task {
+    c10d__task_fn fn;
+    struct c10d__task *next;
+};
+
+/* Starts the engine if needed. Returns 0 or a negative status. */
+int c10d__engine_start(void);
+
+/* Queues `task` to run on the loop thread (FIFO across all posters). Any thread,
+ * the loop thread included (then it runs on a later turn, never inside this
+ * call). Starts the engine if needed. Returns 0, or C10D_EABORTED while the
+ * engine is shutting down (the task will not run). */
+int c10d__engine_post(struct c10d__task *task);
+
+/* Convenience: allocates a task that calls fn(arg) on the loop thread. */
+int c10d__engine_call(void (*fn)(void *arg), void *arg);
+
+/* The loop; use it only on the loop thread (inside a task or callback). */
+uv_loop_t *c10d__engine_loop(void);
+
+/* 1 on the engine's loop thread. */
+int c10d__on_loop_thread(void);
+
+/* Shutdown hooks run on the loop thread, in reverse registration order, when
+ * c10d_shutdown() begins: modules fail their pending operations and close
+ * their handles there. Register from the loop thread. */
+struct c10d__shutdown_hook {
+    void (*fn)(struct c10d__shutdown_hook *hook);
+    struct c10d__shutdown_hook *next;
+};
+void c10d__engine_on_shutdown(struct c10d__shutdown_hook *hook);
+void c10d__engine_remove_shutdown_hook(struct c10d__shutdown_hook *hook);
+
+/* Monotonic milliseconds (same clock as the loop's timers). */
+uint64_t c10d__now_ms(void);
+uint64_t c10d__now_ns(void);
+
+#endif

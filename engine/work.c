@@ -1,0 +1,453 @@
+/* Works. Reference counting keeps a work alive while anyone may still touch it:
+ * the creator's reference, one for the pending list (until completion), one for
+ * a posted arm/drain task, one while its deadline timer is open. Whoever drops
+ * the last one frees it, so a callback may release the work it is called for.
+ *
+ * Lock order: work->mutex, then the engine's mutex (posting). pending_mutex is
+ * never held while taking a work's mutex. */
+#include "work.h"
+
+#include "log.h"
+#include "loop.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <pthread.h>
+
+struct work_callback {
+    c10d_work_cb cb;
+    void *arg;
+};
+
+enum timer_state { TIMER_NONE, TIMER_ARMED, TIMER_CLOSING };
+
+struct c10d_work {
+    atomic_int refs;
+    uv_mutex_t mutex;
+    uv_cond_t done_cond;
+    /* Guarded by mutex. */
+    int done;
+    int status;
+    char *message;
+    struct work_callback *callbacks;
+    size_t ncallbacks, callbacks_cap, next_callback;
+    int drain_posted;
+    /* Set at creation. */
+    char *what;
+    int64_t timeout_ms;
+    uint64_t created_ms;
+    atomic_int source_rank;
+    /* Loop thread only. */
+    enum timer_state timer_state;
+    uv_timer_t timer;
+    struct c10d__task arm_task;
+    struct c10d__task drain_task;
+    /* Guarded by pending_mutex. */
+    struct c10d_work *pending_prev, *pending_next;
+    int in_pending;
+};
+
+static uv_mutex_t pending_mutex;
+static struct c10d_work *pending_head;
+static size_t pending_count;
+static uv_once_t work_once = UV_ONCE_INIT;
+
+static void pending_fork_prepare(void)
+{
+    uv_mutex_lock(&pending_mutex);
+}
+
+static void pending_fork_parent(void)
+{
+    uv_mutex_unlock(&pending_mutex);
+}
+
+/* Works of the parent mean nothing in the child (see c10d_shutdown's note). */
+static void pending_fork_child(void)
+{
+    uv_mutex_init(&pending_mutex);
+    pending_head = NULL;
+    pending_count = 0;
+}
+
+static void work_init_once(void)
+{
+    uv_mutex_init(&pending_mutex);
+    pthread_atfork(pending_fork_prepare, pending_fork_parent, pending_fork_child);
+}
+
+static void pending_add(c10d_work *w)
+{
+    uv_mutex_lock(&pending_mutex);
+    w->pending_prev = NULL;
+    w->pending_next = pending_head;
+    if (pending_head != NULL)
+        pending_head->pending_prev = w;
+    pending_head = w;
+    w->in_pending = 1;
+    pending_count++;
+    uv_mutex_unlock(&pending_mutex);
+}
+
+/* Returns 1 if it was in the list (the caller then owns the list's reference). */
+static int pending_remove(c10d_work *w)
+{
+    uv_mutex_lock(&pending_mutex);
+    int was_in = w->in_pending;
+    if (was_in) {
+        if (w->pending_prev != NULL)
+            w->pending_prev->pending_next = w->pending_next;
+        else
+            pending_head = w->pending_next;
+        if (w->pending_next != NULL)
+            w->pending_next->pending_prev = w->pending_prev;
+        w->in_pending = 0;
+        pending_count--;
+    }
+    uv_mutex_unlock(&pending_mutex);
+    return was_in;
+}
+
+size_t c10d__work_pending_count(void)
+{
+    uv_once(&work_once, work_init_once);
+    uv_mutex_lock(&pending_mutex);
+    size_t n = pending_count;
+    uv_mutex_unlock(&pending_mutex);
+    return n;
+}
+
+static void work_free(c10d_work *w)
+{
+    uv_mutex_destroy(&w->mutex);
+    uv_cond_destroy(&w->done_cond);
+    free(w->message);
+    free(w->what);
+    free(w->callbacks);
+    free(w);
+}
+
+void c10d_work_retain(c10d_work *w)
+{
+    if (w != NULL)
+        atomic_fetch_add_explicit(&w->refs, 1, memory_order_relaxed);
+}
+
+void c10d_work_release(c10d_work *w)
+{
+    if (w != NULL && atomic_fetch_sub_explicit(&w->refs, 1, memory_order_acq_rel) == 1)
+        work_free(w);
+}
+
+static void timer_closed(uv_handle_t *h)
+{
+    c10d_work_release(h->data);
+}
+
+/* Loop thread: runs every callback not yet run, in order. Holds the drain
+ * task's reference, so callbacks may release theirs. */
+static void work_drain(c10d_work *w)
+{
+    uv_mutex_lock(&w->mutex);
+    w->drain_posted = 0;
+    int close_timer = w->timer_state == TIMER_ARMED;
+    if (close_timer)
+        w->timer_state = TIMER_CLOSING;
+    while (w->next_callback < w->ncallbacks) {
+        struct work_callback c = w->callbacks[w->next_callback++];
+        int status = w->status;
+        uv_mutex_unlock(&w->mutex);
+        c.cb(w, status, c.arg);
+        uv_mutex_lock(&w->mutex);
+    }
+    uv_mutex_unlock(&w->mutex);
+    if (close_timer) {
+        uv_timer_stop(&w->timer);
+        uv_close((uv_handle_t *)&w->timer, timer_closed);
+    }
+    c10d_work_release(w);
+}
+
+static void drain_task_fn(struct c10d__task *t)
+{
+    work_drain((c10d_work *)((char *)t - offsetof(c10d_work, drain_task)));
+}
+
+/* Called with w->mutex held and w->done set. Schedules work_drain unless one is
+ * already scheduled. Returns 0, or the posting error (nothing scheduled). */
+static int schedule_drain_locked(c10d_work *w, int *run_inline)
+{
+    *run_inline = 0;
+    if (w->drain_posted)
+        return 0;
+    c10d_work_retain(w);
+    w->drain_posted = 1;
+    int rc = c10d__engine_post(&w->drain_task);
+    if (rc == 0)
+        return 0;
+    if (c10d__on_loop_thread()) {
+        /* Shutdown has closed posting; we are the loop, so run it ourselves
+         * once the lock is dropped. */
+        *run_inline = 1;
+        return 0;
+    }
+    w->drain_posted = 0;
+    c10d_work_release(w);
+    return rc;
+}
+
+static int work_vcomplete(c10d_work *w, int status, const char *fmt, va_list ap)
+{
+    char *message = NULL;
+    if (fmt != NULL && *fmt != '\0' && vasprintf(&message, fmt, ap) < 0)
+        message = NULL;
+    uv_mutex_lock(&w->mutex);
+    if (w->done) {
+        uv_mutex_unlock(&w->mutex);
+        free(message);
+        return 0;
+    }
+    w->done = 1;
+    w->status = status;
+    w->message = message;
+    uv_cond_broadcast(&w->done_cond);
+    int run_inline = 0;
+    int rc = schedule_drain_locked(w, &run_inline);
+    uv_mutex_unlock(&w->mutex);
+    if (rc != 0)
+        C10D_ERROR("work", "'%s' completed but its callbacks cannot run: %s", w->what,
+                   c10d_last_error());
+    if (run_inline)
+        work_drain(w);
+    if (status < 0)
+        C10D_DEBUG("work", "'%s' failed: %s: %s", w->what, c10d_status_name(status),
+                   message != NULL ? message : "");
+    if (pending_remove(w))
+        c10d_work_release(w);
+    return 1;
+}
+
+int c10d__work_complete(c10d_work *w, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = work_vcomplete(w, status, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+static int complete_plain(c10d_work *w, int status, const char *message)
+{
+    return c10d__work_complete(w, status, "%s", message != NULL ? message : "");
+}
+
+int c10d_work_complete(c10d_work *w, int status, const char *message)
+{
+    if (w == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_work_complete: work is NULL");
+    if (status > 0)
+        return c10d__fail(C10D_EINVAL,
+                          "c10d_work_complete: status must be 0 or a negative c10d_status (got %d)",
+                          status);
+    return complete_plain(w, status, message);
+}
+
+static void timer_fired(uv_timer_t *t)
+{
+    c10d_work *w = t->data;
+    c10d__work_complete(w, C10D_ETIMEDOUT, "%s timed out after %lld ms", w->what,
+                        (long long)w->timeout_ms);
+}
+
+/* Loop thread: starts the deadline timer; its reference passes to the timer. */
+static void arm_task_fn(struct c10d__task *t)
+{
+    c10d_work *w = (c10d_work *)((char *)t - offsetof(c10d_work, arm_task));
+    uv_mutex_lock(&w->mutex);
+    int arm = !w->done;
+    if (arm)
+        w->timer_state = TIMER_ARMED;
+    uv_mutex_unlock(&w->mutex);
+    if (!arm) {
+        c10d_work_release(w);
+        return;
+    }
+    uint64_t elapsed = c10d__now_ms() - w->created_ms;
+    uint64_t left = (uint64_t)w->timeout_ms > elapsed ? (uint64_t)w->timeout_ms - elapsed : 0;
+    uv_timer_init(c10d__engine_loop(), &w->timer);
+    w->timer.data = w;
+    uv_timer_start(&w->timer, timer_fired, left, 0);
+}
+
+int c10d_work_create(c10d_work **out, const char *what, int64_t timeout_ms)
+{
+    if (out == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_work_create: out is NULL");
+    *out = NULL;
+    if (timeout_ms < 0)
+        return c10d__fail(C10D_EINVAL, "c10d_work_create: timeout_ms must be >= 0 (got %lld)",
+                          (long long)timeout_ms);
+    uv_once(&work_once, work_init_once);
+    C10D_CHECK(c10d__engine_start());
+    c10d_work *w = calloc(1, sizeof *w);
+    if (w == NULL)
+        return c10d__fail(C10D_ENOMEM, "c10d_work_create: out of memory");
+    w->what = strdup(what != NULL ? what : "work");
+    if (w->what == NULL || uv_mutex_init(&w->mutex) != 0) {
+        free(w->what);
+        free(w);
+        return c10d__fail(C10D_ENOMEM, "c10d_work_create: out of memory");
+    }
+    uv_cond_init(&w->done_cond);
+    atomic_init(&w->refs, 2); /* the caller's and the pending list's */
+    atomic_init(&w->source_rank, -1);
+    w->timeout_ms = timeout_ms;
+    w->created_ms = c10d__now_ms();
+    w->arm_task.fn = arm_task_fn;
+    w->drain_task.fn = drain_task_fn;
+    pending_add(w);
+    if (timeout_ms > 0) {
+        c10d_work_retain(w);
+        int rc = c10d__engine_post(&w->arm_task);
+        if (rc != 0) {
+            pending_remove(w);
+            work_free(w);
+            return rc;
+        }
+    }
+    *out = w;
+    return 0;
+}
+
+int c10d_work_on_complete(c10d_work *w, c10d_work_cb cb, void *arg)
+{
+    if (w == NULL || cb == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_work_on_complete: %s is NULL",
+                          w == NULL ? "work" : "callback");
+    uv_mutex_lock(&w->mutex);
+    if (w->ncallbacks == w->callbacks_cap) {
+        size_t cap = w->callbacks_cap ? 2 * w->callbacks_cap : 2;
+        struct work_callback *grown = realloc(w->callbacks, cap * sizeof *grown);
+        if (grown == NULL) {
+            uv_mutex_unlock(&w->mutex);
+            return c10d__fail(C10D_ENOMEM, "c10d_work_on_complete: out of memory");
+        }
+        w->callbacks = grown;
+        w->callbacks_cap = cap;
+    }
+    w->callbacks[w->ncallbacks++] = (struct work_callback){cb, arg};
+    int rc = 0, run_inline = 0;
+    if (w->done) {
+        rc = schedule_drain_locked(w, &run_inline);
+        if (rc != 0)
+            w->ncallbacks--; /* a failed call never calls back */
+    }
+    uv_mutex_unlock(&w->mutex);
+    if (run_inline)
+        work_drain(w);
+    return rc;
+}
+
+int c10d_work_wait(c10d_work *w, int64_t timeout_ms)
+{
+    if (w == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_work_wait: work is NULL");
+    if (c10d__on_loop_thread())
+        return c10d__fail(C10D_EDEADLK,
+                          "c10d_work_wait on the engine loop thread (inside a callback) would "
+                          "deadlock: '%s' can only complete on this thread; use "
+                          "c10d_work_on_complete instead",
+                          w->what);
+    uint64_t deadline = timeout_ms >= 0 ? c10d__now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
+    uv_mutex_lock(&w->mutex);
+    while (!w->done) {
+        if (timeout_ms < 0) {
+            uv_cond_wait(&w->done_cond, &w->mutex);
+            continue;
+        }
+        uint64_t now = c10d__now_ns();
+        if (now >= deadline)
+            break;
+        uv_cond_timedwait(&w->done_cond, &w->mutex, deadline - now);
+    }
+    int done = w->done, status = w->status;
+    if (done && status < 0)
+        c10d__fail(status, "%s", w->message != NULL ? w->message : c10d_strerror(status));
+    uv_mutex_unlock(&w->mutex);
+    if (!done)
+        return c10d__fail(C10D_ETIMEDOUT,
+                          "c10d_work_wait: '%s' still pending after waiting %lld ms (the work "
+                          "goes on)",
+                          w->what, (long long)timeout_ms);
+    return status;
+}
+
+int c10d_work_test(c10d_work *w)
+{
+    if (w == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_work_test: work is NULL");
+    uv_mutex_lock(&w->mutex);
+    int done = w->done;
+    uv_mutex_unlock(&w->mutex);
+    return done;
+}
+
+int c10d_work_status(c10d_work *w)
+{
+    if (w == NULL)
+        return C10D_EINVAL;
+    uv_mutex_lock(&w->mutex);
+    int status = w->done ? w->status : 0;
+    uv_mutex_unlock(&w->mutex);
+    return status;
+}
+
+const char *c10d_work_message(c10d_work *w)
+{
+    if (w == NULL)
+        return "";
+    uv_mutex_lock(&w->mutex);
+    /* Written once, before done is set, never changed afterwards. */
+    const char *m = w->done && w->message != NULL ? w->message : "";
+    uv_mutex_unlock(&w->mutex);
+    return m;
+}
+
+int c10d_work_source_rank(c10d_work *w)
+{
+    return w != NULL ? atomic_load(&w->source_rank) : -1;
+}
+
+void c10d__work_set_source_rank(c10d_work *w, int rank)
+{
+    atomic_store(&w->source_rank, rank);
+}
+
+void c10d__work_abort_all(int status, const char *message)
+{
+    uv_once(&work_once, work_init_once);
+    for (;;) {
+        /* Take a reference to each under the list lock, complete them outside it. */
+        uv_mutex_lock(&pending_mutex);
+        size_t n = pending_count;
+        c10d_work **batch = n ? malloc(n * sizeof *batch) : NULL;
+        size_t k = 0;
+        for (c10d_work *w = pending_head; w != NULL && batch != NULL; w = w->pending_next) {
+            c10d_work_retain(w);
+            batch[k++] = w;
+        }
+        uv_mutex_unlock(&pending_mutex);
+        if (k == 0) {
+            free(batch);
+            return;
+        }
+        for (size_t i = 0; i < k; i++) {
+            complete_plain(batch[i], status, message);
+            c10d_work_release(batch[i]);
+        }
+        free(batch);
+    }
+}

@@ -1,0 +1,22 @@
+/* Works (futures): completed once, callbacks run exactly once on the loop
+ * thread in registration order, optional deadline. The public half is in c10d.h. */
+#ifndef C10D_ENGINE_WORK_H
+#define C10D_ENGINE_WORK_H
+
+#include "c10d.h"
+#include "error.h"
+
+/* As c10d_work_complete, with a printf-style message. Returns 1 if this call
+ * completed the work, 0 if it was already complete. Any thread. */
+int c10d__work_complete(c10d_work *work, int status, const char *fmt, ...) C10D_PRINTF(3, 4);
+
+void c10d__work_set_source_rank(c10d_work *work, int rank);
+
+/* Loop thread: completes every pending work with `status` and `message`
+ * (engine shutdown). Callbacks run; inline when posting is already closed. */
+void c10d__work_abort_all(int status, const char *message);
+
+/* Number of works not yet complete (tests, leak checks). */
+size_t c10d__work_pending_count(void);
+
+#endif

@@ -1,0 +1,238 @@
+/* The engine thread: cross-thread posting, shutdown with pending work,
+ * restart, and fork. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "c10d.h"
+#include "engine/env.h"
+#include "engine/loop.h"
+#include "engine/work.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define POSTERS 4
+#define POSTS   5000
+
+struct seq_task {
+    struct c10d__task task;
+    int poster, seq;
+};
+
+static int last_seen[POSTERS];
+static atomic_int out_of_order, ran, wrong_thread;
+
+static void seq_task_fn(struct c10d__task *t)
+{
+    struct seq_task *s = (struct seq_task *)t;
+    if (!c10d__on_loop_thread())
+        atomic_fetch_add(&wrong_thread, 1);
+    if (s->seq != last_seen[s->poster] + 1) /* loop thread only: no race */
+        atomic_fetch_add(&out_of_order, 1);
+    last_seen[s->poster] = s->seq;
+    atomic_fetch_add(&ran, 1);
+    free(s);
+}
+
+static void *poster(void *arg)
+{
+    int id = (int)(intptr_t)arg;
+    for (int i = 0; i < POSTS; i++) {
+        struct seq_task *s = malloc(sizeof *s);
+        s->task.fn = seq_task_fn;
+        s->poster = id;
+        s->seq = i;
+        if (c10d__engine_post(&s->task) != 0)
+            free(s);
+    }
+    return NULL;
+}
+
+static void test_post_fifo_from_many_threads(void **state)
+{
+    (void)state;
+    for (int i = 0; i < POSTERS; i++)
+        last_seen[i] = -1;
+    pthread_t t[POSTERS];
+    for (int i = 0; i < POSTERS; i++)
+        pthread_create(&t[i], NULL, poster, (void *)(intptr_t)i);
+    for (int i = 0; i < POSTERS; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < 10000 && atomic_load(&ran) < POSTERS * POSTS; i++)
+        usleep(1000);
+    assert_int_equal(atomic_load(&ran), POSTERS * POSTS);
+    assert_int_equal(atomic_load(&out_of_order), 0);
+    assert_int_equal(atomic_load(&wrong_thread), 0);
+}
+
+/* With one task per wake-up, a flood of posts exercises the carry-over path
+ * (a lost wake-up there once left tasks queued forever). */
+static void test_post_with_batch_of_one(void **state)
+{
+    assert_int_equal(c10d_shutdown(), 0);
+    setenv("C10D_ENGINE_BATCH", "1", 1);
+    c10d__env_reload();
+    atomic_store(&ran, 0);
+    test_post_fifo_from_many_threads(state);
+    assert_int_equal(c10d_shutdown(), 0);
+    unsetenv("C10D_ENGINE_BATCH");
+    c10d__env_reload();
+}
+
+static void count_status(c10d_work *w, int status, void *arg)
+{
+    (void)w;
+    if (status == C10D_EABORTED)
+        atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+static void test_shutdown_with_pending_work(void **state)
+{
+    (void)state;
+    atomic_int aborted = 0;
+    c10d_work *w[10];
+    for (int i = 0; i < 10; i++) {
+        assert_int_equal(c10d_work_create(&w[i], "pending", i % 2 ? 600000 : 0), 0);
+        c10d_work_on_complete(w[i], count_status, &aborted);
+    }
+    assert_int_equal(c10d__work_pending_count(), 10);
+    assert_int_equal(c10d_shutdown(), 0);
+    /* Every callback ran before c10d_shutdown returned. */
+    assert_int_equal(atomic_load(&aborted), 10);
+    assert_int_equal(c10d__work_pending_count(), 0);
+    for (int i = 0; i < 10; i++) {
+        assert_int_equal(c10d_work_wait(w[i], 0), C10D_EABORTED);
+        assert_non_null(strstr(c10d_work_message(w[i]), "shut down"));
+        c10d_work_release(w[i]);
+    }
+    /* The engine starts again on the next use. */
+    c10d_work *again;
+    assert_int_equal(c10d_work_create(&again, "after restart", 20), 0);
+    assert_int_equal(c10d_work_wait(again, 5000), C10D_ETIMEDOUT);
+    c10d_work_release(again);
+    assert_int_equal(c10d_shutdown(), 0);
+    assert_int_equal(c10d_shutdown(), 0); /* idempotent */
+}
+
+static atomic_int shutdown_rc;
+
+static void shutdown_inside_callback(c10d_work *w, int status, void *arg)
+{
+    (void)w;
+    (void)status;
+    atomic_store(&shutdown_rc, c10d_shutdown());
+    atomic_store((atomic_int *)arg, 1);
+}
+
+static void test_shutdown_from_callback_fails(void **state)
+{
+    (void)state;
+    atomic_int done = 0;
+    c10d_work *w;
+    assert_int_equal(c10d_work_create(&w, "t", 0), 0);
+    c10d_work_on_complete(w, shutdown_inside_callback, &done);
+    c10d_work_complete(w, C10D_OK, NULL);
+    for (int i = 0; i < 5000 && !atomic_load(&done); i++)
+        usleep(1000);
+    assert_int_equal(atomic_load(&shutdown_rc), C10D_EDEADLK);
+    c10d_work_release(w);
+}
+
+static void *shutdown_thread(void *arg)
+{
+    (void)arg;
+    return (void *)(intptr_t)c10d_shutdown();
+}
+
+static void test_concurrent_shutdown(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 20; round++) {
+        c10d_work *w;
+        assert_int_equal(c10d_work_create(&w, "t", 1000), 0);
+        pthread_t t[3];
+        for (int i = 0; i < 3; i++)
+            pthread_create(&t[i], NULL, shutdown_thread, NULL);
+        for (int i = 0; i < 3; i++) {
+            void *rc;
+            pthread_join(t[i], &rc);
+            assert_int_equal((int)(intptr_t)rc, 0);
+        }
+        assert_int_equal(c10d_work_wait(w, 1000), C10D_EABORTED);
+        c10d_work_release(w);
+    }
+}
+
+static void *complete_soon(void *arg)
+{
+    usleep(10000);
+    c10d_work_complete(arg, C10D_OK, NULL);
+    return NULL;
+}
+
+/* In the child: a fresh engine must work (deadline timer, cross-thread completion). */
+static int child_uses_engine(void)
+{
+    c10d_work *a, *b;
+    if (c10d_work_create(&a, "child deadline", 20) != 0)
+        return 10;
+    if (c10d_work_wait(a, 5000) != C10D_ETIMEDOUT)
+        return 11;
+    if (c10d_work_create(&b, "child completion", 5000) != 0)
+        return 12;
+    pthread_t t;
+    pthread_create(&t, NULL, complete_soon, b);
+    int rc = c10d_work_wait(b, 5000);
+    pthread_join(t, NULL);
+    if (rc != 0)
+        return 13;
+    c10d_work_release(a);
+    c10d_work_release(b);
+    if (c10d_shutdown() != 0)
+        return 14;
+    return 0;
+}
+
+static void test_fork(void **state)
+{
+    (void)state;
+    /* Parent has a running engine with a pending work when it forks. */
+    c10d_work *pending;
+    assert_int_equal(c10d_work_create(&pending, "parent pending", 600000), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(20); /* a hung child is killed, and the parent sees the signal */
+        _exit(child_uses_engine());
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    /* The parent's engine is unaffected. */
+    assert_int_equal(c10d_work_test(pending), 0);
+    c10d_work_complete(pending, C10D_OK, NULL);
+    assert_int_equal(c10d_work_wait(pending, 1000), 0);
+    c10d_work_release(pending);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_post_fifo_from_many_threads),
+        cmocka_unit_test(test_post_with_batch_of_one),
+        cmocka_unit_test(test_shutdown_with_pending_work),
+        cmocka_unit_test(test_shutdown_from_callback_fails),
+        cmocka_unit_test(test_concurrent_shutdown),
+        cmocka_unit_test(test_fork),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    c10d_shutdown();
+    return rc;
+}

@@ -1,0 +1,312 @@
+/* Works and futures: exactly-once callbacks under races, ordering, deadlines,
+ * waits, and reference counting. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "c10d.h"
+#include "engine/loop.h"
+#include "engine/work.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct record {
+    atomic_int calls;
+    atomic_int on_loop;
+    int status;
+    int order[64];
+    atomic_int norder;
+};
+
+static void record_cb(c10d_work *w, int status, void *arg)
+{
+    (void)w;
+    struct record *r = arg;
+    atomic_fetch_add(&r->calls, 1);
+    atomic_fetch_add(&r->on_loop, c10d_on_loop_thread());
+    r->status = status;
+}
+
+struct ordered {
+    struct record *rec;
+    int id;
+};
+
+static void ordered_cb(c10d_work *w, int status, void *arg)
+{
+    (void)w;
+    (void)status;
+    struct ordered *o = arg;
+    int i = atomic_fetch_add(&o->rec->norder, 1);
+    if (i < 64)
+        o->rec->order[i] = o->id;
+}
+
+static void wait_calls(struct record *r, int n)
+{
+    for (int i = 0; i < 5000 && atomic_load(&r->calls) < n; i++)
+        usleep(1000);
+}
+
+static void test_callback_once_on_loop(void **state)
+{
+    (void)state;
+    struct record r = {0};
+    c10d_work *w;
+    assert_int_equal(c10d_work_create(&w, "t", 0), 0);
+    assert_int_equal(c10d_work_test(w), 0);
+    assert_int_equal(c10d_work_on_complete(w, record_cb, &r), 0);
+    assert_int_equal(c10d_work_complete(w, C10D_ECLOSED, "peer 3 went away"), 1);
+    assert_int_equal(c10d_work_complete(w, C10D_OK, NULL), 0); /* first completion wins */
+    assert_int_equal(c10d_work_wait(w, 1000), C10D_ECLOSED);
+    assert_string_equal(c10d_last_error(), "peer 3 went away");
+    assert_string_equal(c10d_work_message(w), "peer 3 went away");
+    wait_calls(&r, 1);
+    usleep(20000);
+    assert_int_equal(atomic_load(&r.calls), 1);
+    assert_int_equal(atomic_load(&r.on_loop), 1);
+    assert_int_equal(r.status, C10D_ECLOSED);
+    assert_int_equal(c10d_work_test(w), 1);
+    c10d_work_release(w);
+}
+
+static void test_order_before_and_after_completion(void **state)
+{
+    (void)state;
+    struct record r = {0};
+    struct ordered o[20];
+    c10d_work *w;
+    assert_int_equal(c10d_work_create(&w, "t", 0), 0);
+    for (int i = 0; i < 10; i++) {
+        o[i] = (struct ordered){&r, i};
+        assert_int_equal(c10d_work_on_complete(w, ordered_cb, &o[i]), 0);
+    }
+    c10d_work_complete(w, C10D_OK, NULL);
+    for (int i = 10; i < 20; i++) {
+        o[i] = (struct ordered){&r, i};
+        assert_int_equal(c10d_work_on_complete(w, ordered_cb, &o[i]), 0);
+    }
+    assert_int_equal(c10d_work_on_complete(w, record_cb, &r), 0);
+    wait_calls(&r, 1);
+    assert_int_equal(atomic_load(&r.norder), 20);
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(r.order[i], i);
+    c10d_work_release(w);
+}
+
+static void test_deadline(void **state)
+{
+    (void)state;
+    struct record r = {0};
+    c10d_work *w;
+    assert_int_equal(c10d_work_create(&w, "all_reduce seq 7", 50), 0);
+    c10d_work_on_complete(w, record_cb, &r);
+    assert_int_equal(c10d_work_wait(w, 10000), C10D_ETIMEDOUT);
+    assert_string_equal(c10d_work_message(w), "all_reduce seq 7 timed out after 50 ms");
+    wait_calls(&r, 1);
+    assert_int_equal(r.status, C10D_ETIMEDOUT);
+    /* A late completion loses to the deadline. */
+    assert_int_equal(c10d_work_complete(w, C10D_OK, NULL), 0);
+    c10d_work_release(w);
+}
+
+static void test_completion_beats_deadline(void **state)
+{
+    (void)state;
+    c10d_work *w;
+    assert_int_equal(c10d_work_create(&w, "t", 100), 0);
+    c10d_work_complete(w, C10D_OK, NULL);
+    usleep(200000);
+    assert_int_equal(c10d_work_wait(w, 0), C10D_OK);
+    c10d_work_release(w);
+}
+
+static void test_wait_timeout_leaves_work_pending(void **state)
+{
+    (void)state;
+    c10d_work *w;
+    assert_int_equal(c10d_work_create(&w, "slow op", 0), 0);
+    assert_int_equal(c10d_work_wait(w, 30), C10D_ETIMEDOUT);
+    assert_non_null(strstr(c10d_last_error(), "still pending"));
+    assert_int_equal(c10d_work_test(w), 0);
+    c10d_work_complete(w, C10D_OK, NULL);
+    assert_int_equal(c10d_work_wait(w, -1), C10D_OK);
+    c10d_work_release(w);
+}
+
+struct loop_wait {
+    atomic_int rc;
+    atomic_int done;
+};
+
+static void wait_inside_callback(c10d_work *w, int status, void *arg)
+{
+    (void)status;
+    struct loop_wait *lw = arg;
+    atomic_store(&lw->rc, c10d_work_wait(w, 1000));
+    atomic_store(&lw->done, 1);
+}
+
+static void test_wait_on_loop_thread_fails(void **state)
+{
+    (void)state;
+    struct loop_wait lw = {0};
+    c10d_work *w;
+    assert_int_equal(c10d_work_create(&w, "t", 0), 0);
+    c10d_work_on_complete(w, wait_inside_callback, &lw);
+    c10d_work_complete(w, C10D_OK, NULL);
+    for (int i = 0; i < 5000 && !atomic_load(&lw.done); i++)
+        usleep(1000);
+    assert_int_equal(atomic_load(&lw.rc), C10D_EDEADLK);
+    c10d_work_release(w);
+}
+
+static void release_in_callback(c10d_work *w, int status, void *arg)
+{
+    (void)status;
+    c10d_work_release(w);
+    atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+static void test_callback_releases_last_reference(void **state)
+{
+    (void)state;
+    atomic_int n = 0;
+    for (int i = 0; i < 100; i++) {
+        c10d_work *w;
+        assert_int_equal(c10d_work_create(&w, "t", i % 2 ? 1000 : 0), 0);
+        c10d_work_on_complete(w, release_in_callback, &n);
+        c10d_work_complete(w, C10D_OK, NULL); /* the callback owns the only reference now */
+    }
+    for (int i = 0; i < 5000 && atomic_load(&n) < 100; i++)
+        usleep(1000);
+    assert_int_equal(atomic_load(&n), 100);
+}
+
+static void test_bad_arguments(void **state)
+{
+    (void)state;
+    c10d_work *w;
+    assert_int_equal(c10d_work_create(NULL, "t", 0), C10D_EINVAL);
+    assert_int_equal(c10d_work_create(&w, "t", -5), C10D_EINVAL);
+    assert_non_null(strstr(c10d_last_error(), "timeout_ms"));
+    assert_int_equal(c10d_work_create(&w, "t", 0), 0);
+    assert_int_equal(c10d_work_complete(w, 3, NULL), C10D_EINVAL);
+    assert_int_equal(c10d_work_on_complete(w, NULL, NULL), C10D_EINVAL);
+    assert_int_equal(c10d_work_test(w), 0);
+    c10d_work_complete(w, C10D_OK, NULL);
+    c10d_work_release(w);
+}
+
+/* Many threads race to complete, register, wait and release on the same works. */
+#define RACE_WORKS   200
+#define RACE_THREADS 8
+
+struct race {
+    c10d_work *works[RACE_WORKS];
+    atomic_int wins[RACE_WORKS];
+    atomic_int calls[RACE_WORKS];
+    atomic_int registered[RACE_WORKS];
+    atomic_int wait_errors;
+    pthread_barrier_t start;
+};
+
+struct race_arg {
+    struct race *race;
+    int index;
+};
+
+static void race_cb(c10d_work *w, int status, void *arg)
+{
+    (void)w;
+    (void)status;
+    atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+static void *race_thread(void *p)
+{
+    struct race_arg *a = p;
+    struct race *r = a->race;
+    pthread_barrier_wait(&r->start);
+    for (int i = 0; i < RACE_WORKS; i++) {
+        c10d_work *w = r->works[i];
+        c10d_work_retain(w);
+        if (c10d_work_on_complete(w, race_cb, &r->calls[i]) == 0)
+            atomic_fetch_add(&r->registered[i], 1);
+        if ((i + a->index) % 3 == 0)
+            atomic_fetch_add(&r->wins[i], c10d_work_complete(w, -(a->index % 2), "raced"));
+        if ((i + a->index) % 4 == 0 && c10d_work_wait(w, 20000) > 0)
+            atomic_fetch_add(&r->wait_errors, 1);
+        c10d_work_release(w);
+        if (a->index == 0)
+            c10d_work_complete(w, C10D_OK, NULL); /* make sure every work completes */
+    }
+    return NULL;
+}
+
+static void test_exactly_once_under_races(void **state)
+{
+    (void)state;
+    struct race *r = calloc(1, sizeof *r);
+    for (int i = 0; i < RACE_WORKS; i++)
+        assert_int_equal(c10d_work_create(&r->works[i], "race", i % 5 == 0 ? 1 : 0), 0);
+    pthread_barrier_init(&r->start, NULL, RACE_THREADS);
+    pthread_t t[RACE_THREADS];
+    struct race_arg args[RACE_THREADS];
+    for (int i = 0; i < RACE_THREADS; i++) {
+        args[i] = (struct race_arg){r, i};
+        pthread_create(&t[i], NULL, race_thread, &args[i]);
+    }
+    for (int i = 0; i < RACE_THREADS; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < RACE_WORKS; i++) {
+        assert_int_not_equal(c10d_work_wait(r->works[i], 20000), 1);
+        assert_true(atomic_load(&r->wins[i]) <= 1);
+    }
+    /* Every registered callback runs exactly once, none more. */
+    for (int spin = 0; spin < 10000; spin++) {
+        int all = 1;
+        for (int i = 0; i < RACE_WORKS; i++)
+            all &= atomic_load(&r->calls[i]) == atomic_load(&r->registered[i]);
+        if (all)
+            break;
+        usleep(1000);
+    }
+    usleep(20000);
+    for (int i = 0; i < RACE_WORKS; i++) {
+        assert_int_equal(atomic_load(&r->registered[i]), RACE_THREADS);
+        assert_int_equal(atomic_load(&r->calls[i]), RACE_THREADS);
+        c10d_work_release(r->works[i]);
+    }
+    assert_int_equal(atomic_load(&r->wait_errors), 0);
+    pthread_barrier_destroy(&r->start);
+    free(r);
+}
+
+static int teardown_all(void **state)
+{
+    (void)state;
+    assert_int_equal(c10d__work_pending_count(), 0);
+    return c10d_shutdown();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_callback_once_on_loop),
+        cmocka_unit_test(test_order_before_and_after_completion),
+        cmocka_unit_test(test_deadline),
+        cmocka_unit_test(test_completion_beats_deadline),
+        cmocka_unit_test(test_wait_timeout_leaves_work_pending),
+        cmocka_unit_test(test_wait_on_loop_thread_fails),
+        cmocka_unit_test(test_callback_releases_last_reference),
+        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_exactly_once_under_races),
+    };
+    return cmocka_run_group_tests(tests, NULL, teardown_all);
+}
