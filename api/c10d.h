@@ -170,6 +170,142 @@ C10D_EXPORT int c10d_work_source_rank(c10d_work *work);
 C10D_EXPORT void c10d_work_retain(c10d_work *work);
 C10D_EXPORT void c10d_work_release(c10d_work *work);
 
+/* ------------------------------------------------------- process groups
+ * (issue 4: the contract the tcp backend, the process-group object, the
+ * benchmark and the examples are written against) */
+
+typedef struct c10d_store c10d_store;
+typedef struct c10d_pg c10d_pg;
+
+typedef enum c10d_device_type { C10D_DEVICE_CPU = 0, C10D_DEVICE_CUDA = 1 } c10d_device_type;
+
+/* Root/peer value for a receive from any source (host backend only). */
+#define C10D_ANY_SOURCE (-1)
+
+typedef struct c10d_pg_opts {
+    const char *backend;     /* "tcp", "nccl" or "cpu:tcp,cuda:nccl"; NULL: "tcp" */
+    const char *init_method; /* rendezvous URL (env://, tcp://, file://); NULL: env:// */
+    c10d_store *store;       /* explicit store instead of a URL (then rank/world_size needed) */
+    int rank;                /* with a store, or to override the URL's */
+    int world_size;          /* 0: from the URL / environment */
+    int64_t timeout_ms;      /* default per-op timeout; 0: 30 min (tcp), 10 min (nccl) */
+    const char *group_desc;  /* free text shown in messages and the flight recorder */
+} c10d_pg_opts;
+
+/* Per-call options; zero-initialised means defaults. */
+typedef struct c10d_op_opts {
+    int64_t timeout_ms;   /* 0: the group's default */
+    c10d_work_cb cb;      /* optional completion callback (loop thread, exactly once) */
+    void *cb_arg;
+    double premul_factor; /* the factor of C10D_PREMUL_SUM */
+    c10d_device_type device_type;
+    int device_index;     /* CUDA device of the buffers */
+    void *stream;         /* CUDA: the caller's cudaStream_t (NULL: the default stream) */
+} c10d_op_opts;
+
+/* Creates the default group: rendezvous, then connects the backend. Blocks
+ * until ready or failed (bounded by opts->timeout_ms). */
+C10D_EXPORT int c10d_pg_init(c10d_pg **out, const c10d_pg_opts *opts);
+/* A subgroup of `parent` made of `ranks` (sorted; every rank of the parent calls
+ * it, in the same order). Non-members get a handle for which c10d_pg_is_member
+ * is 0 and whose collectives are no-ops with a warning. */
+C10D_EXPORT int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks,
+                                  const c10d_pg_opts *opts, c10d_pg **out);
+C10D_EXPORT int c10d_pg_rank(const c10d_pg *pg);
+C10D_EXPORT int c10d_pg_size(const c10d_pg *pg);
+C10D_EXPORT int c10d_pg_is_member(const c10d_pg *pg);
+/* Graceful: waits (bounded) for pending ops, then frees. */
+C10D_EXPORT int c10d_pg_destroy(c10d_pg *pg);
+/* Immediate: fails pending works with C10D_EABORTED, closes transports, frees. */
+C10D_EXPORT int c10d_pg_abort(c10d_pg *pg, const char *reason);
+
+/* Collectives. NCCL-style buffers: `send` and `recv` may be the same pointer
+ * (in place). Counts are elements of `dtype`. Each returns 0 and, when `work`
+ * is not NULL, a work the caller must release; on error nothing was sent,
+ * no sequence number was consumed and the callback will not run. */
+C10D_EXPORT int c10d_broadcast(c10d_pg *pg, const void *send, void *recv, size_t count,
+                               c10d_dtype dtype, int root, const c10d_op_opts *opts,
+                               c10d_work **work);
+C10D_EXPORT int c10d_all_reduce(c10d_pg *pg, const void *send, void *recv, size_t count,
+                                c10d_dtype dtype, c10d_reduce_op op, const c10d_op_opts *opts,
+                                c10d_work **work);
+/* recv is only written on root (may be NULL elsewhere). */
+C10D_EXPORT int c10d_reduce(c10d_pg *pg, const void *send, void *recv, size_t count,
+                            c10d_dtype dtype, c10d_reduce_op op, int root,
+                            const c10d_op_opts *opts, c10d_work **work);
+/* recv holds size x count elements, rank r's at r * count. */
+C10D_EXPORT int c10d_all_gather(c10d_pg *pg, const void *send, void *recv, size_t count,
+                                c10d_dtype dtype, const c10d_op_opts *opts, c10d_work **work);
+/* List form: recvs[r] receives rank r's count elements. */
+C10D_EXPORT int c10d_all_gather_list(c10d_pg *pg, const void *send, void *const *recvs,
+                                     size_t count, c10d_dtype dtype, const c10d_op_opts *opts,
+                                     c10d_work **work);
+/* On root recv holds size x count elements; elsewhere recv must be NULL. */
+C10D_EXPORT int c10d_gather(c10d_pg *pg, const void *send, void *recv, size_t count,
+                            c10d_dtype dtype, int root, const c10d_op_opts *opts,
+                            c10d_work **work);
+/* On root send holds size x count elements; elsewhere send must be NULL. */
+C10D_EXPORT int c10d_scatter(c10d_pg *pg, const void *send, void *recv, size_t count,
+                             c10d_dtype dtype, int root, const c10d_op_opts *opts,
+                             c10d_work **work);
+/* send holds size x count elements; recv gets the reduction of block `rank`. */
+C10D_EXPORT int c10d_reduce_scatter(c10d_pg *pg, const void *send, void *recv, size_t count,
+                                    c10d_dtype dtype, c10d_reduce_op op,
+                                    const c10d_op_opts *opts, c10d_work **work);
+/* List form: sends[r] (count elements each) is this rank's contribution to rank r. */
+C10D_EXPORT int c10d_reduce_scatter_list(c10d_pg *pg, const void *const *sends, void *recv,
+                                         size_t count, c10d_dtype dtype, c10d_reduce_op op,
+                                         const c10d_op_opts *opts, c10d_work **work);
+/* send_counts[r] elements go to rank r, recv_counts[r] come from rank r, packed
+ * in rank order. NULL counts: `count` split evenly (count % size == 0). */
+C10D_EXPORT int c10d_all_to_all_single(c10d_pg *pg, const void *send, void *recv, size_t count,
+                                       const size_t *send_counts, const size_t *recv_counts,
+                                       c10d_dtype dtype, const c10d_op_opts *opts,
+                                       c10d_work **work);
+/* List form: sends[r] / recvs[r] with send_counts[r] / recv_counts[r] elements. */
+C10D_EXPORT int c10d_all_to_all(c10d_pg *pg, const void *const *sends, const size_t *send_counts,
+                                void *const *recvs, const size_t *recv_counts, c10d_dtype dtype,
+                                const c10d_op_opts *opts, c10d_work **work);
+/* Completes once every rank has entered it and every earlier op of this rank's group is done. */
+C10D_EXPORT int c10d_barrier(c10d_pg *pg, const c10d_op_opts *opts, c10d_work **work);
+/* torch's monitored_barrier: rank 0 names the ranks that did not arrive in time. */
+C10D_EXPORT int c10d_monitored_barrier(c10d_pg *pg, int64_t timeout_ms, int wait_all_ranks,
+                                       c10d_work **work);
+
+/* Point to point. tag >= 0. recv with peer C10D_ANY_SOURCE reports the sender
+ * through c10d_work_source_rank. */
+C10D_EXPORT int c10d_send(c10d_pg *pg, const void *buf, size_t count, c10d_dtype dtype, int peer,
+                          int tag, const c10d_op_opts *opts, c10d_work **work);
+C10D_EXPORT int c10d_recv(c10d_pg *pg, void *buf, size_t count, c10d_dtype dtype, int peer,
+                          int tag, const c10d_op_opts *opts, c10d_work **work);
+
+typedef enum c10d_p2p_kind { C10D_P2P_SEND = 0, C10D_P2P_RECV = 1 } c10d_p2p_kind;
+typedef struct c10d_p2p_op {
+    c10d_p2p_kind kind;
+    void *buf;
+    size_t count;
+    c10d_dtype dtype;
+    int peer;
+    int tag;
+} c10d_p2p_op;
+/* torch's batch_isend_irecv: one work for the whole batch. */
+C10D_EXPORT int c10d_batch_isend_irecv(c10d_pg *pg, const c10d_p2p_op *ops, int nops,
+                                       const c10d_op_opts *opts, c10d_work **work);
+
+/* Coalescing: collectives issued between begin and end form one group (one
+ * sequence number); end returns one work for all of them. */
+C10D_EXPORT int c10d_coalesce_begin(c10d_pg *pg);
+C10D_EXPORT int c10d_coalesce_end(c10d_pg *pg, const c10d_op_opts *opts, c10d_work **work);
+
+/* Waits for `work` (bounded by its own deadline), releases it and returns its
+ * status: the body of every *_sync helper. */
+C10D_EXPORT int c10d_work_wait_release(c10d_work *work);
+C10D_EXPORT int c10d_all_reduce_sync(c10d_pg *pg, const void *send, void *recv, size_t count,
+                                     c10d_dtype dtype, c10d_reduce_op op);
+C10D_EXPORT int c10d_broadcast_sync(c10d_pg *pg, const void *send, void *recv, size_t count,
+                                    c10d_dtype dtype, int root);
+C10D_EXPORT int c10d_barrier_sync(c10d_pg *pg);
+
 #ifdef __cplusplus
 }
 #endif
