@@ -1,0 +1,617 @@
+#include "server.h"
+
+#include "session.h"
+
+#include "engine/log.h"
+
+#include <arpa/inet.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TICK_MS 250
+
+struct conn {
+    struct c10d__store_session s;
+    uv_tcp_t tcp;
+    struct c10d__store_server *srv;
+    struct conn *prev, *next;   /* every open connection */
+    struct conn *vprev, *vnext; /* not yet started, in accept order */
+    uint64_t accepted_ms;
+    size_t pending_write; /* bytes handed to uv_write, not yet written */
+    int reading;
+    int closing;
+    int in_vlist;
+};
+
+struct wreq {
+    uv_write_t req;
+    struct conn *c;
+    uint8_t *data;
+    size_t len;
+};
+
+struct c10d__store_server {
+    uv_loop_t *loop;
+    uv_tcp_t *listener; /* separate: a failed bind attempt is closed and replaced */
+    uv_timer_t timer;
+    struct c10d__store_ctx ctx;
+    struct c10d__store_limits lim;
+    int world_size;
+    int port;
+    struct conn *conns;
+    size_t nconns;
+    struct conn *vhead, *vtail;
+    uint64_t accepted, rejected, closed_for_errors, closed_slow;
+    uint64_t last_ops[C10D_STORE_CMD_COUNT];
+    uint64_t start_ms, last_stats_ms;
+    uint64_t last_reject_log_ms, rejects_unlogged;
+    int stopping;
+    int open_handles;
+    void (*stop_cb)(void *arg);
+    void *stop_arg;
+};
+
+void c10d__store_limits_defaults(struct c10d__store_limits *l)
+{
+    if (!l->max_key_bytes)
+        l->max_key_bytes = 64 * 1024;
+    if (!l->max_value_bytes)
+        l->max_value_bytes = 256ull << 20;
+    if (!l->max_keys_per_request)
+        l->max_keys_per_request = 128 * 1024;
+    if (!l->max_request_bytes)
+        l->max_request_bytes = 1ull << 30;
+    if (!l->max_memory_bytes)
+        l->max_memory_bytes = 4ull << 30;
+    if (!l->max_connections)
+        l->max_connections = 65536;
+    if (!l->validate_timeout_ms)
+        l->validate_timeout_ms = 30000;
+    if (!l->max_pending_write_bytes)
+        l->max_pending_write_bytes = 8ull << 20;
+}
+
+static struct conn *conn_of(struct c10d__store_session *s)
+{
+    return s->data;
+}
+
+/* ------------------------------------------------------------- closing */
+
+static void handle_closed(struct c10d__store_server *srv)
+{
+    if (--srv->open_handles > 0 || !srv->stopping)
+        return;
+    c10d__store_ctx_free(&srv->ctx);
+    void (*cb)(void *) = srv->stop_cb;
+    void *arg = srv->stop_arg;
+    free(srv);
+    if (cb)
+        cb(arg);
+}
+
+static void vlist_remove(struct c10d__store_server *srv, struct conn *c)
+{
+    if (!c->in_vlist)
+        return;
+    if (c->vprev)
+        c->vprev->vnext = c->vnext;
+    else
+        srv->vhead = c->vnext;
+    if (c->vnext)
+        c->vnext->vprev = c->vprev;
+    else
+        srv->vtail = c->vprev;
+    c->vprev = c->vnext = NULL;
+    c->in_vlist = 0;
+}
+
+static void on_conn_closed(uv_handle_t *h)
+{
+    struct conn *c = h->data;
+    struct c10d__store_server *srv = c->srv;
+    /* Table clean-up happens here, never inside a table callback. */
+    c10d__store_session_free(&c->s);
+    free(c);
+    handle_closed(srv);
+}
+
+/* Closes one connection; `reason` NULL means an orderly goodbye. */
+static void conn_close(struct conn *c, const char *reason)
+{
+    if (c->closing)
+        return;
+    c->closing = 1;
+    c->s.closing = 1;
+    struct c10d__store_server *srv = c->srv;
+    if (reason) {
+        srv->closed_for_errors++;
+        C10D_WARN("store", "closing connection from %s: %s", c->s.peer, reason);
+    }
+    vlist_remove(srv, c);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        srv->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    srv->nconns--;
+    uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+}
+
+/* -------------------------------------------------------------- writing */
+
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+
+static void on_written(uv_write_t *req, int status)
+{
+    struct wreq *w = (struct wreq *)req;
+    struct conn *c = w->c;
+    c->pending_write -= w->len;
+    free(w->data);
+    free(w);
+    if (c->closing)
+        return;
+    if (status < 0) {
+        conn_close(c, NULL);
+        return;
+    }
+    /* Backpressure released: read requests again. */
+    if (!c->reading && c->pending_write <= c->srv->lim.max_pending_write_bytes) {
+        if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
+            c->reading = 1;
+    }
+}
+
+static void flush(struct c10d__store_session *s)
+{
+    struct conn *c = conn_of(s);
+    struct c10d__store_server *srv = c->srv;
+    if (c->closing) {
+        s->out.len = 0;
+        return;
+    }
+    if (s->closing && !s->out.len)
+        return;
+    if (!s->out.len)
+        return;
+    if (c->pending_write >= 4 * srv->lim.max_pending_write_bytes) {
+        srv->closed_slow++;
+        char why[160];
+        snprintf(why, sizeof why,
+                 "client does not read its replies (%zu bytes pending, limit %" PRIu64 ")",
+                 c->pending_write, 4 * srv->lim.max_pending_write_bytes);
+        s->out.len = 0;
+        conn_close(c, why);
+        return;
+    }
+    size_t off = 0;
+    if (c->pending_write == 0) {
+        uv_buf_t b = uv_buf_init((char *)s->out.data, (unsigned)s->out.len);
+        int n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+        if (n >= 0) {
+            off = (size_t)n;
+        } else if (n != UV_EAGAIN) {
+            s->out.len = 0;
+            conn_close(c, NULL);
+            return;
+        }
+    }
+    if (off == s->out.len) {
+        s->out.len = 0;
+        if (s->out.cap > 64 * 1024)
+            c10d__store_buf_free(&s->out);
+        return;
+    }
+    /* The kernel is full: hand the buffer itself to uv_write (no copy). */
+    struct wreq *w = malloc(sizeof *w);
+    if (!w) {
+        s->out.len = 0;
+        conn_close(c, "out of memory queueing a reply");
+        return;
+    }
+    w->c = c;
+    w->data = s->out.data;
+    w->len = s->out.len - off;
+    uv_buf_t b = uv_buf_init((char *)s->out.data + off, (unsigned)w->len);
+    s->out = (struct c10d__store_buf){0};
+    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_written) < 0) {
+        free(w->data);
+        free(w);
+        conn_close(c, NULL);
+        return;
+    }
+    c->pending_write += w->len;
+    if (c->reading && c->pending_write > srv->lim.max_pending_write_bytes) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = 0;
+    }
+}
+
+/* -------------------------------------------------------------- reading */
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    struct conn *c = h->data;
+    uint8_t *base;
+    size_t len;
+    c10d__store_session_rbuf(&c->s, suggested, &base, &len);
+    if (len > UINT32_MAX)
+        len = UINT32_MAX;
+    *buf = uv_buf_init((char *)base, (unsigned)len);
+}
+
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
+{
+    (void)buf;
+    struct conn *c = stream->data;
+    if (c->closing)
+        return;
+    if (nread == 0)
+        return;
+    if (nread < 0) {
+        if (nread == UV_ENOBUFS)
+            conn_close(c, c->s.reason[0] ? c->s.reason : "no buffer for the request");
+        else {
+            if (nread == UV_EOF && !c10d__store_parser_idle(&c->s.parser))
+                C10D_DEBUG("store", "%s disconnected in the middle of a request", c->s.peer);
+            conn_close(c, NULL);
+        }
+        return;
+    }
+    int rc = c10d__store_session_received(&c->s, (size_t)nread);
+    if (c->closing)
+        return;
+    if (rc < 0) {
+        conn_close(c, c->s.reason);
+        return;
+    }
+    if (c->in_vlist && c10d__store_session_started(&c->s))
+        vlist_remove(c->srv, c);
+}
+
+/* ------------------------------------------------------------ accepting */
+
+static void peer_name(uv_tcp_t *tcp, char *out, size_t size)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    snprintf(out, size, "?");
+    if (uv_tcp_getpeername(tcp, (struct sockaddr *)&ss, &len) != 0)
+        return;
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (ss.ss_family == AF_INET) {
+        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+        uv_ip4_name(a, host, sizeof host);
+        port = ntohs(a->sin_port);
+        snprintf(out, size, "%s:%d", host, port);
+    } else if (ss.ss_family == AF_INET6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+        uv_ip6_name(a, host, sizeof host);
+        port = ntohs(a->sin6_port);
+        /* Show v4-mapped peers of the dual-stack socket as plain IPv4. */
+        if (!strncmp(host, "::ffff:", 7) && strchr(host + 7, '.'))
+            snprintf(out, size, "%s:%d", host + 7, port);
+        else
+            snprintf(out, size, "[%s]:%d", host, port);
+    }
+}
+
+static void on_reject_closed(uv_handle_t *h)
+{
+    struct c10d__store_server *srv = h->data;
+    free(h);
+    handle_closed(srv);
+}
+
+static void on_connection(uv_stream_t *listener, int status)
+{
+    struct c10d__store_server *srv = listener->data;
+    if (status < 0) {
+        C10D_WARN("store", "accept failed: %s", uv_strerror(status));
+        return;
+    }
+    if (srv->stopping)
+        return;
+    if (srv->nconns >= srv->lim.max_connections) {
+        /* Accept and close at once so the client sees a reset rather than
+         * hanging in the backlog; log at most once a second. */
+        uv_tcp_t *t = malloc(sizeof *t);
+        if (!t)
+            return;
+        uv_tcp_init(srv->loop, t);
+        t->data = srv;
+        srv->open_handles++;
+        if (uv_accept(listener, (uv_stream_t *)t) == 0) {
+            srv->rejected++;
+            srv->rejects_unlogged++;
+            uint64_t now = uv_now(srv->loop);
+            if (now - srv->last_reject_log_ms >= 1000 || srv->last_reject_log_ms == 0) {
+                char peer[64];
+                peer_name(t, peer, sizeof peer);
+                C10D_WARN("store",
+                          "closing connection from %s: connection limit of %" PRIu64
+                          " reached (%" PRIu64 " refused since the last such line)",
+                          peer, srv->lim.max_connections, srv->rejects_unlogged);
+                srv->last_reject_log_ms = now;
+                srv->rejects_unlogged = 0;
+            }
+        }
+        uv_close((uv_handle_t *)t, on_reject_closed);
+        return;
+    }
+    struct conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return;
+    c->srv = srv;
+    uv_tcp_init(srv->loop, &c->tcp);
+    c->tcp.data = c;
+    srv->open_handles++;
+    char peer[64];
+    int rc = uv_accept(listener, (uv_stream_t *)&c->tcp);
+    if (rc == 0)
+        peer_name(&c->tcp, peer, sizeof peer);
+    else
+        snprintf(peer, sizeof peer, "?");
+    c10d__store_session_init(&c->s, &srv->ctx, peer);
+    c->s.data = c;
+    c->next = srv->conns;
+    if (srv->conns)
+        srv->conns->prev = c;
+    srv->conns = c;
+    srv->nconns++;
+    if (rc < 0) {
+        conn_close(c, NULL);
+        return;
+    }
+    srv->accepted++;
+    uv_tcp_nodelay(&c->tcp, 1);
+    c->accepted_ms = uv_now(srv->loop);
+    c->prev = NULL;
+    c->vprev = srv->vtail;
+    if (srv->vtail)
+        srv->vtail->vnext = c;
+    else
+        srv->vhead = c;
+    srv->vtail = c;
+    c->in_vlist = 1;
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) < 0) {
+        conn_close(c, NULL);
+        return;
+    }
+    c->reading = 1;
+}
+
+/* Closes connections that started a first request but did not finish it in
+ * time (and, if configured, connections that never said anything). */
+static void on_tick(uv_timer_t *t)
+{
+    struct c10d__store_server *srv = t->data;
+    uint64_t now = uv_now(srv->loop);
+    uint64_t vt = srv->lim.validate_timeout_ms, st = srv->lim.silent_timeout_ms;
+    uint64_t min_t = st && st < vt ? st : vt;
+    struct conn *c = srv->vhead;
+    while (c && now - c->accepted_ms >= min_t) {
+        struct conn *next = c->vnext;
+        char why[128];
+        if (c->s.bytes_in > 0 && now - c->accepted_ms >= vt) {
+            snprintf(why, sizeof why, "no complete first request (VALIDATE) within %" PRIu64 " ms",
+                     vt);
+            conn_close(c, why);
+        } else if (c->s.bytes_in == 0 && st && now - c->accepted_ms >= st) {
+            snprintf(why, sizeof why, "silent for %" PRIu64 " ms", st);
+            conn_close(c, why);
+        }
+        c = next;
+    }
+}
+
+/* ---------------------------------------------------------------- start */
+
+static int somaxconn(void)
+{
+    int v = 0;
+    FILE *f = fopen("/proc/sys/net/core/somaxconn", "r");
+    if (f) {
+        if (fscanf(f, "%d", &v) != 1)
+            v = 0;
+        fclose(f);
+    }
+    return v > 0 ? v : 4096;
+}
+
+static void free_handle(uv_handle_t *h)
+{
+    free(h);
+}
+
+/* A fresh listener handle for each attempt: a failed bind leaves its handle
+ * unusable, and running the loop to close it is not allowed here (we may be
+ * inside a callback of the engine's loop). */
+static int try_listen(struct c10d__store_server *srv, const struct sockaddr *addr)
+{
+    uv_tcp_t *t = malloc(sizeof *t);
+    if (!t)
+        return UV_ENOMEM;
+    uv_tcp_init(srv->loop, t);
+    t->data = srv;
+    int rc = uv_tcp_bind(t, addr, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)t, somaxconn(), on_connection);
+    if (rc < 0) {
+        uv_close((uv_handle_t *)t, free_handle);
+        return rc;
+    }
+    srv->listener = t;
+    return 0;
+}
+
+static void on_listener_closed(uv_handle_t *h)
+{
+    struct c10d__store_server *srv = h->data;
+    free(h);
+    handle_closed(srv);
+}
+
+static void on_timer_closed(uv_handle_t *h)
+{
+    handle_closed(h->data);
+}
+
+static int do_bind(struct c10d__store_server *srv, const char *host, int port)
+{
+    int rc;
+    char portstr[16];
+    snprintf(portstr, sizeof portstr, "%d", port);
+    if (!host || !*host || !strcmp(host, "*")) {
+        struct sockaddr_in6 a6;
+        uv_ip6_addr("::", port, &a6);
+        rc = try_listen(srv, (struct sockaddr *)&a6);
+        if (rc == 0)
+            return 0;
+        C10D_INFO("store", "dual-stack listen on [::]:%d failed (%s); trying 0.0.0.0", port,
+                  uv_strerror(rc));
+        struct sockaddr_in a4;
+        uv_ip4_addr("0.0.0.0", port, &a4);
+        rc = try_listen(srv, (struct sockaddr *)&a4);
+        if (rc < 0)
+            return c10d__fail(c10d__status_from_uv(rc),
+                              "store server: cannot listen on port %d: %s", port, uv_strerror(rc));
+        return 0;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    int gai = getaddrinfo(host, portstr, &hints, &res);
+    if (gai != 0)
+        return c10d__fail(C10D_EINVAL, "store server: cannot resolve '%s': %s", host,
+                          gai_strerror(gai));
+    rc = UV_EADDRNOTAVAIL;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next)
+        if ((rc = try_listen(srv, ai->ai_addr)) == 0)
+            break;
+    freeaddrinfo(res);
+    if (rc < 0)
+        return c10d__fail(c10d__status_from_uv(rc), "store server: cannot listen on %s:%d: %s",
+                          host, port, uv_strerror(rc));
+    return 0;
+}
+
+int c10d__store_server_start(uv_loop_t *loop, const struct c10d__store_server_opts *opts,
+                             struct c10d__store_server **out)
+{
+    if (!loop || !opts || !out || opts->port < 0 || opts->port > 65535)
+        return c10d__fail(C10D_EINVAL, "store server: bad arguments");
+    struct c10d__store_server *srv = calloc(1, sizeof *srv);
+    if (!srv)
+        return c10d__fail(C10D_ENOMEM, "store server: out of memory");
+    srv->loop = loop;
+    srv->lim = opts->limits;
+    c10d__store_limits_defaults(&srv->lim);
+    srv->world_size = opts->world_size;
+    struct c10d__store_codec_limits cl = {
+        .max_key_bytes = srv->lim.max_key_bytes,
+        .max_value_bytes = srv->lim.max_value_bytes,
+        .max_keys = srv->lim.max_keys_per_request,
+        .max_request_bytes = srv->lim.max_request_bytes,
+    };
+    int rc = c10d__store_ctx_init(&srv->ctx, &cl, srv->lim.max_memory_bytes, flush);
+    if (rc < 0) {
+        free(srv);
+        return rc;
+    }
+    srv->ctx.world_size = opts->world_size;
+    srv->ctx.data = srv;
+    rc = do_bind(srv, opts->host, opts->port);
+    if (rc < 0) {
+        c10d__store_ctx_free(&srv->ctx);
+        free(srv);
+        return rc;
+    }
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    uv_tcp_getsockname(srv->listener, (struct sockaddr *)&ss, &len);
+    srv->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                               : ((struct sockaddr_in *)&ss)->sin_port);
+    uv_timer_init(loop, &srv->timer);
+    srv->timer.data = srv;
+    uv_timer_start(&srv->timer, on_tick, TICK_MS, TICK_MS);
+    uv_unref((uv_handle_t *)&srv->timer);
+    srv->open_handles = 2;
+    srv->start_ms = srv->last_stats_ms = uv_now(loop);
+    C10D_INFO("store", "store server listening on port %d", srv->port);
+    *out = srv;
+    return 0;
+}
+
+int c10d__store_server_port(const struct c10d__store_server *s)
+{
+    return s->port;
+}
+
+void c10d__store_server_stop(struct c10d__store_server *s, void (*cb)(void *arg), void *arg)
+{
+    if (s->stopping)
+        return;
+    s->stopping = 1;
+    s->stop_cb = cb;
+    s->stop_arg = arg;
+    uv_close((uv_handle_t *)s->listener, on_listener_closed);
+    uv_close((uv_handle_t *)&s->timer, on_timer_closed);
+    while (s->conns)
+        conn_close(s->conns, NULL);
+}
+
+/* ---------------------------------------------------------------- stats */
+
+char *c10d__store_server_stats_json(struct c10d__store_server *s)
+{
+    struct c10d__store_table_stats ts;
+    c10d__store_table_get_stats(s->ctx.table, &ts);
+    uint64_t now = uv_now(s->loop);
+    double dt = (double)(now - s->last_stats_ms) / 1000.0;
+    json_t *ops = json_object(), *rates = json_object();
+    uint64_t total = 0, total_delta = 0;
+    size_t waiting_conns = 0, pending_write = 0;
+    for (struct conn *c = s->conns; c; c = c->next) {
+        waiting_conns += c->s.client.wait != NULL;
+        pending_write += c->pending_write;
+    }
+    for (int i = 0; i < C10D_STORE_CMD_COUNT; i++) {
+        uint64_t n = s->ctx.ops[i], d = n - s->last_ops[i];
+        total += n;
+        total_delta += d;
+        if (n)
+            json_object_set_new(ops, c10d__store_cmd_name(i), json_integer((json_int_t)n));
+        if (d && dt > 0)
+            json_object_set_new(rates, c10d__store_cmd_name(i), json_real((double)d / dt));
+        s->last_ops[i] = n;
+    }
+    s->last_stats_ms = now;
+    json_t *o = json_pack(
+        "{s:i, s:f, s:{s:I, s:I, s:I, s:I, s:I}, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+        "s:I, s:o, s:o, s:I, s:f}",
+        "port", s->port, "uptime_s", (double)(now - s->start_ms) / 1000.0, "connections", "open",
+        (json_int_t)s->nconns, "accepted", (json_int_t)s->accepted, "refused",
+        (json_int_t)s->rejected, "closed_for_errors", (json_int_t)s->closed_for_errors,
+        "closed_slow_readers", (json_int_t)s->closed_slow, "keys", (json_int_t)ts.keys, "queues",
+        (json_int_t)ts.queues, "queue_items", (json_int_t)ts.queue_items, "bytes",
+        (json_int_t)ts.value_bytes, "memory", (json_int_t)ts.memory, "memory_limit",
+        (json_int_t)ts.memory_limit, "waiters", (json_int_t)ts.waiters, "watchers",
+        (json_int_t)ts.watchers, "pending_write_bytes", (json_int_t)pending_write, "missing_gets",
+        (json_int_t)s->ctx.missing_gets, "ops", ops, "ops_per_s", rates, "ops_total",
+        (json_int_t)total, "ops_per_s_total", dt > 0 ? (double)total_delta / dt : 0.0);
+    (void)waiting_conns;
+    if (!o)
+        return NULL;
+    char *text = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return text;
+}

@@ -1,0 +1,60 @@
+/* The TCPStore server on a libuv loop: its own process (c10d-store) or the
+ * engine's loop (rank 0's embedded store). Every function runs on the loop's
+ * thread. Both dialects of STORE_PROTOCOL.md on one port.
+ *
+ * Protection: each limit below closes only the offending connection, with a
+ * C10D_WARN("store", ...) line naming the peer and the reason; the server and
+ * every other client carry on.
+ */
+#ifndef C10D_STORE_SERVER_SERVER_H
+#define C10D_STORE_SERVER_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+/* Zero fields take the default in brackets. */
+struct c10d__store_limits {
+    uint64_t max_key_bytes;        /* [64 KiB] one key */
+    uint64_t max_value_bytes;      /* [256 MiB] one value */
+    uint64_t max_keys_per_request; /* [128 Ki] CHECK/WAIT/MULTI_* keys */
+    uint64_t max_request_bytes;    /* [1 GiB] a whole request */
+    uint64_t max_memory_bytes;     /* [4 GiB] table + request buffers */
+    uint64_t max_connections;      /* [65536] */
+    /* A connection that sent some bytes but no complete first request
+     * (VALIDATE in the current dialect) within this time is closed [30000]. */
+    uint64_t validate_timeout_ms;
+    /* A connection that sent nothing at all within this time is closed
+     * [0 = never: PyTorch 1.13 clients keep an idle second connection]. */
+    uint64_t silent_timeout_ms;
+    /* Replies queued to a client that does not read them: past this many
+     * bytes the server stops reading its requests; past 4x it closes the
+     * connection (asynchronous pushes can still pile up) [8 MiB]. */
+    uint64_t max_pending_write_bytes;
+};
+
+/* The defaults, filled into the zero fields of *l. */
+void c10d__store_limits_defaults(struct c10d__store_limits *l);
+
+struct c10d__store_server_opts {
+    const char *host; /* NULL/""/"*": dual-stack any address (:: then 0.0.0.0) */
+    int port;         /* 0: pick a free port */
+    int world_size;   /* > 0: log when init/ reaches it */
+    struct c10d__store_limits limits;
+};
+
+struct c10d__store_server;
+
+/* Binds, listens (backlog from /proc/sys/net/core/somaxconn) and serves on
+ * `loop`. 0 or a negative status (c10d_last_error() says why). */
+int c10d__store_server_start(uv_loop_t *loop, const struct c10d__store_server_opts *opts,
+                             struct c10d__store_server **out);
+int c10d__store_server_port(const struct c10d__store_server *s);
+/* Stats as a JSON object (malloc'd; free() it): connections, keys, bytes,
+ * waiters, ops and ops/s per command (rate since the previous call). */
+char *c10d__store_server_stats_json(struct c10d__store_server *s);
+/* Closes the listener and every connection; once all handles are closed, frees
+ * the server and calls cb(arg) (cb may be NULL). */
+void c10d__store_server_stop(struct c10d__store_server *s, void (*cb)(void *arg), void *arg);
+
+#endif

@@ -1,0 +1,403 @@
+#include "session.h"
+
+#include "engine/log.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SHARED_BUF_BYTES (64 * 1024)
+#define MIN_OWN_BUF      4096
+
+void c10d__store_session_fail(struct c10d__store_session *s, const char *fmt, ...)
+{
+    if (s->closing)
+        return;
+    s->closing = 1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->reason, sizeof s->reason, fmt, ap);
+    va_end(ap);
+}
+
+/* Keys are mostly text; show them safely in log lines. */
+static const char *printable(struct c10d__store_str key, char *buf, size_t size)
+{
+    size_t j = 0;
+    for (size_t i = 0; i < key.len && j + 5 < size; i++) {
+        uint8_t c = key.data[i];
+        if (c >= 0x20 && c < 0x7f && c != '\\') {
+            buf[j++] = (char)c;
+        } else {
+            j += (size_t)snprintf(buf + j, size - j, "\\x%02x", c);
+        }
+        if (i + 1 < key.len && j + 5 >= size) {
+            buf[j++] = '.';
+            break;
+        }
+    }
+    buf[j] = 0;
+    return buf;
+}
+
+/* ------------------------------------------------------- table callbacks */
+
+static struct c10d__store_session *session_of(struct c10d__store_client *c)
+{
+    return c->data;
+}
+
+static void on_wake(struct c10d__store_client *c)
+{
+    struct c10d__store_session *s = session_of(c);
+    if (s->closing)
+        return;
+    if (c10d__store_put_u8(&s->out, C10D_STORE_STOP_WAITING) < 0)
+        c10d__store_session_fail(s, "out of memory for a reply");
+    s->ctx->flush(s);
+}
+
+static void on_watch(struct c10d__store_client *c, int event, struct c10d__store_str key,
+                     struct c10d__store_str old_value, struct c10d__store_str new_value)
+{
+    struct c10d__store_session *s = session_of(c);
+    if (s->closing)
+        return;
+    if (c10d__store_put_u8(&s->out, (uint8_t)event) < 0 ||
+        c10d__store_put_str(&s->out, key.data, key.len) < 0 ||
+        c10d__store_put_str(&s->out, old_value.data, old_value.len) < 0 ||
+        c10d__store_put_str(&s->out, new_value.data, new_value.len) < 0)
+        c10d__store_session_fail(s, "out of memory for a watch event");
+    s->ctx->flush(s);
+}
+
+int c10d__store_ctx_init(struct c10d__store_ctx *ctx, const struct c10d__store_codec_limits *lim,
+                         size_t max_memory, void (*flush)(struct c10d__store_session *s))
+{
+    memset(ctx, 0, sizeof *ctx);
+    if (lim)
+        ctx->limits = *lim;
+    ctx->flush = flush;
+    struct c10d__store_table_cbs cbs = {.wake = on_wake, .watch = on_watch};
+    C10D_CHECK(c10d__store_table_create(&cbs, max_memory, &ctx->table));
+    ctx->shared_cap = SHARED_BUF_BYTES;
+    ctx->shared = malloc(ctx->shared_cap);
+    if (!ctx->shared) {
+        c10d__store_table_free(ctx->table);
+        return c10d__fail(C10D_ENOMEM, "store: out of memory");
+    }
+    return 0;
+}
+
+void c10d__store_ctx_free(struct c10d__store_ctx *ctx)
+{
+    c10d__store_table_free(ctx->table);
+    free(ctx->shared);
+    ctx->table = NULL;
+    ctx->shared = NULL;
+}
+
+/* -------------------------------------------------------------- session */
+
+void c10d__store_session_init(struct c10d__store_session *s, struct c10d__store_ctx *ctx,
+                              const char *peer)
+{
+    memset(s, 0, sizeof *s);
+    s->ctx = ctx;
+    s->client.data = s;
+    c10d__store_parser_init(&s->parser, &ctx->limits);
+    snprintf(s->peer, sizeof s->peer, "%s", peer ? peer : "?");
+}
+
+static void free_own(struct c10d__store_session *s)
+{
+    if (s->in) {
+        c10d__store_table_release(s->ctx->table, s->in_cap);
+        free(s->in);
+    }
+    s->in = NULL;
+    s->in_cap = s->in_len = 0;
+}
+
+void c10d__store_session_free(struct c10d__store_session *s)
+{
+    c10d__store_table_client_gone(s->ctx->table, &s->client);
+    free_own(s);
+    c10d__store_parser_free(&s->parser);
+    c10d__store_buf_free(&s->out);
+}
+
+int c10d__store_session_started(const struct c10d__store_session *s)
+{
+    return s->requests > 0;
+}
+
+/* Makes the own buffer hold at least `cap` bytes (charged to the budget). */
+static int own_reserve(struct c10d__store_session *s, size_t cap)
+{
+    if (cap <= s->in_cap)
+        return 0;
+    if (c10d__store_table_charge(s->ctx->table, cap - s->in_cap) < 0) {
+        c10d__store_session_fail(s, "server memory limit reached (buffering a %zu-byte request)",
+                                 cap);
+        return C10D_ENOMEM;
+    }
+    uint8_t *p = realloc(s->in, cap);
+    if (!p) {
+        c10d__store_table_release(s->ctx->table, cap - s->in_cap);
+        c10d__store_session_fail(s, "out of memory buffering a %zu-byte request", cap);
+        return C10D_ENOMEM;
+    }
+    s->in = p;
+    s->in_cap = cap;
+    return 0;
+}
+
+void c10d__store_session_rbuf(struct c10d__store_session *s, size_t suggested, uint8_t **base,
+                              size_t *len)
+{
+    (void)suggested;
+    if (s->in_len == 0) {
+        s->reading_shared = 1;
+        *base = s->ctx->shared;
+        *len = s->ctx->shared_cap;
+        return;
+    }
+    s->reading_shared = 0;
+    size_t want = s->parser.need > MIN_OWN_BUF ? s->parser.need : MIN_OWN_BUF;
+    if (s->in_cap - s->in_len < want) {
+        size_t cap = s->in_len + want;
+        if (cap < s->in_cap * 2 && s->parser.need <= MIN_OWN_BUF)
+            cap = s->in_cap * 2;
+        if (own_reserve(s, cap) < 0) {
+            *base = NULL;
+            *len = 0;
+            return;
+        }
+    }
+    *base = s->in + s->in_len;
+    *len = s->in_cap - s->in_len;
+}
+
+/* ------------------------------------------------------------- dispatch */
+
+static int reply_ok(struct c10d__store_session *s, int rc)
+{
+    if (rc < 0)
+        c10d__store_session_fail(s, "out of memory for a reply");
+    return rc;
+}
+
+static int list_key(void *arg, struct c10d__store_str key)
+{
+    struct c10d__store_session *s = arg;
+    return c10d__store_put_str(&s->out, key.data, key.len);
+}
+
+static void table_error(struct c10d__store_session *s, int rc, const struct c10d__store_request *r)
+{
+    char k[80];
+    if (rc == C10D_EINVAL)
+        c10d__store_session_fail(s,
+                                 "%s on key '%s' whose value is not a decimal integer "
+                                 "(or the result overflows int64)",
+                                 c10d__store_cmd_name(r->cmd),
+                                 r->nargs ? printable(r->args[0], k, sizeof k) : "");
+    else
+        c10d__store_session_fail(s, "%s: server memory limit reached",
+                                 c10d__store_cmd_name(r->cmd));
+}
+
+static void handle(struct c10d__store_session *s, const struct c10d__store_request *r)
+{
+    struct c10d__store_ctx *ctx = s->ctx;
+    struct c10d__store_table *t = ctx->table;
+    struct c10d__store_buf *out = &s->out;
+    const struct c10d__store_str *a = r->args;
+    int rc = 0;
+    ctx->ops[r->cmd]++;
+    switch (r->cmd) {
+    case C10D_STORE_VALIDATE:
+        break;
+    case C10D_STORE_PING:
+        reply_ok(s, c10d__store_put_u32(out, r->u32));
+        break;
+    case C10D_STORE_SET:
+        rc = c10d__store_table_set(t, a[0], a[1]);
+        break;
+    case C10D_STORE_COMPARE_SET: {
+        struct c10d__store_str v;
+        rc = c10d__store_table_compare_set(t, a[0], a[1], a[2], &v);
+        if (rc == 0)
+            reply_ok(s, c10d__store_put_str(out, v.data, v.len));
+        break;
+    }
+    case C10D_STORE_GET: {
+        struct c10d__store_str v;
+        if (!c10d__store_table_get(t, a[0], &v)) {
+            /* Only a race with DELETE_KEY gets here: PyTorch clients WAIT first. */
+            char k[80];
+            ctx->missing_gets++;
+            C10D_INFO("store", "%s: GET of missing key '%s': answering an empty value", s->peer,
+                      printable(a[0], k, sizeof k));
+        }
+        reply_ok(s, c10d__store_put_str(out, v.data, v.len));
+        break;
+    }
+    case C10D_STORE_ADD: {
+        int64_t v;
+        rc = c10d__store_table_add(t, a[0], r->i64, &v);
+        if (rc == 0) {
+            reply_ok(s, c10d__store_put_i64(out, v));
+            if (ctx->world_size > 0 && v == ctx->world_size && a[0].len == 5 &&
+                !memcmp(a[0].data, "init/", 5))
+                C10D_INFO("store", "all %d workers registered (init/ reached %d)", ctx->world_size,
+                          ctx->world_size);
+        }
+        break;
+    }
+    case C10D_STORE_CHECK:
+        reply_ok(s, c10d__store_put_u8(out, c10d__store_table_check(t, a, r->nargs)
+                                                ? C10D_STORE_READY
+                                                : C10D_STORE_NOT_READY));
+        break;
+    case C10D_STORE_WAIT:
+        rc = c10d__store_table_wait(t, &s->client, a, r->nargs);
+        if (rc == 1)
+            reply_ok(s, c10d__store_put_u8(out, C10D_STORE_STOP_WAITING));
+        break;
+    case C10D_STORE_GETNUMKEYS:
+        reply_ok(s, c10d__store_put_i64(out, (int64_t)c10d__store_table_num_keys(t)));
+        break;
+    case C10D_STORE_DELETE_KEY:
+        reply_ok(s, c10d__store_put_i64(out, c10d__store_table_delete(t, a[0])));
+        break;
+    case C10D_STORE_APPEND:
+        rc = c10d__store_table_append(t, a[0], a[1]);
+        break;
+    case C10D_STORE_MULTI_GET:
+        for (size_t i = 0; i < r->nargs && rc == 0; i++) {
+            struct c10d__store_str v;
+            c10d__store_table_get(t, a[i], &v);
+            rc = reply_ok(s, c10d__store_put_str(out, v.data, v.len));
+        }
+        rc = 0;
+        break;
+    case C10D_STORE_MULTI_SET:
+        for (size_t i = 0; i + 1 < r->nargs && rc == 0; i += 2)
+            rc = c10d__store_table_set(t, a[i], a[i + 1]);
+        break;
+    case C10D_STORE_CANCEL_WAIT:
+        c10d__store_table_cancel_wait(t, &s->client);
+        reply_ok(s, c10d__store_put_u8(out, C10D_STORE_WAIT_CANCELED));
+        break;
+    case C10D_STORE_QUEUE_PUSH:
+        rc = c10d__store_table_queue_push(t, a[0], a[1]);
+        break;
+    case C10D_STORE_QUEUE_POP: {
+        int64_t n;
+        struct c10d__store_str v;
+        c10d__store_table_queue_pop(t, a[0], &n, &v);
+        if (reply_ok(s, c10d__store_put_i64(out, n)) == 0 && n > 0)
+            reply_ok(s, c10d__store_put_str(out, v.data, v.len));
+        break;
+    }
+    case C10D_STORE_QUEUE_LEN:
+        reply_ok(s, c10d__store_put_i64(out, c10d__store_table_queue_len(t, a[0])));
+        break;
+    case C10D_STORE_LIST_KEYS:
+        if (reply_ok(s, c10d__store_put_i64(out, (int64_t)c10d__store_table_num_keys(t))) == 0)
+            reply_ok(s, c10d__store_table_foreach_key(t, list_key, s));
+        break;
+    case C10D_STORE_BARRIER:
+        rc = c10d__store_table_barrier(t, &s->client, a[0], r->i64);
+        if (rc == 1)
+            reply_ok(s, c10d__store_put_u8(out, C10D_STORE_STOP_WAITING));
+        break;
+    case C10D_STORE_WATCH_KEY:
+        rc = c10d__store_table_watch(t, &s->client, a[0]);
+        if (rc == 0)
+            reply_ok(s, c10d__store_put_u8(out, C10D_STORE_KEY_CALLBACK_REGISTERED));
+        break;
+    }
+    if (rc < 0)
+        table_error(s, rc, r);
+}
+
+/* Runs every complete request in buf[0..len); returns the bytes consumed. */
+static size_t process(struct c10d__store_session *s, const uint8_t *buf, size_t len)
+{
+    size_t start = 0;
+    while (!s->closing && start < len) {
+        /* Bytes of a new request while a WAIT/BARRIER is pending: the client
+         * gave up on it (1.13 clients cannot cancel), so its late answer must
+         * never land on this request. */
+        if (s->client.wait && c10d__store_parser_idle(&s->parser))
+            c10d__store_table_cancel_wait(s->ctx->table, &s->client);
+        struct c10d__store_request req;
+        size_t used;
+        int rc = c10d__store_parse_request(&s->parser, buf + start, len - start, &req, &used);
+        if (rc == C10D_STORE_PARSE_MORE)
+            break;
+        if (rc < 0) {
+            c10d__store_session_fail(s, "%s", s->parser.error);
+            break;
+        }
+        s->requests++;
+        handle(s, &req);
+        start += used;
+    }
+    return start;
+}
+
+int c10d__store_session_received(struct c10d__store_session *s, size_t n)
+{
+    if (s->closing)
+        return C10D_EPROTO;
+    s->bytes_in += n;
+    if (s->reading_shared) {
+        s->reading_shared = 0;
+        const uint8_t *buf = s->ctx->shared;
+        size_t used = process(s, buf, n);
+        /* Keep the unfinished tail: sized for what the parser says it needs. */
+        if (!s->closing && used < n) {
+            size_t rest = n - used;
+            size_t cap = rest + (s->parser.need > MIN_OWN_BUF ? s->parser.need : MIN_OWN_BUF);
+            if (own_reserve(s, cap) == 0) {
+                memcpy(s->in, buf + used, rest);
+                s->in_len = rest;
+            }
+        }
+    } else {
+        s->in_len += n;
+        size_t used = process(s, s->in, s->in_len);
+        if (used) {
+            memmove(s->in, s->in + used, s->in_len - used);
+            s->in_len -= used;
+        }
+        if (s->in_len == 0)
+            free_own(s); /* the next read goes to the shared buffer */
+    }
+    if (s->out.len)
+        s->ctx->flush(s);
+    return s->closing ? C10D_EPROTO : 0;
+}
+
+int c10d__store_session_feed(struct c10d__store_session *s, const uint8_t *data, size_t len)
+{
+    while (len > 0) {
+        uint8_t *base;
+        size_t room;
+        c10d__store_session_rbuf(s, len, &base, &room);
+        if (room == 0)
+            return C10D_ENOMEM;
+        size_t n = len < room ? len : room;
+        memcpy(base, data, n);
+        C10D_CHECK(c10d__store_session_received(s, n));
+        data += n;
+        len -= n;
+    }
+    return 0;
+}

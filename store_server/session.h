@@ -1,0 +1,84 @@
+/* One connection's protocol state, without I/O: input buffering, the request
+ * parser, command dispatch into the table, and the reply bytes. The libuv
+ * server wraps it around a socket; the fuzzer drives it directly.
+ *
+ * Input: ask c10d__store_session_rbuf() where to read, then report the bytes
+ * with c10d__store_session_received(). Whole requests are parsed straight out
+ * of a buffer shared by all sessions of a context; only the unfinished tail
+ * of a read is copied into the session's own buffer, which grows to the size
+ * the parser says the request needs.
+ *
+ * Output: replies are appended to s->out; the context's flush() is called
+ * after each batch and for every asynchronous push (a WAIT that fires, a 1.13
+ * watch event). flush() must not call into the table or free the session.
+ */
+#ifndef C10D_STORE_SERVER_SESSION_H
+#define C10D_STORE_SERVER_SESSION_H
+
+#include "codec.h"
+#include "table.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct c10d__store_session;
+
+/* What sessions share (one per server). */
+struct c10d__store_ctx {
+    struct c10d__store_table *table;
+    struct c10d__store_codec_limits limits;
+    void (*flush)(struct c10d__store_session *s);
+    void *data;
+    int world_size; /* > 0: log when init/ reaches it */
+    uint64_t ops[C10D_STORE_CMD_COUNT];
+    uint64_t missing_gets;
+    /* One read buffer for every session: reads that hold whole requests are
+     * parsed in place and never copied. */
+    uint8_t *shared;
+    size_t shared_cap;
+    int shared_busy;
+};
+
+/* Creates the context's table and shared buffer. */
+int c10d__store_ctx_init(struct c10d__store_ctx *ctx, const struct c10d__store_codec_limits *lim,
+                         size_t max_memory, void (*flush)(struct c10d__store_session *s));
+void c10d__store_ctx_free(struct c10d__store_ctx *ctx);
+
+struct c10d__store_session {
+    struct c10d__store_client client; /* table registrations; client.data = this */
+    struct c10d__store_ctx *ctx;
+    struct c10d__store_parser parser;
+    uint8_t *in;   /* own buffer: the unfinished request, from in[0] */
+    size_t in_len; /* bytes in it */
+    size_t in_cap; /* charged to the table's memory budget */
+    int reading_shared;
+    struct c10d__store_buf out; /* replies not yet handed to flush() */
+    uint64_t bytes_in;
+    uint64_t requests;
+    int closing;      /* set on an error: the owner must close the connection */
+    char reason[256]; /* why, for the log */
+    char peer[64];
+    void *data; /* the owner's */
+};
+
+void c10d__store_session_init(struct c10d__store_session *s, struct c10d__store_ctx *ctx,
+                              const char *peer);
+/* Drops the session's waits and watches and frees its buffers. */
+void c10d__store_session_free(struct c10d__store_session *s);
+/* Where to read next: *base, *len (len 0 when over the memory budget: the
+ * session is then marked closing). */
+void c10d__store_session_rbuf(struct c10d__store_session *s, size_t suggested, uint8_t **base,
+                              size_t *len);
+/* `n` bytes arrived in the buffer rbuf() gave (n may be 0). Parses and runs
+ * every complete request, then flushes. Returns 0, or a negative status
+ * with s->reason set: close the connection. */
+int c10d__store_session_received(struct c10d__store_session *s, size_t n);
+/* Convenience (tests, fuzzer): copies data in through rbuf()/received(). */
+int c10d__store_session_feed(struct c10d__store_session *s, const uint8_t *data, size_t len);
+/* 1 once the first request (VALIDATE in the current dialect) completed. */
+int c10d__store_session_started(const struct c10d__store_session *s);
+/* Marks the session closing with a reason (first reason wins). */
+void c10d__store_session_fail(struct c10d__store_session *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#endif
