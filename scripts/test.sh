@@ -1,0 +1,36 @@
+#!/bin/sh
+# README command 2 (and .ci/run): build and run the whole ctest suite, then
+# build and run it again under AddressSanitizer + UBSan.
+#   scripts/test.sh            both builds
+#   scripts/test.sh normal     only the normal build
+#   scripts/test.sh asan       only the sanitizer build
+#   scripts/test.sh tsan       the engine tests under ThreadSanitizer
+set -eu
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh test
+jobs=$(nproc)
+which=${1:-all}
+
+run_suite() { # dir, cmake flags...
+    dir=$1
+    shift
+    cmake -S . -B "$dir" "$@" >/dev/null
+    cmake --build "$dir" -j"$jobs"
+    (cd "$dir" && ctest --output-on-failure -j"$jobs" --timeout 900)
+}
+
+if [ "$which" = all ] || [ "$which" = normal ]; then
+    echo "== normal build (Release) =="
+    run_suite build-test -DCMAKE_BUILD_TYPE=Release
+fi
+if [ "$which" = all ] || [ "$which" = asan ]; then
+    echo "== AddressSanitizer + UBSan build =="
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+        run_suite build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DC10D_SANITIZE=address,undefined
+fi
+if [ "$which" = tsan ]; then
+    echo "== ThreadSanitizer build (engine tests) =="
+    cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DC10D_SANITIZE=thread >/dev/null
+    cmake --build build-tsan -j"$jobs" --target test_work test_loop
+    (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R 'test_(work|loop)$')
+fi
