@@ -202,6 +202,10 @@ static int child_uses_engine(void)
 static void test_fork(void **state)
 {
     (void)state;
+#ifdef __SANITIZE_THREAD__
+    /* TSan cannot start threads in the child of a multi-threaded process. */
+    skip();
+#endif
     /* Parent has a running engine with a pending work when it forks. */
     c10d_work *pending;
     assert_int_equal(c10d_work_create(&pending, "parent pending", 600000), 0);

@@ -27,9 +27,9 @@ static void record_cb(c10d_work *w, int status, void *arg)
 {
     (void)w;
     struct record *r = arg;
-    atomic_fetch_add(&r->calls, 1);
+    r->status = status; /* published by the atomic increment below */
     atomic_fetch_add(&r->on_loop, c10d_on_loop_thread());
-    r->status = status;
+    atomic_fetch_add(&r->calls, 1);
 }
 
 struct ordered {
