@@ -153,6 +153,7 @@ static void on_written(uv_write_t *req, int status)
     struct wreq *w = (struct wreq *)req;
     struct conn *c = w->c;
     c->pending_write -= w->len;
+    c->s.pending_out = c->pending_write;
     free(w->data);
     free(w);
     if (c->closing)
@@ -161,7 +162,17 @@ static void on_written(uv_write_t *req, int status)
         conn_close(c, NULL);
         return;
     }
-    /* Backpressure released: read requests again. */
+    /* Backpressure released: run the requests left buffered, then read again. */
+    if (c->pending_write > c->srv->lim.max_pending_write_bytes)
+        return;
+    if (c->s.stalled) {
+        if (c10d__store_session_received(&c->s, 0) < 0) {
+            conn_close(c, c->s.reason);
+            return;
+        }
+        if (c->closing || c->s.stalled)
+            return;
+    }
     if (!c->reading && c->pending_write <= c->srv->lim.max_pending_write_bytes) {
         if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
             c->reading = 1;
@@ -227,6 +238,7 @@ static void flush(struct c10d__store_session *s)
         return;
     }
     c->pending_write += w->len;
+    s->pending_out = c->pending_write;
     if (c->reading && c->pending_write > srv->lim.max_pending_write_bytes) {
         uv_read_stop((uv_stream_t *)&c->tcp);
         c->reading = 0;
@@ -273,6 +285,10 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     }
     if (c->in_vlist && c10d__store_session_started(&c->s))
         vlist_remove(c->srv, c);
+    if (c->s.stalled && c->reading) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = 0;
+    }
 }
 
 /* ------------------------------------------------------------ accepting */
@@ -528,6 +544,7 @@ int c10d__store_server_start(uv_loop_t *loop, const struct c10d__store_server_op
         return rc;
     }
     srv->ctx.world_size = opts->world_size;
+    srv->ctx.out_cap = srv->lim.max_pending_write_bytes;
     srv->ctx.data = srv;
     rc = do_bind(srv, opts->host, opts->port);
     if (rc < 0) {

@@ -330,7 +330,20 @@ static void handle(struct c10d__store_session *s, const struct c10d__store_reque
 static size_t process(struct c10d__store_session *s, const uint8_t *buf, size_t len)
 {
     size_t start = 0;
+    size_t cap = s->ctx->out_cap;
+    s->stalled = 0;
     while (!s->closing && start < len) {
+        /* A client that pipelines requests without reading the replies must
+         * not make one read (64 KiB of GETs) queue gigabytes: stop here and
+         * keep the rest of the input until the owner drained the replies. */
+        if (cap && s->out.len + s->pending_out >= cap) {
+            if (s->out.len)
+                s->ctx->flush(s);
+            if (s->closing || s->out.len + s->pending_out >= cap) {
+                s->stalled = 1;
+                break;
+            }
+        }
         /* Bytes of a new request while a WAIT/BARRIER is pending: the client
          * gave up on it (1.13 clients cannot cancel), so its late answer must
          * never land on this request. */
@@ -357,6 +370,8 @@ int c10d__store_session_received(struct c10d__store_session *s, size_t n)
     if (s->closing)
         return C10D_EPROTO;
     s->bytes_in += n;
+    if (s->reading_shared && n == 0)
+        s->reading_shared = 0;
     if (s->reading_shared) {
         s->reading_shared = 0;
         const uint8_t *buf = s->ctx->shared;

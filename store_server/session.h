@@ -30,6 +30,9 @@ struct c10d__store_ctx {
     void (*flush)(struct c10d__store_session *s);
     void *data;
     int world_size; /* > 0: log when init/ reaches it */
+    /* Replies a session may have queued (s->out + s->pending_out) before it
+     * stops running requests until the owner drains them (0: no limit). */
+    size_t out_cap;
     uint64_t ops[C10D_STORE_CMD_COUNT];
     uint64_t missing_gets;
     /* One read buffer for every session: reads that hold whole requests are
@@ -53,6 +56,8 @@ struct c10d__store_session {
     size_t in_cap; /* charged to the table's memory budget */
     int reading_shared;
     struct c10d__store_buf out; /* replies not yet handed to flush() */
+    size_t pending_out;         /* the owner's: bytes flushed but not yet sent */
+    int stalled; /* stopped at out_cap with requests left: call received(s, 0) later */
     uint64_t bytes_in;
     uint64_t requests;
     int closing;      /* set on an error: the owner must close the connection */
@@ -69,9 +74,10 @@ void c10d__store_session_free(struct c10d__store_session *s);
  * session is then marked closing). */
 void c10d__store_session_rbuf(struct c10d__store_session *s, size_t suggested, uint8_t **base,
                               size_t *len);
-/* `n` bytes arrived in the buffer rbuf() gave (n may be 0). Parses and runs
- * every complete request, then flushes. Returns 0, or a negative status
- * with s->reason set: close the connection. */
+/* `n` bytes arrived in the buffer rbuf() gave (n may be 0: just run what is
+ * buffered, e.g. after a stall). Parses and runs every complete request (until
+ * the replies reach ctx->out_cap: then s->stalled is set), then flushes. Returns 0, or a negative
+ * status with s->reason set: close the connection. */
 int c10d__store_session_received(struct c10d__store_session *s, size_t n);
 /* Convenience (tests, fuzzer): copies data in through rbuf()/received(). */
 int c10d__store_session_feed(struct c10d__store_session *s, const uint8_t *data, size_t len);
