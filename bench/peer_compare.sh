@@ -1,0 +1,71 @@
+#!/bin/sh
+# Peer comparison in one go, on this machine: c10d-bench (tcp backend),
+# torch.distributed gloo, Open MPI (TCP only) and iperf3 (the loopback limit),
+# all_reduce float32 SUM from 4 B to 64 MiB, for 2 and 4 ranks.
+#   bench/peer_compare.sh [BUILD_DIR] [RANKS...]       (default: build 2 4)
+# Prints time (us) and busbw (GB/s) side by side with ratios.
+set -eu
+cd "$(dirname "$0")/.."
+build=${1:-build}
+[ $# -gt 0 ] && shift
+ranks=${*:-2 4}
+min=4
+max=64M
+factor=4
+scripts/install-deps.sh bench
+run=$build/tools/c10drun/c10drun
+bench=$build/bench/c10d-bench
+for f in "$run" "$bench"; do
+    [ -x "$f" ] || { echo "peer_compare: $f not built (cmake --build $build)" >&2; exit 1; }
+done
+tmp=$(mktemp -d)
+trap 'kill $(cat "$tmp"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$tmp"' EXIT INT TERM
+
+mpicc -O2 -o "$tmp/mpi_allreduce" bench/peer/mpi_allreduce.c
+
+# iperf3 on loopback: one stream, 3 s.
+port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+iperf3 -s -1 -B 127.0.0.1 -p "$port" >/dev/null 2>&1 &
+echo $! >"$tmp/iperf.pid"
+sleep 0.5
+iperf3 -c 127.0.0.1 -p "$port" -t 3 -J >"$tmp/iperf.json" 2>/dev/null || true
+loop_gbps=$(/usr/bin/python3 -c "import json,sys
+try: print('%.2f' % (json.load(open('$tmp/iperf.json'))['end']['sum_received']['bits_per_second']/8e9))
+except Exception: print('n/a')")
+
+for n in $ranks; do
+    echo "== $n ranks: c10d-bench (tcp) =="
+    "$run" -n "$n" --no-prefix "$bench" -o all_reduce -d float32 -r sum -b $min -e $max -f $factor -c 0 \
+        | tee "$tmp/c10d.$n.raw"
+    awk '$1 ~ /^[0-9]+$/ && NF >= 9 {print $1, $6, $8}' "$tmp/c10d.$n.raw" >"$tmp/c10d.$n"
+    echo "== $n ranks: torch gloo =="
+    "$run" -n "$n" --no-prefix /usr/bin/python3 bench/peer/gloo_allreduce.py --min $min --max $max \
+        --factor $factor | tee "$tmp/gloo.$n"
+    echo "== $n ranks: Open MPI (btl tcp,self) =="
+    mpirun --allow-run-as-root --oversubscribe -np "$n" --mca pml ob1 --mca btl tcp,self \
+        --mca btl_tcp_if_include lo "$tmp/mpi_allreduce" $min $max $factor | tee "$tmp/mpi.$n"
+done
+
+/usr/bin/python3 - "$tmp" "$loop_gbps" $ranks <<'PY'
+import sys
+tmp, loop, ranks = sys.argv[1], sys.argv[2], sys.argv[3:]
+def load(path):
+    rows = {}
+    for line in open(path):
+        f = line.split()
+        if len(f) >= 3 and f[0].isdigit():
+            rows[int(f[0])] = (float(f[1]), float(f[2]))
+    return rows
+def ratio(a, b):
+    return "%.2f" % (a / b) if a and b else "n/a"
+print("\nloopback limit (iperf3, 1 stream): %s GB/s" % loop)
+for n in ranks:
+    c, g, m = (load("%s/%s.%s" % (tmp, k, n)) for k in ("c10d", "gloo", "mpi"))
+    print("\nall_reduce float32 sum, %s ranks (time in us, busbw in GB/s; time ratio < 1 and busbw ratio > 1 favour c10d)" % n)
+    print("%10s | %10s %10s %10s | %7s %7s | %7s %7s %7s | %7s %7s" % (
+        "size", "c10d", "gloo", "mpi", "t/gloo", "t/mpi", "bw c10d", "bw gloo", "bw mpi", "bw/gloo", "bw/mpi"))
+    for size in sorted(set(c) | set(g) | set(m)):
+        ct, cb = c.get(size, (0, 0)); gt, gb = g.get(size, (0, 0)); mt, mb = m.get(size, (0, 0))
+        print("%10d | %10.1f %10.1f %10.1f | %7s %7s | %7.3f %7.3f %7.3f | %7s %7s" % (
+            size, ct, gt, mt, ratio(ct, gt), ratio(ct, mt), cb, gb, mb, ratio(cb, gb), ratio(cb, mb)))
+PY
