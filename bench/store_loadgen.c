@@ -1,0 +1,1098 @@
+/* store_loadgen: a load generator for TCPStore servers, ours (c10d-store) or
+ * PyTorch's, in either wire dialect (../shared/STORE_PROTOCOL.md).
+ *
+ *   store_loadgen --port P [--dialect legacy|current] --mode ops --pattern set|get|add|wait|setwait
+ *                 --conns K [--duration S] [--warmup S]
+ *   store_loadgen --port P --mode rdzv --ranks N [--barrier add|cmd] [--read multiget|get]
+ *   store_loadgen --port P --mode idle --conns N --server-pid PID
+ *
+ * One thread, one epoll set, non-blocking sockets. Each connection keeps one
+ * request in flight, as PyTorch's clients do, so ops/s at K connections is what
+ * K clients hammering the server would see. Replies are decoded as a stream
+ * (a few bytes of state per connection, one shared read buffer), so 10k ranks
+ * reading 10k addresses each cost no memory here; requests are encoded once
+ * with the store codec and re-sent from the same bytes.
+ *
+ * The last line on stdout is "RESULT key=value ..." for scripts (store_compare.sh);
+ * everything else goes to stderr. Exit status: 0 ok, 1 the run failed or timed
+ * out (the RESULT line says how far it got), 2 usage.
+ */
+#include "store_server/codec.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------ utilities */
+
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "store_loadgen: ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(2);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* CPU seconds (user + system) a process has used; -1 if unreadable. */
+static double proc_cpu_s(int pid)
+{
+    char path[64], buf[2048];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    /* comm may hold spaces: fields restart after the last ')'. */
+    char *p = strrchr(buf, ')');
+    unsigned long long ut, st;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return -1;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static double self_cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec / 1e6;
+}
+
+/* VmRSS of a process in KiB; -1 if unreadable. */
+static long proc_rss_kib(int pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib;
+}
+
+/* ------------------------------------------------------------- options */
+
+enum mode { MODE_OPS, MODE_RDZV, MODE_IDLE };
+enum pattern { PAT_SET, PAT_GET, PAT_ADD, PAT_WAIT, PAT_SETWAIT };
+static const char *const pattern_names[] = {"set", "get", "add", "wait", "setwait"};
+
+static struct {
+    const char *host;
+    const char *port;
+    int dialect;
+    int mode;
+    int pattern;
+    int conns;
+    double duration_s;
+    double warmup_s;
+    double timeout_s;
+    int connect_concurrency; /* 0: every connection at once */
+    int server_pid;
+    size_t value_bytes;
+    int barrier_cmd; /* rdzv: BARRIER instead of ADD + WAIT last_worker */
+    int read_multiget;
+    const char *label;
+} opt = {
+    .host = "127.0.0.1",
+    .dialect = C10D_STORE_DIALECT_LEGACY,
+    .mode = MODE_OPS,
+    .pattern = PAT_SET,
+    .conns = 1,
+    .duration_s = 3,
+    .warmup_s = 0.5,
+    .timeout_s = 60,
+    .connect_concurrency = -1,
+    .value_bytes = 64,
+    .read_multiget = -1,
+    .label = "-",
+};
+
+/* ------------------------------------------------------------ encoding */
+
+static void encode(struct c10d__store_buf *b, int cmd, uint32_t u32, int64_t i64, size_t nargs,
+                   const struct c10d__store_str *args)
+{
+    struct c10d__store_request req = {
+        .cmd = cmd, .u32 = u32, .i64 = i64, .nargs = nargs, .args = args};
+    int rc = c10d__store_encode_request(b, opt.dialect, &req);
+    if (rc < 0)
+        die("cannot encode %s in the %s dialect: %s", c10d__store_cmd_name(cmd),
+            opt.dialect == C10D_STORE_DIALECT_LEGACY ? "legacy" : "current", c10d_strerror(rc));
+}
+
+static struct c10d__store_str str_of(const char *s)
+{
+    return (struct c10d__store_str){(const uint8_t *)s, strlen(s)};
+}
+
+/* The value rank/connection `i` publishes: recognisable prefix, fixed size. */
+static void make_value(char *out, size_t len, int i)
+{
+    memset(out, 'x', len);
+    char head[32];
+    int n = snprintf(head, sizeof head, "addr-%08d-", i);
+    memcpy(out, head, (size_t)n < len ? (size_t)n : len);
+}
+
+/* --------------------------------------------------- streaming replies */
+
+/* Decodes one reply as bytes arrive, keeping only what the benchmark checks:
+ * the integer of U8/U32/I64 replies and, for strings, their length and first
+ * bytes. Strings are skipped, never buffered. */
+enum shape { SH_NONE, SH_U8, SH_U32, SH_I64, SH_STR, SH_NSTR };
+
+struct rdec {
+    int shape;
+    int done;
+    uint64_t strs_left; /* strings still to come (STR: 1, NSTR: n) */
+    uint64_t strs_seen;
+    int in_body; /* reading a string's bytes (else a fixed-size field) */
+    uint8_t tmp[8];
+    unsigned tmp_have, tmp_need;
+    uint64_t body_left;
+    uint64_t cur_len;
+    uint8_t head[16];
+    unsigned head_have;
+    int64_t ival;
+    uint64_t bad;    /* strings whose length or prefix was not the expected one */
+    int check_first; /* index of the value the first string should carry; -1: no check */
+};
+
+static void rdec_expect(struct rdec *d, int shape, uint64_t nstr, int check_first)
+{
+    memset(d, 0, sizeof *d);
+    d->shape = shape;
+    d->check_first = check_first;
+    d->strs_left = shape == SH_STR ? 1 : nstr;
+    d->tmp_need = shape == SH_U8 ? 1 : shape == SH_U32 ? 4 : 8;
+    if (shape == SH_NSTR && nstr == 0)
+        d->done = 1;
+}
+
+static void rdec_string_done(struct rdec *d)
+{
+    if (d->check_first >= 0) {
+        char want[32];
+        int n = snprintf(want, sizeof want, "addr-%08d-", d->check_first + (int)d->strs_seen);
+        if (d->cur_len != opt.value_bytes || d->head_have < (unsigned)n ||
+            memcmp(d->head, want, (size_t)n) != 0)
+            d->bad++;
+    } else if (d->cur_len != opt.value_bytes) {
+        d->bad++;
+    }
+    d->strs_seen++;
+    d->strs_left--;
+    if (d->strs_left == 0)
+        d->done = 1;
+    d->in_body = 0;
+    d->tmp_have = 0;
+    d->tmp_need = 8;
+}
+
+/* Consumes bytes of the reply; returns how many (less than n once done). */
+static size_t rdec_feed(struct rdec *d, const uint8_t *p, size_t n)
+{
+    size_t used = 0;
+    while (!d->done && used < n) {
+        if (d->in_body) {
+            size_t take = d->body_left < n - used ? (size_t)d->body_left : n - used;
+            if (d->head_have < sizeof d->head) {
+                size_t h = sizeof d->head - d->head_have;
+                h = h < take ? h : take;
+                memcpy(d->head + d->head_have, p + used, h);
+                d->head_have += (unsigned)h;
+            }
+            used += take;
+            d->body_left -= take;
+            if (d->body_left == 0)
+                rdec_string_done(d);
+            continue;
+        }
+        size_t take = d->tmp_need - d->tmp_have;
+        take = take < n - used ? take : n - used;
+        memcpy(d->tmp + d->tmp_have, p + used, take);
+        d->tmp_have += (unsigned)take;
+        used += take;
+        if (d->tmp_have < d->tmp_need)
+            break;
+        if (d->shape == SH_STR || d->shape == SH_NSTR) {
+            d->cur_len = c10d__store_get_u64(d->tmp);
+            d->body_left = d->cur_len;
+            d->head_have = 0;
+            d->in_body = 1;
+            if (d->cur_len == 0)
+                rdec_string_done(d);
+        } else {
+            d->ival = d->shape == SH_U8    ? d->tmp[0]
+                      : d->shape == SH_U32 ? (int64_t)c10d__store_get_u32(d->tmp)
+                                           : (int64_t)c10d__store_get_u64(d->tmp);
+            d->done = 1;
+        }
+    }
+    return used;
+}
+
+/* ---------------------------------------------------------- connections */
+
+enum cstate { C_NEW, C_CONNECTING, C_BACKOFF, C_OPEN, C_DONE, C_DEAD };
+
+struct conn {
+    int fd;
+    int idx;
+    int state;
+    int out_armed; /* EPOLLOUT in the interest set */
+    int busy;      /* a reply is expected */
+    int tries;
+    uint64_t retry_at;
+    uint64_t sent_at;
+    /* what is being written: up to two parts (own bytes, then shared bytes) */
+    struct iovec iov[2];
+    int niov;
+    struct c10d__store_buf own;   /* this connection's encoded requests */
+    struct c10d__store_buf setup; /* ops mode: its first request */
+    struct rdec dec;
+    int phase; /* ops: 0 setup, 1 measuring; rdzv: see enum rphase */
+    int next_get;
+};
+
+static struct conn *conns;
+static int nconns;
+static int epfd;
+static struct addrinfo *target;
+static uint64_t t_start, deadline;
+static uint64_t connects_failed_tries, conn_resets, conns_dead, proto_errors, bad_values;
+static int connecting_now, connected_count, connect_cursor;
+static char first_error[256];
+
+static void note_error(const char *fmt, ...)
+{
+    if (first_error[0])
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(first_error, sizeof first_error, fmt, ap);
+    va_end(ap);
+}
+
+static void raise_nofile(int want)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    rlim_t need = (rlim_t)want + 64;
+    if (rl.rlim_cur < need) {
+        rl.rlim_cur = need < rl.rlim_max ? need : rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur < need)
+        die("need %d file descriptors, RLIMIT_NOFILE allows %llu (raise the hard limit)", want,
+            (unsigned long long)rl.rlim_cur);
+}
+
+static void conn_close(struct conn *c)
+{
+    if (c->fd >= 0) {
+        /* RST instead of FIN: no TIME_WAIT pile-up across thousands of runs. */
+        struct linger lg = {1, 0};
+        setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+        close(c->fd);
+        c->fd = -1;
+    }
+}
+
+static void conn_dead(struct conn *c, const char *why)
+{
+    if (c->state == C_DEAD)
+        return;
+    note_error("connection %d: %s", c->idx, why);
+    if (c->state == C_OPEN)
+        connected_count--;
+    conn_close(c);
+    c->state = C_DEAD;
+    conns_dead++;
+}
+
+static void set_out(struct conn *c, int want)
+{
+    if (c->out_armed == want)
+        return;
+    struct epoll_event ev = {.events = EPOLLIN | (want ? EPOLLOUT : 0), .data.ptr = c};
+    epoll_ctl(epfd, EPOLL_CTL_MOD, c->fd, &ev);
+    c->out_armed = want;
+}
+
+static void conn_flush(struct conn *c)
+{
+    while (c->niov > 0) {
+        ssize_t w = writev(c->fd, c->iov, c->niov);
+        if (w < 0) {
+            if (errno == EAGAIN || errno == EINTR) {
+                set_out(c, 1);
+                return;
+            }
+            conn_resets++;
+            conn_dead(c, strerror(errno));
+            return;
+        }
+        size_t left = (size_t)w;
+        while (c->niov > 0 && left >= c->iov[0].iov_len) {
+            left -= c->iov[0].iov_len;
+            c->iov[0] = c->iov[1];
+            c->niov--;
+        }
+        if (c->niov > 0) {
+            c->iov[0].iov_base = (uint8_t *)c->iov[0].iov_base + left;
+            c->iov[0].iov_len -= left;
+        }
+    }
+    set_out(c, 0);
+}
+
+/* Sends a (own) then b (shared, not copied), expecting a reply of `shape`. */
+static void conn_send(struct conn *c, const void *a, size_t alen, const void *b, size_t blen,
+                      int shape, uint64_t nstr, int check_first)
+{
+    c->niov = 0;
+    if (alen)
+        c->iov[c->niov++] = (struct iovec){(void *)a, alen};
+    if (blen)
+        c->iov[c->niov++] = (struct iovec){(void *)b, blen};
+    rdec_expect(&c->dec, shape, nstr, check_first);
+    c->busy = 1;
+    c->sent_at = now_ns();
+    conn_flush(c);
+}
+
+static void conn_start_connect(struct conn *c)
+{
+    c->fd = socket(target->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (c->fd < 0)
+        die("socket: %s", strerror(errno));
+    int one = 1;
+    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c->tries++;
+    c->state = C_CONNECTING;
+    c->out_armed = 1;
+    connecting_now++;
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT, .data.ptr = c};
+    if (epoll_ctl(epfd, EPOLL_CTL_ADD, c->fd, &ev) != 0)
+        die("epoll_ctl: %s", strerror(errno));
+    if (connect(c->fd, target->ai_addr, target->ai_addrlen) != 0 && errno != EINPROGRESS) {
+        /* reported through EPOLLOUT/EPOLLERR on the next round */
+    }
+}
+
+static void conn_backoff(struct conn *c, int err)
+{
+    connects_failed_tries++;
+    connecting_now--;
+    conn_close(c);
+    if (c->tries >= 1000) {
+        c->state = C_CONNECTING; /* so conn_dead does not count it as open */
+        conn_dead(c, strerror(err));
+        return;
+    }
+    /* Like PyTorch's clients: exponential backoff with jitter, capped. */
+    uint64_t ms = 10;
+    for (int i = 1; i < c->tries && ms < 1000; i++)
+        ms = ms * 3 / 2;
+    ms = ms > 1000 ? 1000 : ms;
+    ms += (uint64_t)rand() % (ms / 2 + 1);
+    c->retry_at = now_ns() + ms * 1000000u;
+    c->state = C_BACKOFF;
+}
+
+/* Starts connects up to the concurrency limit and retries whose time came. */
+static void pump_connects(void)
+{
+    uint64_t t = now_ns();
+    int limit = opt.connect_concurrency > 0 ? opt.connect_concurrency : nconns;
+    for (int i = 0; i < nconns && connecting_now < limit; i++) {
+        struct conn *c = &conns[i];
+        if (c->state == C_BACKOFF && c->retry_at <= t)
+            conn_start_connect(c);
+    }
+    while (connect_cursor < nconns && connecting_now < limit)
+        conn_start_connect(&conns[connect_cursor++]);
+}
+
+/* ------------------------------------------------------------ the modes */
+
+/* ops mode */
+static struct c10d__store_buf op_add_buf; /* ADD /bench/add 1: the same for everyone */
+static uint64_t win_start, win_end;
+static uint64_t ops_done, *lat;
+static size_t nlat, caplat;
+static int measuring_done;
+static int cpu_sampled;
+static double gen_cpu[2], srv_cpu[2];
+
+static void sample_cpu(void)
+{
+    gen_cpu[cpu_sampled] = self_cpu_s();
+    srv_cpu[cpu_sampled] = opt.server_pid ? proc_cpu_s(opt.server_pid) : 0;
+    cpu_sampled++;
+}
+
+static void ops_prepare(struct conn *c)
+{
+    char key[64], value[4096];
+    size_t vlen = opt.value_bytes < sizeof value ? opt.value_bytes : sizeof value;
+    make_value(value, vlen, c->idx);
+    struct c10d__store_str kv[2];
+    if (opt.dialect == C10D_STORE_DIALECT_CURRENT) {
+        encode(&c->setup, C10D_STORE_VALIDATE, C10D_STORE_MAGIC, 0, 0, NULL);
+    }
+    /* Every pattern's setup publishes the connection's key and checks it: one
+     * round trip that also proves the connection works before timing starts. */
+    snprintf(key, sizeof key, "/bench/%s/%d", pattern_names[opt.pattern], c->idx);
+    kv[0] = str_of(key);
+    kv[1] = (struct c10d__store_str){(const uint8_t *)value, vlen};
+    encode(&c->setup, C10D_STORE_SET, 0, 0, 2, kv);
+    encode(&c->setup, C10D_STORE_CHECK, 0, 0, 1, kv);
+    switch (opt.pattern) {
+    case PAT_SET: /* SET has no reply: a pipelined CHECK acknowledges it */
+        encode(&c->own, C10D_STORE_SET, 0, 0, 2, kv);
+        encode(&c->own, C10D_STORE_CHECK, 0, 0, 1, kv);
+        break;
+    case PAT_GET:
+        encode(&c->own, C10D_STORE_GET, 0, 0, 1, kv);
+        break;
+    case PAT_ADD:
+        break; /* op_add_buf */
+    case PAT_WAIT:
+        encode(&c->own, C10D_STORE_WAIT, 0, 0, 1, kv);
+        break;
+    case PAT_SETWAIT:
+        encode(&c->own, C10D_STORE_SET, 0, 0, 2, kv);
+        encode(&c->own, C10D_STORE_WAIT, 0, 0, 1, kv);
+        break;
+    }
+}
+
+static void ops_send(struct conn *c)
+{
+    static const int shapes[] = {SH_U8, SH_STR, SH_I64, SH_U8, SH_U8};
+    if (opt.pattern == PAT_ADD)
+        conn_send(c, op_add_buf.data, op_add_buf.len, NULL, 0, SH_I64, 0, -1);
+    else
+        conn_send(c, c->own.data, c->own.len, NULL, 0, shapes[opt.pattern], 1, -1);
+}
+
+static void ops_on_open(struct conn *c)
+{
+    c->phase = 0;
+    conn_send(c, c->setup.data, c->setup.len, NULL, 0, SH_U8, 0, -1);
+}
+
+static void ops_on_reply(struct conn *c)
+{
+    uint64_t t = c->busy ? now_ns() : 0;
+    c->busy = 0;
+    if (c->phase == 0) {
+        if (c->dec.ival != C10D_STORE_READY) {
+            proto_errors++;
+            conn_dead(c, "setup CHECK answered NOT_READY");
+            return;
+        }
+        c->phase = 1;
+    } else {
+        if (c->dec.bad)
+            bad_values += c->dec.bad;
+        if (win_start && c->sent_at >= win_start && t <= win_end) {
+            ops_done++;
+            if (nlat == caplat) {
+                caplat = caplat ? caplat * 2 : 1 << 16;
+                lat = realloc(lat, caplat * sizeof *lat);
+                if (!lat)
+                    die("out of memory");
+            }
+            lat[nlat++] = t - c->sent_at;
+        }
+    }
+    if (t && win_end && t >= win_end) {
+        c->state = C_DONE;
+        return;
+    }
+    ops_send(c);
+}
+
+/* rdzv mode */
+enum rphase { R_PING, R_INIT, R_BARRIER_ADD, R_BARRIER_WAIT, R_WAIT_ALL, R_READ, R_DONE };
+static const char *const rphase_names[] = {"ping",     "init", "barrier", "barrier",
+                                           "wait-all", "read", "done"};
+static struct c10d__store_buf init_buf, barrier_buf, wait_last_buf, wait_all_buf, mget_buf;
+static uint64_t *phase_done_at; /* per phase: when the last rank passed it */
+static int *phase_count;
+static int ranks_done;
+static char *values;
+
+static void rdzv_prepare(void)
+{
+    int n = nconns;
+    struct c10d__store_str k = str_of("init/");
+    encode(&init_buf, C10D_STORE_ADD, 0, 1, 1, &k);
+    k = str_of("/rdzv/barrier");
+    if (opt.barrier_cmd)
+        encode(&barrier_buf, C10D_STORE_BARRIER, 0, n, 1, &k);
+    else
+        encode(&barrier_buf, C10D_STORE_ADD, 0, 1, 1, &k);
+    k = str_of("/rdzv/barrier/last_worker");
+    encode(&wait_last_buf, C10D_STORE_WAIT, 0, 0, 1, &k);
+    /* Every rank waits for and reads the same N keys: encode them once. */
+    char *names = malloc((size_t)n * 24);
+    struct c10d__store_str *keys = malloc((size_t)n * sizeof *keys);
+    if (!names || !keys)
+        die("out of memory");
+    for (int i = 0; i < n; i++) {
+        int len = snprintf(names + (size_t)i * 24, 24, "/rdzv/addr/%d", i);
+        keys[i] = (struct c10d__store_str){(const uint8_t *)names + (size_t)i * 24, (size_t)len};
+    }
+    encode(&wait_all_buf, C10D_STORE_WAIT, 0, 0, (size_t)n, keys);
+    if (opt.read_multiget)
+        encode(&mget_buf, C10D_STORE_MULTI_GET, 0, 0, (size_t)n, keys);
+    free(keys);
+    free(names);
+    values = malloc((size_t)n * opt.value_bytes);
+    if (!values)
+        die("out of memory");
+    for (int i = 0; i < n; i++)
+        make_value(values + (size_t)i * opt.value_bytes, opt.value_bytes, i);
+}
+
+static void rdzv_enter(struct conn *c, int phase)
+{
+    c->phase = phase;
+    if (phase > R_PING) {
+        /* The phase before this one is complete for this rank. */
+        int prev = phase - 1;
+        if (++phase_count[prev] == nconns)
+            phase_done_at[prev] = now_ns();
+    }
+}
+
+static void rdzv_send_get(struct conn *c)
+{
+    char key[32];
+    snprintf(key, sizeof key, "/rdzv/addr/%d", c->next_get);
+    struct c10d__store_str k = str_of(key);
+    c->own.len = 0;
+    encode(&c->own, C10D_STORE_GET, 0, 0, 1, &k);
+    conn_send(c, c->own.data, c->own.len, NULL, 0, SH_STR, 1, c->next_get);
+}
+
+static void rdzv_on_open(struct conn *c)
+{
+    c->own.len = 0;
+    if (opt.dialect == C10D_STORE_DIALECT_CURRENT) {
+        /* What our client and PyTorch >= 2.5 do after connecting. */
+        encode(&c->own, C10D_STORE_VALIDATE, C10D_STORE_MAGIC, 0, 0, NULL);
+        encode(&c->own, C10D_STORE_PING, (uint32_t)c->idx, 0, 0, NULL);
+        rdzv_enter(c, R_PING);
+        conn_send(c, c->own.data, c->own.len, NULL, 0, SH_U32, 0, -1);
+        return;
+    }
+    rdzv_enter(c, R_PING);
+    rdzv_enter(c, R_INIT);
+    conn_send(c, init_buf.data, init_buf.len, NULL, 0, SH_I64, 0, -1);
+}
+
+static void rdzv_on_reply(struct conn *c)
+{
+    struct rdec *d = &c->dec;
+    c->busy = 0;
+    switch (c->phase) {
+    case R_PING:
+        if ((uint32_t)d->ival != (uint32_t)c->idx) {
+            proto_errors++;
+            conn_dead(c, "PING answered with a different nonce");
+            return;
+        }
+        rdzv_enter(c, R_INIT);
+        conn_send(c, init_buf.data, init_buf.len, NULL, 0, SH_I64, 0, -1);
+        return;
+    case R_INIT:
+        rdzv_enter(c, R_BARRIER_ADD);
+        conn_send(c, barrier_buf.data, barrier_buf.len, NULL, 0, opt.barrier_cmd ? SH_U8 : SH_I64,
+                  0, -1);
+        return;
+    case R_BARRIER_ADD:
+        if (opt.barrier_cmd) {
+            rdzv_enter(c, R_BARRIER_WAIT);
+            rdzv_on_reply(c); /* BARRIER's reply is the end of the barrier */
+            return;
+        }
+        rdzv_enter(c, R_BARRIER_WAIT);
+        c->own.len = 0;
+        if (d->ival == nconns) {
+            /* The last arrival releases everyone (PyTorch's store barrier). */
+            struct c10d__store_str kv[2] = {str_of("/rdzv/barrier/last_worker"), str_of("1")};
+            encode(&c->own, C10D_STORE_SET, 0, 0, 2, kv);
+        }
+        conn_send(c, c->own.data, c->own.len, wait_last_buf.data, wait_last_buf.len, SH_U8, 0, -1);
+        return;
+    case R_BARRIER_WAIT: {
+        /* Publish the address, then wait until every rank has published. */
+        rdzv_enter(c, R_WAIT_ALL);
+        char key[32];
+        snprintf(key, sizeof key, "/rdzv/addr/%d", c->idx);
+        struct c10d__store_str kv[2] = {
+            str_of(key),
+            {(const uint8_t *)values + (size_t)c->idx * opt.value_bytes, opt.value_bytes}};
+        c->own.len = 0;
+        encode(&c->own, C10D_STORE_SET, 0, 0, 2, kv);
+        conn_send(c, c->own.data, c->own.len, wait_all_buf.data, wait_all_buf.len, SH_U8, 0, -1);
+        return;
+    }
+    case R_WAIT_ALL:
+        rdzv_enter(c, R_READ);
+        if (opt.read_multiget) {
+            conn_send(c, mget_buf.data, mget_buf.len, NULL, 0, SH_NSTR, (uint64_t)nconns, 0);
+        } else {
+            c->next_get = 0;
+            rdzv_send_get(c);
+        }
+        return;
+    case R_READ:
+        bad_values += d->bad;
+        if (!opt.read_multiget && ++c->next_get < nconns) {
+            rdzv_send_get(c);
+            return;
+        }
+        rdzv_enter(c, R_DONE);
+        c->state = C_DONE;
+        ranks_done++;
+        conn_close(c); /* a finished rank goes away, as a real one would */
+        connected_count--;
+        return;
+    }
+}
+
+/* idle mode: one round trip each, so the server has set the connection up */
+static void idle_on_open(struct conn *c)
+{
+    c->own.len = 0;
+    if (opt.dialect == C10D_STORE_DIALECT_CURRENT) {
+        encode(&c->own, C10D_STORE_VALIDATE, C10D_STORE_MAGIC, 0, 0, NULL);
+        encode(&c->own, C10D_STORE_PING, 7, 0, 0, NULL);
+        conn_send(c, c->own.data, c->own.len, NULL, 0, SH_U32, 0, -1);
+    } else {
+        encode(&c->own, C10D_STORE_GETNUMKEYS, 0, 0, 0, NULL);
+        conn_send(c, c->own.data, c->own.len, NULL, 0, SH_I64, 0, -1);
+    }
+}
+
+static int idle_ready;
+
+static void on_open(struct conn *c)
+{
+    if (opt.mode == MODE_OPS)
+        ops_on_open(c);
+    else if (opt.mode == MODE_RDZV)
+        rdzv_on_open(c);
+    else
+        idle_on_open(c);
+}
+
+static void on_reply(struct conn *c)
+{
+    if (opt.mode == MODE_OPS) {
+        ops_on_reply(c);
+    } else if (opt.mode == MODE_RDZV) {
+        rdzv_on_reply(c);
+    } else {
+        c->busy = 0;
+        idle_ready++;
+    }
+}
+
+/* ------------------------------------------------------------ event loop */
+
+static uint8_t rbuf[256 * 1024];
+
+static void on_event(struct conn *c, uint32_t ev)
+{
+    if (c->state == C_CONNECTING) {
+        if (!(ev & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
+            return;
+        int err = 0;
+        socklen_t len = sizeof err;
+        getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err || (ev & (EPOLLERR | EPOLLHUP))) {
+            conn_backoff(c, err ? err : ECONNRESET);
+            return;
+        }
+        connecting_now--;
+        connected_count++;
+        c->state = C_OPEN;
+        set_out(c, 0);
+        on_open(c);
+        return;
+    }
+    if (c->state != C_OPEN)
+        return;
+    if (ev & EPOLLOUT)
+        conn_flush(c);
+    if (c->state != C_OPEN || !(ev & (EPOLLIN | EPOLLERR | EPOLLHUP)))
+        return;
+    ssize_t r = read(c->fd, rbuf, sizeof rbuf);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+        conn_resets++;
+        conn_dead(c, r == 0 ? "server closed the connection" : strerror(errno));
+        return;
+    }
+    if (r < 0)
+        return;
+    size_t off = 0;
+    while (off < (size_t)r && c->state == C_OPEN) {
+        if (!c->busy) {
+            proto_errors++;
+            conn_dead(c, "bytes arrived with no request outstanding");
+            return;
+        }
+        off += rdec_feed(&c->dec, rbuf + off, (size_t)r - off);
+        if (c->dec.done)
+            on_reply(c);
+    }
+}
+
+static int finished(void)
+{
+    switch (opt.mode) {
+    case MODE_OPS:
+        return measuring_done;
+    case MODE_RDZV:
+        return ranks_done + (int)conns_dead >= nconns;
+    default:
+        return idle_ready + (int)conns_dead >= nconns;
+    }
+}
+
+static void run_loop(void)
+{
+    struct epoll_event evs[512];
+    while (!finished()) {
+        uint64_t t = now_ns();
+        if (t >= deadline)
+            return;
+        if (opt.mode == MODE_OPS) {
+            /* The window opens once every connection is set up (or given up). */
+            if (!win_start) {
+                int ready = 0;
+                for (int i = 0; i < nconns; i++)
+                    ready += conns[i].state == C_OPEN && conns[i].phase == 1;
+                if (ready + (int)conns_dead >= nconns) {
+                    win_start = t + (uint64_t)(opt.warmup_s * 1e9);
+                    win_end = win_start + (uint64_t)(opt.duration_s * 1e9);
+                }
+            } else if (cpu_sampled == 0 && t >= win_start) {
+                sample_cpu();
+            } else if (cpu_sampled == 1 && t >= win_end) {
+                sample_cpu();
+            } else if (t >= win_end + 200000000u) {
+                /* Replies still outstanding 200 ms after the window are
+                 * waits that never end or a server that stalled: stop. */
+                measuring_done = 1;
+                return;
+            } else if (t >= win_end) {
+                int open = 0;
+                for (int i = 0; i < nconns; i++)
+                    open += conns[i].state == C_OPEN;
+                if (!open)
+                    measuring_done = 1;
+            }
+        }
+        if (connect_cursor < nconns || connects_failed_tries)
+            pump_connects();
+        int n = epoll_wait(epfd, evs, 512, 5);
+        for (int i = 0; i < n; i++)
+            on_event(evs[i].data.ptr, evs[i].events);
+    }
+}
+
+/* ----------------------------------------------------------------- main */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: store_loadgen --port P [options]\n"
+            "  --host H              server address (default 127.0.0.1)\n"
+            "  --port P              server port (required)\n"
+            "  --dialect D           legacy (PyTorch 1.13, default) | current (PyTorch >= 2.5)\n"
+            "  --mode M              ops (default) | rdzv | idle\n"
+            "  --label L             copied into the RESULT line\n"
+            "  --timeout S           give up after S seconds (default 60)\n"
+            "  --server-pid PID      report the server's CPU use (ops) / RSS (idle)\n"
+            "  --value-bytes B       value size (default 64)\n"
+            "  --connect-concurrency C  connects in flight at once (default: ops/idle 64,\n"
+            "                        rdzv 0 = all at once, like ranks starting together)\n"
+            " ops:  --pattern set|get|add|wait|setwait  --conns K  --duration S (3)  --warmup S "
+            "(0.5)\n"
+            "       set = SET + pipelined CHECK (SET has no reply); get = GET; add = ADD on one\n"
+            "       shared counter; wait = WAIT on a key that exists; setwait = SET then WAIT\n"
+            " rdzv: --ranks N  --barrier add|cmd  --read multiget|get\n"
+            "       connect, [VALIDATE+PING], ADD init/, barrier (ADD + WAIT last_worker, or\n"
+            "       BARRIER), SET a value, WAIT all N values, read all (MULTI_GET or N GETs)\n"
+            " idle: --conns N --server-pid PID: server RSS before/after N idle connections\n");
+}
+
+static double parse_num(const char *name, const char *s, double lo, double hi)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || v < lo || v > hi)
+        die("bad value '%s' for --%s (expected a number in [%g, %g])", s, name, lo, hi);
+    return v;
+}
+
+static void parse_args(int argc, char **argv)
+{
+    static const struct option lo[] = {
+        {"host", required_argument, NULL, 'h'},
+        {"port", required_argument, NULL, 'p'},
+        {"dialect", required_argument, NULL, 'd'},
+        {"mode", required_argument, NULL, 'm'},
+        {"pattern", required_argument, NULL, 't'},
+        {"conns", required_argument, NULL, 'k'},
+        {"ranks", required_argument, NULL, 'n'},
+        {"duration", required_argument, NULL, 'D'},
+        {"warmup", required_argument, NULL, 'W'},
+        {"timeout", required_argument, NULL, 'T'},
+        {"connect-concurrency", required_argument, NULL, 'C'},
+        {"server-pid", required_argument, NULL, 'P'},
+        {"value-bytes", required_argument, NULL, 'V'},
+        {"barrier", required_argument, NULL, 'B'},
+        {"read", required_argument, NULL, 'R'},
+        {"label", required_argument, NULL, 'L'},
+        {"help", no_argument, NULL, '?' + 256},
+        {NULL, 0, NULL, 0},
+    };
+    int o;
+    while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (o) {
+        case 'h':
+            opt.host = optarg;
+            break;
+        case 'p':
+            opt.port = optarg;
+            break;
+        case 'd':
+            if (!strcmp(optarg, "legacy"))
+                opt.dialect = C10D_STORE_DIALECT_LEGACY;
+            else if (!strcmp(optarg, "current"))
+                opt.dialect = C10D_STORE_DIALECT_CURRENT;
+            else
+                die("bad --dialect '%s' (legacy or current)", optarg);
+            break;
+        case 'm':
+            if (!strcmp(optarg, "ops"))
+                opt.mode = MODE_OPS;
+            else if (!strcmp(optarg, "rdzv"))
+                opt.mode = MODE_RDZV;
+            else if (!strcmp(optarg, "idle"))
+                opt.mode = MODE_IDLE;
+            else
+                die("bad --mode '%s' (ops, rdzv or idle)", optarg);
+            break;
+        case 't': {
+            int found = -1;
+            for (int i = 0; i < (int)(sizeof pattern_names / sizeof *pattern_names); i++)
+                if (!strcmp(optarg, pattern_names[i]))
+                    found = i;
+            if (found < 0)
+                die("bad --pattern '%s' (set, get, add, wait or setwait)", optarg);
+            opt.pattern = found;
+            break;
+        }
+        case 'k':
+        case 'n':
+            opt.conns = (int)parse_num(o == 'k' ? "conns" : "ranks", optarg, 1, 1000000);
+            break;
+        case 'D':
+            opt.duration_s = parse_num("duration", optarg, 0.01, 3600);
+            break;
+        case 'W':
+            opt.warmup_s = parse_num("warmup", optarg, 0, 3600);
+            break;
+        case 'T':
+            opt.timeout_s = parse_num("timeout", optarg, 0.1, 86400);
+            break;
+        case 'C':
+            opt.connect_concurrency = (int)parse_num("connect-concurrency", optarg, 0, 1000000);
+            break;
+        case 'P':
+            opt.server_pid = (int)parse_num("server-pid", optarg, 1, 1 << 30);
+            break;
+        case 'V':
+            opt.value_bytes = (size_t)parse_num("value-bytes", optarg, 16, 4096);
+            break;
+        case 'B':
+            if (strcmp(optarg, "add") && strcmp(optarg, "cmd"))
+                die("bad --barrier '%s' (add or cmd)", optarg);
+            opt.barrier_cmd = !strcmp(optarg, "cmd");
+            break;
+        case 'R':
+            if (strcmp(optarg, "multiget") && strcmp(optarg, "get"))
+                die("bad --read '%s' (multiget or get)", optarg);
+            opt.read_multiget = !strcmp(optarg, "multiget");
+            break;
+        case 'L':
+            opt.label = optarg;
+            break;
+        case '?' + 256:
+            usage(stdout);
+            exit(0);
+        default:
+            usage(stderr);
+            exit(2);
+        }
+    }
+    if (optind < argc)
+        die("unexpected argument '%s'", argv[optind]);
+    if (!opt.port)
+        die("--port is required (see --help)");
+    if (opt.mode == MODE_IDLE && !opt.server_pid)
+        die("--mode idle needs --server-pid");
+    if (opt.read_multiget < 0)
+        opt.read_multiget = opt.dialect == C10D_STORE_DIALECT_CURRENT;
+    if (opt.dialect == C10D_STORE_DIALECT_LEGACY && (opt.read_multiget || opt.barrier_cmd))
+        die("the legacy dialect has no MULTI_GET or BARRIER: use --read get --barrier add");
+    if (opt.connect_concurrency < 0)
+        opt.connect_concurrency = opt.mode == MODE_RDZV ? 0 : 64;
+}
+
+int main(int argc, char **argv)
+{
+    parse_args(argc, argv);
+    srand((unsigned)getpid());
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM};
+    int rc = getaddrinfo(opt.host, opt.port, &hints, &target);
+    if (rc != 0)
+        die("cannot resolve %s:%s: %s", opt.host, opt.port, gai_strerror(rc));
+    nconns = opt.conns;
+    raise_nofile(nconns);
+    conns = calloc((size_t)nconns, sizeof *conns);
+    if (!conns)
+        die("out of memory");
+    epfd = epoll_create1(EPOLL_CLOEXEC);
+    for (int i = 0; i < nconns; i++) {
+        conns[i].fd = -1;
+        conns[i].idx = i;
+    }
+    const char *dialect = opt.dialect == C10D_STORE_DIALECT_LEGACY ? "legacy" : "current";
+    long rss0 = opt.server_pid ? proc_rss_kib(opt.server_pid) : -1;
+    if (opt.mode == MODE_OPS) {
+        struct c10d__store_str k = str_of("/bench/add");
+        encode(&op_add_buf, C10D_STORE_ADD, 0, 1, 1, &k);
+        for (int i = 0; i < nconns; i++)
+            ops_prepare(&conns[i]);
+    } else if (opt.mode == MODE_RDZV) {
+        rdzv_prepare();
+        phase_done_at = calloc(R_DONE + 1, sizeof *phase_done_at);
+        phase_count = calloc(R_DONE + 1, sizeof *phase_count);
+    }
+    t_start = now_ns();
+    deadline = t_start + (uint64_t)(opt.timeout_s * 1e9);
+
+    run_loop();
+    uint64_t t_end = now_ns();
+    int done = finished();
+    int ok = done && !conns_dead && !proto_errors && !bad_values;
+    printf("RESULT label=%s mode=%s dialect=%s status=%s", opt.label,
+           opt.mode == MODE_OPS    ? "ops"
+           : opt.mode == MODE_RDZV ? "rdzv"
+                                   : "idle",
+           dialect,
+           ok     ? "ok"
+           : done ? "errors"
+                  : "timeout");
+    if (opt.mode == MODE_OPS) {
+        double win = (double)opt.duration_s;
+        if (nlat)
+            qsort(lat, nlat, sizeof *lat, cmp_u64);
+        printf(" pattern=%s conns=%d connected=%d ops=%" PRIu64 " ops_s=%.0f",
+               pattern_names[opt.pattern], nconns, nconns - (int)conns_dead, ops_done,
+               win_start ? (double)ops_done / win : 0.0);
+        printf(" p50_us=%.1f p99_us=%.1f", nlat ? lat[nlat / 2] / 1e3 : 0.0,
+               nlat ? lat[(size_t)((double)nlat * 0.99)] / 1e3 : 0.0);
+        if (cpu_sampled == 2) {
+            printf(" gen_cpu=%.2f", (gen_cpu[1] - gen_cpu[0]) / win);
+            if (opt.server_pid)
+                printf(" server_cpu=%.2f", (srv_cpu[1] - srv_cpu[0]) / win);
+        }
+    } else if (opt.mode == MODE_RDZV) {
+        printf(" ranks=%d done=%d total_s=%.3f", nconns, ranks_done, (t_end - t_start) / 1e9);
+        static const int shown[] = {R_INIT, R_BARRIER_WAIT, R_WAIT_ALL, R_READ};
+        static const char *const names[] = {"connect_s", "init_s", "barrier_s", "publish_wait_s"};
+        for (int i = 0; i < 4; i++) {
+            int ph = shown[i] - 1;
+            if (phase_done_at[ph])
+                printf(" %s=%.3f", names[i], (phase_done_at[ph] - t_start) / 1e9);
+            else
+                printf(" %s=-", names[i]);
+        }
+        printf(" read=%s barrier=%s", opt.read_multiget ? "multiget" : "get",
+               opt.barrier_cmd ? "cmd" : "add");
+        int slowest = R_DONE;
+        for (int i = 0; i < nconns; i++)
+            if (conns[i].phase < slowest)
+                slowest = conns[i].phase;
+        if (!done)
+            printf(" stuck_in=%s", rphase_names[slowest]);
+    } else {
+        usleep(500000); /* let the server finish what the last replies started */
+        long rss1 = proc_rss_kib(opt.server_pid);
+        printf(" conns=%d connected=%d rss_before_kib=%ld rss_after_kib=%ld bytes_per_conn=%.0f",
+               nconns, idle_ready, rss0, rss1,
+               idle_ready ? (double)(rss1 - rss0) * 1024.0 / idle_ready : 0.0);
+    }
+    printf(" connect_retries=%" PRIu64 " dead=%" PRIu64 " resets=%" PRIu64 " proto_errors=%" PRIu64
+           " bad_values=%" PRIu64 "\n",
+           connects_failed_tries, conns_dead, conn_resets, proto_errors, bad_values);
+    if (first_error[0])
+        fprintf(stderr, "store_loadgen: first error: %s\n", first_error);
+    fflush(stdout);
+    for (int i = 0; i < nconns; i++) {
+        conn_close(&conns[i]);
+        c10d__store_buf_free(&conns[i].own);
+        c10d__store_buf_free(&conns[i].setup);
+    }
+    return ok ? 0 : 1;
+}
