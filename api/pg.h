@@ -1,0 +1,132 @@
+/* The process-group object shared by api/'s files: the group's state, the op
+ * record handed to a backend, and the internal entry points (argument checks,
+ * submission, store steps). The public half is the "process groups" section
+ * of c10d.h; the backend half is backends/backend.h.
+ *
+ * Threads: the caller's thread checks arguments and, under pg->mutex, takes
+ * the sequence number and posts the op, so posting order is sequence order.
+ * Everything a backend sees runs on the loop thread. */
+#ifndef C10D_API_PG_H
+#define C10D_API_PG_H
+
+#include "c10d.h"
+#include "backends/backend.h"
+#include "engine/loop.h"
+
+#include <stdint.h>
+#include <uv.h>
+
+/* P2P tags at and above this are the library's own (monitored_barrier). */
+#define C10D__TAG_RESERVED          0x7fff0000
+#define C10D__TAG_MONITORED_BARRIER (C10D__TAG_RESERVED + 1)
+
+/* Per-device backends a group can hold ("cpu:tcp,cuda:nccl"). */
+#define C10D__PG_NDEV 2
+
+struct c10d__pg_backend {
+    const struct c10d__backend_vtable *vt; /* NULL: no backend for this device */
+    void *state;
+    c10d_store *store; /* "<device>/" over the group's store */
+};
+
+enum c10d__pg_state {
+    C10D_PG_LIVE = 0,
+    C10D_PG_CLOSED, /* destroyed or aborted: the handle only awaits its free */
+};
+
+struct c10d_pg {
+    uv_mutex_t mutex;
+    uv_cond_t idle_cond; /* pending reached 0 */
+    int refs;            /* user handle + live ops; guarded by mutex */
+    /* Set at creation. */
+    int rank, size; /* -1, -1 for a non-member */
+    int global_rank;
+    int *global_ranks; /* group rank -> global rank (size entries) */
+    char *name, *desc;
+    int64_t timeout_ms;
+    int is_default;
+    c10d_store *store;      /* "<name>/" over the default_pg store; NULL for tests */
+    c10d_store *base_store; /* the default_pg store (barriers) */
+    struct c10d__pg_backend backends[C10D__PG_NDEV];
+    const char *backend_name; /* for messages: "tcp", "nccl", "tcp+nccl" */
+    char backend_name_buf[32];
+    /* Guarded by mutex. */
+    enum c10d__pg_state state;
+    uint64_t coll_seq, p2p_seq;
+    size_t pending; /* ops whose work has not completed */
+    int first_status;
+    char *first_error;
+    int coalescing;
+    struct c10d__pg_op *coal_head, *coal_tail;
+    size_t coal_n;
+    /* Loop thread only. */
+    int aborted_on_loop;
+    struct c10d_pg *next_group; /* registry of live groups */
+};
+
+/* An op in flight: the backend's record plus what it points to (copies of the
+ * caller's count arrays and buffer lists). Freed once the backend has run it
+ * and its work has completed. */
+struct c10d__pg_op {
+    struct c10d__task task;
+    c10d_pg *pg;
+    int dev;      /* index into pg->backends */
+    int refs;     /* loop thread: the run task + the completion */
+    int internal; /* the library's own op (monitored_barrier): no poisoning */
+    struct c10d__op op;
+    struct c10d__pg_op *next_in_list; /* coalesced / batched members */
+    void *storage;                    /* copied arrays */
+};
+
+/* check.c: SEMANTICS.md section 2. Returns 0 or C10D_EINVAL with
+ * c10d_last_error() = "<backend> <opname>: <what was wrong>". `op` holds the
+ * call's arguments (group ranks); rank/size are the group's. */
+int c10d__pg_check_op(const c10d_pg *pg, const char *opname, const struct c10d__op *op,
+                      int list_form);
+/* The op's options: timeout >= 0, device type known. */
+int c10d__pg_check_opts(const c10d_pg *pg, const char *opname, const c10d_op_opts *opts);
+
+/* pg_ops.c: builds, numbers and posts ops. */
+struct c10d__pg_op *c10d__pg_op_new(c10d_pg *pg, int dev, size_t extra_bytes);
+void c10d__pg_op_free(struct c10d__pg_op *po);
+/* Numbers op (unless coalescing), creates its work, posts it. On error
+ * nothing was consumed and po is freed. */
+int c10d__pg_submit(c10d_pg *pg, const char *opname, struct c10d__pg_op *po,
+                    const c10d_op_opts *opts, c10d_work **work);
+/* Loop thread: runs an internal op whose work the caller created; the work
+ * completes through the backend as usual. */
+void c10d__pg_submit_internal(c10d_pg *pg, struct c10d__pg_op *po);
+/* Records the group's first error and aborts its backends (loop thread). */
+void c10d__pg_poison(c10d_pg *pg, int status, const char *message);
+/* The device index for opts (0 = cpu, 1 = cuda), or an error naming the group. */
+int c10d__pg_device(const c10d_pg *pg, const char *opname, const c10d_op_opts *opts);
+/* Returns a work that is already complete (status 0) for a non-member's call;
+ * its callback still runs later on the loop thread. */
+int c10d__pg_noop(const c10d_pg *pg, const char *opname, const c10d_op_opts *opts,
+                  c10d_work **work);
+/* 0, or the error a call must return now (group failed earlier, destroyed). */
+int c10d__pg_usable_locked(const c10d_pg *pg, const char *opname);
+
+/* pg_store.c: the store and backend steps of group creation. */
+int c10d__pg_rendezvous(const char *url, int rank, int world_size, int64_t timeout_ms,
+                        c10d_store **store, int *rank_out, int *world_size_out);
+int c10d__pg_store_prefix(c10d_store *base, const char *prefix, c10d_store **out);
+void c10d__pg_store_retain(c10d_store *store);
+void c10d__pg_store_release(c10d_store *store);
+/* torch's _store_based_barrier on `store` for group `name`. */
+int c10d__pg_store_barrier(c10d_store *store, const char *name, int world_size, int64_t timeout_ms);
+/* The backend called `name` ("tcp", "nccl"): 0, C10D_EINVAL (unknown name)
+ * or C10D_EUNSUPPORTED (not built). */
+int c10d__pg_find_backend(const char *name, const struct c10d__backend_vtable **out);
+/* Parses "tcp", "nccl", "cpu:tcp,cuda:nccl" into one backend per device. */
+int c10d__pg_parse_backend(const char *spec, const struct c10d__backend_vtable *out[C10D__PG_NDEV]);
+
+void c10d__pg_ref(c10d_pg *pg);
+void c10d__pg_unref(c10d_pg *pg);
+
+/* Test hook: creates a group of `size` ranks (this one `rank`) over `store`
+ * (may be NULL) with the given backend, without rendezvous or barrier. */
+int c10d__pg_create_with_backend(const struct c10d__backend_vtable *vt, c10d_store *store, int rank,
+                                 int size, int64_t timeout_ms, c10d_pg **out);
+
+#endif

@@ -1,0 +1,740 @@
+/* Op dispatch: every public collective and P2P call is checked here on the
+ * caller's thread, then numbered, given its work and posted to the loop where
+ * the backend runs it. Numbering and posting happen under the group's mutex,
+ * so the loop sees ops in sequence order whatever thread issued them. */
+#include "pg.h"
+
+#include "engine/error.h"
+#include "engine/log.h"
+#include "engine/loop.h"
+#include "engine/work.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ op records */
+
+/* torch's OpType spelling. Weak: the backends may own the table. */
+__attribute__((weak)) const char *c10d__op_kind_name(enum c10d__op_kind kind)
+{
+    static const char *const names[C10D_OP_KIND_COUNT] = {
+        [C10D_OP_BROADCAST] = "BROADCAST",
+        [C10D_OP_ALL_REDUCE] = "ALLREDUCE",
+        [C10D_OP_REDUCE] = "REDUCE",
+        [C10D_OP_ALL_GATHER] = "ALLGATHER",
+        [C10D_OP_GATHER] = "GATHER",
+        [C10D_OP_SCATTER] = "SCATTER",
+        [C10D_OP_REDUCE_SCATTER] = "REDUCE_SCATTER",
+        [C10D_OP_ALL_TO_ALL] = "ALLTOALL",
+        [C10D_OP_BARRIER] = "BARRIER",
+        [C10D_OP_SEND] = "SEND",
+        [C10D_OP_RECV] = "RECV",
+    };
+    return (unsigned)kind < C10D_OP_KIND_COUNT ? names[kind] : "UNKNOWN";
+}
+
+struct c10d__pg_op *c10d__pg_op_new(c10d_pg *pg, int dev, size_t extra_bytes)
+{
+    struct c10d__pg_op *po = calloc(1, sizeof *po + extra_bytes);
+    if (po == NULL) {
+        c10d__fail(C10D_ENOMEM, "%s: out of memory", pg->backend_name);
+        return NULL;
+    }
+    po->pg = pg;
+    po->dev = dev;
+    po->refs = 2;
+    po->storage = po + 1;
+    return po;
+}
+
+void c10d__pg_op_free(struct c10d__pg_op *po)
+{
+    while (po != NULL) {
+        struct c10d__pg_op *next = po->next_in_list;
+        free(po);
+        po = next;
+    }
+}
+
+/* Loop thread. The last of (run task, completion) frees the record: the
+ * backend may read it until it has run it, and until its work completed. */
+static void op_unref(struct c10d__pg_op *po)
+{
+    if (--po->refs > 0)
+        return;
+    c10d_pg *pg = po->pg;
+    c10d__pg_op_free(po);
+    c10d__pg_unref(pg);
+}
+
+static const char *first_error_locked(const c10d_pg *pg)
+{
+    return pg->first_error != NULL ? pg->first_error : c10d_strerror(pg->first_status);
+}
+
+static void run_task(struct c10d__task *t)
+{
+    struct c10d__pg_op *po = (struct c10d__pg_op *)t;
+    c10d_pg *pg = po->pg;
+    uv_mutex_lock(&pg->mutex);
+    int status = pg->first_status;
+    char *why = status != 0 ? strdup(first_error_locked(pg)) : NULL;
+    uv_mutex_unlock(&pg->mutex);
+    if (status == 0 && pg->aborted_on_loop)
+        status = C10D_EABORTED;
+    struct c10d__pg_backend *b = &pg->backends[po->dev];
+    if (status != 0 || b->state == NULL) {
+        c10d__work_complete(po->op.work, status != 0 ? status : C10D_EABORTED,
+                            "%s %s: process group %s failed earlier: %s", pg->backend_name,
+                            c10d__op_kind_name(po->op.kind), pg->name,
+                            why != NULL ? why : "closed");
+    } else {
+        b->vt->run(b->state, &po->op);
+    }
+    free(why);
+    op_unref(po);
+}
+
+static void op_done(c10d_work *w, int status, void *arg)
+{
+    struct c10d__pg_op *po = arg;
+    c10d_pg *pg = po->pg;
+    if (status < 0 && !po->internal)
+        c10d__pg_poison(pg, status, c10d_work_message(w));
+    uv_mutex_lock(&pg->mutex);
+    if (--pg->pending == 0)
+        uv_cond_broadcast(&pg->idle_cond);
+    uv_mutex_unlock(&pg->mutex);
+    c10d_work_release(w);
+    op_unref(po);
+}
+
+void c10d__pg_poison(c10d_pg *pg, int status, const char *message)
+{
+    uv_mutex_lock(&pg->mutex);
+    if (pg->first_status == 0) {
+        pg->first_status = status;
+        free(pg->first_error);
+        pg->first_error = strdup(message != NULL && *message ? message : c10d_strerror(status));
+        C10D_WARN("pg", "process group %s is now failed: %s", pg->name, first_error_locked(pg));
+    }
+    uv_mutex_unlock(&pg->mutex);
+    if (pg->aborted_on_loop)
+        return;
+    /* A timed-out op's buffers must no longer be written: the backend drops
+     * everything pending and fails fast from now on (gloo closes every pair). */
+    for (int d = 0; d < C10D__PG_NDEV; d++)
+        if (pg->backends[d].state != NULL)
+            pg->backends[d].vt->abort(pg->backends[d].state, status,
+                                      message != NULL ? message : c10d_strerror(status));
+}
+
+/* ------------------------------------------------------------ submission */
+
+static void numel(const c10d_pg *pg, const struct c10d__op *op, size_t *in, size_t *out)
+{
+    size_t n = op->count, s = (size_t)pg->size;
+    switch (op->kind) {
+    case C10D_OP_ALL_GATHER:
+    case C10D_OP_GATHER:
+        *in = n, *out = n * s;
+        return;
+    case C10D_OP_SCATTER:
+    case C10D_OP_REDUCE_SCATTER:
+        *in = n * s, *out = n;
+        return;
+    case C10D_OP_ALL_TO_ALL:
+        *in = *out = 0;
+        for (int i = 0; i < pg->size; i++) {
+            *in += op->send_counts != NULL ? op->send_counts[i] : n / s;
+            *out += op->recv_counts != NULL ? op->recv_counts[i] : n / s;
+        }
+        if (op->sends == NULL && op->send_counts == NULL)
+            *in = n;
+        return;
+    case C10D_OP_BARRIER:
+        *in = *out = 0;
+        return;
+    default:
+        *in = *out = n;
+    }
+}
+
+static void describe(const c10d_pg *pg, const char *optype, uint64_t seq, size_t in, size_t out,
+                     int64_t timeout_ms, char *buf, size_t len)
+{
+    snprintf(buf, len,
+             "[PG %s (%s) Rank %d] Work(SeqNum=%llu, OpType=%s, NumelIn=%zu, NumelOut=%zu, "
+             "Timeout(ms)=%lld)",
+             pg->name, pg->desc, pg->rank, (unsigned long long)seq, optype, in, out,
+             (long long)timeout_ms);
+}
+
+int c10d__pg_usable_locked(const c10d_pg *pg, const char *opname)
+{
+    if (pg->state != C10D_PG_LIVE)
+        return c10d__fail(C10D_EINVAL, "%s %s: process group %s was destroyed", pg->backend_name,
+                          opname, pg->name);
+    if (pg->first_status != 0)
+        return c10d__fail(pg->first_status, "%s %s: process group %s failed earlier: %s",
+                          pg->backend_name, opname, pg->name, first_error_locked(pg));
+    return 0;
+}
+
+static int is_p2p(enum c10d__op_kind k)
+{
+    return k == C10D_OP_SEND || k == C10D_OP_RECV;
+}
+
+/* Creates the work of a (list of) op(s), registers the callbacks and posts
+ * the head. Under pg->mutex; `seq` is already taken and is given back by
+ * the caller on failure. */
+static int post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *optype, uint64_t seq,
+                       size_t in, size_t out, const c10d_op_opts *opts, c10d_work **work,
+                       int *handed_over)
+{
+    *handed_over = 0;
+    int64_t timeout = opts != NULL && opts->timeout_ms > 0 ? opts->timeout_ms : pg->timeout_ms;
+    char what[256];
+    describe(pg, optype, seq, in, out, timeout, what, sizeof what);
+    c10d_work *w;
+    C10D_CHECK(c10d_work_create(&w, what, timeout));
+    for (struct c10d__pg_op *po = head; po != NULL; po = po->next_in_list) {
+        po->op.seq = seq;
+        po->op.timeout_ms = timeout;
+        po->op.work = w;
+        po->op.next = po->next_in_list != NULL ? &po->next_in_list->op : NULL;
+    }
+    int rc = c10d_work_on_complete(w, op_done, head);
+    if (rc == 0 && opts != NULL && opts->cb != NULL)
+        rc = c10d_work_on_complete(w, opts->cb, opts->cb_arg);
+    if (rc != 0) {
+        /* Only op_done can have been registered: let it clean up. */
+        head->refs = 1;
+        pg->pending++;
+        pg->refs++;
+        *handed_over = 1;
+        c10d__work_complete(w, rc, "%s", c10d_last_error());
+        c10d_work_release(w);
+        return rc;
+    }
+    head->task.fn = run_task;
+    pg->pending++;
+    pg->refs++;
+    *handed_over = 1;
+    rc = c10d__engine_post(&head->task);
+    if (rc != 0) {
+        head->refs = 1;
+        c10d__work_complete(w, rc, "engine is shutting down");
+        c10d_work_release(w);
+        return rc;
+    }
+    if (work != NULL) {
+        c10d_work_retain(w);
+        *work = w;
+    }
+    /* Else the creator's reference is the group's, dropped in op_done. */
+    return 0;
+}
+
+int c10d__pg_submit(c10d_pg *pg, const char *opname, struct c10d__pg_op *po,
+                    const c10d_op_opts *opts, c10d_work **work)
+{
+    uv_mutex_lock(&pg->mutex);
+    int rc = c10d__pg_usable_locked(pg, opname);
+    if (rc == 0 && pg->coalescing) {
+        if (is_p2p(po->op.kind) || po->op.kind == C10D_OP_BARRIER)
+            rc = c10d__fail(C10D_EINVAL,
+                            "%s %s: cannot be coalesced (between c10d_coalesce_begin and "
+                            "c10d_coalesce_end only collectives; use c10d_batch_isend_irecv for "
+                            "P2P)",
+                            pg->backend_name, opname);
+        else if (opts != NULL && opts->cb != NULL)
+            rc = c10d__fail(C10D_EINVAL,
+                            "%s %s: a coalesced op has no callback of its own (pass it to "
+                            "c10d_coalesce_end)",
+                            pg->backend_name, opname);
+        else if (pg->coal_head != NULL && pg->coal_head->dev != po->dev)
+            rc = c10d__fail(C10D_EINVAL, "%s %s: coalesced ops must all use the same device type",
+                            pg->backend_name, opname);
+        if (rc == 0) {
+            if (pg->coal_tail != NULL)
+                pg->coal_tail->next_in_list = po;
+            else
+                pg->coal_head = po;
+            pg->coal_tail = po;
+            pg->coal_n++;
+            uv_mutex_unlock(&pg->mutex);
+            if (work != NULL)
+                *work = NULL;
+            return 0;
+        }
+    }
+    if (rc != 0) {
+        uv_mutex_unlock(&pg->mutex);
+        c10d__pg_op_free(po);
+        return rc;
+    }
+    uint64_t *counter = is_p2p(po->op.kind) ? &pg->p2p_seq : &pg->coll_seq;
+    uint64_t seq = ++*counter;
+    size_t in, out;
+    numel(pg, &po->op, &in, &out);
+    int handed;
+    rc = post_locked(pg, po, c10d__op_kind_name(po->op.kind), seq, in, out, opts, work, &handed);
+    if (rc != 0 && !handed) {
+        /* Nothing reached the loop: the number was never seen by anyone. */
+        --*counter;
+        uv_mutex_unlock(&pg->mutex);
+        c10d__pg_op_free(po);
+        return rc;
+    }
+    if (rc != 0)
+        --*counter;
+    uv_mutex_unlock(&pg->mutex);
+    return rc;
+}
+
+void c10d__pg_submit_internal(c10d_pg *pg, struct c10d__pg_op *po)
+{
+    po->internal = 1;
+    uv_mutex_lock(&pg->mutex);
+    pg->pending++;
+    pg->refs++;
+    uv_mutex_unlock(&pg->mutex);
+    if (c10d_work_on_complete(po->op.work, op_done, po) != 0) {
+        /* Cannot call back: complete it so its owner sees the failure. */
+        po->refs = 0;
+        c10d__work_complete(po->op.work, C10D_ENOMEM, "out of memory");
+        uv_mutex_lock(&pg->mutex);
+        pg->pending--;
+        uv_mutex_unlock(&pg->mutex);
+        c10d_work_release(po->op.work);
+        c10d__pg_op_free(po);
+        c10d__pg_unref(pg);
+        return;
+    }
+    po->task.fn = run_task;
+    run_task(&po->task);
+}
+
+/* ---------------------------------------------------------- public calls */
+
+int c10d__pg_device(const c10d_pg *pg, const char *opname, const c10d_op_opts *opts)
+{
+    int dev = opts != NULL && opts->device_type == C10D_DEVICE_CUDA ? 1 : 0;
+    if (pg->backends[dev].vt == NULL)
+        return c10d__fail(C10D_EUNSUPPORTED,
+                          "%s %s: process group %s has no backend for %s buffers", pg->backend_name,
+                          opname, pg->name, dev ? "cuda" : "cpu");
+    return dev;
+}
+
+static void noop_warn(const c10d_pg *pg, const char *opname)
+{
+    C10D_WARN("pg", "%s on process group %s, which this rank is not a member of: nothing to do",
+              opname, pg->name);
+}
+
+int c10d__pg_noop(const c10d_pg *pg, const char *opname, const c10d_op_opts *opts, c10d_work **work)
+{
+    noop_warn(pg, opname);
+    c10d_work *w;
+    C10D_CHECK(c10d_work_create(&w, "no-op (not a member)", 0));
+    c10d__work_complete(w, 0, NULL);
+    if (opts != NULL && opts->cb != NULL) {
+        int rc = c10d_work_on_complete(w, opts->cb, opts->cb_arg);
+        if (rc != 0) {
+            c10d_work_release(w);
+            return rc;
+        }
+    }
+    if (work != NULL)
+        *work = w;
+    else
+        c10d_work_release(w);
+    return 0;
+}
+
+/* Copies what the op points to that the caller may free after the call: the
+ * count arrays and the buffer lists (the buffers stay the caller's). */
+static int dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args, int list_form,
+                    const c10d_op_opts *opts, c10d_work **work)
+{
+    if (work != NULL)
+        *work = NULL;
+    if (pg == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d %s: pg is NULL", opname);
+    if (pg->rank < 0)
+        return c10d__pg_noop(pg, opname, opts, work);
+    C10D_CHECK(c10d__pg_check_opts(pg, opname, opts));
+    int dev = c10d__pg_device(pg, opname, opts);
+    if (dev < 0)
+        return dev;
+    struct c10d__op op = *args;
+    if (opts != NULL) {
+        op.premul_factor = opts->premul_factor;
+        op.device_type = opts->device_type;
+        op.device_index = opts->device_index;
+        op.stream = opts->stream;
+    }
+    C10D_CHECK(c10d__pg_check_op(pg, opname, &op, list_form));
+    const struct c10d__backend_vtable *vt = pg->backends[dev].vt;
+    if (vt->check != NULL) {
+        int rc = vt->check(&op);
+        if (rc < 0) {
+            const char *why = c10d_last_error();
+            /* Backends may or may not name themselves: make sure the op is named. */
+            if (strncmp(why, vt->name, strlen(vt->name)) == 0)
+                return rc;
+            return c10d__fail(rc, "%s %s: %s", pg->backend_name, opname, why);
+        }
+    }
+    size_t s = (size_t)pg->size;
+    size_t extra = 2 * s * sizeof(void *) + 2 * s * sizeof(size_t);
+    struct c10d__pg_op *po = c10d__pg_op_new(pg, dev, extra);
+    if (po == NULL)
+        return C10D_ENOMEM;
+    po->op = op;
+    void **lists = po->storage;
+    size_t *counts = (size_t *)(lists + 2 * s);
+    if (op.sends != NULL) {
+        memcpy(lists, op.sends, s * sizeof(void *));
+        po->op.sends = (const void *const *)lists;
+    }
+    if (op.recvs != NULL) {
+        memcpy(lists + s, op.recvs, s * sizeof(void *));
+        po->op.recvs = (void *const *)(lists + s);
+    }
+    if (op.send_counts != NULL) {
+        memcpy(counts, op.send_counts, s * sizeof(size_t));
+        po->op.send_counts = counts;
+    }
+    if (op.recv_counts != NULL) {
+        memcpy(counts + s, op.recv_counts, s * sizeof(size_t));
+        po->op.recv_counts = counts + s;
+    }
+    return c10d__pg_submit(pg, opname, po, opts, work);
+}
+
+static struct c10d__op op_init(enum c10d__op_kind kind, size_t count, c10d_dtype dtype)
+{
+    struct c10d__op op;
+    memset(&op, 0, sizeof op);
+    op.kind = kind;
+    op.count = count;
+    op.dtype = dtype;
+    op.root = -1;
+    op.peer = -1;
+    return op;
+}
+
+int c10d_broadcast(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype,
+                   int root, const c10d_op_opts *opts, c10d_work **work)
+{
+    struct c10d__op op = op_init(C10D_OP_BROADCAST, count, dtype);
+    op.send = send != NULL ? send : recv;
+    op.recv = recv;
+    op.root = root;
+    return dispatch(pg, "broadcast", &op, 0, opts, work);
+}
+
+int c10d_all_reduce(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype,
+                    c10d_reduce_op redop, const c10d_op_opts *opts, c10d_work **work)
+{
+    struct c10d__op op = op_init(C10D_OP_ALL_REDUCE, count, dtype);
+    op.send = send != NULL ? send : recv;
+    op.recv = recv;
+    op.redop = redop;
+    return dispatch(pg, "all_reduce", &op, 0, opts, work);
+}
+
+int c10d_reduce(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype,
+                c10d_reduce_op redop, int root, const c10d_op_opts *opts, c10d_work **work)
+{
+    struct c10d__op op = op_init(C10D_OP_REDUCE, count, dtype);
+    op.send = send != NULL ? send : recv;
+    op.recv = recv;
+    op.redop = redop;
+    op.root = root;
+    return dispatch(pg, "reduce", &op, 0, opts, work);
+}
+
+int c10d_all_gather(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype,
+                    const c10d_op_opts *opts, c10d_work **work)
+{
+    struct c10d__op op = op_init(C10D_OP_ALL_GATHER, count, dtype);
+    op.send = send;
+    op.recv = recv;
+    /* NCCL's in-place form: this rank's block of recv is the input. */
+    if (send == NULL && recv != NULL && pg != NULL && pg->rank >= 0)
+        op.send = (const char *)recv + (size_t)pg->rank * count * c10d_dtype_size(dtype);
+    return dispatch(pg, "all_gather", &op, 0, opts, work);
+}
+
+int c10d_all_gather_list(c10d_pg *pg, const void *send, void *const *recvs, size_t count,
+                         c10d_dtype dtype, const c10d_op_opts *opts, c10d_work **work)
+{
+    struct c10d__op op = op_init(C10D_OP_ALL_GATHER, count, dtype);
+    op.send = send;
+    op.recvs = recvs;
+    return dispatch(pg, "all_gather", &op, 1, opts, work);
+}
+
+int c10d_gather(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype, int root,
+                const c10d_op_opts *opts, c10d_work **work)
+{
+    struct c10d__op op = op_init(C10D_OP_GATHER, count, dtype);
+    op.send = send;
+    op.recv = recv;
+    op.root = root;
+    return dispatch(pg, "gather", &op, 0, opts, work);
+}
+
+int c10d_scatter(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype,
+                 int root, const c10d_op_opts *opts, c10d_work **work)
+{
+    struct c10d__op op = op_init(C10D_OP_SCATTER, count, dtype);
+    op.send = send;
+    op.recv = recv;
+    op.root = root;
+    return dispatch(pg, "scatter", &op, 0, opts, work);
+}
+
+int c10d_reduce_scatter(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype,
+                        c10d_reduce_op redop, const c10d_op_opts *opts, c10d_work **work)
+{
+    struct c10d__op op = op_init(C10D_OP_REDUCE_SCATTER, count, dtype);
+    op.send = send;
+    op.recv = recv;
+    op.redop = redop;
+    return dispatch(pg, "reduce_scatter", &op, 0, opts, work);
+}
+
+int c10d_reduce_scatter_list(c10d_pg *pg, const void *const *sends, void *recv, size_t count,
+                             c10d_dtype dtype, c10d_reduce_op redop, const c10d_op_opts *opts,
+                             c10d_work **work)
+{
+    struct c10d__op op = op_init(C10D_OP_REDUCE_SCATTER, count, dtype);
+    op.sends = sends;
+    op.recv = recv;
+    op.redop = redop;
+    return dispatch(pg, "reduce_scatter", &op, 1, opts, work);
+}
+
+int c10d_all_to_all_single(c10d_pg *pg, const void *send, void *recv, size_t count,
+                           const size_t *send_counts, const size_t *recv_counts, c10d_dtype dtype,
+                           const c10d_op_opts *opts, c10d_work **work)
+{
+    struct c10d__op op = op_init(C10D_OP_ALL_TO_ALL, count, dtype);
+    op.send = send;
+    op.recv = recv;
+    op.send_counts = send_counts;
+    op.recv_counts = recv_counts;
+    return dispatch(pg, "all_to_all", &op, 0, opts, work);
+}
+
+int c10d_all_to_all(c10d_pg *pg, const void *const *sends, const size_t *send_counts,
+                    void *const *recvs, const size_t *recv_counts, c10d_dtype dtype,
+                    const c10d_op_opts *opts, c10d_work **work)
+{
+    struct c10d__op op = op_init(C10D_OP_ALL_TO_ALL, 0, dtype);
+    op.sends = sends;
+    op.recvs = recvs;
+    op.send_counts = send_counts;
+    op.recv_counts = recv_counts;
+    return dispatch(pg, "all_to_all", &op, 1, opts, work);
+}
+
+int c10d_barrier(c10d_pg *pg, const c10d_op_opts *opts, c10d_work **work)
+{
+    struct c10d__op op = op_init(C10D_OP_BARRIER, 0, C10D_UINT8);
+    return dispatch(pg, "barrier", &op, 0, opts, work);
+}
+
+int c10d_send(c10d_pg *pg, const void *buf, size_t count, c10d_dtype dtype, int peer, int tag,
+              const c10d_op_opts *opts, c10d_work **work)
+{
+    struct c10d__op op = op_init(C10D_OP_SEND, count, dtype);
+    op.send = buf;
+    op.peer = peer;
+    op.tag = tag;
+    return dispatch(pg, "send", &op, 0, opts, work);
+}
+
+int c10d_recv(c10d_pg *pg, void *buf, size_t count, c10d_dtype dtype, int peer, int tag,
+              const c10d_op_opts *opts, c10d_work **work)
+{
+    struct c10d__op op = op_init(C10D_OP_RECV, count, dtype);
+    op.recv = buf;
+    op.peer = peer;
+    op.tag = tag;
+    return dispatch(pg, "recv", &op, 0, opts, work);
+}
+
+/* ------------------------------------------------- batches and coalescing */
+
+int c10d_batch_isend_irecv(c10d_pg *pg, const c10d_p2p_op *ops, int nops, const c10d_op_opts *opts,
+                           c10d_work **work)
+{
+    const char *opname = "batch_isend_irecv";
+    if (work != NULL)
+        *work = NULL;
+    if (pg == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d %s: pg is NULL", opname);
+    if (pg->rank < 0)
+        return c10d__pg_noop(pg, opname, opts, work);
+    C10D_CHECK(c10d__pg_check_opts(pg, opname, opts));
+    if (ops == NULL || nops <= 0)
+        return c10d__fail(C10D_EINVAL, "%s %s: empty list of ops (%s, nops %d)", pg->backend_name,
+                          opname, ops == NULL ? "ops is NULL" : "ops given", nops);
+    int dev = c10d__pg_device(pg, opname, opts);
+    if (dev < 0)
+        return dev;
+    const struct c10d__backend_vtable *vt = pg->backends[dev].vt;
+    struct c10d__pg_op *head = NULL, *tail = NULL;
+    for (int i = 0; i < nops; i++) {
+        char name[64];
+        const c10d_p2p_op *p = &ops[i];
+        if (p->kind != C10D_P2P_SEND && p->kind != C10D_P2P_RECV) {
+            c10d__pg_op_free(head);
+            return c10d__fail(C10D_EINVAL, "%s %s: op %d has an invalid kind %d", pg->backend_name,
+                              opname, i, (int)p->kind);
+        }
+        snprintf(name, sizeof name, "%s (op %d, %s)", opname, i,
+                 p->kind == C10D_P2P_SEND ? "send" : "recv");
+        struct c10d__op op =
+            op_init(p->kind == C10D_P2P_SEND ? C10D_OP_SEND : C10D_OP_RECV, p->count, p->dtype);
+        op.send = p->buf;
+        op.recv = p->buf;
+        op.peer = p->peer;
+        op.tag = p->tag;
+        if (opts != NULL) {
+            op.device_type = opts->device_type;
+            op.device_index = opts->device_index;
+            op.stream = opts->stream;
+        }
+        int rc = 0;
+        if (op.kind == C10D_OP_RECV && op.peer == C10D_ANY_SOURCE)
+            rc = c10d__fail(C10D_EINVAL, "%s %s: a batched recv needs a peer (not any source)",
+                            pg->backend_name, name);
+        if (rc == 0)
+            rc = c10d__pg_check_op(pg, name, &op, 0);
+        if (rc == 0 && vt->check != NULL)
+            rc = vt->check(&op);
+        struct c10d__pg_op *po = rc == 0 ? c10d__pg_op_new(pg, dev, 0) : NULL;
+        if (po == NULL) {
+            c10d__pg_op_free(head);
+            return rc != 0 ? rc : C10D_ENOMEM;
+        }
+        po->op = op;
+        if (tail != NULL)
+            tail->next_in_list = po;
+        else
+            head = po;
+        tail = po;
+    }
+    uv_mutex_lock(&pg->mutex);
+    int rc = c10d__pg_usable_locked(pg, opname);
+    if (rc == 0 && pg->coalescing)
+        rc = c10d__fail(C10D_EINVAL, "%s %s: not allowed between coalesce_begin and coalesce_end",
+                        pg->backend_name, opname);
+    if (rc == 0) {
+        uint64_t seq = ++pg->p2p_seq;
+        size_t n = 0;
+        for (struct c10d__pg_op *po = head; po != NULL; po = po->next_in_list)
+            n += po->op.count;
+        int handed;
+        rc = post_locked(pg, head, "BATCH_P2P", seq, n, n, opts, work, &handed);
+        if (rc != 0)
+            pg->p2p_seq--;
+        if (rc != 0 && !handed) {
+            uv_mutex_unlock(&pg->mutex);
+            c10d__pg_op_free(head);
+            return rc;
+        }
+        uv_mutex_unlock(&pg->mutex);
+        return rc;
+    }
+    uv_mutex_unlock(&pg->mutex);
+    c10d__pg_op_free(head);
+    return rc;
+}
+
+int c10d_coalesce_begin(c10d_pg *pg)
+{
+    if (pg == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d coalesce_begin: pg is NULL");
+    if (pg->rank < 0)
+        return 0;
+    uv_mutex_lock(&pg->mutex);
+    int rc = c10d__pg_usable_locked(pg, "coalesce_begin");
+    if (rc == 0 && pg->coalescing)
+        rc = c10d__fail(C10D_EINVAL, "%s coalesce_begin: already coalescing (nested begin)",
+                        pg->backend_name);
+    if (rc == 0)
+        pg->coalescing = 1;
+    uv_mutex_unlock(&pg->mutex);
+    return rc;
+}
+
+int c10d_coalesce_end(c10d_pg *pg, const c10d_op_opts *opts, c10d_work **work)
+{
+    const char *opname = "coalesce_end";
+    if (work != NULL)
+        *work = NULL;
+    if (pg == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d %s: pg is NULL", opname);
+    if (pg->rank < 0)
+        return c10d__pg_noop(pg, opname, opts, work);
+    C10D_CHECK(c10d__pg_check_opts(pg, opname, opts));
+    uv_mutex_lock(&pg->mutex);
+    if (!pg->coalescing) {
+        uv_mutex_unlock(&pg->mutex);
+        return c10d__fail(C10D_EINVAL, "%s %s: no c10d_coalesce_begin before it", pg->backend_name,
+                          opname);
+    }
+    struct c10d__pg_op *head = pg->coal_head;
+    pg->coalescing = 0;
+    pg->coal_head = pg->coal_tail = NULL;
+    pg->coal_n = 0;
+    int rc = c10d__pg_usable_locked(pg, opname);
+    if (rc != 0 || head == NULL) {
+        uv_mutex_unlock(&pg->mutex);
+        c10d__pg_op_free(head);
+        if (rc != 0)
+            return rc;
+        /* Nothing was issued: complete at once, consuming no number. */
+        c10d_work *w;
+        C10D_CHECK(c10d_work_create(&w, "empty coalesced group", 0));
+        c10d__work_complete(w, 0, NULL);
+        if (opts != NULL && opts->cb != NULL &&
+            (rc = c10d_work_on_complete(w, opts->cb, opts->cb_arg)) != 0) {
+            c10d_work_release(w);
+            return rc;
+        }
+        if (work != NULL)
+            *work = w;
+        else
+            c10d_work_release(w);
+        return 0;
+    }
+    uint64_t seq = ++pg->coll_seq;
+    size_t tin = 0, tout = 0;
+    for (struct c10d__pg_op *po = head; po != NULL; po = po->next_in_list) {
+        size_t in, out;
+        numel(pg, &po->op, &in, &out);
+        tin += in, tout += out;
+    }
+    int handed;
+    rc = post_locked(pg, head, "COALESCED", seq, tin, tout, opts, work, &handed);
+    if (rc != 0)
+        pg->coll_seq--;
+    if (rc != 0 && !handed) {
+        uv_mutex_unlock(&pg->mutex);
+        c10d__pg_op_free(head);
+        return rc;
+    }
+    uv_mutex_unlock(&pg->mutex);
+    return rc;
+}

@@ -1,0 +1,769 @@
+/* Process-group objects: the default group from a rendezvous or a store,
+ * subgroups, and their end (graceful destroy, immediate abort).
+ *
+ * Store layout as torch's: the rendezvous store is "default_pg/"-prefixed,
+ * each group adds "<name>/", each backend "<device>/". Group names count
+ * creation order on every rank ("0" is the default group), so every rank must
+ * create groups in the same order, members or not. */
+#include "pg.h"
+
+#include "engine/error.h"
+#include "engine/log.h"
+#include "engine/loop.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TCP_DEFAULT_TIMEOUT_MS  (30 * 60 * 1000)
+#define NCCL_DEFAULT_TIMEOUT_MS (10 * 60 * 1000)
+/* How long abort/destroy wait for the loop to act on them. */
+#define LOOP_STEP_BOUND_MS 10000
+/* Beyond the group timeout, how long init waits for a backend's connect. */
+#define CREATE_MARGIN_MS 5000
+
+static const char *const device_names[C10D__PG_NDEV] = {"cpu", "cuda"};
+
+/* ------------------------------------------------------------ registry */
+
+static uv_once_t registry_once = UV_ONCE_INIT;
+static uv_mutex_t registry_mutex;
+static c10d_pg *default_pg;
+static int default_initialising;
+static int group_count; /* names handed out since the default group */
+static c10d_pg *groups; /* live groups, newest first */
+
+static void registry_init(void)
+{
+    uv_mutex_init(&registry_mutex);
+}
+
+static void registry_add(c10d_pg *pg)
+{
+    uv_mutex_lock(&registry_mutex);
+    pg->next_group = groups;
+    groups = pg;
+    uv_mutex_unlock(&registry_mutex);
+}
+
+static void registry_remove(c10d_pg *pg)
+{
+    uv_mutex_lock(&registry_mutex);
+    for (c10d_pg **p = &groups; *p != NULL; p = &(*p)->next_group)
+        if (*p == pg) {
+            *p = pg->next_group;
+            break;
+        }
+    uv_mutex_unlock(&registry_mutex);
+}
+
+/* -------------------------------------------------------------- lifetime */
+
+void c10d__pg_ref(c10d_pg *pg)
+{
+    uv_mutex_lock(&pg->mutex);
+    pg->refs++;
+    uv_mutex_unlock(&pg->mutex);
+}
+
+static void pg_free(c10d_pg *pg)
+{
+    registry_remove(pg);
+    for (int d = 0; d < C10D__PG_NDEV; d++)
+        c10d__pg_store_release(pg->backends[d].store);
+    c10d__pg_store_release(pg->store);
+    c10d__pg_store_release(pg->base_store);
+    c10d__pg_op_free(pg->coal_head);
+    free(pg->global_ranks);
+    free(pg->name);
+    free(pg->desc);
+    free(pg->first_error);
+    uv_cond_destroy(&pg->idle_cond);
+    uv_mutex_destroy(&pg->mutex);
+    free(pg);
+}
+
+void c10d__pg_unref(c10d_pg *pg)
+{
+    uv_mutex_lock(&pg->mutex);
+    int last = --pg->refs == 0;
+    uv_mutex_unlock(&pg->mutex);
+    if (last)
+        pg_free(pg);
+}
+
+static int pg_alloc(const char *name, const char *desc, int rank, int size, int global_rank,
+                    const int *global_ranks, int64_t timeout_ms, c10d_pg **out)
+{
+    c10d_pg *pg = calloc(1, sizeof *pg);
+    if (pg == NULL)
+        return c10d__fail(C10D_ENOMEM, "process group: out of memory");
+    uv_mutex_init(&pg->mutex);
+    uv_cond_init(&pg->idle_cond);
+    pg->refs = 1;
+    pg->rank = rank;
+    pg->size = size;
+    pg->global_rank = global_rank;
+    pg->timeout_ms = timeout_ms;
+    pg->name = strdup(name);
+    pg->desc = strdup(desc != NULL ? desc : "undefined");
+    int n = size > 0 ? size : 0;
+    pg->global_ranks = calloc((size_t)n + 1, sizeof(int));
+    if (pg->name == NULL || pg->desc == NULL || pg->global_ranks == NULL) {
+        pg_free(pg);
+        return c10d__fail(C10D_ENOMEM, "process group: out of memory");
+    }
+    for (int i = 0; i < n; i++)
+        pg->global_ranks[i] = global_ranks != NULL ? global_ranks[i] : i;
+    strcpy(pg->backend_name_buf, "c10d");
+    pg->backend_name = pg->backend_name_buf;
+    registry_add(pg);
+    *out = pg;
+    return 0;
+}
+
+static void set_backend_name(c10d_pg *pg, const struct c10d__backend_vtable *vts[C10D__PG_NDEV])
+{
+    char *p = pg->backend_name_buf;
+    size_t left = sizeof pg->backend_name_buf;
+    p[0] = '\0';
+    for (int d = 0; d < C10D__PG_NDEV; d++) {
+        if (vts[d] == NULL)
+            continue;
+        int w = snprintf(p, left, "%s%s", p == pg->backend_name_buf ? "" : "+", vts[d]->name);
+        if (w < 0 || (size_t)w >= left)
+            break;
+        p += w;
+        left -= (size_t)w;
+    }
+    if (pg->backend_name_buf[0] == '\0')
+        strcpy(pg->backend_name_buf, "c10d");
+}
+
+/* ------------------------------------------------- backend creation (sync) */
+
+struct create_call {
+    struct c10d__task task;
+    uv_mutex_t mutex;
+    uv_cond_t cond;
+    int refs; /* the waiter, the create task, the done callback; guarded by mutex */
+    int returned, done, abandoned;
+    int status;
+    void *state;
+    const struct c10d__backend_vtable *vt;
+    struct c10d__backend_config cfg;
+};
+
+static void create_call_unref(struct create_call *cc)
+{
+    uv_mutex_lock(&cc->mutex);
+    int last = --cc->refs == 0;
+    uv_mutex_unlock(&cc->mutex);
+    if (last) {
+        uv_cond_destroy(&cc->cond);
+        uv_mutex_destroy(&cc->mutex);
+        free(cc);
+    }
+}
+
+/* Loop thread, once both done and create's return happened: a state the
+ * caller gave up waiting for is torn down, since nobody will use it. */
+static void create_settle(struct create_call *cc)
+{
+    uv_mutex_lock(&cc->mutex);
+    int orphan = cc->abandoned && cc->done && cc->returned && cc->state != NULL;
+    void *state = cc->state;
+    if (orphan)
+        cc->state = NULL;
+    uv_cond_signal(&cc->cond);
+    uv_mutex_unlock(&cc->mutex);
+    if (orphan) {
+        cc->vt->abort(state, C10D_EABORTED, "process group creation timed out");
+        cc->vt->destroy(state);
+    }
+}
+
+static void create_done(void *arg, int status)
+{
+    struct create_call *cc = arg;
+    uv_mutex_lock(&cc->mutex);
+    cc->done = 1;
+    cc->status = status;
+    uv_mutex_unlock(&cc->mutex);
+    create_settle(cc);
+    create_call_unref(cc);
+}
+
+static void create_task(struct c10d__task *t)
+{
+    struct create_call *cc = (struct create_call *)t;
+    void *state = NULL;
+    int rc = cc->vt->create(&cc->cfg, create_done, cc, &state);
+    uv_mutex_lock(&cc->mutex);
+    cc->returned = 1;
+    cc->state = rc == 0 ? state : NULL;
+    if (rc != 0) {
+        /* A create that fails at once never calls done. */
+        cc->done = 1;
+        cc->status = rc;
+        cc->refs--;
+    }
+    uv_mutex_unlock(&cc->mutex);
+    create_settle(cc);
+    create_call_unref(cc);
+}
+
+static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtable *vt)
+{
+    struct c10d__pg_backend *b = &pg->backends[dev];
+    char prefix[16];
+    snprintf(prefix, sizeof prefix, "%s/", device_names[dev]);
+    C10D_CHECK(c10d__pg_store_prefix(pg->store, prefix, &b->store));
+    struct create_call *cc = calloc(1, sizeof *cc);
+    if (cc == NULL)
+        return c10d__fail(C10D_ENOMEM, "process group: out of memory");
+    uv_mutex_init(&cc->mutex);
+    uv_cond_init(&cc->cond);
+    cc->refs = 3;
+    cc->vt = vt;
+    cc->task.fn = create_task;
+    cc->cfg.rank = pg->rank;
+    cc->cfg.size = pg->size;
+    cc->cfg.global_ranks = pg->global_ranks;
+    cc->cfg.group_name = pg->name;
+    cc->cfg.group_desc = pg->desc;
+    cc->cfg.timeout_ms = pg->timeout_ms;
+    cc->cfg.store = b->store;
+    int rc = c10d__engine_post(&cc->task);
+    if (rc != 0) {
+        cc->refs = 1;
+        create_call_unref(cc);
+        return rc;
+    }
+    /* The state is read under the mutex: create may call done before it returns. */
+    uint64_t deadline = c10d__now_ns() + (uint64_t)(pg->timeout_ms + CREATE_MARGIN_MS) * 1000000u;
+    uv_mutex_lock(&cc->mutex);
+    while (!(cc->done && cc->returned)) {
+        uint64_t now = c10d__now_ns();
+        if (now >= deadline)
+            break;
+        uv_cond_timedwait(&cc->cond, &cc->mutex, deadline - now);
+    }
+    int done = cc->done && cc->returned, status = cc->status;
+    void *state = cc->state;
+    if (!done)
+        cc->abandoned = 1;
+    uv_mutex_unlock(&cc->mutex);
+    if (!done) {
+        create_call_unref(cc);
+        return c10d__fail(C10D_ETIMEDOUT,
+                          "%s: process group %s: rank %d could not connect within %lld ms",
+                          vt->name, pg->name, pg->rank, (long long)pg->timeout_ms);
+    }
+    if (status != 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", c10d_last_error());
+        if (state != NULL) {
+            /* Connected part way: tear it down on the loop. */
+            b->vt = vt;
+            b->state = state;
+        }
+        create_call_unref(cc);
+        return c10d__fail(status, "%s: process group %s: rank %d failed to connect: %s", vt->name,
+                          pg->name, pg->rank, why[0] ? why : c10d_strerror(status));
+    }
+    b->vt = vt;
+    b->state = state;
+    create_call_unref(cc);
+    return 0;
+}
+
+static int create_backends(c10d_pg *pg, const struct c10d__backend_vtable *vts[C10D__PG_NDEV])
+{
+    set_backend_name(pg, vts);
+    for (int d = 0; d < C10D__PG_NDEV; d++)
+        if (vts[d] != NULL) {
+            int rc = create_backend(pg, d, vts[d]);
+            if (rc != 0)
+                return rc;
+        }
+    return 0;
+}
+
+/* ----------------------------------------------------------------- close */
+
+struct close_call {
+    struct c10d__task task;
+    c10d_pg *pg;
+    int abort;
+    int status;
+    char *reason;
+    uv_mutex_t mutex;
+    uv_cond_t cond;
+    int refs, done;
+};
+
+static void close_call_unref(struct close_call *cc)
+{
+    uv_mutex_lock(&cc->mutex);
+    int last = --cc->refs == 0;
+    uv_mutex_unlock(&cc->mutex);
+    if (last) {
+        free(cc->reason);
+        uv_cond_destroy(&cc->cond);
+        uv_mutex_destroy(&cc->mutex);
+        free(cc);
+    }
+}
+
+/* Loop thread: abort (when asked) and free every backend of the group. Ops
+ * whose run task comes later see aborted_on_loop and fail without it. */
+static void close_on_loop(struct close_call *cc)
+{
+    c10d_pg *pg = cc->pg;
+    if (!pg->aborted_on_loop) {
+        pg->aborted_on_loop = 1;
+        for (int d = 0; d < C10D__PG_NDEV; d++) {
+            struct c10d__pg_backend *b = &pg->backends[d];
+            if (b->state == NULL)
+                continue;
+            if (cc->abort)
+                b->vt->abort(b->state, cc->status, cc->reason);
+            b->vt->destroy(b->state);
+            b->state = NULL;
+        }
+    }
+    uv_mutex_lock(&cc->mutex);
+    cc->done = 1;
+    uv_cond_signal(&cc->cond);
+    uv_mutex_unlock(&cc->mutex);
+    c10d__pg_unref(pg);
+    close_call_unref(cc);
+}
+
+static void close_task(struct c10d__task *t)
+{
+    close_on_loop((struct close_call *)t);
+}
+
+static int has_backend(const c10d_pg *pg)
+{
+    for (int d = 0; d < C10D__PG_NDEV; d++)
+        if (pg->backends[d].state != NULL)
+            return 1;
+    return 0;
+}
+
+/* Closes the group's backends on the loop (aborting them first when `abort`),
+ * waiting a bounded time for the loop to do it. */
+static void close_backends(c10d_pg *pg, int abort, int status, const char *reason)
+{
+    if (!has_backend(pg))
+        return;
+    struct close_call *cc = calloc(1, sizeof *cc);
+    if (cc == NULL)
+        return;
+    cc->pg = pg;
+    cc->abort = abort;
+    cc->status = status;
+    cc->reason = strdup(reason != NULL ? reason : "aborted");
+    uv_mutex_init(&cc->mutex);
+    uv_cond_init(&cc->cond);
+    cc->refs = 2;
+    cc->task.fn = close_task;
+    c10d__pg_ref(pg);
+    if (c10d__on_loop_thread()) {
+        cc->refs = 1;
+        close_on_loop(cc);
+        return;
+    }
+    if (c10d__engine_post(&cc->task) != 0) {
+        /* The engine is gone, and every handle with it. */
+        c10d__pg_unref(pg);
+        cc->refs = 1;
+        close_call_unref(cc);
+        return;
+    }
+    uint64_t deadline = c10d__now_ns() + (uint64_t)LOOP_STEP_BOUND_MS * 1000000u;
+    uv_mutex_lock(&cc->mutex);
+    while (!cc->done) {
+        uint64_t now = c10d__now_ns();
+        if (now >= deadline)
+            break;
+        uv_cond_timedwait(&cc->cond, &cc->mutex, deadline - now);
+    }
+    int done = cc->done;
+    uv_mutex_unlock(&cc->mutex);
+    if (!done)
+        C10D_WARN("pg",
+                  "process group %s: the loop thread did not close the backend within %d ms "
+                  "(is a callback blocking it?); it will when it gets there",
+                  pg->name, LOOP_STEP_BOUND_MS);
+    close_call_unref(cc);
+}
+
+/* Ends a group: graceful waits (bounded by the group's timeout) for pending
+ * ops, abort fails them. The handle stays valid until its last unref. */
+static void pg_close(c10d_pg *pg, int graceful, const char *reason)
+{
+    uv_mutex_lock(&pg->mutex);
+    if (pg->state == C10D_PG_CLOSED) {
+        uv_mutex_unlock(&pg->mutex);
+        return;
+    }
+    int drained = 1;
+    if (graceful) {
+        uint64_t deadline = c10d__now_ns() + (uint64_t)pg->timeout_ms * 1000000u;
+        while (pg->pending > 0) {
+            uint64_t now = c10d__now_ns();
+            if (now >= deadline)
+                break;
+            uv_cond_timedwait(&pg->idle_cond, &pg->mutex, deadline - now);
+        }
+        drained = pg->pending == 0;
+    }
+    pg->state = C10D_PG_CLOSED;
+    struct c10d__pg_op *coalesced = pg->coal_head;
+    pg->coal_head = pg->coal_tail = NULL;
+    pg->coalescing = 0;
+    char why[512];
+    if (!drained)
+        snprintf(why, sizeof why,
+                 "process group %s destroyed with %zu ops still pending after %lld ms", pg->name,
+                 pg->pending, (long long)pg->timeout_ms);
+    else
+        snprintf(why, sizeof why, "process group %s aborted: %s", pg->name,
+                 reason != NULL ? reason : "c10d_pg_abort");
+    if ((!graceful || !drained) && pg->first_status == 0) {
+        pg->first_status = C10D_EABORTED;
+        pg->first_error = strdup(why);
+    }
+    uv_mutex_unlock(&pg->mutex);
+    c10d__pg_op_free(coalesced);
+    close_backends(pg, !graceful || !drained, C10D_EABORTED, why);
+}
+
+/* -------------------------------------------------------------- creation */
+
+static int64_t default_timeout(const struct c10d__backend_vtable *vts[C10D__PG_NDEV])
+{
+    return vts[0] == NULL && vts[1] != NULL ? NCCL_DEFAULT_TIMEOUT_MS : TCP_DEFAULT_TIMEOUT_MS;
+}
+
+/* Creates, connects and registers a group: name, store and ranks are set. */
+static int pg_start(c10d_pg *pg, c10d_store *base, const struct c10d__backend_vtable *vts[])
+{
+    pg->base_store = base;
+    c10d__pg_store_retain(base);
+    if (pg->rank < 0)
+        return 0;
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "%s/", pg->name);
+    C10D_CHECK(c10d__pg_store_prefix(base, prefix, &pg->store));
+    return create_backends(pg, vts);
+}
+
+int c10d__pg_create_with_backend(const struct c10d__backend_vtable *vt, c10d_store *store, int rank,
+                                 int size, int64_t timeout_ms, c10d_pg **out)
+{
+    uv_once(&registry_once, registry_init);
+    if (out == NULL || vt == NULL || size <= 0 || rank < 0 || rank >= size)
+        return c10d__fail(C10D_EINVAL, "c10d__pg_create_with_backend: bad arguments");
+    c10d_pg *pg;
+    C10D_CHECK(pg_alloc("test", "test", rank, size, rank, NULL,
+                        timeout_ms > 0 ? timeout_ms : TCP_DEFAULT_TIMEOUT_MS, &pg));
+    const struct c10d__backend_vtable *vts[C10D__PG_NDEV] = {vt, NULL};
+    int rc = pg_start(pg, store, vts);
+    if (rc != 0) {
+        close_backends(pg, 1, C10D_EABORTED, "creation failed");
+        c10d__pg_unref(pg);
+        return rc;
+    }
+    *out = pg;
+    return 0;
+}
+
+int c10d_pg_init(c10d_pg **out, const c10d_pg_opts *opts)
+{
+    uv_once(&registry_once, registry_init);
+    if (out == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_init: out is NULL");
+    *out = NULL;
+    if (c10d__on_loop_thread())
+        return c10d__fail(C10D_EDEADLK, "c10d_pg_init blocks: it cannot run inside a callback");
+    c10d_pg_opts o;
+    memset(&o, 0, sizeof o);
+    if (opts != NULL)
+        o = *opts;
+    if (o.store != NULL && o.init_method != NULL)
+        return c10d__fail(C10D_EINVAL,
+                          "c10d_pg_init: both a store and an init_method (\"%s\") were given; "
+                          "pass one of them",
+                          o.init_method);
+    if (o.timeout_ms < 0)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_init: invalid timeout %lld ms",
+                          (long long)o.timeout_ms);
+    if (o.store != NULL) {
+        if (o.world_size <= 0)
+            return c10d__fail(C10D_EINVAL,
+                              "c10d_pg_init: world_size must be > 0 with a store (got %d)",
+                              o.world_size);
+        if (o.rank < 0 || o.rank >= o.world_size)
+            return c10d__fail(C10D_EINVAL,
+                              "c10d_pg_init: rank must be in [0, %d) with a store (got %d)",
+                              o.world_size, o.rank);
+    } else if (o.world_size < 0 || (o.world_size > 0 && (o.rank < 0 || o.rank >= o.world_size))) {
+        return c10d__fail(C10D_EINVAL, "c10d_pg_init: invalid rank %d / world_size %d", o.rank,
+                          o.world_size);
+    }
+    const struct c10d__backend_vtable *vts[C10D__PG_NDEV];
+    C10D_CHECK(c10d__pg_parse_backend(o.backend, vts));
+    int64_t timeout = o.timeout_ms > 0 ? o.timeout_ms : default_timeout(vts);
+
+    uv_mutex_lock(&registry_mutex);
+    int busy = default_pg != NULL || default_initialising;
+    if (!busy)
+        default_initialising = 1;
+    uv_mutex_unlock(&registry_mutex);
+    if (busy)
+        return c10d__fail(C10D_EINVAL,
+                          "c10d_pg_init: the default process group is already initialised "
+                          "(destroy it first)");
+
+    c10d_store *base = o.store;
+    int rank = o.rank, size = o.world_size;
+    int rc = 0;
+    if (base == NULL) {
+        rc = c10d__pg_rendezvous(o.init_method != NULL ? o.init_method : "env://", o.rank,
+                                 o.world_size, timeout, &base, &rank, &size);
+    } else {
+        c10d__pg_store_retain(base);
+    }
+    c10d_pg *pg = NULL;
+    if (rc == 0)
+        rc = pg_alloc("0", o.group_desc != NULL ? o.group_desc : "default_pg", rank, size, rank,
+                      NULL, timeout, &pg);
+    if (rc == 0) {
+        pg->is_default = 1;
+        c10d__log_set_rank(rank);
+        rc = pg_start(pg, base, vts);
+    }
+    if (rc == 0)
+        rc = c10d__pg_store_barrier(base, "0", size, timeout);
+    c10d__pg_store_release(base); /* the group holds its own reference */
+    uv_mutex_lock(&registry_mutex);
+    default_initialising = 0;
+    if (rc == 0) {
+        default_pg = pg;
+        group_count = 1;
+    }
+    uv_mutex_unlock(&registry_mutex);
+    if (rc != 0) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", c10d_last_error());
+        if (pg != NULL) {
+            pg_close(pg, 0, "initialisation failed");
+            c10d__pg_unref(pg);
+        }
+        return c10d__fail(rc, "%s", why);
+    }
+    C10D_INFO("pg", "default process group ready: rank %d of %d, backend %s", rank, size,
+              pg->backend_name);
+    *out = pg;
+    return 0;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_pg_opts *opts,
+                      c10d_pg **out)
+{
+    uv_once(&registry_once, registry_init);
+    if (out == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_new_group: out is NULL");
+    *out = NULL;
+    if (parent == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_new_group: parent is NULL");
+    if (c10d__on_loop_thread())
+        return c10d__fail(C10D_EDEADLK,
+                          "c10d_pg_new_group blocks: it cannot run inside a callback");
+    if (parent->rank < 0)
+        return c10d__fail(C10D_EINVAL,
+                          "c10d_pg_new_group: this rank is not a member of parent group %s",
+                          parent->name);
+    if (nranks < 0 || (ranks == NULL && nranks > 0))
+        return c10d__fail(C10D_EINVAL, "c10d_pg_new_group: invalid ranks list (%p, %d entries)",
+                          (const void *)ranks, nranks);
+    if (opts != NULL && (opts->store != NULL || opts->init_method != NULL))
+        return c10d__fail(C10D_EINVAL,
+                          "c10d_pg_new_group: a subgroup uses its parent's store (no store or "
+                          "init_method)");
+    if (opts != NULL && opts->timeout_ms < 0)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_new_group: invalid timeout %lld ms",
+                          (long long)opts->timeout_ms);
+    int n = nranks > 0 ? nranks : parent->size;
+    int *sorted = malloc((size_t)n * sizeof(int));
+    int *global = malloc((size_t)n * sizeof(int));
+    if (sorted == NULL || global == NULL) {
+        free(sorted);
+        free(global);
+        return c10d__fail(C10D_ENOMEM, "c10d_pg_new_group: out of memory");
+    }
+    for (int i = 0; i < n; i++)
+        sorted[i] = nranks > 0 ? ranks[i] : i;
+    qsort(sorted, (size_t)n, sizeof(int), cmp_int);
+    int rc = 0, my_rank = -1;
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (sorted[i] < 0 || sorted[i] >= parent->size)
+            rc = c10d__fail(C10D_EINVAL,
+                            "c10d_pg_new_group: rank %d is out of range (parent group size %d)",
+                            sorted[i], parent->size);
+        else if (i > 0 && sorted[i] == sorted[i - 1])
+            rc = c10d__fail(C10D_EINVAL, "c10d_pg_new_group: rank %d appears more than once",
+                            sorted[i]);
+        else {
+            global[i] = parent->global_ranks[sorted[i]];
+            if (sorted[i] == parent->rank)
+                my_rank = i;
+        }
+    }
+    const struct c10d__backend_vtable *vts[C10D__PG_NDEV];
+    for (int d = 0; d < C10D__PG_NDEV; d++)
+        vts[d] = parent->backends[d].vt;
+    if (rc == 0 && opts != NULL && opts->backend != NULL)
+        rc = c10d__pg_parse_backend(opts->backend, vts);
+    free(sorted);
+    if (rc != 0) {
+        free(global);
+        return rc;
+    }
+    /* From here the name is taken on every rank: failures are fatal anyway. */
+    uv_mutex_lock(&registry_mutex);
+    int id = group_count++;
+    c10d_pg *world = default_pg;
+    int world_size = world != NULL ? world->size : parent->size;
+    uv_mutex_unlock(&registry_mutex);
+    char name[16];
+    snprintf(name, sizeof name, "%d", id);
+    int64_t timeout = opts != NULL && opts->timeout_ms > 0 ? opts->timeout_ms : parent->timeout_ms;
+    c10d_pg *pg;
+    rc = pg_alloc(name, opts != NULL ? opts->group_desc : NULL, my_rank, my_rank >= 0 ? n : -1,
+                  parent->global_rank, global, timeout, &pg);
+    free(global);
+    if (rc != 0)
+        return rc;
+    if (my_rank < 0) {
+        /* Keep the members for rank translation, but no backend. */
+        set_backend_name(pg, vts);
+    }
+    c10d_store *base = parent->base_store;
+    rc = pg_start(pg, base, vts);
+    if (rc == 0)
+        rc = c10d__pg_store_barrier(base, name, world_size, timeout);
+    if (rc != 0) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", c10d_last_error());
+        pg_close(pg, 0, "creation failed");
+        c10d__pg_unref(pg);
+        return c10d__fail(rc, "c10d_pg_new_group: group %s: %s", name, why);
+    }
+    if (my_rank < 0)
+        C10D_INFO("pg", "group %s created; this rank is not a member", name);
+    *out = pg;
+    return 0;
+}
+
+/* --------------------------------------------------------------- queries */
+
+int c10d_pg_rank(const c10d_pg *pg)
+{
+    if (pg == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_rank: pg is NULL");
+    return pg->rank;
+}
+
+int c10d_pg_size(const c10d_pg *pg)
+{
+    if (pg == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_size: pg is NULL");
+    return pg->size;
+}
+
+int c10d_pg_is_member(const c10d_pg *pg)
+{
+    return pg != NULL && pg->rank >= 0;
+}
+
+/* ------------------------------------------------------------------- end */
+
+/* The default group takes every other group with it, newest first (torch:
+ * reverse name order); their handles stay valid until destroyed. */
+static void close_all_groups(c10d_pg *world, int graceful, const char *reason)
+{
+    for (;;) {
+        uv_mutex_lock(&registry_mutex);
+        c10d_pg *victim = NULL;
+        for (c10d_pg *g = groups; g != NULL; g = g->next_group) {
+            if (g == world)
+                continue;
+            uv_mutex_lock(&g->mutex);
+            int live = g->state == C10D_PG_LIVE;
+            uv_mutex_unlock(&g->mutex);
+            if (live) {
+                victim = g;
+                break;
+            }
+        }
+        if (victim != NULL)
+            c10d__pg_ref(victim);
+        uv_mutex_unlock(&registry_mutex);
+        if (victim == NULL)
+            return;
+        pg_close(victim, graceful, reason);
+        c10d__pg_unref(victim);
+    }
+}
+
+static void forget_default(c10d_pg *pg)
+{
+    uv_mutex_lock(&registry_mutex);
+    if (default_pg == pg) {
+        default_pg = NULL;
+        group_count = 0;
+    }
+    uv_mutex_unlock(&registry_mutex);
+}
+
+int c10d_pg_destroy(c10d_pg *pg)
+{
+    if (pg == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_destroy: pg is NULL");
+    if (c10d__on_loop_thread())
+        return c10d__fail(C10D_EDEADLK,
+                          "c10d_pg_destroy waits for pending ops: it cannot run inside a "
+                          "callback (use c10d_pg_abort there)");
+    if (pg->is_default)
+        close_all_groups(pg, 1, NULL);
+    pg_close(pg, 1, NULL);
+    if (pg->is_default)
+        forget_default(pg);
+    c10d__pg_unref(pg);
+    return 0;
+}
+
+int c10d_pg_abort(c10d_pg *pg, const char *reason)
+{
+    if (pg == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_abort: pg is NULL");
+    if (pg->is_default)
+        close_all_groups(pg, 0, reason);
+    pg_close(pg, 0, reason);
+    if (pg->is_default)
+        forget_default(pg);
+    c10d__pg_unref(pg);
+    return 0;
+}

@@ -1,0 +1,45 @@
+/* The blocking forms: async call, then a wait bounded by the work's own
+ * deadline (every op of a group has one). */
+#include "pg.h"
+
+#include "engine/error.h"
+
+int c10d_work_wait_release(c10d_work *work)
+{
+    if (work == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_work_wait_release: work is NULL");
+    int rc = c10d_work_wait(work, -1);
+    c10d_work_release(work);
+    return rc;
+}
+
+/* A non-member's call returns no work worth waiting for; NULL works mean done. */
+static int finish(int rc, c10d_work *w)
+{
+    if (rc != 0)
+        return rc;
+    return w != NULL ? c10d_work_wait_release(w) : 0;
+}
+
+int c10d_all_reduce_sync(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype,
+                         c10d_reduce_op op)
+{
+    c10d_work *w = NULL;
+    int rc = c10d_all_reduce(pg, send, recv, count, dtype, op, NULL, &w);
+    return finish(rc, w);
+}
+
+int c10d_broadcast_sync(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype,
+                        int root)
+{
+    c10d_work *w = NULL;
+    int rc = c10d_broadcast(pg, send, recv, count, dtype, root, NULL, &w);
+    return finish(rc, w);
+}
+
+int c10d_barrier_sync(c10d_pg *pg)
+{
+    c10d_work *w = NULL;
+    int rc = c10d_barrier(pg, NULL, &w);
+    return finish(rc, w);
+}
