@@ -306,6 +306,195 @@ C10D_EXPORT int c10d_broadcast_sync(c10d_pg *pg, const void *send, void *recv, s
                                     c10d_dtype dtype, int root);
 C10D_EXPORT int c10d_barrier_sync(c10d_pg *pg);
 
+
+/* ------------------------------------------------------------------ store
+ * (section owned by the store client; see docs/store_client.md)
+ *
+ * A key-value store for rendezvous, compatible with torch.distributed's
+ * stores: TCP (PyTorch's TCPStore wire protocol, either dialect), prefix
+ * (PrefixStore), in-memory hash (HashStore) and file (FileStore).
+ *
+ * Every operation is asynchronous: it checks its arguments on the caller's
+ * thread (an error returns at once and never calls back), then runs on the
+ * engine's loop thread, and calls `cb` there exactly once with the result.
+ * The result and everything it points to are valid only during the callback:
+ * copy what you need. Every operation has a deadline (the store's timeout, or
+ * the one given to wait): nothing waits forever. The _sync wrappers block the
+ * calling thread (C10D_EDEADLK on the loop thread) and hand back malloc'd
+ * copies the caller frees with free().
+ *
+ * Keys are NUL-terminated strings; values are byte strings. GET and MULTI_GET
+ * wait for their keys up to the store's timeout (C10D_ETIMEDOUT); a key that
+ * vanished after the wait is C10D_ENOTFOUND "key not found", never an empty
+ * value. Counters (ADD) are stored as decimal text. */
+
+typedef struct c10d_store c10d_store;
+
+typedef struct c10d_store_bytes {
+    const void *data;
+    size_t len;
+} c10d_store_bytes;
+
+typedef struct c10d_store_result {
+    int status;          /* 0 or a negative c10d_status */
+    const char *message; /* why it failed; "" on success */
+    /* ADD: the new value; NUM_KEYS, QUEUE_LEN, LIST_KEYS: the count; CHECK: 1
+     * ready / 0 not; DELETE_KEY: 1 deleted / 0 absent; QUEUE_POP: the queue's
+     * length before the pop; PING: the round trip in microseconds. */
+    int64_t value;
+    c10d_store_bytes data;        /* GET, COMPARE_SET, QUEUE_POP */
+    size_t count;                 /* MULTI_GET values, LIST_KEYS keys */
+    const c10d_store_bytes *items;
+} c10d_store_result;
+
+typedef void (*c10d_store_cb)(const c10d_store_result *result, void *arg);
+
+typedef enum c10d_store_dialect {
+    C10D_DIALECT_AUTO = 0, /* current first; falls back to legacy (docs/store_client.md) */
+    C10D_DIALECT_CURRENT,  /* PyTorch 2.5 .. 2.11 (VALIDATE + PING after connect) */
+    C10D_DIALECT_LEGACY,   /* PyTorch 1.13: no CANCEL_WAIT, PING, APPEND, MULTI_*, QUEUE_* */
+} c10d_store_dialect;
+
+typedef struct c10d_store_tcp_opts {
+    int64_t timeout_ms; /* connect and per-operation deadline [300000, torch's default] */
+    int dialect;        /* c10d_store_dialect [AUTO] */
+    /* > 0: register as a worker (ADD init/ 1), as torch's TCPStore does when
+     * it knows the world size. */
+    int world_size;
+    /* With world_size: also wait until init/ reaches world_size (torch's
+     * master waits for its workers) before returning. */
+    int wait_for_workers;
+} c10d_store_tcp_opts;
+
+/* Connects (retrying with exponential backoff until the timeout) and returns
+ * a connected store. opts may be NULL. */
+C10D_EXPORT int c10d_store_tcp_connect(const char *host, int port, const c10d_store_tcp_opts *opts,
+                                       c10d_store **out);
+/* Every key becomes "<prefix>/<key>" in `base` (which gains a reference). */
+C10D_EXPORT int c10d_store_prefix(c10d_store *base, const char *prefix, c10d_store **out);
+/* In-process, thread-safe; waits see sets from any thread. */
+C10D_EXPORT int c10d_store_hash_create(c10d_store **out);
+/* Several processes on one host share `path` (created if missing). With
+ * world_size > 0 the last of world_size users to release it removes the file. */
+C10D_EXPORT int c10d_store_file_open(const char *path, int world_size, c10d_store **out);
+
+C10D_EXPORT void c10d_store_retain(c10d_store *store);
+/* Drops a reference; the last one fails pending operations with C10D_ECLOSED
+ * (their callbacks run) and frees the store once they are done. */
+C10D_EXPORT void c10d_store_release(c10d_store *store);
+/* The per-operation deadline (torch's set_timeout); > 0. */
+C10D_EXPORT int c10d_store_set_timeout(c10d_store *store, int64_t timeout_ms);
+C10D_EXPORT int64_t c10d_store_timeout(c10d_store *store);
+/* "tcp", "prefix", "hash", "file". */
+C10D_EXPORT const char *c10d_store_kind(c10d_store *store);
+/* The dialect a TCP store speaks (after auto detection); 0 for other stores. */
+C10D_EXPORT int c10d_store_dialect_of(c10d_store *store);
+
+C10D_EXPORT int c10d_store_set(c10d_store *s, const char *key, const void *value, size_t len,
+                               c10d_store_cb cb, void *arg);
+C10D_EXPORT int c10d_store_get(c10d_store *s, const char *key, c10d_store_cb cb, void *arg);
+C10D_EXPORT int c10d_store_add(c10d_store *s, const char *key, int64_t delta, c10d_store_cb cb,
+                               void *arg);
+/* STORE_PROTOCOL.md's table; result->data is what the store answered. */
+C10D_EXPORT int c10d_store_compare_set(c10d_store *s, const char *key, const void *expected,
+                                       size_t expected_len, const void *desired,
+                                       size_t desired_len, c10d_store_cb cb, void *arg);
+/* timeout_ms <= 0: the store's timeout. */
+C10D_EXPORT int c10d_store_wait(c10d_store *s, const char *const *keys, size_t n,
+                                int64_t timeout_ms, c10d_store_cb cb, void *arg);
+C10D_EXPORT int c10d_store_check(c10d_store *s, const char *const *keys, size_t n,
+                                 c10d_store_cb cb, void *arg);
+C10D_EXPORT int c10d_store_delete_key(c10d_store *s, const char *key, c10d_store_cb cb,
+                                      void *arg);
+C10D_EXPORT int c10d_store_num_keys(c10d_store *s, c10d_store_cb cb, void *arg);
+C10D_EXPORT int c10d_store_append(c10d_store *s, const char *key, const void *value, size_t len,
+                                  c10d_store_cb cb, void *arg);
+C10D_EXPORT int c10d_store_multi_get(c10d_store *s, const char *const *keys, size_t n,
+                                     c10d_store_cb cb, void *arg);
+C10D_EXPORT int c10d_store_multi_set(c10d_store *s, const char *const *keys,
+                                     const void *const *values, const size_t *lens, size_t n,
+                                     c10d_store_cb cb, void *arg);
+C10D_EXPORT int c10d_store_queue_push(c10d_store *s, const char *key, const void *value,
+                                      size_t len, c10d_store_cb cb, void *arg);
+/* block: wait up to the store's timeout for an item; else an empty queue is
+ * C10D_ENOTFOUND. */
+C10D_EXPORT int c10d_store_queue_pop(c10d_store *s, const char *key, int block, c10d_store_cb cb,
+                                     void *arg);
+C10D_EXPORT int c10d_store_queue_len(c10d_store *s, const char *key, c10d_store_cb cb, void *arg);
+/* Keys with a value (servers that have LIST_KEYS; prefix stores list their own keys). */
+C10D_EXPORT int c10d_store_list_keys(c10d_store *s, c10d_store_cb cb, void *arg);
+C10D_EXPORT int c10d_store_ping(c10d_store *s, c10d_store_cb cb, void *arg);
+
+/* Sync wrappers: same semantics; outputs are malloc'd (free() them). */
+C10D_EXPORT int c10d_store_set_sync(c10d_store *s, const char *key, const void *value,
+                                    size_t len);
+C10D_EXPORT int c10d_store_get_sync(c10d_store *s, const char *key, void **value, size_t *len);
+C10D_EXPORT int c10d_store_add_sync(c10d_store *s, const char *key, int64_t delta,
+                                    int64_t *result);
+C10D_EXPORT int c10d_store_compare_set_sync(c10d_store *s, const char *key, const void *expected,
+                                            size_t expected_len, const void *desired,
+                                            size_t desired_len, void **value, size_t *len);
+C10D_EXPORT int c10d_store_wait_sync(c10d_store *s, const char *const *keys, size_t n,
+                                     int64_t timeout_ms);
+C10D_EXPORT int c10d_store_check_sync(c10d_store *s, const char *const *keys, size_t n,
+                                      int *ready);
+C10D_EXPORT int c10d_store_delete_key_sync(c10d_store *s, const char *key, int *deleted);
+C10D_EXPORT int c10d_store_num_keys_sync(c10d_store *s, int64_t *count);
+C10D_EXPORT int c10d_store_append_sync(c10d_store *s, const char *key, const void *value,
+                                       size_t len);
+/* values[i] / lens[i] for each of the n keys. */
+C10D_EXPORT int c10d_store_multi_get_sync(c10d_store *s, const char *const *keys, size_t n,
+                                          void **values, size_t *lens);
+C10D_EXPORT int c10d_store_multi_set_sync(c10d_store *s, const char *const *keys,
+                                          const void *const *values, const size_t *lens,
+                                          size_t n);
+C10D_EXPORT int c10d_store_queue_push_sync(c10d_store *s, const char *key, const void *value,
+                                           size_t len);
+C10D_EXPORT int c10d_store_queue_pop_sync(c10d_store *s, const char *key, int block, void **value,
+                                          size_t *len);
+C10D_EXPORT int c10d_store_queue_len_sync(c10d_store *s, const char *key, int64_t *len);
+/* *keys: an array of *n NUL-terminated strings; free each, then the array. */
+C10D_EXPORT int c10d_store_list_keys_sync(c10d_store *s, char ***keys, size_t *n);
+/* *rtt_us (may be NULL): the round trip. */
+C10D_EXPORT int c10d_store_ping_sync(c10d_store *s, int64_t *rtt_us);
+
+/* ------------------------------------------------------------ rendezvous
+ * (section owned by the store client; see docs/store_client.md) */
+
+typedef struct c10d_rendezvous_opts {
+    int64_t timeout_ms; /* store deadline and barrier timeout [300000] */
+    /* The URL's host:port is an external server (c10d-store or torchrun's
+     * agent): rank 0 connects instead of hosting one. */
+    int external_store;
+    /* Skip the store-based barrier after rendezvous. */
+    int no_barrier;
+    /* rank / world_size when the URL does not carry them (-1 / 0: unset). */
+    int rank;
+    int world_size;
+    int dialect; /* c10d_store_dialect for TCP [AUTO] */
+} c10d_rendezvous_opts;
+
+typedef struct c10d_rendezvous_result {
+    c10d_store *store; /* PrefixStore("default_pg") over the rendezvous store; release it */
+    int rank;
+    int world_size;
+} c10d_rendezvous_result;
+
+/* url: "env://", "tcp://host:port?rank=R&world_size=N",
+ * "file:///path?rank=R&world_size=N" (NULL: "env://"). Rank 0 hosts the
+ * store on the engine's loop unless opts->external_store or
+ * TORCHELASTIC_USE_AGENT_STORE=True. Ends with the store-based barrier. */
+C10D_EXPORT int c10d_rendezvous(const char *url, const c10d_rendezvous_opts *opts,
+                                c10d_rendezvous_result *out);
+
+/* The store-based barrier of init_process_group on `store`: every one of
+ * world_size callers adds itself to "store_based_barrier_key:<name>" and waits
+ * for the last. */
+C10D_EXPORT int c10d_store_barrier(c10d_store *store, const char *name, int world_size,
+                                   int64_t timeout_ms);
+
+/* -------------------------------------------------------- end of store */
+
 #ifdef __cplusplus
 }
 #endif

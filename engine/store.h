@@ -1,0 +1,116 @@
+/* The client stores behind one interface (docs/store_client.md).
+ *
+ * A public call checks its arguments, copies them into a c10d__store_op and
+ * posts it to the loop thread, where the store's vtable `submit` runs. The
+ * store finishes the op exactly once with c10d__store_op_finish(), on the loop
+ * thread; that runs the user's callback and frees the op. Requests use the
+ * codec's layout (struct c10d__store_request), so the TCP store encodes them
+ * as they are and the other stores run them against the server's table.
+ */
+#ifndef C10D_ENGINE_STORE_H
+#define C10D_ENGINE_STORE_H
+
+#include "c10d.h"
+#include "error.h"
+#include "loop.h"
+#include "store_server/codec.h"
+
+#include <stdatomic.h>
+
+struct c10d__store_op;
+
+struct c10d__store_vtable {
+    const char *kind;
+    /* Loop thread. Owns `op` from here on: finish it exactly once. */
+    void (*submit)(c10d_store *s, struct c10d__store_op *op);
+    /* Loop thread, once, when the last user reference is gone: fail pending
+     * ops with C10D_ECLOSED, close handles, then c10d__store_unref(s) for the
+     * users' reference once nothing of the store is left on the loop. */
+    void (*close)(c10d_store *s);
+    /* Any thread: frees the implementation's part (the last reference). */
+    void (*destroy)(c10d_store *s);
+};
+
+struct c10d_store {
+    const struct c10d__store_vtable *vt;
+    atomic_int users; /* c10d_store_retain/release */
+    atomic_int refs;  /* memory: 1 for all users, 1 per op in flight, ... */
+    atomic_llong timeout_ms;
+    int dialect; /* TCP: the dialect spoken (c10d_store_dialect) */
+    struct c10d__task close_task;
+};
+
+/* The op: a request in the codec's layout plus what the stores need. */
+struct c10d__store_op {
+    struct c10d__store_request req; /* req.args points into `blob` */
+    struct c10d__store_str *args;
+    int block;            /* QUEUE_POP: wait for an item */
+    int raw_keys;         /* TCP: send keys as they are (torch's "init/") */
+    int phase;            /* the stores' progress through a composite op */
+    int64_t timeout_ms;   /* > 0 */
+    uint64_t deadline_ms; /* c10d__now_ms() clock; set when submitted */
+    c10d_store_cb cb;
+    void *arg;
+    c10d_store *store; /* holds a reference */
+    struct c10d__task task;
+    struct c10d__store_op *next; /* for the stores' queues */
+    void *priv;                  /* the store's */
+    int finished;
+    char *list_prefix; /* LIST_KEYS through prefix stores: keep and strip these */
+    /* The result, owned by the op until the callback returns. */
+    c10d_store_result res;
+    void *res_data;
+    c10d_store_bytes *res_items;
+    char *res_message;
+};
+
+/* Store objects. init sets users = refs = 1 and the default timeout. */
+void c10d__store_init(c10d_store *s, const struct c10d__store_vtable *vt);
+void c10d__store_ref(c10d_store *s);
+void c10d__store_unref(c10d_store *s);
+
+/* Builds an op. args: the codec layout for `cmd`; every string is copied.
+ * NULL on allocation failure (with c10d_last_error set). */
+struct c10d__store_op *c10d__store_op_new(int cmd, const struct c10d__store_str *args, size_t nargs,
+                                          int64_t i64);
+void c10d__store_op_free(struct c10d__store_op *op);
+/* Posts op to `s` (takes a reference on s). On failure the op is freed and
+ * nothing calls back. */
+int c10d__store_op_submit(c10d_store *s, struct c10d__store_op *op);
+/* Hands `op` to `s` right now (loop thread): how a prefix store forwards to
+ * its base (the op's reference moves from the old store to s). */
+void c10d__store_op_forward(c10d_store *s, struct c10d__store_op *op);
+
+/* Prefix stores: LIST_KEYS keeps only keys under `prefix` (prepended to
+ * what outer prefixes asked for) and strips it. */
+int c10d__store_op_add_list_prefix(struct c10d__store_op *op, const char *prefix, size_t plen);
+
+/* Result setters (copy their input). set_items: MULTI_GET's values and
+ * LIST_KEYS's keys, each with `strip` leading bytes removed (the TCP
+ * store's "/") and filtered by op->list_prefix if set. */
+int c10d__store_op_set_data(struct c10d__store_op *op, const void *data, size_t len);
+int c10d__store_op_set_items(struct c10d__store_op *op, const struct c10d__store_str *items,
+                             size_t n, size_t strip);
+/* Finishes the op: status 0 or negative with a printf message. Calls the
+ * callback, drops the store reference, frees the op. Loop thread. */
+void c10d__store_op_finish(struct c10d__store_op *op, int status, const char *fmt, ...)
+    C10D_PRINTF(3, 4);
+/* Finishes every op of a singly linked list (ops' `next`). */
+void c10d__store_op_fail_list(struct c10d__store_op *list, int status, const char *fmt, ...)
+    C10D_PRINTF(3, 4);
+
+/* 1 if arg i of a request of `cmd` is a key (the rest are values). */
+int c10d__store_arg_is_key(int cmd, size_t i, size_t nargs);
+/* Rewrites every key argument of op to prefix + key (prefix stores, the TCP
+ * store's "/"). */
+int c10d__store_op_prefix_keys(struct c10d__store_op *op, const char *prefix, size_t plen);
+
+/* The keys op waits for before running (GET, MULTI_GET, blocking QUEUE_POP,
+ * WAIT); 0 keys if it does not wait. */
+size_t c10d__store_op_wait_keys(const struct c10d__store_op *op,
+                                const struct c10d__store_str **keys);
+
+/* Milliseconds left before op's deadline (0 when past). */
+int64_t c10d__store_op_remaining_ms(const struct c10d__store_op *op);
+
+#endif
