@@ -1,0 +1,503 @@
+/* c10d-bench: nccl-tests for libc10d. Launch one per rank (c10drun):
+ *
+ *   c10drun -n 2 build/bench/c10d-bench -o all_reduce -b 4 -e 64M -f 2
+ *
+ * Sizes are bytes of the largest buffer of the op (nccl-tests' convention);
+ * `count` is that size in elements. time(us) is the slowest rank's mean over
+ * the timed iterations; algbw = size / time; busbw = algbw x the op's
+ * nccl-tests factor, which makes it comparable with the link speed. */
+#include "c10d.h"
+#include "bench/data.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+enum bench_op {
+    B_ALL_REDUCE,
+    B_ALL_GATHER,
+    B_REDUCE_SCATTER,
+    B_BROADCAST,
+    B_REDUCE,
+    B_ALL_TO_ALL,
+    B_SENDRECV,
+    B_NOPS
+};
+static const char *const op_names[B_NOPS] = {
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "sendrecv"};
+
+struct opts {
+    enum bench_op op;
+    c10d_dtype dtype;
+    c10d_reduce_op redop;
+    size_t min_bytes, max_bytes;
+    double factor;
+    int iters, warmup, check;
+    const char *backend;
+    c10d_device_type device;
+    int root;
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: c10d-bench [-o OP] [-d DTYPE] [-r REDOP] [-b MIN] [-e MAX] [-f FACTOR]\n"
+            "                  [-n ITERS] [-w WARMUP] [-c 0|1] [--backend tcp|nccl] [--device "
+            "cpu|cuda]\n"
+            "  -o  all_reduce (default), all_gather, reduce_scatter, broadcast, reduce,\n"
+            "      all_to_all, sendrecv\n"
+            "  -d  dtype (float32 default; float64 float16 bfloat16 int8 uint8 int32 int64 bool)\n"
+            "  -r  reduce op (sum default; avg prod min max band bor bxor premul_sum)\n"
+            "  -b, -e  smallest / largest size in bytes, K/M/G suffixes (default 4 .. 64M)\n"
+            "  -f  multiply the size by this each step (default 2)\n"
+            "  -n  timed iterations per size (default 20), -w warm-up iterations (default 5)\n"
+            "  -c  1: check every result against a reference (default 1)\n"
+            "Run one process per rank, e.g. with c10drun -n 2 c10d-bench ...\n");
+}
+
+/* "64M" -> 67108864. 0 on a malformed size. */
+static int parse_size(const char *s, size_t *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v < 0)
+        return -1;
+    double mult = 1;
+    switch (*end) {
+    case 'k':
+    case 'K':
+        mult = 1024.0;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mult = 1024.0 * 1024;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mult = 1024.0 * 1024 * 1024;
+        end++;
+        break;
+    default:
+        break;
+    }
+    if (*end == 'B' || *end == 'b')
+        end++;
+    if (*end != '\0')
+        return -1;
+    *out = (size_t)(v * mult);
+    return 0;
+}
+
+static int parse_int(const char *s, int lo, int *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end != '\0' || v < lo || v > 1000000000)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->op = B_ALL_REDUCE;
+    o->dtype = C10D_FLOAT32;
+    o->redop = C10D_SUM;
+    o->min_bytes = 4;
+    o->max_bytes = 64u << 20;
+    o->factor = 2;
+    o->iters = 20;
+    o->warmup = 5;
+    o->check = 1;
+    o->backend = "tcp";
+    static const struct option longopts[] = {
+        {"op", required_argument, NULL, 'o'},       {"dtype", required_argument, NULL, 'd'},
+        {"redop", required_argument, NULL, 'r'},    {"minbytes", required_argument, NULL, 'b'},
+        {"maxbytes", required_argument, NULL, 'e'}, {"stepfactor", required_argument, NULL, 'f'},
+        {"iters", required_argument, NULL, 'n'},    {"warmup_iters", required_argument, NULL, 'w'},
+        {"check", required_argument, NULL, 'c'},    {"backend", required_argument, NULL, 'B'},
+        {"device", required_argument, NULL, 'D'},   {"root", required_argument, NULL, 'R'},
+        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
+    };
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "o:d:r:b:e:f:n:w:c:h", longopts, NULL)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case 'o':
+            bad = 1;
+            for (int i = 0; i < B_NOPS; i++)
+                if (strcasecmp(optarg, op_names[i]) == 0)
+                    o->op = (enum bench_op)i, bad = 0;
+            break;
+        case 'd':
+            bad = c10d_dtype_from_name(optarg, &o->dtype) != 0;
+            break;
+        case 'r':
+            bad = c10d_reduce_op_from_name(optarg, &o->redop) != 0;
+            break;
+        case 'b':
+            bad = parse_size(optarg, &o->min_bytes) != 0;
+            break;
+        case 'e':
+            bad = parse_size(optarg, &o->max_bytes) != 0;
+            break;
+        case 'f':
+            o->factor = strtod(optarg, NULL);
+            bad = !(o->factor > 1.0);
+            break;
+        case 'n':
+            bad = parse_int(optarg, 1, &o->iters) != 0;
+            break;
+        case 'w':
+            bad = parse_int(optarg, 0, &o->warmup) != 0;
+            break;
+        case 'c':
+            bad = parse_int(optarg, 0, &o->check) != 0 || o->check > 1;
+            break;
+        case 'R':
+            bad = parse_int(optarg, 0, &o->root) != 0;
+            break;
+        case 'B':
+            o->backend = optarg;
+            bad = strcmp(optarg, "tcp") != 0 && strcmp(optarg, "nccl") != 0;
+            break;
+        case 'D':
+            if (strcmp(optarg, "cpu") == 0)
+                o->device = C10D_DEVICE_CPU;
+            else if (strcmp(optarg, "cuda") == 0)
+                o->device = C10D_DEVICE_CUDA;
+            else
+                bad = 1;
+            break;
+        case 'h':
+            usage(stdout);
+            exit(0);
+        default:
+            usage(stderr);
+            return -1;
+        }
+        if (bad) {
+            fprintf(stderr, "c10d-bench: invalid value \"%s\" for -%c\n", optarg,
+                    c < 128    ? c
+                    : c == 'B' ? 'B'
+                               : '-');
+            return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "c10d-bench: unexpected argument \"%s\"\n", argv[optind]);
+        return -1;
+    }
+    if (o->min_bytes > o->max_bytes) {
+        fprintf(stderr, "c10d-bench: -b %zu is larger than -e %zu\n", o->min_bytes, o->max_bytes);
+        return -1;
+    }
+    if (o->device == C10D_DEVICE_CUDA) {
+        fprintf(stderr, "c10d-bench: --device cuda is not supported by this build yet\n");
+        return -1;
+    }
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int is_reduction(enum bench_op op)
+{
+    return op == B_ALL_REDUCE || op == B_REDUCE_SCATTER || op == B_REDUCE;
+}
+
+static double bus_factor(enum bench_op op, int n)
+{
+    switch (op) {
+    case B_ALL_REDUCE:
+        return 2.0 * (n - 1) / n;
+    case B_REDUCE_SCATTER:
+    case B_ALL_GATHER:
+    case B_ALL_TO_ALL:
+        return (double)(n - 1) / n;
+    default:
+        return 1.0;
+    }
+}
+
+struct run {
+    const struct opts *o;
+    c10d_pg *pg;
+    int rank, n;
+    size_t esize;
+    size_t count; /* elements of the largest buffer */
+    size_t block; /* per-rank block (gather/scatter/all-to-all kinds) */
+    void *send, *recv;
+    c10d_op_opts op_opts;
+};
+
+/* Issues one op; the work goes to *w. */
+static int issue(struct run *r, c10d_work **w)
+{
+    const struct opts *o = r->o;
+    switch (o->op) {
+    case B_ALL_REDUCE:
+        return c10d_all_reduce(r->pg, r->send, r->recv, r->count, o->dtype, o->redop, &r->op_opts,
+                               w);
+    case B_ALL_GATHER:
+        return c10d_all_gather(r->pg, r->send, r->recv, r->block, o->dtype, &r->op_opts, w);
+    case B_REDUCE_SCATTER:
+        return c10d_reduce_scatter(r->pg, r->send, r->recv, r->block, o->dtype, o->redop,
+                                   &r->op_opts, w);
+    case B_BROADCAST:
+        return c10d_broadcast(r->pg, r->send, r->recv, r->count, o->dtype, o->root, &r->op_opts, w);
+    case B_REDUCE:
+        return c10d_reduce(r->pg, r->send, r->recv, r->count, o->dtype, o->redop, o->root,
+                           &r->op_opts, w);
+    case B_ALL_TO_ALL:
+        return c10d_all_to_all_single(r->pg, r->send, r->recv, r->block * (size_t)r->n, NULL, NULL,
+                                      o->dtype, &r->op_opts, w);
+    case B_SENDRECV: {
+        c10d_p2p_op ops[2] = {
+            {C10D_P2P_SEND, r->send, r->count, o->dtype, (r->rank + 1) % r->n, 0},
+            {C10D_P2P_RECV, r->recv, r->count, o->dtype, (r->rank + r->n - 1) % r->n, 0},
+        };
+        return c10d_batch_isend_irecv(r->pg, ops, 2, &r->op_opts, w);
+    }
+    default:
+        return C10D_EINVAL;
+    }
+}
+
+static void fill_inputs(struct run *r)
+{
+    const struct opts *o = r->o;
+    size_t in = o->op == B_REDUCE_SCATTER || o->op == B_ALL_TO_ALL ? r->block * (size_t)r->n
+                : o->op == B_ALL_GATHER                            ? r->block
+                                                                   : r->count;
+    data_fill(r->send, in, 0, r->rank, o->dtype, o->redop);
+    memset(r->recv, 0xEE, r->count * r->esize);
+}
+
+/* Counts the wrong elements of this rank's output. */
+static long check_outputs(struct run *r)
+{
+    const struct opts *o = r->o;
+    long wrong = 0;
+    double pre = r->op_opts.premul_factor;
+    switch (o->op) {
+    case B_ALL_REDUCE:
+        for (size_t i = 0; i < r->count; i++)
+            wrong += !data_close(data_load(r->recv, i, o->dtype),
+                                 data_reduced(r->n, i, o->dtype, o->redop, pre), o->dtype);
+        break;
+    case B_REDUCE:
+        if (r->rank == o->root)
+            for (size_t i = 0; i < r->count; i++)
+                wrong += !data_close(data_load(r->recv, i, o->dtype),
+                                     data_reduced(r->n, i, o->dtype, o->redop, pre), o->dtype);
+        break;
+    case B_REDUCE_SCATTER:
+        for (size_t i = 0; i < r->block; i++)
+            wrong += !data_close(
+                data_load(r->recv, i, o->dtype),
+                data_reduced(r->n, (size_t)r->rank * r->block + i, o->dtype, o->redop, pre),
+                o->dtype);
+        break;
+    case B_BROADCAST:
+        for (size_t i = 0; i < r->count; i++)
+            wrong += data_load(r->recv, i, o->dtype) != data_value(o->root, i, o->dtype, o->redop);
+        break;
+    case B_ALL_GATHER:
+        for (int p = 0; p < r->n; p++)
+            for (size_t i = 0; i < r->block; i++)
+                wrong += data_load(r->recv, (size_t)p * r->block + i, o->dtype) !=
+                         data_value(p, i, o->dtype, o->redop);
+        break;
+    case B_ALL_TO_ALL:
+        /* Block p of my output is block `rank` of rank p's input. */
+        for (int p = 0; p < r->n; p++)
+            for (size_t i = 0; i < r->block; i++)
+                wrong += data_load(r->recv, (size_t)p * r->block + i, o->dtype) !=
+                         data_value(p, (size_t)r->rank * r->block + i, o->dtype, o->redop);
+        break;
+    case B_SENDRECV: {
+        int from = (r->rank + r->n - 1) % r->n;
+        for (size_t i = 0; i < r->count; i++)
+            wrong += data_load(r->recv, i, o->dtype) != data_value(from, i, o->dtype, o->redop);
+        break;
+    }
+    default:
+        break;
+    }
+    return wrong;
+}
+
+/* Issues `iters` ops back to back and waits for all; 0 or the first error. */
+static int run_iters(struct run *r, int iters)
+{
+    c10d_work **ws = calloc((size_t)iters, sizeof *ws);
+    if (ws == NULL)
+        return C10D_ENOMEM;
+    int rc = 0, issued = 0;
+    for (; issued < iters; issued++) {
+        rc = issue(r, &ws[issued]);
+        if (rc != 0)
+            break;
+    }
+    for (int i = 0; i < issued; i++) {
+        int st = c10d_work_wait_release(ws[i]);
+        if (st != 0 && rc == 0)
+            rc = st;
+    }
+    free(ws);
+    return rc;
+}
+
+static int run_size(struct run *r, size_t bytes, double *time_us, long *wrong)
+{
+    const struct opts *o = r->o;
+    size_t elems = bytes / r->esize;
+    int blocky = o->op == B_ALL_GATHER || o->op == B_REDUCE_SCATTER || o->op == B_ALL_TO_ALL;
+    r->block = blocky ? elems / (size_t)r->n : elems;
+    r->count = blocky ? r->block * (size_t)r->n : elems;
+    fill_inputs(r);
+    int rc = run_iters(r, o->warmup);
+    if (rc == 0)
+        rc = c10d_barrier_sync(r->pg);
+    double t0 = now_s();
+    if (rc == 0)
+        rc = run_iters(r, o->iters);
+    double mine = (now_s() - t0) / o->iters * 1e6;
+    if (rc != 0)
+        return rc;
+    /* The slowest rank's time, as nccl-tests reports. */
+    double slowest = mine;
+    rc = c10d_all_reduce_sync(r->pg, &slowest, &slowest, 1, C10D_FLOAT64, C10D_MAX);
+    if (rc != 0)
+        return rc;
+    *time_us = slowest;
+    *wrong = 0;
+    if (o->check) {
+        fill_inputs(r);
+        c10d_work *w = NULL;
+        rc = issue(r, &w);
+        if (rc == 0)
+            rc = c10d_work_wait_release(w);
+        if (rc != 0)
+            return rc;
+        int64_t bad = check_outputs(r);
+        rc = c10d_all_reduce_sync(r->pg, &bad, &bad, 1, C10D_INT64, C10D_SUM);
+        *wrong = (long)bad;
+    }
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    struct opts o;
+    if (parse_args(argc, argv, &o) != 0)
+        return 2;
+    c10d_pg_opts po = {0};
+    po.backend = o.backend;
+    c10d_pg *pg;
+    int rc = c10d_pg_init(&pg, &po);
+    if (rc != 0) {
+        fprintf(stderr, "c10d-bench: init failed: %s: %s\n", c10d_status_name(rc),
+                c10d_last_error());
+        return 1;
+    }
+    struct run r = {0};
+    r.o = &o;
+    r.pg = pg;
+    r.rank = c10d_pg_rank(pg);
+    r.n = c10d_pg_size(pg);
+    r.esize = c10d_dtype_size(o.dtype);
+    r.op_opts.device_type = o.device;
+    r.op_opts.premul_factor = o.redop == C10D_PREMUL_SUM ? 0.5 : 0;
+    int exit_code = 0;
+    if (o.root >= r.n || (o.op == B_SENDRECV && r.n < 2)) {
+        if (r.rank == 0)
+            fprintf(stderr, "c10d-bench: %s\n",
+                    o.root >= r.n ? "root out of range" : "sendrecv needs at least 2 ranks");
+        c10d_pg_destroy(pg);
+        return 2;
+    }
+    if (is_reduction(o.op) && c10d_reduce_op_check(o.redop, o.dtype) != 0) {
+        if (r.rank == 0)
+            fprintf(stderr, "c10d-bench: %s\n", c10d_last_error());
+        c10d_pg_destroy(pg);
+        return 2;
+    }
+    size_t cap = o.max_bytes + (size_t)r.n * r.esize;
+    /* all_gather writes n blocks; the others stay within the size. */
+    r.send = malloc(cap > 0 ? cap : 1);
+    r.recv = malloc(cap > 0 ? cap : 1);
+    if (r.send == NULL || r.recv == NULL) {
+        fprintf(stderr, "c10d-bench: out of memory for %zu-byte buffers\n", cap);
+        return 1;
+    }
+    const char *redop = is_reduction(o.op) ? c10d_reduce_op_name(o.redop) : "none";
+    int root = o.op == B_BROADCAST || o.op == B_REDUCE ? o.root : -1;
+    if (r.rank == 0) {
+        printf("# c10d-bench %s: %s, %d ranks, backend %s, device %s, dtype %s, iters %d, "
+               "warmup %d, check %d\n",
+               c10d_version(), op_names[o.op], r.n, o.backend,
+               o.device == C10D_DEVICE_CPU ? "cpu" : "cuda", c10d_dtype_name(o.dtype), o.iters,
+               o.warmup, o.check);
+        printf("#\n# %12s %12s %8s %6s %6s %10s %12s %12s %8s\n", "size", "count", "type", "redop",
+               "root", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    }
+    double sum_busbw = 0;
+    int rows = 0;
+    long total_wrong = 0;
+    size_t bytes = o.min_bytes;
+    for (;;) {
+        double t = 0;
+        long wrong = 0;
+        rc = run_size(&r, bytes, &t, &wrong);
+        if (rc != 0) {
+            fprintf(stderr, "c10d-bench: rank %d: %s of %zu bytes failed: %s: %s\n", r.rank,
+                    op_names[o.op], bytes, c10d_status_name(rc), c10d_last_error());
+            exit_code = 1;
+            break;
+        }
+        size_t real = r.count * r.esize;
+        double algbw = t > 0 ? (double)real / (t * 1e-6) / 1e9 : 0;
+        double busbw = algbw * bus_factor(o.op, r.n);
+        if (r.rank == 0)
+            printf("  %12zu %12zu %8s %6s %6d %10.2f %12.4f %12.4f %8ld\n", real, r.count,
+                   c10d_dtype_name(o.dtype), redop, root, t, algbw, busbw, wrong);
+        fflush(stdout);
+        sum_busbw += busbw;
+        rows++;
+        total_wrong += wrong;
+        if (bytes >= o.max_bytes)
+            break;
+        size_t next = (size_t)((double)bytes * o.factor);
+        bytes = next > bytes ? next : bytes + 1;
+        if (bytes > o.max_bytes)
+            bytes = o.max_bytes;
+    }
+    if (r.rank == 0) {
+        printf("# Out of bounds values : %ld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
+        printf("# Avg bus bandwidth    : %.4f GB/s\n", rows ? sum_busbw / rows : 0.0);
+    }
+    if (total_wrong != 0)
+        exit_code = 1;
+    free(r.send);
+    free(r.recv);
+    if (exit_code == 0)
+        c10d_pg_destroy(pg);
+    else
+        c10d_pg_abort(pg, "c10d-bench failed");
+    c10d_shutdown();
+    return exit_code;
+}

@@ -1,0 +1,175 @@
+#include "mp_harness.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+int mp_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void set_env_int(const char *name, int v)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%d", v);
+    setenv(name, buf, 1);
+}
+
+static void kill_all(struct mp_result *res, int n, const int *alive)
+{
+    for (int i = 0; i < n; i++)
+        if (alive[i] && res->pids[i] > 0)
+            kill(res->pids[i], SIGKILL);
+}
+
+int mp_run(const struct mp_opts *o, mp_rank_fn fn, void *arg, struct mp_result *res)
+{
+    int n = o->nranks;
+    memset(res, 0, sizeof *res);
+    if (n <= 0 || n > MP_MAX_RANKS)
+        return -1;
+    int port = o->external_store_port > 0 ? o->external_store_port : mp_free_port();
+    if (port <= 0)
+        return -1;
+    int alive[MP_MAX_RANKS] = {0};
+    fflush(NULL);
+    for (int r = 0; r < n; r++) {
+        pid_t pid = fork();
+        if (pid < 0) {
+            kill_all(res, r, alive);
+            for (int i = 0; i < r; i++)
+                waitpid(res->pids[i], NULL, 0);
+            return -1;
+        }
+        if (pid == 0) {
+            setenv("MASTER_ADDR", "127.0.0.1", 1);
+            set_env_int("MASTER_PORT", port);
+            set_env_int("RANK", r);
+            set_env_int("LOCAL_RANK", r);
+            set_env_int("WORLD_SIZE", n);
+            set_env_int("LOCAL_WORLD_SIZE", n);
+            setenv("TORCHELASTIC_USE_AGENT_STORE", o->external_store_port > 0 ? "True" : "False",
+                   1);
+            alarm((unsigned)o->timeout_s);
+            int code = fn(r, n, arg);
+            fflush(NULL);
+            _exit(code);
+        }
+        res->pids[r] = pid;
+        alive[r] = 1;
+    }
+    double deadline = now_s() + o->timeout_s + 5;
+    int left = n, exited = 0, failed = 0;
+    while (left > 0) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid < 0 && errno != EINTR)
+            break;
+        if (pid <= 0) {
+            if (now_s() > deadline) {
+                res->timed_out = 1;
+                kill_all(res, n, alive);
+                deadline = now_s() + 3600; /* now just reap */
+            }
+            usleep(2000);
+            continue;
+        }
+        for (int r = 0; r < n; r++) {
+            if (res->pids[r] != pid)
+                continue;
+            alive[r] = 0;
+            left--;
+            exited++;
+            res->codes[r] = WIFEXITED(status) ? WEXITSTATUS(status)
+                                              : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+            if (res->codes[r] != 0)
+                failed = 1;
+            if ((failed && o->kill_on_failure) ||
+                (o->kill_after_exits > 0 && exited >= o->kill_after_exits))
+                kill_all(res, n, alive);
+        }
+    }
+    if (res->timed_out)
+        fprintf(stderr, "mp_run: ranks still running after %d s were killed\n", o->timeout_s + 5);
+    for (int r = 0; r < n; r++)
+        if (res->codes[r] != 0)
+            fprintf(stderr, "mp_run: rank %d exited with %d\n", r, res->codes[r]);
+    return failed || res->timed_out ? 1 : 0;
+}
+
+pid_t mp_start_store(int *port)
+{
+    const char *exe = getenv("C10D_STORE_EXE");
+    if (exe == NULL || access(exe, X_OK) != 0)
+        return -1;
+    int p = mp_free_port();
+    if (p <= 0)
+        return -1;
+    char ports[16];
+    snprintf(ports, sizeof ports, "%d", p);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        alarm(600); /* never outlive a broken test */
+        execl(exe, exe, "serve", "--host", "127.0.0.1", "--port", ports, (char *)NULL);
+        _exit(127);
+    }
+    /* Ready once it accepts a connection. */
+    for (int i = 0; i < 500; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a;
+        memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET;
+        a.sin_port = htons((uint16_t)p);
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        int ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        close(fd);
+        if (ok) {
+            *port = p;
+            return pid;
+        }
+        if (waitpid(pid, NULL, WNOHANG) == pid)
+            return -1;
+        usleep(10000);
+    }
+    mp_kill(pid);
+    return -1;
+}
+
+void mp_kill(pid_t pid)
+{
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+}
