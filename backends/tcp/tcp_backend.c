@@ -1,0 +1,567 @@
+/* The tcp backend: the vtable the process group drives (backends/backend.h).
+ *
+ * Collectives run one at a time in submission order (they are matched
+ * across ranks by sequence number, and one at a time keeps every rank at
+ * most one collective ahead of another, which bounds what a receiver must
+ * buffer). P2P operations run as soon as they are submitted.
+ *
+ * Failure policy (SEMANTICS.md section 4): the first failure of any kind
+ * (a peer gone, a mismatch, a timeout, an abort) fails every pending op with
+ * the reason, closes every connection after telling the peers why, and
+ * poisons the group: later ops fail at once naming that first error. */
+#include "tcp_backend.h"
+
+#include "coll.h"
+#include "transport.h"
+
+#include "engine/env.h"
+#include "engine/error.h"
+#include "engine/log.h"
+#include "engine/loop.h"
+#include "engine/reduce.h"
+#include "engine/work.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct tcp_state;
+
+struct tcp_op {
+    struct tcp_state *s;
+    struct tcp_op *next;
+    struct c10d__op *head; /* the op, or the first of a coalesced / batched list */
+    struct c10d__op *cur;  /* the member running (collectives) */
+    c10d_work *work;
+    int p2p;
+    int left; /* P2P transfers not yet complete */
+    int idx;
+    int completed;
+    int next_member; /* the current member finished; run the next one */
+    uint64_t start_ms;
+    struct c10d__tcp_coll coll;
+};
+
+struct tcp_state {
+    int rank, size;
+    char *group_name;
+    int64_t timeout_ms;
+    struct c10d__tcp_transport *t;
+    struct c10d__tcp_tuning tune;
+    int refs; /* the owner's, each registered work callback, a posted advance */
+    int destroyed;
+    int poisoned;
+    int poison_status;
+    char poison_msg[1024];
+    struct tcp_op *active;                  /* the collective running */
+    struct tcp_op *queue_head, *queue_tail; /* collectives waiting their turn */
+    struct tcp_op *p2p_ops;
+    struct tcp_op *dead; /* finished; freed by the advance task */
+    struct c10d__task advance_task;
+    int advance_posted;
+    char *scratch;
+    size_t scratch_len;
+    void (*connect_done)(void *arg, int status);
+    void *connect_arg;
+};
+
+static const char *kind_name(int kind)
+{
+    static const char *const names[] = {
+        "BROADCAST",      "ALLREDUCE", "REDUCE",  "ALLGATHER", "GATHER", "SCATTER",
+        "REDUCE_SCATTER", "ALLTOALL",  "BARRIER", "SEND",      "RECV"};
+    return kind >= 0 && kind < (int)(sizeof names / sizeof names[0]) ? names[kind] : "UNKNOWN";
+}
+
+static void state_unref(struct tcp_state *s);
+static void group_fail(struct tcp_state *s, int status, const char *fmt, ...) C10D_PRINTF(3, 4);
+
+/* --------------------------------------------------------- bookkeeping */
+
+static void free_dead(struct tcp_state *s)
+{
+    while (s->dead != NULL) {
+        struct tcp_op *o = s->dead;
+        s->dead = o->next;
+        free(o);
+    }
+}
+
+static void state_free(struct tcp_state *s)
+{
+    free_dead(s);
+    free(s->scratch);
+    free(s->group_name);
+    free(s);
+}
+
+static void state_unref(struct tcp_state *s)
+{
+    if (--s->refs == 0)
+        state_free(s);
+}
+
+static void start_next(struct tcp_state *s);
+static void run_member(struct tcp_op *o);
+
+static void advance_fn(struct c10d__task *task)
+{
+    struct tcp_state *s =
+        (struct tcp_state *)((char *)task - offsetof(struct tcp_state, advance_task));
+    s->advance_posted = 0;
+    if (!s->destroyed) {
+        free_dead(s);
+        struct tcp_op *o = s->active;
+        if (o != NULL && o->next_member) {
+            o->next_member = 0;
+            o->cur = o->cur->next;
+            o->idx++;
+            run_member(o);
+        }
+        start_next(s);
+    }
+    state_unref(s);
+}
+
+static void schedule_advance(struct tcp_state *s)
+{
+    if (s->advance_posted)
+        return;
+    s->advance_task.fn = advance_fn;
+    if (c10d__engine_post(&s->advance_task) == 0) {
+        s->advance_posted = 1;
+        s->refs++;
+    }
+}
+
+static void unlink_op(struct tcp_state *s, struct tcp_op *o)
+{
+    if (s->active == o) {
+        s->active = NULL;
+    } else if (o->p2p) {
+        for (struct tcp_op **pp = &s->p2p_ops; *pp != NULL; pp = &(*pp)->next)
+            if (*pp == o) {
+                *pp = o->next;
+                break;
+            }
+    } else {
+        struct tcp_op *prev = NULL;
+        for (struct tcp_op *q = s->queue_head; q != NULL; prev = q, q = q->next)
+            if (q == o) {
+                if (prev != NULL)
+                    prev->next = q->next;
+                else
+                    s->queue_head = q->next;
+                if (s->queue_tail == q)
+                    s->queue_tail = prev;
+                break;
+            }
+    }
+    o->next = s->dead;
+    s->dead = o;
+}
+
+/* Completes o's work; o is freed later (its frames may still be on the stack). */
+static void op_complete(struct tcp_state *s, struct tcp_op *o, int status, const char *msg)
+{
+    if (o->completed)
+        return;
+    o->completed = 1;
+    o->coll.failed = 1;
+    unlink_op(s, o);
+    if (status == 0)
+        c10d__work_complete(o->work, 0, NULL);
+    else
+        c10d__work_complete(o->work, status, "tcp %s seq %llu (group %s, rank %d): %s",
+                            kind_name(o->head->kind), (unsigned long long)o->head->seq,
+                            s->group_name, s->rank, msg);
+    schedule_advance(s);
+}
+
+static void group_fail(struct tcp_state *s, int status, const char *fmt, ...)
+{
+    if (s->poisoned)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->poison_msg, sizeof s->poison_msg, fmt, ap);
+    va_end(ap);
+    s->poisoned = 1;
+    s->poison_status = status;
+    C10D_WARN("tcp", "group %s rank %d failed: %s", s->group_name, s->rank, s->poison_msg);
+    if (s->t != NULL)
+        c10d__tcp_transport_fail(s->t, status, s->poison_msg);
+    while (s->active != NULL)
+        op_complete(s, s->active, status, s->poison_msg);
+    while (s->queue_head != NULL)
+        op_complete(s, s->queue_head, status, s->poison_msg);
+    while (s->p2p_ops != NULL)
+        op_complete(s, s->p2p_ops, status, s->poison_msg);
+}
+
+static void on_transport_error(void *arg, int status, const char *message)
+{
+    group_fail(arg, status, "%s", message);
+}
+
+/* A work can also complete without us: its deadline passed (the pg armed
+ * it), or someone completed it. Either way the op is dead and its buffers
+ * may be gone, so the group fails: that closes the sockets, and nothing is
+ * written into those buffers any more. */
+static void on_work_done(c10d_work *work, int status, void *arg)
+{
+    struct tcp_state *s = arg;
+    struct tcp_op *found = NULL;
+    if (!s->destroyed) {
+        if (s->active != NULL && s->active->work == work)
+            found = s->active;
+        for (struct tcp_op *o = s->queue_head; o != NULL && found == NULL; o = o->next)
+            if (o->work == work)
+                found = o;
+        for (struct tcp_op *o = s->p2p_ops; o != NULL && found == NULL; o = o->next)
+            if (o->work == work)
+                found = o;
+    }
+    if (found != NULL && !found->completed) {
+        /* Its work already carries its own status: take it out first. */
+        found->completed = 1;
+        found->coll.failed = 1;
+        unlink_op(s, found);
+        uint64_t ran = c10d__now_ms() - found->start_ms;
+        if (status == C10D_ETIMEDOUT)
+            group_fail(s, status,
+                       "Watchdog caught collective operation timeout: Work(SeqNum=%llu, "
+                       "OpType=%s, NumelIn=%zu, NumelOut=%zu, Timeout(ms)=%lld) ran for %llu "
+                       "milliseconds before timing out.",
+                       (unsigned long long)found->head->seq, kind_name(found->head->kind),
+                       found->head->count, found->head->count, (long long)found->head->timeout_ms,
+                       (unsigned long long)ran);
+        else
+            group_fail(s, status < 0 ? status : C10D_EABORTED,
+                       "%s seq %llu was completed outside the backend (%s): %s",
+                       kind_name(found->head->kind), (unsigned long long)found->head->seq,
+                       c10d_status_name(status), c10d_work_message(work));
+        schedule_advance(s);
+    }
+    state_unref(s);
+}
+
+/* --------------------------------------------------------- collectives */
+
+static char *scratch_get(struct c10d__tcp_coll *c, size_t bytes)
+{
+    struct tcp_state *s = c->scratch_arg;
+    if (bytes == 0)
+        bytes = 1;
+    if (bytes > s->scratch_len) {
+        free(s->scratch);
+        s->scratch = malloc(bytes);
+        s->scratch_len = s->scratch != NULL ? bytes : 0;
+    }
+    return s->scratch;
+}
+
+static void coll_finished(struct c10d__tcp_coll *c, int status)
+{
+    struct tcp_op *o = (struct tcp_op *)((char *)c - offsetof(struct tcp_op, coll));
+    struct tcp_state *s = o->s;
+    if (o->completed)
+        return;
+    if (status < 0) {
+        group_fail(s, status, "%s", c10d_last_error());
+        return;
+    }
+    if (o->cur->next != NULL) {
+        o->next_member = 1;
+        schedule_advance(s);
+        return;
+    }
+    op_complete(s, o, 0, NULL);
+}
+
+static void run_member(struct tcp_op *o)
+{
+    struct tcp_state *s = o->s;
+    struct c10d__op *op = o->cur;
+    struct c10d__tcp_coll *c = &o->coll;
+    memset(c, 0, sizeof *c);
+    c->t = s->t;
+    c->tune = &s->tune;
+    c->op = op;
+    c->rank = s->rank;
+    c->size = s->size;
+    c->sub_base = (uint32_t)(o->idx & 0xff) << 24;
+    c->esz = c10d_dtype_size(op->dtype);
+    c->scratch = scratch_get;
+    c->scratch_arg = s;
+    c->finished = coll_finished;
+    int rc;
+    switch (op->kind) {
+    case C10D_OP_ALL_REDUCE:
+        rc = c10d__tcp_all_reduce(c);
+        break;
+    case C10D_OP_BROADCAST:
+        rc = c10d__tcp_broadcast(c);
+        break;
+    case C10D_OP_REDUCE:
+        rc = c10d__tcp_reduce(c);
+        break;
+    case C10D_OP_ALL_GATHER:
+        rc = c10d__tcp_all_gather(c);
+        break;
+    case C10D_OP_GATHER:
+        rc = c10d__tcp_gather(c);
+        break;
+    case C10D_OP_SCATTER:
+        rc = c10d__tcp_scatter(c);
+        break;
+    case C10D_OP_REDUCE_SCATTER:
+        rc = c10d__tcp_reduce_scatter(c);
+        break;
+    case C10D_OP_ALL_TO_ALL:
+        rc = c10d__tcp_all_to_all(c);
+        break;
+    case C10D_OP_BARRIER:
+        rc = c10d__tcp_barrier(c);
+        break;
+    default:
+        rc = c10d__fail(C10D_EUNSUPPORTED, "op kind %d cannot be coalesced with collectives",
+                        (int)op->kind);
+    }
+    if (rc < 0 && !o->completed) {
+        /* Nothing was posted for this member, but earlier members (or other
+         * ranks) may be in flight: the group cannot go on consistently. */
+        group_fail(s, rc, "%s", c10d_last_error());
+    }
+}
+
+static void start_next(struct tcp_state *s)
+{
+    while (s->active == NULL && s->queue_head != NULL && !s->poisoned) {
+        struct tcp_op *o = s->queue_head;
+        s->queue_head = o->next;
+        if (s->queue_head == NULL)
+            s->queue_tail = NULL;
+        o->next = NULL;
+        s->active = o;
+        o->cur = o->head;
+        o->idx = 0;
+        run_member(o);
+    }
+}
+
+/* ----------------------------------------------------------------- P2P */
+
+static void p2p_done(struct c10d__tcp_xfer *x)
+{
+    struct tcp_op *o = x->ctx;
+    struct tcp_state *s = o->s;
+    if (x->p2p && o->head->kind == C10D_OP_RECV && o->head->next == NULL &&
+        o->head->peer == C10D_ANY_SOURCE)
+        c10d__work_set_source_rank(o->work, x->source);
+    c10d__tcp_xfer_put(s->t, x);
+    if (--o->left == 0 && !o->completed)
+        op_complete(s, o, 0, NULL);
+}
+
+static void run_p2p(struct tcp_state *s, struct tcp_op *o)
+{
+    o->next = s->p2p_ops;
+    s->p2p_ops = o;
+    o->left = 1; /* held until every member is posted */
+    for (struct c10d__op *op = o->head; op != NULL && !o->completed; op = op->next) {
+        if (op->kind != C10D_OP_SEND && op->kind != C10D_OP_RECV) {
+            group_fail(s, C10D_EUNSUPPORTED, "a batch of P2P ops holds a %s", kind_name(op->kind));
+            return;
+        }
+        if (op->peer == s->rank) {
+            op_complete(s, o, C10D_EINVAL, "send/recv to self is not supported by tcp");
+            return;
+        }
+        struct c10d__tcp_xfer *x = c10d__tcp_xfer_get(s->t);
+        if (x == NULL) {
+            group_fail(s, C10D_ENOMEM, "tcp: out of memory");
+            return;
+        }
+        x->peer = op->peer;
+        x->kind = (uint8_t)op->kind;
+        x->p2p = 1;
+        x->tag = (uint64_t)op->tag;
+        x->buf = op->kind == C10D_OP_SEND ? (void *)op->send : op->recv;
+        x->len = op->count * c10d_dtype_size(op->dtype);
+        x->work = o->work;
+        x->done = p2p_done;
+        x->ctx = o;
+        o->left++;
+        if (op->kind == C10D_OP_SEND)
+            c10d__tcp_send(s->t, x);
+        else
+            c10d__tcp_recv(s->t, x);
+    }
+    if (--o->left == 0 && !o->completed)
+        op_complete(s, o, 0, NULL);
+}
+
+/* -------------------------------------------------------------- vtable */
+
+static int tcp_check(const struct c10d__op *op)
+{
+    if (op->device_type != C10D_DEVICE_CPU)
+        return c10d__fail(C10D_EUNSUPPORTED, "tcp: only CPU buffers are supported");
+    if (c10d_dtype_size(op->dtype) == 0)
+        return c10d__fail(C10D_EINVAL, "tcp: unknown dtype %d", (int)op->dtype);
+    if (op->kind == C10D_OP_ALL_REDUCE || op->kind == C10D_OP_REDUCE ||
+        op->kind == C10D_OP_REDUCE_SCATTER)
+        return c10d_reduce_op_check(op->redop, op->dtype);
+    return 0;
+}
+
+static void tcp_run(void *state, struct c10d__op *op)
+{
+    struct tcp_state *s = state;
+    if (s->poisoned || s->destroyed) {
+        c10d__work_complete(op->work, s->poisoned ? s->poison_status : C10D_EABORTED,
+                            "tcp %s seq %llu (group %s, rank %d): the group failed earlier: %s",
+                            kind_name(op->kind), (unsigned long long)op->seq, s->group_name,
+                            s->rank, s->poisoned ? s->poison_msg : "destroyed");
+        return;
+    }
+    struct tcp_op *o = calloc(1, sizeof *o);
+    if (o == NULL) {
+        c10d__work_complete(op->work, C10D_ENOMEM, "tcp %s seq %llu: out of memory",
+                            kind_name(op->kind), (unsigned long long)op->seq);
+        return;
+    }
+    o->s = s;
+    o->head = op;
+    o->work = op->work;
+    o->start_ms = c10d__now_ms();
+    o->p2p = op->kind == C10D_OP_SEND || op->kind == C10D_OP_RECV;
+    if (c10d_work_on_complete(op->work, on_work_done, s) == 0)
+        s->refs++;
+    if (o->p2p) {
+        run_p2p(s, o);
+        return;
+    }
+    if (s->queue_tail != NULL)
+        s->queue_tail->next = o;
+    else
+        s->queue_head = o;
+    s->queue_tail = o;
+    start_next(s);
+}
+
+static void tcp_abort(void *state, int status, const char *reason)
+{
+    struct tcp_state *s = state;
+    group_fail(s, status < 0 ? status : C10D_EABORTED, "%s",
+               reason != NULL ? reason : "the group was aborted");
+}
+
+static void tcp_destroy(void *state)
+{
+    struct tcp_state *s = state;
+    if (!s->poisoned && (s->active != NULL || s->queue_head != NULL || s->p2p_ops != NULL))
+        group_fail(s, C10D_EABORTED, "the group was destroyed with operations pending");
+    s->destroyed = 1;
+    if (s->t != NULL)
+        c10d__tcp_transport_free(s->t);
+    s->t = NULL;
+    state_unref(s);
+}
+
+static uint32_t fnv1a(const char *str)
+{
+    uint32_t h = 2166136261u;
+    for (; str != NULL && *str; str++)
+        h = (h ^ (unsigned char)*str) * 16777619u;
+    return h;
+}
+
+int c10d__tcp_open(const struct c10d__backend_config *cfg, void **state, const char **address)
+{
+    *state = NULL;
+    if (cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size)
+        return c10d__fail(C10D_EINVAL, "tcp: rank %d is not in [0, %d)", cfg->rank, cfg->size);
+    struct tcp_state *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
+    s->rank = cfg->rank;
+    s->size = cfg->size;
+    s->group_name = strdup(cfg->group_name != NULL ? cfg->group_name : "0");
+    s->timeout_ms = cfg->timeout_ms;
+    s->refs = 1;
+    int64_t v;
+    v = c10d__env_int(C10D_ENV_TCP_RD_MAX);
+    s->tune.rd_max = v > 0 ? (size_t)v : 0;
+    v = c10d__env_int(C10D_ENV_TCP_RING_MIN);
+    s->tune.ring_min = v > 0 ? (size_t)v : 0;
+    v = c10d__env_int(C10D_ENV_TCP_SEGMENT);
+    s->tune.segment = v > 0 ? (size_t)v : 1u << 20;
+    struct c10d__tcp_transport_config tc = {
+        .rank = cfg->rank,
+        .size = cfg->size,
+        .group_id = fnv1a(cfg->group_name),
+        .lazy = c10d__env_bool(C10D_ENV_TCP_LAZY_INIT),
+        .eager_max = (size_t)(c10d__env_int(C10D_ENV_TCP_EAGER_MAX) > 0
+                                  ? c10d__env_int(C10D_ENV_TCP_EAGER_MAX)
+                                  : 0),
+        .socket_buffer = (int)c10d__env_int(C10D_ENV_TCP_SOCKET_BUFFER),
+        .timeout_ms = cfg->timeout_ms,
+        .on_error = on_transport_error,
+        .arg = s,
+    };
+    if (s->group_name == NULL) {
+        free(s);
+        return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
+    }
+    int rc = c10d__tcp_transport_new(&tc, &s->t);
+    if (rc < 0) {
+        free(s->group_name);
+        free(s);
+        return rc;
+    }
+    *state = s;
+    *address = c10d__tcp_transport_address(s->t);
+    return 0;
+}
+
+static void on_connected(void *arg, int status)
+{
+    struct tcp_state *s = arg;
+    void (*done)(void *, int) = s->connect_done;
+    s->connect_done = NULL;
+    if (done != NULL)
+        done(s->connect_arg, status);
+}
+
+int c10d__tcp_connect(void *state, const char *const *addrs, void (*done)(void *arg, int status),
+                      void *arg)
+{
+    struct tcp_state *s = state;
+    s->connect_done = done;
+    s->connect_arg = arg;
+    return c10d__tcp_transport_connect(s->t, addrs, on_connected, s);
+}
+
+static int tcp_create(const struct c10d__backend_config *cfg, void (*done)(void *arg, int status),
+                      void *arg, void **state)
+{
+    (void)done;
+    (void)arg;
+    (void)state;
+    if (cfg->store == NULL)
+        return c10d__fail(C10D_EINVAL, "tcp: connection setup needs a store");
+    return c10d__fail(C10D_EUNSUPPORTED, "tcp: connection setup through the store is not built");
+}
+
+const struct c10d__backend_vtable c10d__tcp_backend = {
+    .name = "tcp",
+    .check = tcp_check,
+    .create = tcp_create,
+    .run = tcp_run,
+    .abort = tcp_abort,
+    .destroy = tcp_destroy,
+};

@@ -1,0 +1,98 @@
+/* The tcp backend's transport: one TCP connection per peer pair on the engine
+ * loop, framed messages addressed by (peer, tag, sub), received straight into
+ * the posted buffer and sent from the caller's buffer (docs/tcp_backend.md).
+ *
+ * Everything here runs on the engine's loop thread. Transfers never fail one
+ * by one: any failure (a peer gone, a size mismatch, a timeout) is fatal for
+ * the whole transport, reported once through on_error, after which nothing
+ * completes and every posted transfer is simply dropped. */
+#ifndef C10D_BACKENDS_TCP_TRANSPORT_H
+#define C10D_BACKENDS_TCP_TRANSPORT_H
+
+#include "c10d.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+struct c10d__tcp_transport;
+
+/* One send or receive. Obtain with c10d__tcp_xfer_get, fill the public part,
+ * post; `done` runs once it completed (possibly inside the posting call when
+ * the data was already there), then the owner gives it back with
+ * c10d__tcp_xfer_put. */
+struct c10d__tcp_xfer {
+    int peer;        /* group rank; C10D_ANY_SOURCE for a P2P receive */
+    uint8_t kind;    /* the op kind (c10d__op_kind), checked against the sender's */
+    uint8_t p2p;     /* 1: user send/recv matched by (peer, tag) in order */
+    uint32_t sub;    /* collectives: which message of the op */
+    uint64_t tag;    /* collectives: the op's sequence number; P2P: the user tag */
+    void *buf;       /* send: the bytes; receive: where they go */
+    size_t len;      /* send: length; receive: capacity */
+    c10d_work *work; /* once complete (timed out), the buffer is no longer touched */
+    void (*done)(struct c10d__tcp_xfer *x);
+    void *ctx;
+    /* Set on completion of a receive. */
+    size_t received;
+    int source;
+    /* Transport's. */
+    struct c10d__tcp_xfer *next, *prev;
+    struct c10d__tcp_xfer *all_next, *out_next;
+    int list; /* which list it is on */
+    int state;
+    int writes;   /* uv_write requests in flight */
+    int released; /* given back while writes were in flight */
+    int cts_sent;
+    int out_which;     /* the write waiting for the connection */
+    uint32_t peer_sub; /* P2P: the sender's message id */
+    uint64_t order;    /* P2P receives: posting order */
+    uv_write_t ctl_req, data_req;
+    unsigned char ctl_hdr[24], data_hdr[24];
+};
+
+struct c10d__tcp_transport_config {
+    int rank;
+    int size;
+    uint32_t group_id;  /* both ends of a connection must agree (hash of the group name) */
+    int lazy;           /* connect to a peer on first use */
+    size_t eager_max;   /* collective messages up to this go without clear-to-send */
+    int socket_buffer;  /* SO_SNDBUF/SO_RCVBUF, 0: OS default */
+    int64_t timeout_ms; /* bounds connection setup */
+    /* Called once, on the first fatal error; the transport is closed right after. */
+    void (*on_error)(void *arg, int status, const char *message);
+    void *arg;
+};
+
+/* Binds a listening socket on the chosen interface (C10D_SOCKET_IFNAME,
+ * GLOO_SOCKET_IFNAME, the hostname's address, loopback). */
+int c10d__tcp_transport_new(const struct c10d__tcp_transport_config *cfg,
+                            struct c10d__tcp_transport **out);
+
+/* "host:port" others reach this rank at. */
+const char *c10d__tcp_transport_address(const struct c10d__tcp_transport *t);
+
+/* Starts connecting given every rank's address (addrs[rank]); ready(arg, 0)
+ * once every peer is connected (at once when lazy), or ready(arg, status)
+ * with c10d_last_error set on failure or when cfg->timeout_ms passed. */
+int c10d__tcp_transport_connect(struct c10d__tcp_transport *t, const char *const *addrs,
+                                void (*ready)(void *arg, int status), void *arg);
+
+struct c10d__tcp_xfer *c10d__tcp_xfer_get(struct c10d__tcp_transport *t);
+void c10d__tcp_xfer_put(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x);
+
+void c10d__tcp_send(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x);
+void c10d__tcp_recv(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x);
+
+/* Fails the transport: tells every connected peer why (status and message
+ * travel in an abort frame so they fail the same way), closes every socket.
+ * on_error is not called. Idempotent. */
+void c10d__tcp_transport_fail(struct c10d__tcp_transport *t, int status, const char *message);
+
+/* 1 once failed or closed. */
+int c10d__tcp_transport_failed(const struct c10d__tcp_transport *t);
+
+/* Closes (failing if needed) and frees once every handle is closed. The
+ * transport must not be used afterwards. */
+void c10d__tcp_transport_free(struct c10d__tcp_transport *t);
+
+#endif

@@ -1,0 +1,340 @@
+/* tcp backend: transport and failure behaviour, with real processes on
+ * loopback (fork; addresses exchanged over pipes). */
+#include "tcp_harness.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+/* ----------------------------------------------------------- P2P basics */
+
+static int p2p_body(struct h_ctx *h, void *arg)
+{
+    size_t big = (size_t)(uintptr_t)arg;
+    int p = h->size, r = h->rank;
+    int right = (r + 1) % p, left = (r + p - 1) % p;
+    size_t sizes[] = {0, 1, 7, 4099, big};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        size_t n = sizes[si];
+        int32_t *out = malloc(n * 4 + 4), *in = malloc(n * 4 + 4);
+        for (size_t i = 0; i < n; i++)
+            out[i] = (int32_t)(r * 1000003 + (int)i);
+        /* Odd ranks receive first so a send is often posted before its
+         * receive and the other way round. */
+        struct c10d__op s = h_op_init(C10D_OP_SEND, n, C10D_INT32);
+        s.send = out;
+        s.peer = right;
+        s.tag = (int)si;
+        struct c10d__op rv = h_op_init(C10D_OP_RECV, n, C10D_INT32);
+        rv.recv = in;
+        rv.peer = left;
+        rv.tag = (int)si;
+        c10d_work *ws, *wr;
+        if (r % 2) {
+            wr = h_submit(h, &rv);
+            usleep(2000);
+            ws = h_submit(h, &s);
+        } else {
+            ws = h_submit(h, &s);
+            usleep(2000);
+            wr = h_submit(h, &rv);
+        }
+        int a = c10d_work_wait(wr, -1);
+        H_CHECK(h, a == 0, "recv of %zu failed: %s", n, c10d_last_error());
+        int b = c10d_work_wait(ws, -1);
+        H_CHECK(h, b == 0, "send of %zu failed: %s", n, c10d_last_error());
+        c10d_work_release(ws);
+        c10d_work_release(wr);
+        for (size_t i = 0; i < n; i++)
+            H_CHECK(h, in[i] == (int32_t)(left * 1000003 + (int)i), "size %zu: element %zu wrong",
+                    n, i);
+        free(out);
+        free(in);
+    }
+    return 0;
+}
+
+static void test_p2p(void **state)
+{
+    (void)state;
+    int st[8];
+    for (int n = 2; n <= 3; n++)
+        assert_int_equal(h_spawn(n, p2p_body, (void *)(uintptr_t)(3u << 20), 60, 30000, 0, st), 0);
+}
+
+/* Same tag, several messages in flight: they match in order. Different tags
+ * match by tag. A receive from any source reports the sender. */
+static int tags_body(struct h_ctx *h, void *arg)
+{
+    (void)arg;
+    int r = h->rank, p = h->size;
+    if (r != 0) {
+        int32_t v[3] = {r * 10 + 1, r * 10 + 2, r * 10 + 3};
+        c10d_work *w[3];
+        for (int i = 0; i < 3; i++) {
+            struct c10d__op s = h_op_init(C10D_OP_SEND, 1, C10D_INT32);
+            s.send = &v[i];
+            s.peer = 0;
+            s.tag = i == 2 ? 9 : 5;
+            w[i] = h_submit(h, &s);
+        }
+        for (int i = 0; i < 3; i++) {
+            H_CHECK(h, c10d_work_wait(w[i], -1) == 0, "send %d: %s", i, c10d_last_error());
+            c10d_work_release(w[i]);
+        }
+        return 0;
+    }
+    /* Tag 9 first: it overtakes the tag-5 messages that arrived before it. */
+    for (int q = 1; q < p; q++) {
+        int32_t got = 0;
+        struct c10d__op rv = h_op_init(C10D_OP_RECV, 1, C10D_INT32);
+        rv.recv = &got;
+        rv.peer = q;
+        rv.tag = 9;
+        H_CHECK(h, h_op(h, &rv) == 0, "recv tag 9: %s", c10d_last_error());
+        H_CHECK(h, got == q * 10 + 3, "tag 9 from %d: got %d", q, got);
+    }
+    int seen[64] = {0};
+    for (int i = 0; i < 2 * (p - 1); i++) {
+        int32_t got = 0;
+        struct c10d__op rv = h_op_init(C10D_OP_RECV, 1, C10D_INT32);
+        rv.recv = &got;
+        rv.peer = C10D_ANY_SOURCE;
+        rv.tag = 5;
+        c10d_work *w = h_submit(h, &rv);
+        H_CHECK(h, c10d_work_wait(w, -1) == 0, "recv any: %s", c10d_last_error());
+        int src = c10d_work_source_rank(w);
+        c10d_work_release(w);
+        H_CHECK(h, src >= 1 && src < p, "source rank %d", src);
+        H_CHECK(h, got == src * 10 + 1 + seen[src], "from %d: got %d, expected %d (in order)", src,
+                got, src * 10 + 1 + seen[src]);
+        seen[src]++;
+    }
+    return 0;
+}
+
+static void test_tags_and_any_source(void **state)
+{
+    (void)state;
+    int st[8];
+    assert_int_equal(h_spawn(4, tags_body, NULL, 60, 30000, 0, st), 0);
+}
+
+/* ------------------------------------------------------ size mismatches */
+
+static int oversize_body(struct h_ctx *h, void *arg)
+{
+    int collective = arg != NULL;
+    size_t mine = h->rank == 0 ? 1000 : 10;
+    float *buf = calloc(mine, sizeof(float));
+    int rc;
+    if (collective) {
+        struct c10d__op op = h_op_init(C10D_OP_ALL_REDUCE, mine, C10D_FLOAT32);
+        op.send = op.recv = buf;
+        op.redop = C10D_SUM;
+        rc = h_op(h, &op);
+    } else if (h->rank == 0) {
+        struct c10d__op op = h_op_init(C10D_OP_SEND, mine, C10D_FLOAT32);
+        op.send = buf;
+        op.peer = 1;
+        rc = h_op(h, &op);
+    } else {
+        struct c10d__op op = h_op_init(C10D_OP_RECV, mine, C10D_FLOAT32);
+        op.recv = buf;
+        op.peer = 0;
+        rc = h_op(h, &op);
+    }
+    const char *msg = c10d_last_error();
+    H_CHECK(h, rc < 0, "a size mismatch succeeded");
+    if (h->rank == 1) {
+        H_CHECK(h, rc == C10D_EINVAL, "status %s: %s", c10d_status_name(rc), msg);
+        H_CHECK(h, strstr(msg, "4000") != NULL && strstr(msg, "40") != NULL,
+                "message does not give the sizes: %s", msg);
+        if (collective)
+            H_CHECK(h, strstr(msg, "ALLREDUCE") && strstr(msg, "collective mismatch?"),
+                    "message: %s", msg);
+    }
+    /* The group is poisoned: the next op fails at once, naming the first error. */
+    struct c10d__op b = h_op_init(C10D_OP_BARRIER, 0, C10D_UINT8);
+    int rc2 = h_op(h, &b);
+    H_CHECK(h, rc2 < 0, "an op after the failure succeeded");
+    H_CHECK(h, strstr(c10d_last_error(), "failed earlier") != NULL, "poison message: %s",
+            c10d_last_error());
+    free(buf);
+    return 0;
+}
+
+static void test_oversize(void **state)
+{
+    (void)state;
+    int st[8];
+    assert_int_equal(h_spawn(2, oversize_body, NULL, 60, 30000, 0, st), 0);
+    assert_int_equal(h_spawn(2, oversize_body, (void *)1, 60, 30000, 0, st), 0);
+}
+
+/* --------------------------------------------------------------- faults */
+
+#define BIG_ELEMS ((size_t)16 << 20) /* 64 MiB of float32 */
+
+static int kill_body(struct h_ctx *h, void *arg)
+{
+    (void)arg;
+    float *buf = malloc(BIG_ELEMS * sizeof(float));
+    for (size_t i = 0; i < BIG_ELEMS; i++)
+        buf[i] = 1.0f;
+    struct c10d__op op = h_op_init(C10D_OP_ALL_REDUCE, BIG_ELEMS, C10D_FLOAT32);
+    op.send = op.recv = buf;
+    op.redop = C10D_SUM;
+    c10d_work *w = h_submit(h, &op);
+    if (h->rank == 1) {
+        usleep(3000); /* mid-transfer */
+        raise(SIGKILL);
+    }
+    int rc = c10d_work_wait(w, -1);
+    const char *msg = c10d_work_message(w);
+    H_CHECK(h, rc == C10D_ECLOSED, "expected C10D_ECLOSED, got %s: %s", c10d_status_name(rc), msg);
+    H_CHECK(h, strstr(msg, "rank 1") != NULL, "the message does not name rank 1: %s", msg);
+    c10d_work_release(w);
+    free(buf);
+    return 0;
+}
+
+static void test_peer_killed(void **state)
+{
+    (void)state;
+    int st[8];
+    for (int n = 2; n <= 3; n++) {
+        assert_int_equal(h_spawn(n, kill_body, NULL, 120, 600000, 1u << 1, st), 0);
+        assert_true(WIFSIGNALED(st[1]));
+    }
+}
+
+static int stall_body(struct h_ctx *h, void *arg)
+{
+    (void)arg;
+    float buf[64] = {0};
+    /* One good op first: the stall happens in an established group. */
+    struct c10d__op op = h_op_init(C10D_OP_ALL_REDUCE, 64, C10D_FLOAT32);
+    op.send = op.recv = buf;
+    op.redop = C10D_SUM;
+    H_CHECK(h, h_op(h, &op) == 0, "first all_reduce: %s", c10d_last_error());
+    if (h->rank == 1)
+        raise(SIGSTOP);
+    h->timeout_ms = 1500;
+    struct c10d__op op2 = op;
+    int rc = h_op(h, &op2);
+    H_CHECK(h, rc == C10D_ETIMEDOUT, "expected C10D_ETIMEDOUT, got %s: %s", c10d_status_name(rc),
+            c10d_last_error());
+    /* Poisoned afterwards: fails fast with the original reason. */
+    struct c10d__op op3 = op;
+    rc = h_op(h, &op3);
+    H_CHECK(h, rc == C10D_ETIMEDOUT && strstr(c10d_last_error(), "failed earlier"),
+            "after the timeout: %s: %s", c10d_status_name(rc), c10d_last_error());
+    return 0;
+}
+
+static void test_peer_stalled(void **state)
+{
+    (void)state;
+    int st[8];
+    for (int n = 2; n <= 3; n++)
+        assert_int_equal(h_spawn(n, stall_body, NULL, 60, 30000, 1u << 1, st), 0);
+}
+
+/* abort with ops in flight: they fail with the reason, promptly. */
+struct abort_args {
+    void *state;
+};
+
+static void abort_fn(void *p)
+{
+    c10d__tcp_backend.abort(p, C10D_EABORTED, "test abort");
+}
+
+static int abort_body(struct h_ctx *h, void *arg)
+{
+    (void)arg;
+    if (h->rank == 0) {
+        float buf[16] = {0};
+        struct c10d__op op = h_op_init(C10D_OP_ALL_REDUCE, 16, C10D_FLOAT32);
+        op.send = op.recv = buf;
+        op.redop = C10D_SUM;
+        c10d_work *w = h_submit(h, &op); /* rank 1 never joins */
+        struct c10d__op op2 = h_op_init(C10D_OP_RECV, 16, C10D_FLOAT32);
+        op2.recv = buf;
+        op2.peer = 1;
+        c10d_work *w2 = h_submit(h, &op2);
+        usleep(50000);
+        h_on_loop(abort_fn, h->state);
+        H_CHECK(h, c10d_work_wait(w, -1) == C10D_EABORTED, "pending collective: %s",
+                c10d_last_error());
+        H_CHECK(h, strstr(c10d_work_message(w), "test abort") != NULL, "message: %s",
+                c10d_work_message(w));
+        H_CHECK(h, c10d_work_wait(w2, -1) == C10D_EABORTED, "pending recv: %s", c10d_last_error());
+        c10d_work_release(w);
+        c10d_work_release(w2);
+        return 0;
+    }
+    /* Rank 1 learns through the abort frame or the closed connection. */
+    float buf[16];
+    struct c10d__op op = h_op_init(C10D_OP_RECV, 16, C10D_FLOAT32);
+    op.recv = buf;
+    op.peer = 0;
+    op.tag = 3;
+    int rc = h_op(h, &op);
+    H_CHECK(h, rc == C10D_EABORTED || rc == C10D_ECLOSED, "rank 1: %s: %s", c10d_status_name(rc),
+            c10d_last_error());
+    return 0;
+}
+
+static void test_abort(void **state)
+{
+    (void)state;
+    int st[8];
+    assert_int_equal(h_spawn(2, abort_body, NULL, 60, 30000, 0, st), 0);
+}
+
+/* Lazy connections: only the pairs that talk connect, on first use. */
+static int lazy_body(struct h_ctx *h, void *arg)
+{
+    (void)arg;
+    int32_t v = h->rank, got = -1;
+    if (h->rank >= 2)
+        return 0; /* never talk */
+    struct c10d__op s = h_op_init(C10D_OP_SEND, 1, C10D_INT32);
+    s.send = &v;
+    s.peer = 1 - h->rank;
+    struct c10d__op rv = h_op_init(C10D_OP_RECV, 1, C10D_INT32);
+    rv.recv = &got;
+    rv.peer = 1 - h->rank;
+    c10d_work *ws = h_submit(h, &s), *wr = h_submit(h, &rv);
+    H_CHECK(h, c10d_work_wait(ws, -1) == 0, "send: %s", c10d_last_error());
+    H_CHECK(h, c10d_work_wait(wr, -1) == 0, "recv: %s", c10d_last_error());
+    H_CHECK(h, got == 1 - h->rank, "got %d", got);
+    c10d_work_release(ws);
+    c10d_work_release(wr);
+    return 0;
+}
+
+static void test_lazy(void **state)
+{
+    (void)state;
+    int st[8];
+    setenv("C10D_TCP_LAZY_INIT", "1", 1);
+    int rc = h_spawn(4, lazy_body, NULL, 60, 30000, 0, st);
+    unsetenv("C10D_TCP_LAZY_INIT");
+    assert_int_equal(rc, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_p2p),          cmocka_unit_test(test_tags_and_any_source),
+        cmocka_unit_test(test_oversize),     cmocka_unit_test(test_peer_killed),
+        cmocka_unit_test(test_peer_stalled), cmocka_unit_test(test_abort),
+        cmocka_unit_test(test_lazy),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
