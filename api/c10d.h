@@ -468,7 +468,8 @@ typedef struct c10d_rendezvous_opts {
     int external_store;
     /* Skip the store-based barrier after rendezvous. */
     int no_barrier;
-    /* rank / world_size when the URL does not carry them (-1 / 0: unset). */
+    /* With world_size > 0: rank and world_size for what the URL (or, for
+     * env://, the environment) does not give. Zero: unset. */
     int rank;
     int world_size;
     int dialect; /* c10d_store_dialect for TCP [AUTO] */

@@ -1,0 +1,389 @@
+/* Rendezvous (SEMANTICS.md section 1): a URL becomes a store, a rank and a
+ * world size; rank 0 hosts the store on the engine's loop unless told
+ * otherwise; the store-based barrier of init_process_group. */
+#include "c10d.h"
+
+#include "engine/env.h"
+#include "engine/error.h"
+#include "engine/log.h"
+#include "engine/loop.h"
+#include "store_server/server.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_TIMEOUT_MS 300000
+#define BARRIER_LOG_MS     10000
+
+/* ----------------------------------------------------- embedded servers */
+
+/* Servers hosted by this process, one per port, kept until c10d_shutdown:
+ * other ranks may still use the store after rank 0 released its handle. */
+struct hosted {
+    struct c10d__store_server *server;
+    int port;
+    struct hosted *next;
+};
+
+static struct hosted *hosted_list; /* loop thread only */
+static struct c10d__shutdown_hook hosted_hook;
+static int hosted_hook_registered;
+
+static void stop_hosted(struct c10d__shutdown_hook *hook)
+{
+    (void)hook;
+    hosted_hook_registered = 0;
+    while (hosted_list) {
+        struct hosted *h = hosted_list;
+        hosted_list = h->next;
+        c10d__store_server_stop(h->server, NULL, NULL);
+        free(h);
+    }
+}
+
+struct host_call {
+    uv_mutex_t mutex;
+    uv_cond_t cond;
+    int done;
+    int port;
+    int world_size;
+    int rc;
+    char message[512];
+};
+
+static void host_on_loop(void *arg)
+{
+    struct host_call *c = arg;
+    int rc = 0;
+    for (struct hosted *h = hosted_list; h; h = h->next)
+        if (h->port == c->port)
+            goto out; /* already serving (a second rendezvous in this process) */
+    struct c10d__store_server_opts o = {.host = NULL, .port = c->port, .world_size = c->world_size};
+    struct hosted *h = calloc(1, sizeof *h);
+    if (!h) {
+        rc = c10d__fail(C10D_ENOMEM, "out of memory");
+        goto out;
+    }
+    rc = c10d__store_server_start(c10d__engine_loop(), &o, &h->server);
+    if (rc < 0) {
+        free(h);
+        goto out;
+    }
+    h->port = c10d__store_server_port(h->server);
+    h->next = hosted_list;
+    hosted_list = h;
+    if (!hosted_hook_registered) {
+        hosted_hook.fn = stop_hosted;
+        c10d__engine_on_shutdown(&hosted_hook);
+        hosted_hook_registered = 1;
+    }
+out:
+    uv_mutex_lock(&c->mutex);
+    c->rc = rc;
+    if (rc < 0)
+        snprintf(c->message, sizeof c->message, "%s", c10d_last_error());
+    c->done = 1;
+    uv_cond_signal(&c->cond);
+    uv_mutex_unlock(&c->mutex);
+}
+
+static int host_store(int port, int world_size)
+{
+    struct host_call c = {.port = port, .world_size = world_size};
+    uv_mutex_init(&c.mutex);
+    uv_cond_init(&c.cond);
+    int rc = c10d__engine_call(host_on_loop, &c);
+    if (rc == 0) {
+        /* The task runs promptly: starting a server does not block. */
+        uv_mutex_lock(&c.mutex);
+        while (!c.done)
+            uv_cond_wait(&c.cond, &c.mutex);
+        uv_mutex_unlock(&c.mutex);
+        rc = c.rc;
+    }
+    uv_mutex_destroy(&c.mutex);
+    uv_cond_destroy(&c.cond);
+    if (rc < 0)
+        return c10d__fail(rc, "rendezvous: rank 0 cannot host the store on port %d: %s", port,
+                          c.message);
+    return 0;
+}
+
+/* ------------------------------------------------------------ URL parsing */
+
+struct url {
+    char scheme[8]; /* "env", "tcp", "file" */
+    char host[256];
+    int port;
+    char path[1024];
+    int rank;
+    int world_size;
+    int has_rank, has_world_size;
+};
+
+static int parse_int(const char *text, size_t len, long lo, long hi, long *out)
+{
+    char buf[32];
+    if (len == 0 || len >= sizeof buf)
+        return -1;
+    memcpy(buf, text, len);
+    buf[len] = 0;
+    char *end;
+    errno = 0;
+    long v = strtol(buf, &end, 10);
+    if (errno || *end || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_query(const char *url, const char *q, struct url *u)
+{
+    while (q && *q) {
+        const char *amp = strchr(q, '&');
+        size_t len = amp ? (size_t)(amp - q) : strlen(q);
+        const char *eq = memchr(q, '=', len);
+        long v;
+        if (!eq)
+            return c10d__fail(C10D_EINVAL, "rendezvous %s: malformed query parameter '%.*s'", url,
+                              (int)len, q);
+        size_t klen = (size_t)(eq - q), vlen = len - klen - 1;
+        if (klen == 4 && !strncmp(q, "rank", 4)) {
+            if (parse_int(eq + 1, vlen, 0, INT32_MAX, &v) < 0)
+                return c10d__fail(C10D_EINVAL, "rendezvous %s: rank '%.*s' is not an integer >= 0",
+                                  url, (int)vlen, eq + 1);
+            u->rank = (int)v;
+            u->has_rank = 1;
+        } else if (klen == 10 && !strncmp(q, "world_size", 10)) {
+            if (parse_int(eq + 1, vlen, 1, INT32_MAX, &v) < 0)
+                return c10d__fail(C10D_EINVAL,
+                                  "rendezvous %s: world_size '%.*s' is not an integer > 0", url,
+                                  (int)vlen, eq + 1);
+            u->world_size = (int)v;
+            u->has_world_size = 1;
+        } else {
+            /* torch ignores what it does not know; say so. */
+            C10D_WARN("rendezvous", "%s: ignoring query parameter '%.*s'", url, (int)klen, q);
+        }
+        q = amp ? amp + 1 : NULL;
+    }
+    return 0;
+}
+
+static int parse_url(const char *url, struct url *u)
+{
+    memset(u, 0, sizeof *u);
+    const char *sep = strstr(url, "://");
+    if (!sep || sep == url || (size_t)(sep - url) >= sizeof u->scheme)
+        return c10d__fail(C10D_EINVAL,
+                          "rendezvous: malformed URL '%s' (expected env://, tcp://host:port or "
+                          "file:///path)",
+                          url);
+    memcpy(u->scheme, url, (size_t)(sep - url));
+    const char *rest = sep + 3;
+    const char *q = strchr(rest, '?');
+    size_t rlen = q ? (size_t)(q - rest) : strlen(rest);
+    if (!strcmp(u->scheme, "env")) {
+        if (rlen)
+            return c10d__fail(C10D_EINVAL, "rendezvous %s: env:// takes no address", url);
+    } else if (!strcmp(u->scheme, "tcp")) {
+        const char *colon;
+        const char *hs = rest, *he;
+        if (*rest == '[') { /* [v6]:port */
+            he = memchr(rest, ']', rlen);
+            if (!he)
+                return c10d__fail(C10D_EINVAL, "rendezvous %s: unterminated '['", url);
+            hs = rest + 1;
+            colon = he + 1 < rest + rlen && he[1] == ':' ? he + 1 : NULL;
+        } else {
+            colon = NULL;
+            for (const char *p = rest; p < rest + rlen; p++)
+                if (*p == ':')
+                    colon = p;
+            he = colon ? colon : rest + rlen;
+        }
+        long port;
+        if (!colon || parse_int(colon + 1, (size_t)(rest + rlen - colon - 1), 1, 65535, &port) < 0)
+            return c10d__fail(C10D_EINVAL,
+                              "rendezvous %s: expected tcp://host:port (port 1..65535)", url);
+        if (he == hs || (size_t)(he - hs) >= sizeof u->host)
+            return c10d__fail(C10D_EINVAL, "rendezvous %s: missing or overlong host", url);
+        memcpy(u->host, hs, (size_t)(he - hs));
+        u->port = (int)port;
+    } else if (!strcmp(u->scheme, "file")) {
+        if (rlen == 0 || rlen >= sizeof u->path || rest[0] != '/')
+            return c10d__fail(C10D_EINVAL, "rendezvous %s: expected file:///absolute/path", url);
+        memcpy(u->path, rest, rlen);
+    } else {
+        return c10d__fail(C10D_EINVAL,
+                          "rendezvous: unknown scheme '%s' in '%s' (expected env, tcp or file)",
+                          u->scheme, url);
+    }
+    return parse_query(url, q ? q + 1 : NULL, u);
+}
+
+static int env_int(enum c10d__env_id id, const char *name, long lo, long hi, long *out)
+{
+    const char *v = c10d__env_str(id);
+    if (!v || !*v)
+        return c10d__fail(C10D_EINVAL,
+                          "rendezvous env://: environment variable %s expected, but not set", name);
+    if (parse_int(v, strlen(v), lo, hi, out) < 0)
+        return c10d__fail(C10D_EINVAL, "rendezvous env://: %s='%s' is not a valid value", name, v);
+    return 0;
+}
+
+/* ------------------------------------------------------------ the barrier */
+
+int c10d_store_barrier(c10d_store *store, const char *name, int world_size, int64_t timeout_ms)
+{
+    if (!store || !name)
+        return c10d__fail(C10D_EINVAL, "store barrier: %s is NULL", !store ? "store" : "name");
+    if (world_size <= 0)
+        return c10d__fail(C10D_EINVAL, "store barrier: world_size must be > 0 (got %d)",
+                          world_size);
+    if (timeout_ms <= 0)
+        timeout_ms = c10d_store_timeout(store);
+    char key[512], last[600];
+    snprintf(key, sizeof key, "store_based_barrier_key:%s", name);
+    snprintf(last, sizeof last, "%s:last_worker", key);
+    int64_t joined = 0;
+    C10D_CHECK(c10d_store_add_sync(store, key, 1, NULL));
+    C10D_CHECK(c10d_store_add_sync(store, key, 0, &joined));
+    if (joined == world_size)
+        C10D_CHECK(c10d_store_set_sync(store, last, "1", 1));
+    /* torch: at least 10 s + 1 s per thousand ranks between progress lines */
+    int64_t interval = BARRIER_LOG_MS + world_size;
+    uint64_t start = c10d__now_ms();
+    const char *keys[] = {last};
+    for (;;) {
+        int64_t spent = (int64_t)(c10d__now_ms() - start);
+        int64_t slice = timeout_ms - spent < interval ? timeout_ms - spent : interval;
+        int rc = slice > 0 ? c10d_store_wait_sync(store, keys, 1, slice) : C10D_ETIMEDOUT;
+        if (rc == 0)
+            break;
+        if (rc != C10D_ETIMEDOUT)
+            return rc;
+        char err[300];
+        snprintf(err, sizeof err, "%s", c10d_last_error());
+        c10d_store_add_sync(store, key, 0, &joined);
+        spent = (int64_t)(c10d__now_ms() - start);
+        if (spent >= timeout_ms)
+            return c10d__fail(C10D_ETIMEDOUT,
+                              "Timed out initializing process group in store based barrier, for "
+                              "key: %s (world_size=%d, num_workers_joined=%" PRId64
+                              ", timeout=%" PRId64 " ms error=%s)",
+                              key, world_size, joined, timeout_ms, err);
+        C10D_INFO("rendezvous",
+                  "waiting in store based barrier for %.1f s: key %s (world_size=%d, "
+                  "num_workers_joined=%" PRId64 ", timeout=%" PRId64 " ms)",
+                  (double)spent / 1000, key, world_size, joined, timeout_ms);
+    }
+    C10D_DEBUG("rendezvous", "completed store based barrier for key %s with %d nodes", key,
+               world_size);
+    return 0;
+}
+
+/* ------------------------------------------------------------ rendezvous */
+
+int c10d_rendezvous(const char *url, const c10d_rendezvous_opts *opts, c10d_rendezvous_result *out)
+{
+    c10d_rendezvous_opts o;
+    memset(&o, 0, sizeof o);
+    if (opts)
+        o = *opts;
+    if (!out)
+        return c10d__fail(C10D_EINVAL, "rendezvous: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (!url || !*url)
+        url = "env://";
+    if (o.timeout_ms < 0)
+        return c10d__fail(C10D_EINVAL, "rendezvous: timeout_ms must be >= 0");
+    if (!o.timeout_ms)
+        o.timeout_ms = DEFAULT_TIMEOUT_MS;
+    if (c10d__on_loop_thread())
+        return c10d__fail(C10D_EDEADLK, "rendezvous: called on the loop thread");
+    struct url u;
+    C10D_CHECK(parse_url(url, &u));
+    if (o.world_size > 0) { /* the caller's rank/world_size fill what the URL lacks */
+        if (!u.has_rank) {
+            u.rank = o.rank;
+            u.has_rank = 1;
+        }
+        if (!u.has_world_size) {
+            u.world_size = o.world_size;
+            u.has_world_size = 1;
+        }
+    }
+    int agent = 0;
+    if (!strcmp(u.scheme, "env")) {
+        long v;
+        /* torch reads os.environ at init time: so do we. */
+        c10d__env_reload();
+        const char *addr = c10d__env_str(C10D_ENV_MASTER_ADDR);
+        if (!addr || !*addr)
+            return c10d__fail(C10D_EINVAL, "rendezvous env://: environment variable MASTER_ADDR "
+                                           "expected, but not set");
+        C10D_CHECK(env_int(C10D_ENV_MASTER_PORT, "MASTER_PORT", 1, 65535, &v));
+        snprintf(u.host, sizeof u.host, "%s", addr);
+        u.port = (int)v;
+        if (!u.has_rank) {
+            C10D_CHECK(env_int(C10D_ENV_RANK, "RANK", 0, INT32_MAX, &v));
+            u.rank = (int)v;
+            u.has_rank = 1;
+        }
+        if (!u.has_world_size) {
+            C10D_CHECK(env_int(C10D_ENV_WORLD_SIZE, "WORLD_SIZE", 1, INT32_MAX, &v));
+            u.world_size = (int)v;
+            u.has_world_size = 1;
+        }
+        const char *a = c10d__env_str(C10D_ENV_USE_AGENT_STORE);
+        agent = a && *a && c10d__env_bool(C10D_ENV_USE_AGENT_STORE);
+    }
+    if (!u.has_rank)
+        return c10d__fail(C10D_EINVAL, "rendezvous %s: rank parameter missing", url);
+    if (!u.has_world_size)
+        return c10d__fail(C10D_EINVAL, "rendezvous %s: world_size parameter missing", url);
+    if (u.rank >= u.world_size)
+        return c10d__fail(C10D_EINVAL, "rendezvous %s: rank %d is out of range for world_size %d",
+                          url, u.rank, u.world_size);
+
+    c10d_store *base = NULL;
+    if (!strcmp(u.scheme, "file")) {
+        C10D_CHECK(c10d_store_file_open(u.path, u.world_size, &base));
+        c10d_store_set_timeout(base, o.timeout_ms);
+    } else {
+        int hosting = u.rank == 0 && !o.external_store && !agent;
+        if (hosting)
+            C10D_CHECK(host_store(u.port, u.world_size));
+        c10d_store_tcp_opts to = {.timeout_ms = o.timeout_ms,
+                                  .dialect = o.dialect,
+                                  .world_size = u.world_size,
+                                  .wait_for_workers = hosting};
+        int rc = c10d_store_tcp_connect(u.host, u.port, &to, &base);
+        if (rc < 0)
+            return c10d__fail(rc, "rendezvous %s (rank %d of %d): %s", url, u.rank, u.world_size,
+                              c10d_last_error());
+    }
+    c10d_store *store = NULL;
+    int rc = c10d_store_prefix(base, "default_pg", &store);
+    c10d_store_release(base);
+    if (rc < 0)
+        return rc;
+    if (!o.no_barrier) {
+        rc = c10d_store_barrier(store, "0", u.world_size, o.timeout_ms);
+        if (rc < 0) {
+            char msg[700];
+            snprintf(msg, sizeof msg, "%s", c10d_last_error());
+            c10d_store_release(store);
+            return c10d__fail(rc, "rendezvous %s (rank %d): %s", url, u.rank, msg);
+        }
+    }
+    out->store = store;
+    out->rank = u.rank;
+    out->world_size = u.world_size;
+    return 0;
+}
