@@ -4,6 +4,7 @@
  *
  * Subcommands live in one dispatch table; the client ones (ping, set, get,
  * ...) plug in there, built on the library's TCP store client. */
+#include "store_server/c10d_store_client.h"
 #include "store_server/server.h"
 
 #include "engine/log.h"
@@ -289,6 +290,22 @@ struct subcommand {
  * compare-set queue-push queue-pop queue-len barrier stats) go here. */
 static const struct subcommand subcommands[] = {
     {"serve", cmd_serve, "run a store server (both PyTorch TCPStore dialects)"},
+    /* client subcommands: c10d_store_client.c */
+    {"ping", c10d__store_cli_run, "check that a server answers; round trip"},
+    {"set", c10d__store_cli_run, "KEY VALUE"},
+    {"get", c10d__store_cli_run, "KEY (waits for it up to the timeout)"},
+    {"add", c10d__store_cli_run, "KEY [DELTA]: add to a counter, print the new value"},
+    {"wait", c10d__store_cli_run, "KEY...: wait until every key exists"},
+    {"check", c10d__store_cli_run, "KEY...: whether every key exists"},
+    {"delete", c10d__store_cli_run, "KEY"},
+    {"num-keys", c10d__store_cli_run, "number of keys"},
+    {"keys", c10d__store_cli_run, "list keys (servers with LIST_KEYS)"},
+    {"compare-set", c10d__store_cli_run, "KEY EXPECTED DESIRED"},
+    {"queue-push", c10d__store_cli_run, "KEY VALUE"},
+    {"queue-pop", c10d__store_cli_run, "KEY [--block]"},
+    {"queue-len", c10d__store_cli_run, "KEY"},
+    {"barrier", c10d__store_cli_run, "NAME WORLD_SIZE: torch's store-based barrier"},
+    {"stats", c10d__store_cli_run, "what a client sees: dialect, keys, round trip (JSON)"},
 };
 
 static void usage(FILE *f)
