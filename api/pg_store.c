@@ -9,31 +9,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Until every backend lands in the build, a missing one is a clear error
- * instead of a link failure. */
-#pragma weak c10d__tcp_backend
 #ifdef C10D_HAVE_NCCL
+/* The NCCL backend is optional within a CUDA build while it is being written. */
 #pragma weak c10d__nccl_backend
 #endif
-/* Likewise the client stores and the rendezvous, landing beside this file. */
-#pragma weak c10d_rendezvous
-#pragma weak c10d_store_prefix
-#pragma weak c10d_store_retain
-#pragma weak c10d_store_release
-#pragma weak c10d_store_barrier
-
-#define NEED(fn)                                                                                   \
-    do {                                                                                           \
-        if (&fn == NULL)                                                                           \
-            return c10d__fail(C10D_EUNSUPPORTED, #fn " is not built into this library");           \
-    } while (0)
 
 int c10d__pg_find_backend(const char *name, const struct c10d__backend_vtable **out)
 {
     *out = NULL;
     if (strcmp(name, "tcp") == 0 || strcmp(name, "gloo") == 0) {
-        if (&c10d__tcp_backend == NULL)
-            return c10d__fail(C10D_EUNSUPPORTED, "backend \"tcp\" is not built into this library");
         *out = &c10d__tcp_backend;
         return 0;
     }
@@ -121,7 +105,6 @@ int c10d__pg_rendezvous(const char *url, int rank, int world_size, int64_t timeo
     ro.world_size = world_size > 0 ? world_size : 0;
     c10d_rendezvous_result res;
     memset(&res, 0, sizeof res);
-    NEED(c10d_rendezvous);
     C10D_CHECK(c10d_rendezvous(url, &ro, &res));
     *store = res.store;
     *rank_out = res.rank;
@@ -135,19 +118,18 @@ int c10d__pg_store_prefix(c10d_store *base, const char *prefix, c10d_store **out
         *out = NULL;
         return 0;
     }
-    NEED(c10d_store_prefix);
     return c10d_store_prefix(base, prefix, out);
 }
 
 void c10d__pg_store_retain(c10d_store *store)
 {
-    if (store != NULL && &c10d_store_retain != NULL)
+    if (store != NULL)
         c10d_store_retain(store);
 }
 
 void c10d__pg_store_release(c10d_store *store)
 {
-    if (store != NULL && &c10d_store_release != NULL)
+    if (store != NULL)
         c10d_store_release(store);
 }
 
@@ -155,6 +137,5 @@ int c10d__pg_store_barrier(c10d_store *store, const char *name, int world_size, 
 {
     if (store == NULL)
         return 0;
-    NEED(c10d_store_barrier);
     return c10d_store_barrier(store, name, world_size, timeout_ms);
 }
