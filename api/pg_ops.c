@@ -96,6 +96,15 @@ static void run_task(struct c10d__task *t)
     op_unref(po);
 }
 
+/* The work's last callback: by now every callback registered before
+ * completion (the backend's own included) has run, so the record can go. */
+static void op_final(c10d_work *w, int status, void *arg)
+{
+    (void)status;
+    c10d_work_release(w);
+    op_unref(arg);
+}
+
 static void op_done(c10d_work *w, int status, void *arg)
 {
     struct c10d__pg_op *po = arg;
@@ -106,8 +115,8 @@ static void op_done(c10d_work *w, int status, void *arg)
     if (--pg->pending == 0)
         uv_cond_broadcast(&pg->idle_cond);
     uv_mutex_unlock(&pg->mutex);
-    c10d_work_release(w);
-    op_unref(po);
+    if (c10d_work_on_complete(w, op_final, po) != 0)
+        op_final(w, status, po);
 }
 
 void c10d__pg_poison(c10d_pg *pg, int status, const char *message)
