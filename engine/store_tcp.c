@@ -207,15 +207,17 @@ static void close_timers(struct tcp_store *ts)
 static void timeout_message(struct tcp_store *ts, struct c10d__store_op *op, char *buf, size_t len)
 {
     if (ts->state != ST_READY && ts->attempts > 0) {
-        if (ts->last_error[0])
-            snprintf(
-                buf, len, "store tcp %s %s: could not connect within %lld ms: %s after %d attempts",
-                ts->name, op_name(op), (long long)op->timeout_ms, ts->last_error, ts->attempts);
-        else
+        if (ts->last_error[0]) {
+            snprintf(buf, len,
+                     "store tcp %s %s: could not connect within %lld ms: %s after %d attempts",
+                     ts->name, op_name(op), (long long)op->timeout_ms, ts->last_error,
+                     ts->attempts);
+        } else {
             snprintf(buf, len,
                      "store tcp %s %s: could not connect within %lld ms (%d attempts, the last "
                      "one still in progress)",
                      ts->name, op_name(op), (long long)op->timeout_ms, ts->attempts);
+        }
         return;
     }
     const struct c10d__store_str *keys;
@@ -243,7 +245,7 @@ static void on_tick(uv_timer_t *t)
 {
     struct tcp_store *ts = t->data;
     uint64_t now = c10d__now_ms();
-    char msg[512];
+    char msg[1024];
     /* queued ops (not on the wire: nothing to undo) */
     for (struct c10d__store_op **pp = &ts->head; *pp;) {
         struct c10d__store_op *op = *pp;
