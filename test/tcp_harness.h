@@ -224,6 +224,12 @@ static int h_child(int rank, int size, int up, int down, h_body body, void *arg,
         return 2;
     }
     struct h_ctx h = {rank, size, oa.state, 0, 0, timeout_ms};
+    /* Everyone connected before any body starts (a body may kill its rank). */
+    struct c10d__op b = h_op_init(C10D_OP_BARRIER, 0, C10D_UINT8);
+    if (h_op(&h, &b) != 0) {
+        fprintf(stderr, "[rank %d] first barrier failed: %s\n", rank, c10d_last_error());
+        return 2;
+    }
     int rc = body(&h, arg);
     h_on_loop(h_destroy_fn, oa.state);
     for (int r = 0; r < size; r++)
@@ -328,6 +334,12 @@ static int h_spawn(int size, h_body body, void *arg, int timeout_s, int64_t op_t
     for (int r = 0; r < size; r++) {
         close(ups[r]);
         close(downs[r]);
+        if (failed && !(may_hang & (1u << r)))
+            fprintf(stderr, "h_spawn: rank %d: %s %d\n", r,
+                    status[r] == -1          ? "not started"
+                    : WIFSIGNALED(status[r]) ? "killed by signal"
+                                             : "exit code",
+                    WIFSIGNALED(status[r]) ? WTERMSIG(status[r]) : WEXITSTATUS(status[r]));
     }
     return failed ? -1 : 0;
 }

@@ -546,15 +546,129 @@ int c10d__tcp_connect(void *state, const char *const *addrs, void (*done)(void *
     return c10d__tcp_transport_connect(s->t, addrs, on_connected, s);
 }
 
+/* Connection setup through the store: each rank publishes "tcp/addr/<rank>"
+ * and reads everyone's (the store's wait bounds it), then connects. */
+struct exchange {
+    struct tcp_state *s;
+    c10d_store *store;
+    void (*done)(void *arg, int status);
+    void *arg;
+    int size;
+    char **keys;
+};
+
+static void exchange_free(struct exchange *x)
+{
+    if (x->keys != NULL)
+        for (int r = 0; r < x->size; r++)
+            free(x->keys[r]);
+    free(x->keys);
+    c10d_store_release(x->store);
+    state_unref(x->s);
+    free(x);
+}
+
+static void exchange_fail(struct exchange *x, int status, const char *what, const char *why)
+{
+    c10d__fail(status, "tcp: connection setup of group %s, rank %d: %s: %s", x->s->group_name,
+               x->s->rank, what, why);
+    x->done(x->arg, status);
+    exchange_free(x);
+}
+
+static void on_exchange_connected(void *arg, int status)
+{
+    struct exchange *x = arg;
+    x->done(x->arg, status);
+    exchange_free(x);
+}
+
+static void on_addrs(const c10d_store_result *res, void *arg)
+{
+    struct exchange *x = arg;
+    if (x->s->destroyed) {
+        exchange_fail(x, C10D_EABORTED, "reading the peers' addresses", "the group was closed");
+        return;
+    }
+    if (res->status < 0 || res->count != (size_t)x->size) {
+        exchange_fail(x, res->status < 0 ? res->status : C10D_EPROTO,
+                      "reading the peers' addresses from the store",
+                      res->status < 0 ? res->message : "wrong number of values");
+        return;
+    }
+    char **addrs = calloc((size_t)x->size, sizeof *addrs);
+    int ok = addrs != NULL;
+    for (int r = 0; ok && r < x->size; r++) {
+        addrs[r] = strndup(res->items[r].data, res->items[r].len);
+        ok = addrs[r] != NULL;
+    }
+    int rc = ok ? c10d__tcp_connect(x->s, (const char *const *)addrs, on_exchange_connected, x)
+                : c10d__fail(C10D_ENOMEM, "tcp: out of memory");
+    if (addrs != NULL)
+        for (int r = 0; r < x->size; r++)
+            free(addrs[r]);
+    free(addrs);
+    if (rc < 0)
+        exchange_fail(x, rc, "connecting", c10d_last_error());
+}
+
+static void on_addr_published(const c10d_store_result *res, void *arg)
+{
+    struct exchange *x = arg;
+    if (res->status < 0) {
+        exchange_fail(x, res->status, "publishing this rank's address", res->message);
+        return;
+    }
+    if (x->s->destroyed) {
+        exchange_fail(x, C10D_EABORTED, "publishing this rank's address", "the group was closed");
+        return;
+    }
+    int rc =
+        c10d_store_multi_get(x->store, (const char *const *)x->keys, (size_t)x->size, on_addrs, x);
+    if (rc < 0)
+        exchange_fail(x, rc, "reading the peers' addresses", c10d_last_error());
+}
+
 static int tcp_create(const struct c10d__backend_config *cfg, void (*done)(void *arg, int status),
                       void *arg, void **state)
 {
-    (void)done;
-    (void)arg;
-    (void)state;
+    *state = NULL;
     if (cfg->store == NULL)
         return c10d__fail(C10D_EINVAL, "tcp: connection setup needs a store");
-    return c10d__fail(C10D_EUNSUPPORTED, "tcp: connection setup through the store is not built");
+    const char *address;
+    void *st;
+    C10D_CHECK(c10d__tcp_open(cfg, &st, &address));
+    struct tcp_state *s = st;
+    struct exchange *x = calloc(1, sizeof *x);
+    if (x == NULL || (x->keys = calloc((size_t)cfg->size, sizeof *x->keys)) == NULL) {
+        free(x);
+        tcp_destroy(s);
+        return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
+    }
+    x->s = s;
+    x->store = cfg->store;
+    x->done = done;
+    x->arg = arg;
+    x->size = cfg->size;
+    s->refs++;
+    c10d_store_retain(cfg->store);
+    for (int r = 0; r < cfg->size; r++) {
+        if (asprintf(&x->keys[r], "tcp/addr/%d", r) < 0) {
+            x->keys[r] = NULL;
+            exchange_free(x);
+            tcp_destroy(s);
+            return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
+        }
+    }
+    int rc = c10d_store_set(cfg->store, x->keys[cfg->rank], address, strlen(address),
+                            on_addr_published, x);
+    if (rc < 0) {
+        exchange_free(x);
+        tcp_destroy(s);
+        return rc;
+    }
+    *state = s;
+    return 0;
 }
 
 const struct c10d__backend_vtable c10d__tcp_backend = {

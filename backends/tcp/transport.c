@@ -22,6 +22,8 @@
 #include <arpa/inet.h>
 #include <limits.h>
 #include <netdb.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +38,11 @@
 #define DIRECT_MIN       (16 * 1024)
 #define ABORT_MSG_MAX    1000
 #define CONNECT_RETRY_MS 10
+/* How long a broken connection waits for more news before the transport
+ * fails: when rank A dies, rank B may notice first and close its connection
+ * to us; waiting a moment lets our own connection to A report too, so the
+ * message names the rank that died, not only the one that gave up. */
+#define LOST_GRACE_MS 100
 
 enum frame_type { F_EAGER = 1, F_RTS, F_CTS, F_DATA, F_ABORT, F_BYE };
 enum { FLAG_P2P = 1 };
@@ -80,6 +87,7 @@ struct peer {
     uint32_t next_send_id;
     uint64_t retry_at;
     int gone; /* said goodbye (destroyed its group cleanly) */
+    int lost; /* its connection broke: the transport fails after the grace period */
 };
 
 struct conn {
@@ -117,7 +125,8 @@ struct c10d__tcp_transport {
     uv_loop_t *loop;
     uv_tcp_t listener;
     uv_timer_t deadline;
-    int listening, deadline_open;
+    uv_timer_t grace;
+    int listening, deadline_open, grace_open, grace_armed;
     int handles; /* open uv handles; freed once 0 after free was asked */
     int freeing;
     int failed;
@@ -148,6 +157,7 @@ static void conn_close(struct conn *c);
 static void peer_write(struct c10d__tcp_transport *t, struct peer *pe, struct c10d__tcp_xfer *x,
                        int which);
 static void peer_connect(struct c10d__tcp_transport *t, int rank);
+static void peer_lost(struct c10d__tcp_transport *t, int rank, int err);
 
 /* ------------------------------------------------------------ errors */
 
@@ -159,11 +169,6 @@ static void t_verror(struct c10d__tcp_transport *t, int status, const char *fmt,
     vsnprintf(msg, sizeof msg, fmt, ap);
     C10D_DEBUG("tcp", "rank %d: transport failed: %s", t->cfg.rank, msg);
     c10d__tcp_transport_fail(t, status, msg);
-    if (!t->ready_called && t->ready != NULL) {
-        t->ready_called = 1;
-        c10d__fail(status, "%s", msg);
-        t->ready(t->ready_arg, status);
-    }
     if (t->cfg.on_error != NULL)
         t->cfg.on_error(t->cfg.arg, status, msg);
 }
@@ -332,21 +337,15 @@ static void wire_encode(unsigned char *out, int type, int kind, int flags, uint3
     memcpy(out, &w, HDR_LEN);
 }
 
-static int status_of_uv(int err)
-{
-    return err == UV_EOF || err == UV_ECONNRESET || err == UV_EPIPE ? C10D_ECLOSED
-                                                                    : c10d__status_from_uv(err);
-}
-
 static void xfer_written(uv_write_t *req, int status, int which)
 {
     struct c10d__tcp_xfer *x = req->data;
     struct c10d__tcp_transport *t = ((struct conn *)req->handle->data)->t;
     x->writes--;
     if (status < 0 || x->released || t->failed) {
-        if (status < 0 && status != UV_ECANCELED)
-            t_error(t, status_of_uv(status), "tcp: write to rank %d failed: %s", x->peer,
-                    uv_strerror(status));
+        struct conn *c = req->handle->data;
+        if (status < 0 && status != UV_ECANCELED && c->rank >= 0)
+            peer_lost(t, c->rank, status);
         if (x->released && x->writes == 0)
             pool_push(t, x);
         return;
@@ -370,6 +369,8 @@ static void peer_write(struct c10d__tcp_transport *t, struct peer *pe, struct c1
 {
     if (t->failed)
         return;
+    if (pe->conn == NULL && pe->lost)
+        return; /* the transport is about to fail */
     if (pe->conn == NULL && pe->gone) {
         t_error(t, C10D_ECLOSED, "tcp: rank %d has left the group (it destroyed it)", pe->rank);
         return;
@@ -403,7 +404,7 @@ static void peer_write(struct c10d__tcp_transport *t, struct peer *pe, struct c1
                       which == W_CTL ? on_ctl_written : on_data_written);
     if (rc < 0) {
         x->writes--;
-        t_error(t, status_of_uv(rc), "tcp: write to rank %d failed: %s", pe->rank, uv_strerror(rc));
+        peer_lost(t, pe->rank, rc);
     }
 }
 
@@ -899,6 +900,36 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     *buf = uv_buf_init(c->staging, STAGING_LEN);
 }
 
+static void on_grace(uv_timer_t *tm)
+{
+    struct c10d__tcp_transport *t = tm->data;
+    char ranks[256] = "";
+    size_t off = 0;
+    int n = 0;
+    for (int r = 0; r < t->cfg.size && off < sizeof ranks - 16; r++)
+        if (t->peers[r].lost)
+            off += (size_t)snprintf(ranks + off, sizeof ranks - off, "%s%d", n++ ? ", " : "", r);
+    t_error(t, C10D_ECLOSED,
+            "tcp: connection to rank%s %s lost (the peer process died or left the group)",
+            n > 1 ? "s" : "", ranks);
+}
+
+static void peer_lost(struct c10d__tcp_transport *t, int rank, int err)
+{
+    if (t->failed)
+        return;
+    struct peer *pe = &t->peers[rank];
+    C10D_DEBUG("tcp", "rank %d: connection to rank %d lost: %s", t->cfg.rank, rank,
+               err == UV_EOF ? "closed by the peer" : uv_strerror(err));
+    pe->lost = 1;
+    if (pe->conn != NULL)
+        conn_close(pe->conn);
+    if (!t->grace_armed && t->grace_open) {
+        t->grace_armed = 1;
+        uv_timer_start(&t->grace, on_grace, LOST_GRACE_MS, 0);
+    }
+}
+
 static int peer_waited_on(const struct c10d__tcp_transport *t, const struct peer *pe)
 {
     return pe->recvs.head != NULL || pe->p2p_recvs.head != NULL || pe->sends.head != NULL ||
@@ -914,9 +945,7 @@ static void conn_lost(struct conn *c, ssize_t err)
         t_error(t, C10D_ECLOSED, "tcp: rank %d left the group while this rank waits on it",
                 c->rank);
     else if (c->state == C_READY)
-        t_error(t, C10D_ECLOSED,
-                "tcp: connection to rank %d lost: %s (the peer process died or left the group)",
-                c->rank, err == UV_EOF ? "closed by the peer" : uv_strerror((int)err));
+        peer_lost(t, c->rank, (int)err);
     else if (c->initiator && c->rank >= 0 && t->cfg.lazy)
         conn_close(c); /* the peer refused: its own connection wins */
     else if (c->initiator)
@@ -1110,7 +1139,7 @@ static int parse_addr(const char *text, struct sockaddr_storage *ss)
 static void peer_connect(struct c10d__tcp_transport *t, int rank)
 {
     struct peer *pe = &t->peers[rank];
-    if (t->failed || pe->conn != NULL || t->addrs == NULL)
+    if (t->failed || pe->conn != NULL || t->addrs == NULL || pe->lost)
         return;
     if (pe->connecting != NULL && (pe->retry_at == 0 || c10d__now_ms() < pe->retry_at))
         return;
@@ -1319,8 +1348,19 @@ int c10d__tcp_transport_new(const struct c10d__tcp_transport_config *cfg,
     }
     t->cfg = *cfg;
     t->loop = c10d__engine_loop();
+    /* A write to a peer that just died must be an EPIPE for us, not a SIGPIPE
+     * that kills the host program: the signal goes to the writing thread,
+     * which is this one, so block it here. */
+    sigset_t pipe_set;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, NULL);
     for (int r = 0; r < cfg->size; r++)
         t->peers[r].rank = r;
+    uv_timer_init(t->loop, &t->grace);
+    t->grace.data = t;
+    t->grace_open = 1;
+    t->handles++;
     int rc = start_listening(t);
     if (rc < 0) {
         c10d__tcp_transport_free(t);
@@ -1372,7 +1412,9 @@ int c10d__tcp_transport_connect(struct c10d__tcp_transport *t, const char *const
     /* The higher rank of each pair connects, so no two connections race. */
     for (int r = 0; r < t->cfg.rank; r++)
         peer_connect(t, r);
-    if (t->cfg.size == 1)
+    /* Peers may all have connected before we were asked (they only need our
+     * listening socket): then we are ready now, reported on a later turn. */
+    if (t->nready >= t->cfg.size - 1)
         uv_timer_start(&t->deadline, on_deadline, 0, 0);
     return 0;
 }
@@ -1380,6 +1422,16 @@ int c10d__tcp_transport_connect(struct c10d__tcp_transport *t, const char *const
 int c10d__tcp_transport_failed(const struct c10d__tcp_transport *t)
 {
     return t->failed;
+}
+
+/* Connection setup ends with the transport: its waiter hears why. */
+static void ready_fail(struct c10d__tcp_transport *t, int status, const char *message)
+{
+    if (t->ready_called || t->ready == NULL)
+        return;
+    t->ready_called = 1;
+    c10d__fail(status, "%s", message);
+    t->ready(t->ready_arg, status);
 }
 
 void c10d__tcp_transport_fail(struct c10d__tcp_transport *t, int status, const char *message)
@@ -1410,6 +1462,11 @@ void c10d__tcp_transport_fail(struct c10d__tcp_transport *t, int status, const c
         t->deadline_open = 0;
         uv_close((uv_handle_t *)&t->deadline, on_handle_closed);
     }
+    if (t->grace_open) {
+        t->grace_open = 0;
+        uv_close((uv_handle_t *)&t->grace, on_handle_closed);
+    }
+    ready_fail(t, status, message);
 }
 
 /* A clean goodbye: peers that still run ops among themselves carry on. */
@@ -1434,6 +1491,11 @@ static void transport_close_quietly(struct c10d__tcp_transport *t)
         t->deadline_open = 0;
         uv_close((uv_handle_t *)&t->deadline, on_handle_closed);
     }
+    if (t->grace_open) {
+        t->grace_open = 0;
+        uv_close((uv_handle_t *)&t->grace, on_handle_closed);
+    }
+    ready_fail(t, C10D_EABORTED, "tcp: the group was closed during connection setup");
 }
 
 void c10d__tcp_transport_free(struct c10d__tcp_transport *t)
