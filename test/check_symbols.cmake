@@ -16,6 +16,8 @@ foreach(lib ${LIB} ${STATIC})
       set(sym ${CMAKE_MATCH_1})
       if(sym MATCHES "^c10d_")
         math(EXPR good "${good}+1")
+      elseif(sym MATCHES "^(__odr_asan|__asan_|___asan_|__ubsan_|__tsan_|__sancov_)")
+        # instrumentation the sanitizer builds add; not ours to name
       elseif(NOT sym MATCHES "^(_init|_fini|_edata|_end|__bss_start|C10D_[0-9._A-Z]*|c10d\\.[a-z]*)$")
         list(APPEND bad ${sym})
       endif()

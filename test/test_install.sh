@@ -24,10 +24,10 @@ int main(void)
 }
 C
 export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig:$tmp/prefix/lib/x86_64-linux-gnu/pkgconfig"
-cc -std=c11 -Wall -Werror "$tmp/user.c" -o "$tmp/user_shared" $(pkg-config --cflags --libs c10d)
+cc -std=c11 -Wall -Werror ${USER_CFLAGS:-} "$tmp/user.c" -o "$tmp/user_shared" $(pkg-config --cflags --libs c10d)
 libdir=$(pkg-config --variable=libdir c10d)
 LD_LIBRARY_PATH="$libdir" "$tmp/user_shared"
-cc -std=c11 -Wall -Werror "$tmp/user.c" -o "$tmp/user_static" $(pkg-config --cflags c10d) \
+cc -std=c11 -Wall -Werror ${USER_CFLAGS:-} "$tmp/user.c" -o "$tmp/user_static" $(pkg-config --cflags c10d) \
     "$libdir/libc10d.a" $(pkg-config --static --libs-only-L --libs-only-other c10d) \
     $(pkg-config --static --libs c10d | tr ' ' '\n' | grep -v -- '-lc10d$' | tr '\n' ' ')
 "$tmp/user_static"
@@ -41,7 +41,8 @@ find_package(c10d REQUIRED)
 add_executable(user user.c)
 target_link_libraries(user PRIVATE c10d::c10d)
 CM
-cmake -S "$tmp/cm" -B "$tmp/cm/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" >/dev/null
+cmake -S "$tmp/cm" -B "$tmp/cm/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
+    -DCMAKE_C_FLAGS="${USER_CFLAGS:-}" -DCMAKE_EXE_LINKER_FLAGS="${USER_CFLAGS:-}" >/dev/null
 cmake --build "$tmp/cm/build" >/dev/null
 LD_LIBRARY_PATH="$libdir" "$tmp/cm/build/user"
 echo "install test: pkg-config (shared, static) and find_package all work"
