@@ -73,12 +73,13 @@ static int tags_body(struct h_ctx *h, void *arg)
     if (r != 0) {
         int32_t v[3] = {r * 10 + 1, r * 10 + 2, r * 10 + 3};
         c10d_work *w[3];
+        struct c10d__op s[3]; /* the backend reads them until they complete */
         for (int i = 0; i < 3; i++) {
-            struct c10d__op s = h_op_init(C10D_OP_SEND, 1, C10D_INT32);
-            s.send = &v[i];
-            s.peer = 0;
-            s.tag = i == 2 ? 9 : 5;
-            w[i] = h_submit(h, &s);
+            s[i] = h_op_init(C10D_OP_SEND, 1, C10D_INT32);
+            s[i].send = &v[i];
+            s[i].peer = 0;
+            s[i].tag = i == 2 ? 9 : 5;
+            w[i] = h_submit(h, &s[i]);
         }
         for (int i = 0; i < 3; i++) {
             H_CHECK(h, c10d_work_wait(w[i], -1) == 0, "send %d: %s", i, c10d_last_error());

@@ -40,6 +40,7 @@ struct tcp_op {
     int idx;
     int completed;
     int next_member; /* the current member finished; run the next one */
+    int any_source;  /* a single receive from any source: report the sender */
     uint64_t start_ms;
     struct c10d__tcp_coll coll;
 };
@@ -358,8 +359,7 @@ static void p2p_done(struct c10d__tcp_xfer *x)
 {
     struct tcp_op *o = x->ctx;
     struct tcp_state *s = o->s;
-    if (x->p2p && o->head->kind == C10D_OP_RECV && o->head->next == NULL &&
-        o->head->peer == C10D_ANY_SOURCE)
+    if (o->any_source)
         c10d__work_set_source_rank(o->work, x->source);
     c10d__tcp_xfer_put(s->t, x);
     if (--o->left == 0 && !o->completed)
@@ -371,6 +371,8 @@ static void run_p2p(struct tcp_state *s, struct tcp_op *o)
     o->next = s->p2p_ops;
     s->p2p_ops = o;
     o->left = 1; /* held until every member is posted */
+    o->any_source = o->head->kind == C10D_OP_RECV && o->head->next == NULL &&
+                    o->head->peer == C10D_ANY_SOURCE;
     for (struct c10d__op *op = o->head; op != NULL && !o->completed; op = op->next) {
         if (op->kind != C10D_OP_SEND && op->kind != C10D_OP_RECV) {
             group_fail(s, C10D_EUNSUPPORTED, "a batch of P2P ops holds a %s", kind_name(op->kind));
