@@ -120,10 +120,11 @@ struct h_run_args {
     struct c10d__op *op;
 };
 
-static void h_run_fn(void *p)
+static void h_run_async_fn(void *p)
 {
     struct h_run_args *a = p;
     c10d__tcp_backend.run(a->state, a->op);
+    free(a);
 }
 
 /* Submits op (numbered like the pg would) and returns its work, not waited for. */
@@ -138,8 +139,14 @@ static c10d_work *h_submit(struct h_ctx *h, struct c10d__op *op)
         op->seq = ++h->p2p_seq;
     else
         op->seq = ++h->seq;
-    struct h_run_args a = {h->state, op};
-    h_on_loop(h_run_fn, &a);
+    /* Posted without waiting for it to run, as the process group does. */
+    struct h_run_args *a = malloc(sizeof *a);
+    a->state = h->state;
+    a->op = op;
+    if (c10d__engine_call(h_run_async_fn, a) != 0) {
+        free(a);
+        c10d_work_complete(w, C10D_EABORTED, "cannot post to the engine");
+    }
     return w;
 }
 

@@ -178,7 +178,10 @@ static void op_complete(struct tcp_state *s, struct tcp_op *o, int status, const
         c10d__work_complete(o->work, status, "tcp %s seq %llu (group %s, rank %d): %s",
                             kind_name(o->head->kind), (unsigned long long)o->head->seq,
                             s->group_name, s->rank, msg);
-    schedule_advance(s);
+    /* o is freed by the next run or advance; the next queued op starts on a
+     * later turn, outside the frames that completed this one. */
+    if (s->queue_head != NULL)
+        schedule_advance(s);
 }
 
 static void group_fail(struct tcp_state *s, int status, const char *fmt, ...)
@@ -371,8 +374,8 @@ static void run_p2p(struct tcp_state *s, struct tcp_op *o)
     o->next = s->p2p_ops;
     s->p2p_ops = o;
     o->left = 1; /* held until every member is posted */
-    o->any_source = o->head->kind == C10D_OP_RECV && o->head->next == NULL &&
-                    o->head->peer == C10D_ANY_SOURCE;
+    o->any_source =
+        o->head->kind == C10D_OP_RECV && o->head->next == NULL && o->head->peer == C10D_ANY_SOURCE;
     for (struct c10d__op *op = o->head; op != NULL && !o->completed; op = op->next) {
         if (op->kind != C10D_OP_SEND && op->kind != C10D_OP_RECV) {
             group_fail(s, C10D_EUNSUPPORTED, "a batch of P2P ops holds a %s", kind_name(op->kind));
@@ -423,6 +426,7 @@ static int tcp_check(const struct c10d__op *op)
 static void tcp_run(void *state, struct c10d__op *op)
 {
     struct tcp_state *s = state;
+    free_dead(s); /* never called from inside an op's own frames */
     if (s->poisoned || s->destroyed) {
         c10d__work_complete(op->work, s->poisoned ? s->poison_status : C10D_EABORTED,
                             "tcp %s seq %llu (group %s, rank %d): the group failed earlier: %s",

@@ -43,6 +43,8 @@
  * to us; waiting a moment lets our own connection to A report too, so the
  * message names the rank that died, not only the one that gave up. */
 #define LOST_GRACE_MS 100
+#define IOV_PIECE     ((size_t)1 << 30)
+#define MAX_IOV       17
 
 enum frame_type { F_EAGER = 1, F_RTS, F_CTS, F_DATA, F_ABORT, F_BYE };
 enum { FLAG_P2P = 1 };
@@ -386,22 +388,56 @@ static void peer_write(struct c10d__tcp_transport *t, struct peer *pe, struct c1
         peer_connect(t, pe->rank);
         return;
     }
-    uv_buf_t b[2];
+    uv_buf_t b[MAX_IOV];
     unsigned n = 1;
+    size_t total = HDR_LEN;
     uv_write_t *req;
     if (which == W_CTL) {
         b[0] = uv_buf_init((char *)x->ctl_hdr, HDR_LEN);
         req = &x->ctl_req;
     } else {
         b[0] = uv_buf_init((char *)x->data_hdr, HDR_LEN);
-        if (x->len > 0)
-            b[n++] = uv_buf_init(x->buf, (unsigned)x->len);
+        /* uv_buf_t lengths are 32-bit: big payloads go as several pieces. */
+        for (size_t off = 0; off < x->len;) {
+            size_t piece = x->len - off < IOV_PIECE ? x->len - off : IOV_PIECE;
+            if (n == MAX_IOV) {
+                t_error(t, C10D_EUNSUPPORTED, "tcp: a message of %zu bytes is too large", x->len);
+                return;
+            }
+            b[n++] = uv_buf_init((char *)x->buf + off, (unsigned)piece);
+            off += piece;
+        }
+        total += x->len;
         req = &x->data_req;
+    }
+    uv_stream_t *stream = (uv_stream_t *)&pe->conn->tcp;
+    /* Nothing queued: write now, and if it all went out, the send is done
+     * without waiting for a write callback on a later loop turn. */
+    if (uv_stream_get_write_queue_size(stream) == 0) {
+        int w = uv_try_write(stream, b, n);
+        if (w < 0 && w != UV_EAGAIN) {
+            peer_lost(t, pe->rank, w);
+            return;
+        }
+        size_t done = w > 0 ? (size_t)w : 0;
+        if (done == total) {
+            if (which == W_DATA)
+                x->done(x);
+            return;
+        }
+        unsigned skip = 0;
+        while (done >= b[skip].len) {
+            done -= b[skip].len;
+            skip++;
+        }
+        b[skip].base += done;
+        b[skip].len -= (unsigned)done;
+        memmove(b, b + skip, (n - skip) * sizeof b[0]);
+        n -= skip;
     }
     req->data = x;
     x->writes++;
-    int rc = uv_write(req, (uv_stream_t *)&pe->conn->tcp, b, n,
-                      which == W_CTL ? on_ctl_written : on_data_written);
+    int rc = uv_write(req, stream, b, n, which == W_CTL ? on_ctl_written : on_data_written);
     if (rc < 0) {
         x->writes--;
         peer_lost(t, pe->rank, rc);
