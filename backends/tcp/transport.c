@@ -908,6 +908,8 @@ static void parse(struct conn *c, const char *p, size_t n)
             continue;
         }
         size_t k = c->remaining < n ? c->remaining : n;
+        if (c->dst != NULL && c->body_x != NULL && work_gone(c->body_x))
+            c->dst = NULL;
         if (c->dst != NULL) {
             memcpy(c->dst, p, k);
             c->dst += k;
