@@ -123,6 +123,59 @@ static void test_tags_and_any_source(void **state)
     assert_int_equal(h_spawn(4, tags_body, NULL, 60, 30000, 0, st), 0);
 }
 
+/* Many small sends before any receive is posted: the first ones go eagerly
+ * until the per-peer credit is used up, the rest ask first; they still
+ * match in order, and no send completes before its receive is posted. */
+#define FLOOD   200
+#define FLOOD_N 4096
+
+static int flood_body(struct h_ctx *h, void *arg)
+{
+    (void)arg;
+    static int32_t bufs[FLOOD][FLOOD_N];
+    static struct c10d__op ops[FLOOD];
+    c10d_work *w[FLOOD];
+    if (h->rank == 0) {
+        for (int i = 0; i < FLOOD; i++) {
+            for (int j = 0; j < FLOOD_N; j++)
+                bufs[i][j] = i * 7 + j;
+            ops[i] = h_op_init(C10D_OP_SEND, FLOOD_N, C10D_INT32);
+            ops[i].send = bufs[i];
+            ops[i].peer = 1;
+            ops[i].tag = 7;
+            w[i] = h_submit(h, &ops[i]);
+        }
+        usleep(100000);
+        for (int i = 0; i < FLOOD; i++)
+            H_CHECK(h, !c10d_work_test(w[i]), "send %d completed before any receive was posted", i);
+    } else {
+        usleep(200000);
+        for (int i = 0; i < FLOOD; i++) {
+            ops[i] = h_op_init(C10D_OP_RECV, FLOOD_N, C10D_INT32);
+            ops[i].recv = bufs[i];
+            ops[i].peer = 0;
+            ops[i].tag = 7;
+            w[i] = h_submit(h, &ops[i]);
+        }
+    }
+    for (int i = 0; i < FLOOD; i++) {
+        H_CHECK(h, c10d_work_wait(w[i], -1) == 0, "op %d: %s", i, c10d_last_error());
+        c10d_work_release(w[i]);
+    }
+    if (h->rank == 1)
+        for (int i = 0; i < FLOOD; i++)
+            for (int j = 0; j < FLOOD_N; j++)
+                H_CHECK(h, bufs[i][j] == i * 7 + j, "message %d element %d: %d", i, j, bufs[i][j]);
+    return 0;
+}
+
+static void test_flood(void **state)
+{
+    (void)state;
+    int st[8];
+    assert_int_equal(h_spawn(2, flood_body, NULL, 60, 30000, 0, st), 0);
+}
+
 /* ------------------------------------------------------ size mismatches */
 
 static int oversize_body(struct h_ctx *h, void *arg)
@@ -332,9 +385,13 @@ static void test_lazy(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_p2p),          cmocka_unit_test(test_tags_and_any_source),
-        cmocka_unit_test(test_oversize),     cmocka_unit_test(test_peer_killed),
-        cmocka_unit_test(test_peer_stalled), cmocka_unit_test(test_abort),
+        cmocka_unit_test(test_p2p),
+        cmocka_unit_test(test_flood),
+        cmocka_unit_test(test_tags_and_any_source),
+        cmocka_unit_test(test_oversize),
+        cmocka_unit_test(test_peer_killed),
+        cmocka_unit_test(test_peer_stalled),
+        cmocka_unit_test(test_abort),
         cmocka_unit_test(test_lazy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

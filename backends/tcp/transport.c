@@ -45,8 +45,11 @@
 #define LOST_GRACE_MS 100
 #define IOV_PIECE     ((size_t)1 << 30)
 #define MAX_IOV       17
+/* Eager P2P bytes a sender may have unacknowledged per peer: what a receiver
+ * may have to hold for sends it has not posted receives for. */
+#define P2P_CREDIT ((size_t)1 << 20)
 
-enum frame_type { F_EAGER = 1, F_RTS, F_CTS, F_DATA, F_ABORT, F_BYE };
+enum frame_type { F_EAGER = 1, F_RTS, F_CTS, F_DATA, F_ABORT, F_BYE, F_ACK };
 enum { FLAG_P2P = 1 };
 enum xlist_id { L_NONE, L_RECVS, L_P2P_RECVS, L_ANY_RECVS, L_SENDS };
 enum { W_CTL, W_DATA };
@@ -88,8 +91,9 @@ struct peer {
     struct c10d__tcp_xfer *out_head, *out_tail; /* writes waiting for the connection */
     uint32_t next_send_id;
     uint64_t retry_at;
-    int gone; /* said goodbye (destroyed its group cleanly) */
-    int lost; /* its connection broke: the transport fails after the grace period */
+    int gone;         /* said goodbye (destroyed its group cleanly) */
+    int lost;         /* its connection broke: the transport fails after the grace period */
+    size_t eager_out; /* P2P eager bytes sent, not yet acknowledged */
 };
 
 struct conn {
@@ -352,7 +356,7 @@ static void xfer_written(uv_write_t *req, int status, int which)
             pool_push(t, x);
         return;
     }
-    if (which == W_DATA)
+    if (which == W_DATA && !x->await_ack)
         x->done(x);
 }
 
@@ -421,7 +425,7 @@ static void peer_write(struct c10d__tcp_transport *t, struct peer *pe, struct c1
         }
         size_t done = w > 0 ? (size_t)w : 0;
         if (done == total) {
-            if (which == W_DATA)
+            if (which == W_DATA && !x->await_ack)
                 x->done(x);
             return;
         }
@@ -506,6 +510,12 @@ static void send_data(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x, u
     peer_write(t, &t->peers[x->peer], x, W_DATA);
 }
 
+static void send_ack(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
+{
+    wire_encode(x->ctl_hdr, F_ACK, x->kind, FLAG_P2P, x->peer_sub, x->tag, x->received);
+    peer_write(t, &t->peers[x->source], x, W_CTL);
+}
+
 /* A P2P receive matched an RTS: from now on it waits for that sender's data. */
 static void p2p_accept(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x, int from,
                        const struct wire *w)
@@ -529,6 +539,17 @@ void c10d__tcp_send(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
     struct peer *pe = &t->peers[x->peer];
     if (!x->p2p && x->len <= t->cfg.eager_max) {
         wire_encode(x->data_hdr, F_EAGER, x->kind, 0, x->sub, x->tag, x->len);
+        peer_write(t, pe, x, W_DATA);
+        return;
+    }
+    if (x->p2p && x->len <= t->cfg.eager_max && pe->eager_out + x->len <= P2P_CREDIT) {
+        /* Small P2P: the data goes now; the send completes when the receiver
+         * acknowledges having matched it to a posted receive. */
+        x->peer_sub = pe->next_send_id++;
+        x->await_ack = 1;
+        pe->eager_out += x->len;
+        xlist_push(&pe->sends, L_SENDS, x);
+        wire_encode(x->data_hdr, F_EAGER, x->kind, FLAG_P2P, x->peer_sub, x->tag, x->len);
         peer_write(t, pe, x, W_DATA);
         return;
     }
@@ -570,7 +591,8 @@ static void recv_p2p(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
         if (x->peer == C10D_ANY_SOURCE && t->cfg.lazy && t->peers[r].conn == NULL)
             peer_connect(t, r);
         for (struct unexp *u = t->peers[r].unexp_head; u != NULL; u = u->next) {
-            if (u->w.type == F_RTS && (u->w.flags & FLAG_P2P) && u->w.tag == x->tag) {
+            if ((u->w.type == F_RTS || u->w.type == F_EAGER) && (u->w.flags & FLAG_P2P) &&
+                u->w.tag == x->tag) {
                 if (best == NULL || u->order < best->order) {
                     best = u;
                     best_rank = r;
@@ -578,6 +600,28 @@ static void recv_p2p(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
                 break;
             }
         }
+    }
+    if (best != NULL && best->w.type == F_EAGER) {
+        if (best->w.len > x->len) {
+            mismatch(t, x, best_rank, best->w.len, x->len);
+            return;
+        }
+        x->peer_sub = best->w.sub;
+        x->source = best_rank;
+        x->ack_needed = 1;
+        if (!best->complete) {
+            best->claimed = x; /* still arriving: finished by body_done */
+            return;
+        }
+        size_t len = best->w.len;
+        if (len > 0)
+            memcpy(x->buf, best->data, len);
+        unexp_unlink(&t->peers[best_rank], best);
+        unexp_free(t, best);
+        x->received = len;
+        send_ack(t, x);
+        recv_finish(x, best_rank, len);
+        return;
     }
     if (best != NULL) {
         struct wire w = best->w;
@@ -686,8 +730,13 @@ static void body_done(struct conn *c)
     }
     if (x != NULL) {
         xlist_remove(&pe->recvs, x);
-        if (c->dst != NULL || c->body_w.len == 0)
+        if (c->dst != NULL || c->body_w.len == 0) {
+            if (x->ack_needed) {
+                x->received = c->body_w.len;
+                send_ack(t, x);
+            }
             recv_finish(x, c->rank, c->body_w.len);
+        }
         return;
     }
     if (u != NULL) {
@@ -699,6 +748,10 @@ static void body_done(struct conn *c)
                 memcpy(cx->buf, u->data, len);
             unexp_unlink(pe, u);
             unexp_free(t, u);
+            if (cx->ack_needed) {
+                cx->received = len;
+                send_ack(t, cx);
+            }
             recv_finish(cx, c->rank, len);
         }
     }
@@ -712,7 +765,27 @@ static void handle_frame(struct conn *c, const struct wire *w)
     struct c10d__tcp_xfer *x;
     switch (w->type) {
     case F_EAGER:
-        x = xlist_find(&pe->recvs, 0, w->tag, w->sub);
+        if (p2p) {
+            struct c10d__tcp_xfer *a = xlist_find_tag(&pe->p2p_recvs, w->tag);
+            struct c10d__tcp_xfer *b = xlist_find_tag(&t->any_recvs, w->tag);
+            x = a != NULL && (b == NULL || a->order < b->order) ? a : b;
+            if (x != NULL) {
+                if (w->len > x->len) {
+                    mismatch(t, x, c->rank, w->len, x->len);
+                    return;
+                }
+                xlist_remove(x == a ? &pe->p2p_recvs : &t->any_recvs, x);
+                x->peer_sub = w->sub;
+                x->source = c->rank;
+                x->ack_needed = 1;
+                xlist_push(&pe->recvs, L_RECVS, x);
+                body_start(c, w, x->buf, x, NULL);
+                break;
+            }
+            x = NULL;
+        } else {
+            x = xlist_find(&pe->recvs, 0, w->tag, w->sub);
+        }
         if (x != NULL) {
             if (x->kind != w->kind) {
                 t_error(t, C10D_EINVAL,
@@ -777,6 +850,19 @@ static void handle_frame(struct conn *c, const struct wire *w)
         }
         body_start(c, w, x->buf, x, NULL);
         break;
+    case F_ACK:
+        x = xlist_find(&pe->sends, 1, w->tag, w->sub);
+        if (x == NULL || !x->await_ack) {
+            t_error(t, C10D_EPROTO, "tcp: rank %d acknowledged a message (tag %llu) never sent",
+                    c->rank, (unsigned long long)w->tag);
+            return;
+        }
+        xlist_remove(&pe->sends, x);
+        pe->eager_out -= x->len;
+        x->await_ack = 0;
+        if (!work_gone(x))
+            x->done(x);
+        return;
     case F_BYE:
         c->bye = 1;
         pe->gone = 1;

@@ -43,6 +43,8 @@ struct c10d__tcp_xfer {
     int writes;   /* uv_write requests in flight */
     int released; /* given back while writes were in flight */
     int cts_sent;
+    int await_ack;     /* P2P eager send: done when the receiver matched it */
+    int ack_needed;    /* P2P eager receive: acknowledge once the data is in */
     int out_which;     /* the write waiting for the connection */
     uint32_t peer_sub; /* P2P: the sender's message id */
     uint64_t order;    /* P2P receives: posting order */
