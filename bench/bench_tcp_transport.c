@@ -2,8 +2,10 @@
  * loopback (addresses over pipes, no store, no process-group layer) and
  * prints nccl-tests-like rows from rank 0.
  *
- *   bench_tcp_transport [-n ranks] [-b min_bytes] [-e max_bytes] [-i iters] [-o op]
- *   op: all_reduce (default), broadcast, all_gather, reduce_scatter, sendrecv */
+ *   bench_tcp_transport [-n ranks] [-b min_bytes] [-e max_bytes] [-i iters] [-o op] [-s spin_us]
+ *   op: all_reduce (default), broadcast, all_gather, reduce_scatter, sendrecv
+ *   -s: the waiting thread polls its work for up to spin_us before blocking,
+ *       to measure what a spinning c10d_work_wait would save. */
 #include "test/tcp_harness.h"
 
 #include <getopt.h>
@@ -12,7 +14,26 @@ struct bench_args {
     size_t min, max;
     int iters;
     const char *op;
+    int spin_us; /* poll the work this long before blocking (what a spinning wait would give) */
 };
+
+static int g_spin_us;
+
+static int wait_work(c10d_work *w)
+{
+    if (g_spin_us > 0) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (;;) {
+            if (c10d_work_test(w))
+                break;
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            if ((t1.tv_sec - t0.tv_sec) * 1000000 + (t1.tv_nsec - t0.tv_nsec) / 1000 > g_spin_us)
+                break;
+        }
+    }
+    return c10d_work_wait(w, -1);
+}
 
 static double now_us(void)
 {
@@ -46,9 +67,9 @@ static int one(struct h_ctx *h, const char *opname, float *send, float *recv, si
         r.recv = recv;
         r.peer = (h->rank + p - 1) % p;
         c10d_work *ws = h_submit(h, &s), *wr = h_submit(h, &r);
-        int rc = c10d_work_wait(wr, -1);
+        int rc = wait_work(wr);
         if (rc == 0)
-            rc = c10d_work_wait(ws, -1);
+            rc = wait_work(ws);
         c10d_work_release(ws);
         c10d_work_release(wr);
         return rc;
@@ -58,7 +79,12 @@ static int one(struct h_ctx *h, const char *opname, float *send, float *recv, si
         o.recv = recv;
         o.redop = C10D_SUM;
     }
-    return h_op(h, &o);
+    c10d_work *w = h_submit(h, &o);
+    if (w == NULL)
+        return C10D_ENOMEM;
+    int rc = wait_work(w);
+    c10d_work_release(w);
+    return rc;
 }
 
 static int bench_body(struct h_ctx *h, void *arg)
@@ -101,9 +127,9 @@ static int bench_body(struct h_ctx *h, void *arg)
 
 int main(int argc, char **argv)
 {
-    struct bench_args a = {4, (size_t)64 << 20, 200, "all_reduce"};
+    struct bench_args a = {4, (size_t)64 << 20, 200, "all_reduce", 0};
     int ranks = 2, c;
-    while ((c = getopt(argc, argv, "n:b:e:i:o:")) != -1) {
+    while ((c = getopt(argc, argv, "n:b:e:i:o:s:")) != -1) {
         switch (c) {
         case 'n':
             ranks = atoi(optarg);
@@ -120,11 +146,15 @@ int main(int argc, char **argv)
         case 'o':
             a.op = optarg;
             break;
+        case 's':
+            a.spin_us = atoi(optarg);
+            break;
         default:
             fprintf(stderr, "usage: %s [-n ranks] [-b min] [-e max] [-i iters] [-o op]\n", argv[0]);
             return 2;
         }
     }
+    g_spin_us = a.spin_us;
     int st[64];
     return h_spawn(ranks, bench_body, &a, 3600, 600000, 0, st) == 0 ? 0 : 1;
 }
