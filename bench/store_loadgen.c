@@ -127,6 +127,7 @@ static struct {
     size_t value_bytes;
     int barrier_cmd; /* rdzv: BARRIER instead of ADD + WAIT last_worker */
     int read_multiget;
+    int sync_barrier; /* rdzv: a second barrier, not WAIT on all keys, before reading */
     const char *label;
 } opt = {
     .host = "127.0.0.1",
@@ -160,6 +161,8 @@ static struct c10d__store_str str_of(const char *s)
 {
     return (struct c10d__store_str){(const uint8_t *)s, strlen(s)};
 }
+
+static char *values; /* rdzv: the value of every rank, back to back */
 
 /* The value rank/connection `i` publishes: recognisable prefix, fixed size. */
 static void make_value(char *out, size_t len, int i)
@@ -208,10 +211,11 @@ static void rdec_expect(struct rdec *d, int shape, uint64_t nstr, int check_firs
 static void rdec_string_done(struct rdec *d)
 {
     if (d->check_first >= 0) {
-        char want[32];
-        int n = snprintf(want, sizeof want, "addr-%08d-", d->check_first + (int)d->strs_seen);
-        if (d->cur_len != opt.value_bytes || d->head_have < (unsigned)n ||
-            memcmp(d->head, want, (size_t)n) != 0)
+        /* values[] holds what every rank published (rdzv mode); no printf
+         * here: this runs 100M times in a 10k-rank rendezvous. */
+        const char *want = values + (size_t)(d->check_first + (int)d->strs_seen) * opt.value_bytes;
+        if (d->cur_len != opt.value_bytes || d->head_have < sizeof d->head ||
+            memcmp(d->head, want, sizeof d->head) != 0)
             d->bad++;
     } else if (d->cur_len != opt.value_bytes) {
         d->bad++;
@@ -289,6 +293,7 @@ struct conn {
     struct rdec dec;
     int phase; /* ops: 0 setup, 1 measuring; rdzv: see enum rphase */
     int next_get;
+    int sub; /* rdzv, second barrier by ADD: 0 ADD sent, 1 WAIT sent */
 };
 
 static struct conn *conns;
@@ -460,6 +465,7 @@ static uint64_t win_start, win_end;
 static uint64_t ops_done, *lat;
 static size_t nlat, caplat;
 static int measuring_done;
+static double srv_cpu_start;
 static int cpu_sampled;
 static double gen_cpu[2], srv_cpu[2];
 
@@ -558,10 +564,10 @@ enum rphase { R_PING, R_INIT, R_BARRIER_ADD, R_BARRIER_WAIT, R_WAIT_ALL, R_READ,
 static const char *const rphase_names[] = {"ping",     "init", "barrier", "barrier",
                                            "wait-all", "read", "done"};
 static struct c10d__store_buf init_buf, barrier_buf, wait_last_buf, wait_all_buf, mget_buf;
+static struct c10d__store_buf barrier2_buf, wait_last2_buf;
 static uint64_t *phase_done_at; /* per phase: when the last rank passed it */
 static int *phase_count;
 static int ranks_done;
-static char *values;
 
 static void rdzv_prepare(void)
 {
@@ -575,6 +581,13 @@ static void rdzv_prepare(void)
         encode(&barrier_buf, C10D_STORE_ADD, 0, 1, 1, &k);
     k = str_of("/rdzv/barrier/last_worker");
     encode(&wait_last_buf, C10D_STORE_WAIT, 0, 0, 1, &k);
+    k = str_of("/rdzv/barrier2");
+    if (opt.barrier_cmd)
+        encode(&barrier2_buf, C10D_STORE_BARRIER, 0, n, 1, &k);
+    else
+        encode(&barrier2_buf, C10D_STORE_ADD, 0, 1, 1, &k);
+    k = str_of("/rdzv/barrier2/last_worker");
+    encode(&wait_last2_buf, C10D_STORE_WAIT, 0, 0, 1, &k);
     /* Every rank waits for and reads the same N keys: encode them once. */
     char *names = malloc((size_t)n * 24);
     struct c10d__store_str *keys = malloc((size_t)n * sizeof *keys);
@@ -677,10 +690,27 @@ static void rdzv_on_reply(struct conn *c)
             {(const uint8_t *)values + (size_t)c->idx * opt.value_bytes, opt.value_bytes}};
         c->own.len = 0;
         encode(&c->own, C10D_STORE_SET, 0, 0, 2, kv);
-        conn_send(c, c->own.data, c->own.len, wait_all_buf.data, wait_all_buf.len, SH_U8, 0, -1);
+        c->sub = 0;
+        if (!opt.sync_barrier)
+            conn_send(c, c->own.data, c->own.len, wait_all_buf.data, wait_all_buf.len, SH_U8, 0,
+                      -1);
+        else
+            conn_send(c, c->own.data, c->own.len, barrier2_buf.data, barrier2_buf.len,
+                      opt.barrier_cmd ? SH_U8 : SH_I64, 0, -1);
         return;
     }
     case R_WAIT_ALL:
+        if (opt.sync_barrier && !opt.barrier_cmd && c->sub == 0) {
+            c->sub = 1;
+            c->own.len = 0;
+            if (d->ival == nconns) {
+                struct c10d__store_str kv[2] = {str_of("/rdzv/barrier2/last_worker"), str_of("1")};
+                encode(&c->own, C10D_STORE_SET, 0, 0, 2, kv);
+            }
+            conn_send(c, c->own.data, c->own.len, wait_last2_buf.data, wait_last2_buf.len, SH_U8, 0,
+                      -1);
+            return;
+        }
         rdzv_enter(c, R_READ);
         if (opt.read_multiget) {
             conn_send(c, mget_buf.data, mget_buf.len, NULL, 0, SH_NSTR, (uint64_t)nconns, 0);
@@ -866,9 +896,10 @@ static void usage(FILE *f)
             "(0.5)\n"
             "       set = SET + pipelined CHECK (SET has no reply); get = GET; add = ADD on one\n"
             "       shared counter; wait = WAIT on a key that exists; setwait = SET then WAIT\n"
-            " rdzv: --ranks N  --barrier add|cmd  --read multiget|get\n"
+            " rdzv: --ranks N  --barrier add|cmd  --read multiget|get  --sync wait|barrier\n"
             "       connect, [VALIDATE+PING], ADD init/, barrier (ADD + WAIT last_worker, or\n"
-            "       BARRIER), SET a value, WAIT all N values, read all (MULTI_GET or N GETs)\n"
+            "       BARRIER), SET a value, then WAIT on all N values (--sync wait) or a\n"
+            "       second barrier (--sync barrier), read all (MULTI_GET or N GETs)\n"
             " idle: --conns N --server-pid PID: server RSS before/after N idle connections\n");
 }
 
@@ -901,6 +932,7 @@ static void parse_args(int argc, char **argv)
         {"barrier", required_argument, NULL, 'B'},
         {"read", required_argument, NULL, 'R'},
         {"label", required_argument, NULL, 'L'},
+        {"sync", required_argument, NULL, 'S'},
         {"help", no_argument, NULL, '?' + 256},
         {NULL, 0, NULL, 0},
     };
@@ -976,6 +1008,11 @@ static void parse_args(int argc, char **argv)
         case 'L':
             opt.label = optarg;
             break;
+        case 'S':
+            if (strcmp(optarg, "wait") && strcmp(optarg, "barrier"))
+                die("bad --sync '%s' (wait or barrier)", optarg);
+            opt.sync_barrier = !strcmp(optarg, "barrier");
+            break;
         case '?' + 256:
             usage(stdout);
             exit(0);
@@ -1028,6 +1065,7 @@ int main(int argc, char **argv)
         phase_done_at = calloc(R_DONE + 1, sizeof *phase_done_at);
         phase_count = calloc(R_DONE + 1, sizeof *phase_count);
     }
+    srv_cpu_start = opt.server_pid ? proc_cpu_s(opt.server_pid) : 0;
     t_start = now_ns();
     deadline = t_start + (uint64_t)(opt.timeout_s * 1e9);
 
@@ -1068,8 +1106,11 @@ int main(int argc, char **argv)
             else
                 printf(" %s=-", names[i]);
         }
-        printf(" read=%s barrier=%s", opt.read_multiget ? "multiget" : "get",
-               opt.barrier_cmd ? "cmd" : "add");
+        printf(" read=%s barrier=%s sync=%s", opt.read_multiget ? "multiget" : "get",
+               opt.barrier_cmd ? "cmd" : "add", opt.sync_barrier ? "barrier" : "wait");
+        printf(" gen_cpu_s=%.2f", self_cpu_s());
+        if (opt.server_pid)
+            printf(" server_cpu_s=%.2f", proc_cpu_s(opt.server_pid) - srv_cpu_start);
         int slowest = R_DONE;
         for (int i = 0; i < nconns; i++)
             if (conns[i].phase < slowest)
