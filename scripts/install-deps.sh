@@ -11,7 +11,7 @@ set -eu
 want=${1:-build}
 build_pkgs="build-essential cmake pkg-config libuv1-dev libjansson-dev"
 case "$want" in
-runtime) pkgs="libuv1 libjansson4" ;;
+runtime) pkgs="libuv1|libuv1t64 libjansson4" ;; # Ubuntu 24.04 renamed libuv1 (t64)
 build) pkgs="$build_pkgs" ;;
 test) pkgs="$build_pkgs libcmocka-dev python3-torch clang libclang-rt-dev procps iproute2" ;;
 bench) pkgs="$build_pkgs python3-torch openmpi-bin libopenmpi-dev iperf3" ;;
@@ -21,9 +21,17 @@ bench) pkgs="$build_pkgs python3-torch openmpi-bin libopenmpi-dev iperf3" ;;
     ;;
 esac
 
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed"; }
+
+# "a|b": whichever of the alternatives is installed, else the first one the
+# archive offers.
 missing=""
-for p in $pkgs; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+for alts in $pkgs; do
+    have=""
+    for p in $(echo "$alts" | tr '|' ' '); do
+        installed "$p" && have=$p && break
+    done
+    [ -n "$have" ] || missing="$missing $alts"
 done
 [ -z "$missing" ] && exit 0
 
@@ -37,8 +45,19 @@ if [ "$(id -u)" -ne 0 ]; then
 else
     SUDO=
 fi
-echo "install-deps: installing$missing"
 export DEBIAN_FRONTEND=noninteractive
-# A fresh machine may have no package lists yet; refresh once on failure.
-$SUDO apt-get install -y --no-install-recommends $missing ||
-    { $SUDO apt-get update && $SUDO apt-get install -y --no-install-recommends $missing; }
+# A fresh machine or image may have no package lists yet.
+ls /var/lib/apt/lists/*_Packages >/dev/null 2>&1 || $SUDO apt-get update
+choose() {
+    for p in $(echo "$1" | tr '|' ' '); do
+        apt-cache policy "$p" 2>/dev/null | grep -q 'Candidate: [0-9]' && { echo "$p"; return; }
+    done
+    echo "${1%%|*}"
+}
+chosen=""
+for alts in $missing; do
+    chosen="$chosen $(choose "$alts")"
+done
+echo "install-deps: installing$chosen"
+$SUDO apt-get install -y --no-install-recommends $chosen ||
+    { $SUDO apt-get update && $SUDO apt-get install -y --no-install-recommends $chosen; }
