@@ -23,17 +23,40 @@ static char *gather_block(const struct c10d__tcp_coll *c, int i)
     return (char *)op->recv + (size_t)i * op->count * c->esz;
 }
 
+/* Large blocks run as several lanes, one per segment of every block, each
+ * advancing through the ring on its own (as the all_reduce ring). */
+static int exchange_lanes(const struct c10d__tcp_coll *c, size_t n)
+{
+    size_t lanes = n * c->esz / (c->tune->segment ? c->tune->segment : 1);
+    if (lanes > C10D_TCP_MAX_CHAINS)
+        lanes = C10D_TCP_MAX_CHAINS;
+    if (lanes > n)
+        lanes = n;
+    return lanes < 1 ? 1 : (int)lanes;
+}
+
+static void lane_seg(const struct c10d__tcp_coll *c, int lane, size_t *lo, size_t *cnt)
+{
+    size_t n = c->op->count;
+    size_t a = c10d__tcp_split(n, c->nlanes, lane), b = c10d__tcp_split(n, c->nlanes, lane + 1);
+    *lo = a * c->esz;
+    *cnt = b - a;
+}
+
 static void all_gather_step(struct c10d__tcp_chain *ch)
 {
     struct c10d__tcp_coll *c = ch->c;
     int p = c->size, r = c->rank, k = ch->k;
-    size_t bytes = c->op->count * c->esz;
+    size_t lo, cnt;
+    lane_seg(c, ch->lane, &lo, &cnt);
+    size_t bytes = cnt * c->esz;
+    uint32_t sub = ((uint32_t)ch->lane << 12) | (uint32_t)k;
     if (k >= p - 1) {
         ch->done = 1;
         return;
     }
-    c10d__tcp_chain_send(ch, mod(r + 1, p), (uint32_t)k, gather_block(c, mod(r - k, p)), bytes);
-    c10d__tcp_chain_recv(ch, mod(r - 1, p), (uint32_t)k, gather_block(c, mod(r - k - 1, p)), bytes);
+    c10d__tcp_chain_send(ch, mod(r + 1, p), sub, gather_block(c, mod(r - k, p)) + lo, bytes);
+    c10d__tcp_chain_recv(ch, mod(r - 1, p), sub, gather_block(c, mod(r - k - 1, p)) + lo, bytes);
     ch->k++;
 }
 
@@ -48,7 +71,8 @@ int c10d__tcp_all_gather(struct c10d__tcp_coll *c)
         c10d__tcp_coll_start(c, 0, NULL);
         return 0;
     }
-    c10d__tcp_coll_start(c, 1, all_gather_step);
+    c->nlanes = exchange_lanes(c, op->count);
+    c10d__tcp_coll_start(c, c->nlanes, all_gather_step);
     return 0;
 }
 
@@ -62,106 +86,94 @@ static const char *rs_block(const struct c10d__tcp_coll *c, int i)
     return (const char *)op->send + (size_t)i * op->count * c->esz;
 }
 
+static int rs_fail(struct c10d__tcp_coll *c, int rc)
+{
+    if (!c->failed) {
+        c->failed = 1;
+        c->finished(c, rc);
+    }
+    return rc;
+}
+
+/* This lane's segment of our own contribution to block b, PREMUL_SUM's
+ * factor applied on a copy (the user's send buffer is never written). */
+static const char *rs_own(struct c10d__tcp_coll *c, char *scratch, int b, size_t lo, size_t cnt)
+{
+    const struct c10d__op *op = c->op;
+    const char *own = rs_block(c, b) + lo;
+    if (op->redop != C10D_PREMUL_SUM)
+        return own;
+    memcpy(scratch, own, cnt * c->esz);
+    if (c10d__reduce_premul(scratch, cnt, op->dtype, op->premul_factor) < 0) {
+        rs_fail(c, C10D_EINVAL);
+        return NULL;
+    }
+    return scratch;
+}
+
 /* Block b's partial sum starts at rank b + 1 and travels the ring, each rank
  * adding its own contribution, until it ends at rank b: one fixed order. At
- * step k rank r sends block r - k - 1 and receives block r - k - 2. Two
- * buffers alternate: what arrived at step k is what leaves at step k + 1. */
+ * step k rank r sends block r - k - 1 and receives block r - k - 2. Per lane,
+ * two buffers alternate (what arrived at step k leaves at step k + 1) and a
+ * third holds our scaled contribution for PREMUL_SUM. */
 static void reduce_scatter_step(struct c10d__tcp_chain *ch)
 {
     struct c10d__tcp_coll *c = ch->c;
     struct c10d__op *op = c->op;
     int p = c->size, r = c->rank, k = ch->k;
-    size_t n = op->count, bytes = n * c->esz;
-    int premul = op->redop == C10D_PREMUL_SUM;
+    size_t lo, cnt;
+    lane_seg(c, ch->lane, &lo, &cnt);
+    size_t seg = c->seg_count * c->esz, bytes = cnt * c->esz;
+    char *in[2] = {c->tmp + (size_t)ch->lane * 3 * seg, c->tmp + (size_t)ch->lane * 3 * seg + seg};
+    char *scaled = in[1] + seg;
+    uint32_t sub = ((uint32_t)ch->lane << 12) | (uint32_t)k;
+    if (k > 0) {
+        /* The data of step k - 1 is in: add our contribution. */
+        const char *own = rs_own(c, scaled, mod(r - k - 1, p), lo, cnt);
+        if (own == NULL || c10d__tcp_coll_reduce(c, in[(k - 1) % 2], own, cnt) < 0)
+            return;
+    }
     if (k == p - 1) {
-        char *last = c->tmp + (size_t)((k - 1) % 2) * bytes;
-        int rc = c10d__reduce_finish(last, n, op->dtype, op->redop, p);
+        char *last = in[(k - 1) % 2];
+        int rc = c10d__reduce_finish(last, cnt, op->dtype, op->redop, p);
         if (rc < 0) {
-            c->failed = 1;
-            c->finished(c, rc);
+            rs_fail(c, rc);
             return;
         }
-        memcpy(op->recv, last, bytes);
+        if (bytes > 0)
+            memcpy((char *)op->recv + lo, last, bytes);
         ch->done = 1;
         return;
     }
-    const char *src;
-    if (k == 0) {
-        src = rs_block(c, mod(r - 1, p));
-        if (premul) {
-            memcpy(c->tmp2, src, bytes);
-            int rc = c10d__reduce_premul(c->tmp2, n, op->dtype, op->premul_factor);
-            if (rc < 0) {
-                c->failed = 1;
-                c->finished(c, rc);
-                return;
-            }
-            src = c->tmp2;
-        }
-    } else {
-        src = c->tmp + (size_t)((k - 1) % 2) * bytes;
-    }
-    char *in = c->tmp + (size_t)(k % 2) * bytes;
-    c10d__tcp_chain_send(ch, mod(r + 1, p), (uint32_t)k, src, bytes);
-    c10d__tcp_chain_recv(ch, mod(r - 1, p), (uint32_t)k, in, bytes);
-    const char *own = rs_block(c, mod(r - k - 2, p));
-    if (premul) {
-        /* tmp2 was sent at step 0 and is free once that step is done; the
-         * reduction below runs after this step's transfers. */
-        ch->red_src = NULL;
-        ch->mask = mod(r - k - 2, p) + 1; /* remembered for the premul copy */
-    } else {
-        ch->red_src = own;
-    }
-    ch->red_dst = premul ? NULL : in;
-    ch->red_count = n;
+    const char *src = k == 0 ? rs_own(c, scaled, mod(r - 1, p), lo, cnt) : in[(k - 1) % 2];
+    if (src == NULL)
+        return;
+    c10d__tcp_chain_send(ch, mod(r + 1, p), sub, src, bytes);
+    c10d__tcp_chain_recv(ch, mod(r - 1, p), sub, in[k % 2], bytes);
     ch->k++;
-}
-
-/* PREMUL_SUM needs our contribution scaled before it is added: do that copy
- * when the step's data is in, then add. */
-static void reduce_scatter_premul_step(struct c10d__tcp_chain *ch)
-{
-    struct c10d__tcp_coll *c = ch->c;
-    struct c10d__op *op = c->op;
-    if (ch->mask > 0 && !c->failed) {
-        size_t n = op->count, bytes = n * c->esz;
-        char *in = c->tmp + (size_t)((ch->k - 1) % 2) * bytes;
-        memcpy(c->tmp2, rs_block(c, ch->mask - 1), bytes);
-        if (c10d__reduce_premul(c->tmp2, n, op->dtype, op->premul_factor) < 0 ||
-            c10d__tcp_coll_reduce(c, in, c->tmp2, n) < 0) {
-            if (!c->failed) {
-                c->failed = 1;
-                c->finished(c, C10D_EINVAL);
-            }
-            return;
-        }
-        ch->mask = 0;
-    }
-    reduce_scatter_step(ch);
 }
 
 int c10d__tcp_reduce_scatter(struct c10d__tcp_coll *c)
 {
     struct c10d__op *op = c->op;
     size_t n = op->count, bytes = n * c->esz;
-    int premul = op->redop == C10D_PREMUL_SUM;
     if (c->size == 1 || n == 0) {
         const char *own = rs_block(c, c->rank);
         if (own != op->recv && bytes > 0)
             memmove(op->recv, own, bytes);
-        if (premul)
+        if (op->redop == C10D_PREMUL_SUM)
             C10D_CHECK(c10d__reduce_premul(op->recv, n, op->dtype, op->premul_factor));
         C10D_CHECK(c10d__reduce_finish(op->recv, n, op->dtype, op->redop, c->size));
         c10d__tcp_coll_start(c, 0, NULL);
         return 0;
     }
-    c->tmp = c->scratch(c, 3 * bytes);
+    c->nlanes = exchange_lanes(c, n);
+    c->seg_count = n / (size_t)c->nlanes + 1;
+    size_t need = (size_t)c->nlanes * 3 * c->seg_count * c->esz;
+    c->tmp = c->scratch(c, need);
     if (c->tmp == NULL)
-        return c10d__fail(C10D_ENOMEM, "tcp REDUCE_SCATTER: out of memory for %zu bytes",
-                          3 * bytes);
-    c->tmp2 = c->tmp + 2 * bytes;
-    c10d__tcp_coll_start(c, 1, premul ? reduce_scatter_premul_step : reduce_scatter_step);
+        return c10d__fail(C10D_ENOMEM, "tcp REDUCE_SCATTER: out of memory for %zu bytes", need);
+    c10d__tcp_coll_start(c, c->nlanes, reduce_scatter_step);
     return 0;
 }
 
