@@ -7,6 +7,7 @@
  * never held while taking a work's mutex. */
 #include "work.h"
 
+#include "env.h"
 #include "log.h"
 #include "loop.h"
 
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
+#include <sched.h>
 
 struct work_callback {
     c10d_work_cb cb;
@@ -30,6 +32,7 @@ struct c10d_work {
     uv_cond_t done_cond;
     /* Guarded by mutex. */
     int done;
+    atomic_int done_flag; /* mirrors done, read without the lock by spinning waiters */
     int status;
     char *message;
     struct work_callback *callbacks;
@@ -211,6 +214,7 @@ static int work_vcomplete(c10d_work *w, int status, const char *fmt, va_list ap)
         return 0;
     }
     w->done = 1;
+    atomic_store_explicit(&w->done_flag, 1, memory_order_release);
     w->status = status;
     w->message = message;
     uv_cond_broadcast(&w->done_cond);
@@ -362,6 +366,13 @@ int c10d_work_wait(c10d_work *w, int64_t timeout_ms)
                           "c10d_work_on_complete instead",
                           w->what);
     uint64_t deadline = timeout_ms >= 0 ? c10d__now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
+    int64_t spin_us = c10d__env_int(C10D_ENV_WAIT_SPIN_US);
+    if (spin_us > 0) {
+        uint64_t spin_end = c10d__now_ns() + (uint64_t)spin_us * 1000u;
+        while (!atomic_load_explicit(&w->done_flag, memory_order_acquire) &&
+               c10d__now_ns() < spin_end)
+            sched_yield();
+    }
     uv_mutex_lock(&w->mutex);
     while (!w->done) {
         if (timeout_ms < 0) {
