@@ -194,13 +194,13 @@ typedef struct c10d_pg_opts {
 
 /* Per-call options; zero-initialised means defaults. */
 typedef struct c10d_op_opts {
-    int64_t timeout_ms;   /* 0: the group's default */
-    c10d_work_cb cb;      /* optional completion callback (loop thread, exactly once) */
+    int64_t timeout_ms; /* 0: the group's default */
+    c10d_work_cb cb;    /* optional completion callback (loop thread, exactly once) */
     void *cb_arg;
     double premul_factor; /* the factor of C10D_PREMUL_SUM */
     c10d_device_type device_type;
-    int device_index;     /* CUDA device of the buffers */
-    void *stream;         /* CUDA: the caller's cudaStream_t (NULL: the default stream) */
+    int device_index; /* CUDA device of the buffers */
+    void *stream;     /* CUDA: the caller's cudaStream_t (NULL: the default stream) */
 } c10d_op_opts;
 
 /* Creates the default group: rendezvous, then connects the backend. Blocks
@@ -231,8 +231,8 @@ C10D_EXPORT int c10d_all_reduce(c10d_pg *pg, const void *send, void *recv, size_
                                 c10d_work **work);
 /* recv is only written on root (may be NULL elsewhere). */
 C10D_EXPORT int c10d_reduce(c10d_pg *pg, const void *send, void *recv, size_t count,
-                            c10d_dtype dtype, c10d_reduce_op op, int root,
-                            const c10d_op_opts *opts, c10d_work **work);
+                            c10d_dtype dtype, c10d_reduce_op op, int root, const c10d_op_opts *opts,
+                            c10d_work **work);
 /* recv holds size x count elements, rank r's at r * count. */
 C10D_EXPORT int c10d_all_gather(c10d_pg *pg, const void *send, void *recv, size_t count,
                                 c10d_dtype dtype, const c10d_op_opts *opts, c10d_work **work);
@@ -242,16 +242,15 @@ C10D_EXPORT int c10d_all_gather_list(c10d_pg *pg, const void *send, void *const 
                                      c10d_work **work);
 /* On root recv holds size x count elements; elsewhere recv must be NULL. */
 C10D_EXPORT int c10d_gather(c10d_pg *pg, const void *send, void *recv, size_t count,
-                            c10d_dtype dtype, int root, const c10d_op_opts *opts,
-                            c10d_work **work);
+                            c10d_dtype dtype, int root, const c10d_op_opts *opts, c10d_work **work);
 /* On root send holds size x count elements; elsewhere send must be NULL. */
 C10D_EXPORT int c10d_scatter(c10d_pg *pg, const void *send, void *recv, size_t count,
                              c10d_dtype dtype, int root, const c10d_op_opts *opts,
                              c10d_work **work);
 /* send holds size x count elements; recv gets the reduction of block `rank`. */
 C10D_EXPORT int c10d_reduce_scatter(c10d_pg *pg, const void *send, void *recv, size_t count,
-                                    c10d_dtype dtype, c10d_reduce_op op,
-                                    const c10d_op_opts *opts, c10d_work **work);
+                                    c10d_dtype dtype, c10d_reduce_op op, const c10d_op_opts *opts,
+                                    c10d_work **work);
 /* List form: sends[r] (count elements each) is this rank's contribution to rank r. */
 C10D_EXPORT int c10d_reduce_scatter_list(c10d_pg *pg, const void *const *sends, void *recv,
                                          size_t count, c10d_dtype dtype, c10d_reduce_op op,
@@ -276,8 +275,8 @@ C10D_EXPORT int c10d_monitored_barrier(c10d_pg *pg, int64_t timeout_ms, int wait
  * through c10d_work_source_rank. */
 C10D_EXPORT int c10d_send(c10d_pg *pg, const void *buf, size_t count, c10d_dtype dtype, int peer,
                           int tag, const c10d_op_opts *opts, c10d_work **work);
-C10D_EXPORT int c10d_recv(c10d_pg *pg, void *buf, size_t count, c10d_dtype dtype, int peer,
-                          int tag, const c10d_op_opts *opts, c10d_work **work);
+C10D_EXPORT int c10d_recv(c10d_pg *pg, void *buf, size_t count, c10d_dtype dtype, int peer, int tag,
+                          const c10d_op_opts *opts, c10d_work **work);
 
 typedef enum c10d_p2p_kind { C10D_P2P_SEND = 0, C10D_P2P_RECV = 1 } c10d_p2p_kind;
 typedef struct c10d_p2p_op {
@@ -305,7 +304,6 @@ C10D_EXPORT int c10d_all_reduce_sync(c10d_pg *pg, const void *send, void *recv, 
 C10D_EXPORT int c10d_broadcast_sync(c10d_pg *pg, const void *send, void *recv, size_t count,
                                     c10d_dtype dtype, int root);
 C10D_EXPORT int c10d_barrier_sync(c10d_pg *pg);
-
 
 /* ------------------------------------------------------------------ store
  * (section owned by the store client; see docs/store_client.md)
@@ -342,8 +340,8 @@ typedef struct c10d_store_result {
      * ready / 0 not; DELETE_KEY: 1 deleted / 0 absent; QUEUE_POP: the queue's
      * length before the pop; PING: the round trip in microseconds. */
     int64_t value;
-    c10d_store_bytes data;        /* GET, COMPARE_SET, QUEUE_POP */
-    size_t count;                 /* MULTI_GET values, LIST_KEYS keys */
+    c10d_store_bytes data; /* GET, COMPARE_SET, QUEUE_POP */
+    size_t count;          /* MULTI_GET values, LIST_KEYS keys */
     const c10d_store_bytes *items;
 } c10d_store_result;
 
@@ -397,15 +395,14 @@ C10D_EXPORT int c10d_store_add(c10d_store *s, const char *key, int64_t delta, c1
                                void *arg);
 /* STORE_PROTOCOL.md's table; result->data is what the store answered. */
 C10D_EXPORT int c10d_store_compare_set(c10d_store *s, const char *key, const void *expected,
-                                       size_t expected_len, const void *desired,
-                                       size_t desired_len, c10d_store_cb cb, void *arg);
+                                       size_t expected_len, const void *desired, size_t desired_len,
+                                       c10d_store_cb cb, void *arg);
 /* timeout_ms <= 0: the store's timeout. */
 C10D_EXPORT int c10d_store_wait(c10d_store *s, const char *const *keys, size_t n,
                                 int64_t timeout_ms, c10d_store_cb cb, void *arg);
-C10D_EXPORT int c10d_store_check(c10d_store *s, const char *const *keys, size_t n,
-                                 c10d_store_cb cb, void *arg);
-C10D_EXPORT int c10d_store_delete_key(c10d_store *s, const char *key, c10d_store_cb cb,
-                                      void *arg);
+C10D_EXPORT int c10d_store_check(c10d_store *s, const char *const *keys, size_t n, c10d_store_cb cb,
+                                 void *arg);
+C10D_EXPORT int c10d_store_delete_key(c10d_store *s, const char *key, c10d_store_cb cb, void *arg);
 C10D_EXPORT int c10d_store_num_keys(c10d_store *s, c10d_store_cb cb, void *arg);
 C10D_EXPORT int c10d_store_append(c10d_store *s, const char *key, const void *value, size_t len,
                                   c10d_store_cb cb, void *arg);
@@ -414,8 +411,8 @@ C10D_EXPORT int c10d_store_multi_get(c10d_store *s, const char *const *keys, siz
 C10D_EXPORT int c10d_store_multi_set(c10d_store *s, const char *const *keys,
                                      const void *const *values, const size_t *lens, size_t n,
                                      c10d_store_cb cb, void *arg);
-C10D_EXPORT int c10d_store_queue_push(c10d_store *s, const char *key, const void *value,
-                                      size_t len, c10d_store_cb cb, void *arg);
+C10D_EXPORT int c10d_store_queue_push(c10d_store *s, const char *key, const void *value, size_t len,
+                                      c10d_store_cb cb, void *arg);
 /* block: wait up to the store's timeout for an item; else an empty queue is
  * C10D_ENOTFOUND. */
 C10D_EXPORT int c10d_store_queue_pop(c10d_store *s, const char *key, int block, c10d_store_cb cb,
@@ -423,21 +420,24 @@ C10D_EXPORT int c10d_store_queue_pop(c10d_store *s, const char *key, int block, 
 C10D_EXPORT int c10d_store_queue_len(c10d_store *s, const char *key, c10d_store_cb cb, void *arg);
 /* Keys with a value (servers that have LIST_KEYS; prefix stores list their own keys). */
 C10D_EXPORT int c10d_store_list_keys(c10d_store *s, c10d_store_cb cb, void *arg);
+C10D_EXPORT int c10d_store_server_stats(c10d_store *s, c10d_store_cb cb, void *arg);
 C10D_EXPORT int c10d_store_ping(c10d_store *s, c10d_store_cb cb, void *arg);
 
 /* Sync wrappers: same semantics; outputs are malloc'd (free() them). */
-C10D_EXPORT int c10d_store_set_sync(c10d_store *s, const char *key, const void *value,
-                                    size_t len);
+C10D_EXPORT int c10d_store_set_sync(c10d_store *s, const char *key, const void *value, size_t len);
 C10D_EXPORT int c10d_store_get_sync(c10d_store *s, const char *key, void **value, size_t *len);
-C10D_EXPORT int c10d_store_add_sync(c10d_store *s, const char *key, int64_t delta,
-                                    int64_t *result);
+/* c10d-store only (not PyTorch's servers, which close the connection on it):
+ * the server's stats (connections, keys, bytes, waiters, ops and ops/s per
+ * command) as a JSON string in result.data / a malloc'd NUL-terminated *json.
+ * C10D_EUNSUPPORTED on the legacy dialect and on local stores. */
+C10D_EXPORT int c10d_store_server_stats_sync(c10d_store *s, char **json);
+C10D_EXPORT int c10d_store_add_sync(c10d_store *s, const char *key, int64_t delta, int64_t *result);
 C10D_EXPORT int c10d_store_compare_set_sync(c10d_store *s, const char *key, const void *expected,
                                             size_t expected_len, const void *desired,
                                             size_t desired_len, void **value, size_t *len);
 C10D_EXPORT int c10d_store_wait_sync(c10d_store *s, const char *const *keys, size_t n,
                                      int64_t timeout_ms);
-C10D_EXPORT int c10d_store_check_sync(c10d_store *s, const char *const *keys, size_t n,
-                                      int *ready);
+C10D_EXPORT int c10d_store_check_sync(c10d_store *s, const char *const *keys, size_t n, int *ready);
 C10D_EXPORT int c10d_store_delete_key_sync(c10d_store *s, const char *key, int *deleted);
 C10D_EXPORT int c10d_store_num_keys_sync(c10d_store *s, int64_t *count);
 C10D_EXPORT int c10d_store_append_sync(c10d_store *s, const char *key, const void *value,
@@ -446,8 +446,7 @@ C10D_EXPORT int c10d_store_append_sync(c10d_store *s, const char *key, const voi
 C10D_EXPORT int c10d_store_multi_get_sync(c10d_store *s, const char *const *keys, size_t n,
                                           void **values, size_t *lens);
 C10D_EXPORT int c10d_store_multi_set_sync(c10d_store *s, const char *const *keys,
-                                          const void *const *values, const size_t *lens,
-                                          size_t n);
+                                          const void *const *values, const size_t *lens, size_t n);
 C10D_EXPORT int c10d_store_queue_push_sync(c10d_store *s, const char *key, const void *value,
                                            size_t len);
 C10D_EXPORT int c10d_store_queue_pop_sync(c10d_store *s, const char *key, int block, void **value,

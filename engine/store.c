@@ -554,6 +554,12 @@ int c10d_store_list_keys(c10d_store *s, c10d_store_cb cb, void *arg)
     return post(s, C10D_STORE_LIST_KEYS, NULL, 0, 0, 0, 0, cb, arg);
 }
 
+int c10d_store_server_stats(c10d_store *s, c10d_store_cb cb, void *arg)
+{
+    C10D_CHECK(check_store(s, "server_stats"));
+    return post(s, C10D_STORE_STATS, NULL, 0, 0, 0, 0, cb, arg);
+}
+
 int c10d_store_ping(c10d_store *s, c10d_store_cb cb, void *arg)
 {
     C10D_CHECK(check_store(s, "ping"));

@@ -183,6 +183,16 @@ int c10d_store_set_sync(c10d_store *s, const char *key, const void *value, size_
     SYNC_RETURN("set", (void)0);
 }
 
+int c10d_store_server_stats_sync(c10d_store *s, char **json)
+{
+    if (!json)
+        return c10d__fail(C10D_EINVAL, "store server_stats_sync: json must not be NULL");
+    *json = NULL;
+    SYNC_BEGIN(s, WANT_DATA, "server_stats");
+    SYNC_SUBMIT(c10d_store_server_stats(s, sync_cb, c), "server_stats");
+    SYNC_RETURN("server_stats", take_data(c, (void **)json, NULL)); /* NUL-terminated */
+}
+
 int c10d_store_get_sync(c10d_store *s, const char *key, void **value, size_t *len)
 {
     SYNC_BEGIN(s, WANT_DATA, "get");

@@ -208,10 +208,9 @@ static void timeout_message(struct tcp_store *ts, struct c10d__store_op *op, cha
 {
     if (ts->state != ST_READY && ts->attempts > 0) {
         if (ts->last_error[0]) {
-            snprintf(buf, len,
-                     "store tcp %s %s: could not connect within %lld ms: %s after %d attempts",
-                     ts->name, op_name(op), (long long)op->timeout_ms, ts->last_error,
-                     ts->attempts);
+            snprintf(
+                buf, len, "store tcp %s %s: could not connect within %lld ms: %s after %d attempts",
+                ts->name, op_name(op), (long long)op->timeout_ms, ts->last_error, ts->attempts);
         } else {
             snprintf(buf, len,
                      "store tcp %s %s: could not connect within %lld ms (%d attempts, the last "
@@ -704,6 +703,7 @@ static void handle_reply(struct tcp_store *ts, const struct c10d__store_reply *r
         }
         /* fall through */
     case C10D_STORE_COMPARE_SET:
+    case C10D_STORE_STATS:
         rc = c10d__store_op_set_data(op, r->vals[0].data, r->vals[0].len);
         break;
     case C10D_STORE_ADD:

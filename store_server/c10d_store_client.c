@@ -215,11 +215,19 @@ static int do_barrier(struct cli *c, int argc, char **argv)
     return 0;
 }
 
-/* There is no stats request in either dialect: report what a client can
- * see. The server's own counters are in its log (SIGUSR1, --stats-interval-s). */
+/* c10d-store answers its own STATS request with the server's JSON stats.
+ * PyTorch's servers have no such request (they drop the connection on it),
+ * so for them, or in the legacy dialect, report what a client can see. */
 static int do_stats(struct cli *c, int argc, char **argv)
 {
     (void)argc, (void)argv;
+    char *json = NULL;
+    if (c10d_store_dialect_of(c->store) != C10D_DIALECT_LEGACY &&
+        c10d_store_server_stats_sync(c->store, &json) == 0) {
+        printf("%s\n", json);
+        free(json);
+        return 0;
+    }
     int64_t rtt = 0, n = 0;
     int rc = c10d_store_ping_sync(c->store, &rtt);
     if (rc == 0)

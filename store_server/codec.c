@@ -9,10 +9,10 @@
 #include <string.h>
 
 static const char *const cmd_names[C10D_STORE_CMD_COUNT] = {
-    "VALIDATE",  "PING",      "SET",       "COMPARE_SET", "GET",
-    "ADD",       "CHECK",     "WAIT",      "GETNUMKEYS",  "DELETE_KEY",
-    "APPEND",    "MULTI_GET", "MULTI_SET", "CANCEL_WAIT", "QUEUE_PUSH",
-    "QUEUE_POP", "QUEUE_LEN", "LIST_KEYS", "BARRIER",     "WATCH_KEY",
+    "VALIDATE",  "PING",        "SET",        "COMPARE_SET", "GET",       "ADD",
+    "CHECK",     "WAIT",        "GETNUMKEYS", "DELETE_KEY",  "APPEND",    "MULTI_GET",
+    "MULTI_SET", "CANCEL_WAIT", "QUEUE_PUSH", "QUEUE_POP",   "QUEUE_LEN", "LIST_KEYS",
+    "BARRIER",   "WATCH_KEY",   "STATS",
 };
 
 /* Wire byte -> command, per dialect. */
@@ -38,6 +38,8 @@ int c10d__store_cmd_from_wire(int dialect, uint8_t byte)
 {
     if (dialect == C10D_STORE_DIALECT_LEGACY)
         return byte < sizeof legacy_from_wire ? legacy_from_wire[byte] : -1;
+    if (dialect == C10D_STORE_DIALECT_CURRENT && byte == C10D_STORE_WIRE_STATS)
+        return C10D_STORE_STATS;
     if (dialect == C10D_STORE_DIALECT_CURRENT)
         return byte < sizeof current_from_wire ? current_from_wire[byte] : -1;
     return -1;
@@ -51,6 +53,8 @@ int c10d__store_cmd_to_wire(int dialect, int cmd)
         t = legacy_from_wire;
         n = sizeof legacy_from_wire;
     } else if (dialect == C10D_STORE_DIALECT_CURRENT) {
+        if (cmd == C10D_STORE_STATS)
+            return C10D_STORE_WIRE_STATS;
         t = current_from_wire;
         n = sizeof current_from_wire;
     } else {
@@ -95,6 +99,7 @@ static const struct layout layouts[C10D_STORE_CMD_COUNT] = {
     [C10D_STORE_LIST_KEYS] = {0},
     [C10D_STORE_BARRIER] = {.nstr = 1, .i64 = 1},
     [C10D_STORE_WATCH_KEY] = {.nstr = 1},
+    [C10D_STORE_STATS] = {0},
 };
 
 /* --------------------------------------------------------------- integers */
@@ -497,6 +502,7 @@ int c10d__store_reply_shape(int cmd)
         return C10D_STORE_REPLY_I64;
     case C10D_STORE_GET:
     case C10D_STORE_COMPARE_SET:
+    case C10D_STORE_STATS:
         return C10D_STORE_REPLY_STR;
     case C10D_STORE_MULTI_GET:
         return C10D_STORE_REPLY_NSTR;

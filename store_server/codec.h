@@ -83,6 +83,11 @@ enum c10d__store_dialect {
     C10D_STORE_DIALECT_LEGACY,      /* PyTorch 1.13 */
 };
 
+/* STATS is not PyTorch's: c10d-store answers it with its stats as a JSON string.
+ * A byte far above PyTorch's codes, so no PyTorch release can mean something
+ * else by it; PyTorch's servers close the connection on it. */
+#define C10D_STORE_WIRE_STATS 0x40
+
 /* Dialect-independent commands. The values are ours, not wire bytes. */
 enum c10d__store_cmd {
     C10D_STORE_VALIDATE = 0,
@@ -105,6 +110,7 @@ enum c10d__store_cmd {
     C10D_STORE_LIST_KEYS,
     C10D_STORE_BARRIER,
     C10D_STORE_WATCH_KEY, /* 1.13 only */
+    C10D_STORE_STATS,     /* libc10d's own (current dialect, wire C10D_STORE_WIRE_STATS) */
     C10D_STORE_CMD_COUNT
 };
 

@@ -520,6 +520,11 @@ static int do_bind(struct c10d__store_server *srv, const char *host, int port)
     return 0;
 }
 
+static char *ctx_stats_json(struct c10d__store_ctx *ctx)
+{
+    return c10d__store_server_stats_json(ctx->data);
+}
+
 int c10d__store_server_start(uv_loop_t *loop, const struct c10d__store_server_opts *opts,
                              struct c10d__store_server **out)
 {
@@ -546,6 +551,7 @@ int c10d__store_server_start(uv_loop_t *loop, const struct c10d__store_server_op
     srv->ctx.world_size = opts->world_size;
     srv->ctx.out_cap = srv->lim.max_pending_write_bytes;
     srv->ctx.data = srv;
+    srv->ctx.stats_json = ctx_stats_json;
     rc = do_bind(srv, opts->host, opts->port);
     if (rc < 0) {
         c10d__store_ctx_free(&srv->ctx);

@@ -316,6 +316,13 @@ static void handle(struct c10d__store_session *s, const struct c10d__store_reque
         if (rc == 1)
             reply_ok(s, c10d__store_put_u8(out, C10D_STORE_STOP_WAITING));
         break;
+    case C10D_STORE_STATS: {
+        char *json = s->ctx->stats_json ? s->ctx->stats_json(s->ctx) : NULL;
+        const char *text = json ? json : "{}";
+        reply_ok(s, c10d__store_put_str(out, text, strlen(text)));
+        free(json);
+        break;
+    }
     case C10D_STORE_WATCH_KEY:
         rc = c10d__store_table_watch(t, &s->client, a[0]);
         if (rc == 0)

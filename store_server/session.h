@@ -34,6 +34,8 @@ struct c10d__store_ctx {
      * stops running requests until the owner drains them (0: no limit). */
     size_t out_cap;
     uint64_t ops[C10D_STORE_CMD_COUNT];
+    /* STATS: the owner's stats as a malloc'd JSON string (NULL: "{}"). */
+    char *(*stats_json)(struct c10d__store_ctx *ctx);
     uint64_t missing_gets;
     /* One read buffer for every session: reads that hold whole requests are
      * parsed in place and never copied. */

@@ -714,6 +714,36 @@ static void test_tcp_server_restart(void **state)
     c10d_store_release(s);
 }
 
+/* c10d-store's own STATS request: the server's JSON, counting this request;
+ * refused cleanly by the legacy dialect and by stores without a server. */
+static void test_server_stats(void **state)
+{
+    struct kind *k = *state;
+    begin_test();
+    c10d_store *s = open_store(k);
+    set_str(s, "counted", "1");
+    char *json = NULL;
+    assert_int_equal(c10d_store_server_stats_sync(s, &json), 0);
+    assert_non_null(strstr(json, "\"connections\""));
+    assert_non_null(strstr(json, "\"STATS\":"));
+    assert_non_null(strstr(json, "\"SET\":"));
+    free(json);
+    expect_str(s, "counted", "1"); /* the connection is still in step */
+    c10d_store_release(s);
+
+    c10d_store_tcp_opts o = {.timeout_ms = 20000, .dialect = C10D_DIALECT_LEGACY};
+    c10d_store *legacy = NULL;
+    assert_int_equal(c10d_store_tcp_connect("127.0.0.1", k->port, &o, &legacy), 0);
+    assert_int_equal(c10d_store_server_stats_sync(legacy, &json), C10D_EUNSUPPORTED);
+    assert_null(json);
+    c10d_store_release(legacy);
+
+    c10d_store *hash = NULL;
+    assert_int_equal(c10d_store_hash_create(&hash), 0);
+    assert_int_equal(c10d_store_server_stats_sync(hash, &json), C10D_EUNSUPPORTED);
+    c10d_store_release(hash);
+}
+
 /* ---------------------------------------------------------------- main */
 
 #define CONFORMANCE(k)                                                                             \
@@ -810,6 +840,7 @@ int main(int argc, char **argv)
         CONFORMANCE(tcp_kind),
         CONFORMANCE(legacy_kind),
         cmocka_unit_test_prestate(test_tcp_refused, &tcp_kind),
+        cmocka_unit_test_prestate(test_server_stats, &tcp_kind),
     };
     const struct CMUnitTest process_tests[] = {
         CONFORMANCE(process_kind),
