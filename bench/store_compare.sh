@@ -16,11 +16,12 @@
 set -u
 
 usage() {
-    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 }
 
 [ $# -ge 1 ] || usage
+case $1 in -h | --help) usage ;; esac
 BUILD=$1
 shift
 DURATION=3
