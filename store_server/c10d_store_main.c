@@ -130,6 +130,8 @@ static void serve_usage(FILE *f)
                "  --max-connections N       open connections (default 65536)\n"
                "  --max-pending-write S     unread replies before reads pause (default 8M; "
                "closed at 4x)\n"
+               "  --max-queued-replies S    unsent replies, all connections together, before "
+               "every connection pauses (default 256M)\n"
                "  --validate-timeout-ms T   first request must complete within T (default 30000)\n"
                "  --silent-timeout-ms T     close connections silent for T (default 0: never)\n"
                "  --stats-interval-s T      log JSON stats every T seconds (default 60; 0: off)\n"
@@ -150,6 +152,7 @@ static int cmd_serve(int argc, char **argv)
         O_MEM,
         O_CONN,
         O_PENDING,
+        O_QUEUED,
         O_VALIDATE,
         O_SILENT,
         O_STATS,
@@ -167,6 +170,7 @@ static int cmd_serve(int argc, char **argv)
         {"max-memory", required_argument, NULL, O_MEM},
         {"max-connections", required_argument, NULL, O_CONN},
         {"max-pending-write", required_argument, NULL, O_PENDING},
+        {"max-queued-replies", required_argument, NULL, O_QUEUED},
         {"validate-timeout-ms", required_argument, NULL, O_VALIDATE},
         {"silent-timeout-ms", required_argument, NULL, O_SILENT},
         {"stats-interval-s", required_argument, NULL, O_STATS},
@@ -228,6 +232,9 @@ static int cmd_serve(int argc, char **argv)
             break;
         case O_PENDING:
             opts.limits.max_pending_write_bytes = v;
+            break;
+        case O_QUEUED:
+            opts.limits.max_queued_reply_bytes = v;
             break;
         case O_VALIDATE:
             opts.limits.validate_timeout_ms = v;

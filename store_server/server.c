@@ -73,6 +73,8 @@ void c10d__store_limits_defaults(struct c10d__store_limits *l)
         l->validate_timeout_ms = 30000;
     if (!l->max_pending_write_bytes)
         l->max_pending_write_bytes = 8ull << 20;
+    if (!l->max_queued_reply_bytes)
+        l->max_queued_reply_bytes = 256ull << 20;
 }
 
 static struct conn *conn_of(struct c10d__store_session *s)
@@ -110,6 +112,8 @@ static void vlist_remove(struct c10d__store_server *srv, struct conn *c)
     c->in_vlist = 0;
 }
 
+static void resume_waiting(struct c10d__store_server *srv);
+
 static void on_conn_closed(uv_handle_t *h)
 {
     struct conn *c = h->data;
@@ -117,6 +121,7 @@ static void on_conn_closed(uv_handle_t *h)
     /* Table clean-up happens here, never inside a table callback. */
     c10d__store_session_free(&c->s);
     free(c);
+    resume_waiting(srv);
     handle_closed(srv);
 }
 
@@ -148,35 +153,56 @@ static void conn_close(struct conn *c, const char *reason)
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 
-static void on_written(uv_write_t *req, int status)
+/* After a session ran again: read more, or stop reading, or close it. */
+static void after_run(struct c10d__store_session *s)
 {
-    struct wreq *w = (struct wreq *)req;
-    struct conn *c = w->c;
-    c->pending_write -= w->len;
-    c->s.pending_out = c->pending_write;
-    free(w->data);
-    free(w);
+    struct conn *c = conn_of(s);
     if (c->closing)
         return;
-    if (status < 0) {
-        conn_close(c, NULL);
+    if (s->closing) {
+        conn_close(c, s->reason);
         return;
     }
-    /* Backpressure released: run the requests left buffered, then read again. */
-    if (c->pending_write > c->srv->lim.max_pending_write_bytes)
-        return;
-    if (c->s.stalled) {
-        if (c10d__store_session_received(&c->s, 0) < 0) {
-            conn_close(c, c->s.reason);
-            return;
+    if (s->stalled) {
+        if (c->reading) {
+            uv_read_stop((uv_stream_t *)&c->tcp);
+            c->reading = 0;
         }
-        if (c->closing || c->s.stalled)
-            return;
+        return;
     }
     if (!c->reading && c->pending_write <= c->srv->lim.max_pending_write_bytes) {
         if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
             c->reading = 1;
     }
+}
+
+/* Writes drained somewhere: let the sessions waiting for the server-wide
+ * reply cap run, oldest first. */
+static void resume_waiting(struct c10d__store_server *srv)
+{
+    if (!srv->stopping)
+        c10d__store_ctx_resume(&srv->ctx, after_run);
+}
+
+static void on_written(uv_write_t *req, int status)
+{
+    struct wreq *w = (struct wreq *)req;
+    struct conn *c = w->c;
+    struct c10d__store_server *srv = c->srv;
+    c->pending_write -= w->len;
+    c10d__store_session_set_pending(&c->s, c->pending_write);
+    free(w->data);
+    free(w);
+    if (!c->closing && status < 0)
+        conn_close(c, NULL);
+    /* Backpressure released: run the requests left buffered, then read again.
+     * A session waiting for the server-wide cap keeps its place in the FIFO. */
+    if (!c->closing && c->pending_write <= srv->lim.max_pending_write_bytes && !c->s.in_fifo) {
+        if (c->s.stalled)
+            c10d__store_session_received(&c->s, 0);
+        after_run(&c->s);
+    }
+    resume_waiting(srv);
 }
 
 static void flush(struct c10d__store_session *s)
@@ -238,7 +264,7 @@ static void flush(struct c10d__store_session *s)
         return;
     }
     c->pending_write += w->len;
-    s->pending_out = c->pending_write;
+    c10d__store_session_set_pending(s, c->pending_write);
     if (c->reading && c->pending_write > srv->lim.max_pending_write_bytes) {
         uv_read_stop((uv_stream_t *)&c->tcp);
         c->reading = 0;
@@ -409,6 +435,8 @@ static void on_connection(uv_stream_t *listener, int status)
 static void on_tick(uv_timer_t *t)
 {
     struct c10d__store_server *srv = t->data;
+    /* Belt and braces: every drain already resumes waiting sessions. */
+    resume_waiting(srv);
     uint64_t now = uv_now(srv->loop);
     uint64_t vt = srv->lim.validate_timeout_ms, st = srv->lim.silent_timeout_ms;
     uint64_t min_t = st && st < vt ? st : vt;
@@ -550,6 +578,7 @@ int c10d__store_server_start(uv_loop_t *loop, const struct c10d__store_server_op
     }
     srv->ctx.world_size = opts->world_size;
     srv->ctx.out_cap = srv->lim.max_pending_write_bytes;
+    srv->ctx.queued_cap = srv->lim.max_queued_reply_bytes;
     srv->ctx.data = srv;
     srv->ctx.stats_json = ctx_stats_json;
     rc = do_bind(srv, opts->host, opts->port);
@@ -634,6 +663,16 @@ char *c10d__store_server_stats_json(struct c10d__store_server *s)
     (void)waiting_conns;
     if (!o)
         return NULL;
+    size_t fifo = 0;
+    for (struct c10d__store_session *q = s->ctx.stall_head; q; q = q->fifo_next)
+        fifo++;
+    json_object_set_new(o, "queued_reply_bytes", json_integer((json_int_t)s->ctx.queued));
+    json_object_set_new(o, "queued_reply_limit", json_integer((json_int_t)s->ctx.queued_cap));
+    json_object_set_new(o, "waiting_for_reply_cap", json_integer((json_int_t)fifo));
+    json_object_set_new(o, "reply_cap_stalls", json_integer((json_int_t)s->ctx.stalls));
+    json_object_set_new(o, "multi_get_cache",
+                        json_pack("{s:I, s:I}", "hits", (json_int_t)s->ctx.mget_hits, "misses",
+                                  (json_int_t)s->ctx.mget_misses));
     char *text = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return text;

@@ -31,6 +31,11 @@ struct c10d__store_limits {
      * bytes the server stops reading its requests; past 4x it closes the
      * connection (asynchronous pushes can still pile up) [8 MiB]. */
     uint64_t max_pending_write_bytes;
+    /* Replies queued to all clients together: past this many bytes no
+     * connection runs requests until writes drain; connections resume in the
+     * order they stopped [256 MiB]. Kept apart from max_memory_bytes so that
+     * slow readers can never make a SET fail. */
+    uint64_t max_queued_reply_bytes;
 };
 
 /* The defaults, filled into the zero fields of *l. */

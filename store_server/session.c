@@ -8,8 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SHARED_BUF_BYTES (64 * 1024)
-#define MIN_OWN_BUF      4096
+#define SHARED_BUF_BYTES   (64 * 1024)
+#define MIN_OWN_BUF        4096
+#define MGET_CACHE_MAX     (64u << 20)
+#define DEFAULT_QUEUED_CAP (256u << 20)
 
 void c10d__store_session_fail(struct c10d__store_session *s, const char *fmt, ...)
 {
@@ -80,6 +82,8 @@ int c10d__store_ctx_init(struct c10d__store_ctx *ctx, const struct c10d__store_c
     if (lim)
         ctx->limits = *lim;
     ctx->flush = flush;
+    ctx->queued_cap = DEFAULT_QUEUED_CAP;
+    ctx->mget_cache_max = MGET_CACHE_MAX;
     struct c10d__store_table_cbs cbs = {.wake = on_wake, .watch = on_watch};
     C10D_CHECK(c10d__store_table_create(&cbs, max_memory, &ctx->table));
     ctx->shared_cap = SHARED_BUF_BYTES;
@@ -91,12 +95,88 @@ int c10d__store_ctx_init(struct c10d__store_ctx *ctx, const struct c10d__store_c
     return 0;
 }
 
+static void mget_drop(struct c10d__store_ctx *ctx)
+{
+    struct c10d__store_mget_cache *m = &ctx->mget;
+    if (m->charged)
+        c10d__store_table_release(ctx->table, m->charged);
+    free(m->key_lens);
+    free(m->key_bytes);
+    free(m->reply);
+    memset(m, 0, sizeof *m);
+}
+
 void c10d__store_ctx_free(struct c10d__store_ctx *ctx)
 {
+    mget_drop(ctx);
     c10d__store_table_free(ctx->table);
     free(ctx->shared);
     ctx->table = NULL;
     ctx->shared = NULL;
+}
+
+/* ------------------------------------------------ server-wide reply cap */
+
+static void fifo_push(struct c10d__store_session *s)
+{
+    struct c10d__store_ctx *ctx = s->ctx;
+    if (s->in_fifo)
+        return;
+    s->in_fifo = 1;
+    s->fifo_next = NULL;
+    s->fifo_prev = ctx->stall_tail;
+    if (ctx->stall_tail)
+        ctx->stall_tail->fifo_next = s;
+    else
+        ctx->stall_head = s;
+    ctx->stall_tail = s;
+    ctx->stalls++;
+}
+
+static void fifo_remove(struct c10d__store_session *s)
+{
+    struct c10d__store_ctx *ctx = s->ctx;
+    if (!s->in_fifo)
+        return;
+    if (s->fifo_prev)
+        s->fifo_prev->fifo_next = s->fifo_next;
+    else
+        ctx->stall_head = s->fifo_next;
+    if (s->fifo_next)
+        s->fifo_next->fifo_prev = s->fifo_prev;
+    else
+        ctx->stall_tail = s->fifo_prev;
+    s->fifo_prev = s->fifo_next = NULL;
+    s->in_fifo = 0;
+}
+
+void c10d__store_session_set_pending(struct c10d__store_session *s, size_t pending)
+{
+    s->ctx->queued = s->ctx->queued - s->pending_out + pending;
+    s->pending_out = pending;
+}
+
+/* A session must wait when the cap is reached, and also while others wait
+ * for it, so that a newcomer cannot overtake the FIFO. */
+static int over_queued_cap(const struct c10d__store_session *s)
+{
+    const struct c10d__store_ctx *ctx = s->ctx;
+    if (!ctx->queued_cap)
+        return 0;
+    return ctx->queued >= ctx->queued_cap || (ctx->stall_head && !s->resuming);
+}
+
+void c10d__store_ctx_resume(struct c10d__store_ctx *ctx,
+                            void (*after)(struct c10d__store_session *s))
+{
+    while (ctx->stall_head && (!ctx->queued_cap || ctx->queued < ctx->queued_cap)) {
+        struct c10d__store_session *s = ctx->stall_head;
+        fifo_remove(s);
+        s->resuming = 1;
+        c10d__store_session_received(s, 0);
+        s->resuming = 0;
+        after(s);
+    }
 }
 
 /* -------------------------------------------------------------- session */
@@ -123,6 +203,8 @@ static void free_own(struct c10d__store_session *s)
 
 void c10d__store_session_free(struct c10d__store_session *s)
 {
+    fifo_remove(s);
+    c10d__store_session_set_pending(s, 0);
     c10d__store_table_client_gone(s->ctx->table, &s->client);
     free_own(s);
     c10d__store_parser_free(&s->parser);
@@ -196,6 +278,81 @@ static int list_key(void *arg, struct c10d__store_str key)
     return c10d__store_put_str(&s->out, key.data, key.len);
 }
 
+/* A command that may change what MULTI_GET answers. Conservative: anything
+ * but the commands known to only read. */
+static int read_only(enum c10d__store_cmd cmd)
+{
+    switch (cmd) {
+    case C10D_STORE_VALIDATE:
+    case C10D_STORE_PING:
+    case C10D_STORE_GET:
+    case C10D_STORE_CHECK:
+    case C10D_STORE_WAIT:
+    case C10D_STORE_GETNUMKEYS:
+    case C10D_STORE_MULTI_GET:
+    case C10D_STORE_LIST_KEYS:
+    case C10D_STORE_QUEUE_LEN:
+    case C10D_STORE_STATS:
+    case C10D_STORE_CANCEL_WAIT:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* In a rendezvous every rank asks for the same N keys once the table stopped
+ * changing: answer repeats with one copy instead of N lookups and encodes. */
+static int mget_hit(struct c10d__store_session *s, const struct c10d__store_request *r)
+{
+    struct c10d__store_mget_cache *m = &s->ctx->mget;
+    if (!m->reply || m->generation != s->ctx->generation || m->nkeys != r->nargs)
+        return 0;
+    const uint8_t *p = m->key_bytes;
+    for (size_t i = 0; i < r->nargs; i++) {
+        if (m->key_lens[i] != r->args[i].len || memcmp(p, r->args[i].data, r->args[i].len))
+            return 0;
+        p += r->args[i].len;
+    }
+    if (reply_ok(s, c10d__store_put_raw(&s->out, m->reply, m->reply_len)) == 0)
+        s->ctx->mget_hits++;
+    return 1;
+}
+
+static void mget_remember(struct c10d__store_session *s, const struct c10d__store_request *r,
+                          const uint8_t *reply, size_t reply_len)
+{
+    struct c10d__store_ctx *ctx = s->ctx;
+    mget_drop(ctx);
+    if (reply_len > ctx->mget_cache_max || r->nargs == 0)
+        return;
+    size_t key_total = 0;
+    for (size_t i = 0; i < r->nargs; i++)
+        key_total += r->args[i].len;
+    size_t charge = reply_len + key_total + r->nargs * sizeof(size_t);
+    /* The cache is an optimisation: never let it refuse a client's data. */
+    if (c10d__store_table_charge(ctx->table, charge) < 0)
+        return;
+    struct c10d__store_mget_cache *m = &ctx->mget;
+    m->charged = charge;
+    m->key_lens = malloc(r->nargs * sizeof(size_t));
+    m->key_bytes = malloc(key_total ? key_total : 1);
+    m->reply = malloc(reply_len ? reply_len : 1);
+    if (!m->key_lens || !m->key_bytes || !m->reply) {
+        mget_drop(ctx);
+        return;
+    }
+    uint8_t *p = m->key_bytes;
+    for (size_t i = 0; i < r->nargs; i++) {
+        m->key_lens[i] = r->args[i].len;
+        memcpy(p, r->args[i].data, r->args[i].len);
+        p += r->args[i].len;
+    }
+    memcpy(m->reply, reply, reply_len);
+    m->reply_len = reply_len;
+    m->nkeys = r->nargs;
+    m->generation = ctx->generation;
+}
+
 static void table_error(struct c10d__store_session *s, int rc, const struct c10d__store_request *r)
 {
     char k[80];
@@ -218,6 +375,11 @@ static void handle(struct c10d__store_session *s, const struct c10d__store_reque
     const struct c10d__store_str *a = r->args;
     int rc = 0;
     ctx->ops[r->cmd]++;
+    if (!read_only(r->cmd)) {
+        ctx->generation++;
+        if (ctx->mget.reply)
+            mget_drop(ctx);
+    }
     switch (r->cmd) {
     case C10D_STORE_VALIDATE:
         break;
@@ -277,14 +439,22 @@ static void handle(struct c10d__store_session *s, const struct c10d__store_reque
     case C10D_STORE_APPEND:
         rc = c10d__store_table_append(t, a[0], a[1]);
         break;
-    case C10D_STORE_MULTI_GET:
+    case C10D_STORE_MULTI_GET: {
+        if (ctx->mget_cache_max && mget_hit(s, r))
+            break;
+        size_t start = out->len;
         for (size_t i = 0; i < r->nargs && rc == 0; i++) {
             struct c10d__store_str v;
             c10d__store_table_get(t, a[i], &v);
             rc = reply_ok(s, c10d__store_put_str(out, v.data, v.len));
         }
+        if (rc == 0 && ctx->mget_cache_max) {
+            ctx->mget_misses++;
+            mget_remember(s, r, out->data + start, out->len - start);
+        }
         rc = 0;
         break;
+    }
     case C10D_STORE_MULTI_SET:
         for (size_t i = 0; i + 1 < r->nargs && rc == 0; i += 2)
             rc = c10d__store_table_set(t, a[i], a[i + 1]);
@@ -348,6 +518,19 @@ static size_t process(struct c10d__store_session *s, const uint8_t *buf, size_t 
                 s->ctx->flush(s);
             if (s->closing || s->out.len + s->pending_out >= cap) {
                 s->stalled = 1;
+                break;
+            }
+        }
+        /* The same, server-wide: hand over what this session has and queue it
+         * behind the sessions already waiting. */
+        if (over_queued_cap(s)) {
+            if (s->out.len)
+                s->ctx->flush(s);
+            if (s->closing)
+                break;
+            if (over_queued_cap(s)) {
+                s->stalled = 1;
+                fifo_push(s);
                 break;
             }
         }

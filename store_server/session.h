@@ -33,6 +33,29 @@ struct c10d__store_ctx {
     /* Replies a session may have queued (s->out + s->pending_out) before it
      * stops running requests until the owner drains them (0: no limit). */
     size_t out_cap;
+    /* Server-wide: replies every session handed to the owner but the owner has
+     * not sent yet (the sum of pending_out). At queued_cap (0: no cap) sessions
+     * stop running requests and wait in a FIFO; the owner resumes them with
+     * c10d__store_ctx_resume() as writes drain. Without it, 10k clients that
+     * each ask for a 720 KB MULTI_GET make the server hold 7 GB of replies. */
+    size_t queued;
+    size_t queued_cap;
+    struct c10d__store_session *stall_head, *stall_tail;
+    uint64_t stalls; /* times a session waited for the server-wide cap */
+    /* Bumped by every command that is not read-only: a cached MULTI_GET reply
+     * from an older generation may be stale. */
+    uint64_t generation;
+    struct c10d__store_mget_cache {
+        size_t nkeys;
+        size_t *key_lens;
+        uint8_t *key_bytes; /* the keys, back to back */
+        uint8_t *reply;
+        size_t reply_len;
+        size_t charged; /* to the table's memory budget */
+        uint64_t generation;
+    } mget;
+    size_t mget_cache_max; /* largest reply cached (0: no cache) */
+    uint64_t mget_hits, mget_misses;
     uint64_t ops[C10D_STORE_CMD_COUNT];
     /* STATS: the owner's stats as a malloc'd JSON string (NULL: "{}"). */
     char *(*stats_json)(struct c10d__store_ctx *ctx);
@@ -60,6 +83,11 @@ struct c10d__store_session {
     struct c10d__store_buf out; /* replies not yet handed to flush() */
     size_t pending_out;         /* the owner's: bytes flushed but not yet sent */
     int stalled; /* stopped at out_cap with requests left: call received(s, 0) later */
+    /* Waiting in ctx's FIFO for the server-wide cap (then stalled is set too):
+     * only c10d__store_ctx_resume() runs it again. */
+    int in_fifo;
+    int resuming;
+    struct c10d__store_session *fifo_prev, *fifo_next;
     uint64_t bytes_in;
     uint64_t requests;
     int closing;      /* set on an error: the owner must close the connection */
@@ -83,6 +111,16 @@ void c10d__store_session_rbuf(struct c10d__store_session *s, size_t suggested, u
 int c10d__store_session_received(struct c10d__store_session *s, size_t n);
 /* Convenience (tests, fuzzer): copies data in through rbuf()/received(). */
 int c10d__store_session_feed(struct c10d__store_session *s, const uint8_t *data, size_t len);
+/* The owner's queued bytes for this session changed to `pending` (keeps
+ * ctx->queued, the server-wide sum, in step). */
+void c10d__store_session_set_pending(struct c10d__store_session *s, size_t pending);
+/* Runs sessions waiting for the server-wide cap, oldest first, while the
+ * queued bytes are under it. For each one it calls received(s, 0) and then
+ * after(s) (the owner restarts reading or closes the session); after() must
+ * not free the session. Safe to call at any time; does nothing when no
+ * session waits. */
+void c10d__store_ctx_resume(struct c10d__store_ctx *ctx,
+                            void (*after)(struct c10d__store_session *s));
 /* 1 once the first request (VALIDATE in the current dialect) completed. */
 int c10d__store_session_started(const struct c10d__store_session *s);
 /* Marks the session closing with a reason (first reason wins). */
