@@ -132,6 +132,8 @@ static void serve_usage(FILE *f)
                "closed at 4x)\n"
                "  --max-queued-replies S    unsent replies, all connections together, before "
                "every connection pauses (default 256M)\n"
+               "  --slow-reader-timeout-ms T  while paused so, close clients whose replies have "
+               "not moved for T (default 10000)\n"
                "  --validate-timeout-ms T   first request must complete within T (default 30000)\n"
                "  --silent-timeout-ms T     close connections silent for T (default 0: never)\n"
                "  --stats-interval-s T      log JSON stats every T seconds (default 60; 0: off)\n"
@@ -153,6 +155,7 @@ static int cmd_serve(int argc, char **argv)
         O_CONN,
         O_PENDING,
         O_QUEUED,
+        O_SLOW,
         O_VALIDATE,
         O_SILENT,
         O_STATS,
@@ -171,6 +174,7 @@ static int cmd_serve(int argc, char **argv)
         {"max-connections", required_argument, NULL, O_CONN},
         {"max-pending-write", required_argument, NULL, O_PENDING},
         {"max-queued-replies", required_argument, NULL, O_QUEUED},
+        {"slow-reader-timeout-ms", required_argument, NULL, O_SLOW},
         {"validate-timeout-ms", required_argument, NULL, O_VALIDATE},
         {"silent-timeout-ms", required_argument, NULL, O_SILENT},
         {"stats-interval-s", required_argument, NULL, O_STATS},
@@ -235,6 +239,9 @@ static int cmd_serve(int argc, char **argv)
             break;
         case O_QUEUED:
             opts.limits.max_queued_reply_bytes = v;
+            break;
+        case O_SLOW:
+            opts.limits.slow_reader_timeout_ms = v;
             break;
         case O_VALIDATE:
             opts.limits.validate_timeout_ms = v;

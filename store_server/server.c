@@ -21,7 +21,8 @@ struct conn {
     struct conn *prev, *next;   /* every open connection */
     struct conn *vprev, *vnext; /* not yet started, in accept order */
     uint64_t accepted_ms;
-    size_t pending_write; /* bytes handed to uv_write, not yet written */
+    size_t pending_write;    /* bytes handed to uv_write, not yet written */
+    uint64_t write_moved_ms; /* when pending_write last shrank, or started from 0 */
     int reading;
     int closing;
     int in_vlist;
@@ -75,6 +76,8 @@ void c10d__store_limits_defaults(struct c10d__store_limits *l)
         l->max_pending_write_bytes = 8ull << 20;
     if (!l->max_queued_reply_bytes)
         l->max_queued_reply_bytes = 256ull << 20;
+    if (!l->slow_reader_timeout_ms)
+        l->slow_reader_timeout_ms = 10000;
 }
 
 static struct conn *conn_of(struct c10d__store_session *s)
@@ -190,6 +193,7 @@ static void on_written(uv_write_t *req, int status)
     struct conn *c = w->c;
     struct c10d__store_server *srv = c->srv;
     c->pending_write -= w->len;
+    c->write_moved_ms = uv_now(srv->loop);
     c10d__store_session_set_pending(&c->s, c->pending_write);
     free(w->data);
     free(w);
@@ -263,6 +267,8 @@ static void flush(struct c10d__store_session *s)
         conn_close(c, NULL);
         return;
     }
+    if (c->pending_write == 0)
+        c->write_moved_ms = uv_now(srv->loop);
     c->pending_write += w->len;
     c10d__store_session_set_pending(s, c->pending_write);
     if (c->reading && c->pending_write > srv->lim.max_pending_write_bytes) {
@@ -430,6 +436,26 @@ static void on_connection(uv_stream_t *listener, int status)
     c->reading = 1;
 }
 
+/* Sessions are waiting for the server-wide reply cap: the bytes holding it
+ * may belong to clients that stopped reading. Close those whose replies have
+ * not moved for slow_reader_timeout_ms; readers that drain, however slowly,
+ * keep their connection. */
+static void close_stuck_readers(struct c10d__store_server *srv, uint64_t now)
+{
+    for (struct conn *c = srv->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->pending_write && now - c->write_moved_ms >= srv->lim.slow_reader_timeout_ms) {
+            char why[200];
+            snprintf(why, sizeof why,
+                     "client has not read its replies for %" PRIu64
+                     " ms (%zu bytes pending) while the server-wide reply cap holds others back",
+                     now - c->write_moved_ms, c->pending_write);
+            srv->closed_slow++;
+            conn_close(c, why);
+        }
+    }
+}
+
 /* Closes connections that started a first request but did not finish it in
  * time (and, if configured, connections that never said anything). */
 static void on_tick(uv_timer_t *t)
@@ -438,6 +464,8 @@ static void on_tick(uv_timer_t *t)
     /* Belt and braces: every drain already resumes waiting sessions. */
     resume_waiting(srv);
     uint64_t now = uv_now(srv->loop);
+    if (srv->ctx.stall_head)
+        close_stuck_readers(srv, now);
     uint64_t vt = srv->lim.validate_timeout_ms, st = srv->lim.silent_timeout_ms;
     uint64_t min_t = st && st < vt ? st : vt;
     struct conn *c = srv->vhead;

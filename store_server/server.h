@@ -36,6 +36,10 @@ struct c10d__store_limits {
      * order they stopped [256 MiB]. Kept apart from max_memory_bytes so that
      * slow readers can never make a SET fail. */
     uint64_t max_queued_reply_bytes;
+    /* While that server-wide cap holds connections back, a connection whose
+     * queued replies have not moved for this long is closed, so clients that
+     * never read cannot stall everyone else [10000]. */
+    uint64_t slow_reader_timeout_ms;
 };
 
 /* The defaults, filled into the zero fields of *l. */

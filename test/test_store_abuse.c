@@ -298,6 +298,74 @@ static void test_never_reads_replies(void **state)
     good_round();
 }
 
+/* Enough clients that never read to fill the server-wide reply cap: everyone
+ * else would wait behind them forever; the stuck ones are closed instead. */
+static void test_never_readers_fill_server_cap(void **state)
+{
+    (void)state;
+    struct store_ts ts2;
+    struct c10d__store_server_opts o = {
+        .port = 0,
+        .limits = {.max_pending_write_bytes = 128 * 1024,
+                   .max_queued_reply_bytes = 512 * 1024,
+                   .slow_reader_timeout_ms = 500},
+    };
+    int port2 = store_ts_start(&ts2, &o);
+    assert_true(port2 > 0);
+    struct store_tc good2;
+    struct c10d__store_reply r;
+    assert_int_equal(store_tc_open(&good2, port2, AF_INET, C10D_STORE_DIALECT_CURRENT), 0);
+    uint8_t *val = calloc(1, 64 * 1024);
+    struct c10d__store_str kv[] = {STR("/v"), {val, 64 * 1024}};
+    assert_int_equal(store_tc_call(&good2, C10D_STORE_SET, 0, 0, 2, kv, &r), 0);
+    free(val);
+    struct c10d__store_buf b = {0};
+    c10d__store_put_raw(&b, "\x00\xCE\xF7\x85\x3C", 5);
+    for (int i = 0; i < 32; i++) {
+        struct c10d__store_request q = {.cmd = C10D_STORE_GET, .nargs = 1, .args = kv};
+        c10d__store_encode_request(&b, C10D_STORE_DIALECT_CURRENT, &q);
+    }
+    enum { NBAD = 12 };
+    int bad[NBAD];
+    for (int k = 0; k < NBAD; k++) {
+        bad[k] = store_tc_connect(port2, AF_INET);
+        assert_true(bad[k] >= 0);
+        int small = 4096;
+        setsockopt(bad[k], SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+        fcntl(bad[k], F_SETFL, fcntl(bad[k], F_GETFL) | O_NONBLOCK);
+        /* Send GETs until the server stops reading them: the kernel buffers
+         * both ways are full and the rest waits in the server. */
+        for (int rounds = 0; rounds < 4000; rounds++) {
+            ssize_t n = send(bad[k], b.data, b.len, MSG_NOSIGNAL);
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                struct pollfd p = {.fd = bad[k], .events = POLLOUT};
+                if (poll(&p, 1, 100) == 0)
+                    break;
+                continue;
+            }
+            if (n <= 0)
+                break;
+        }
+    }
+    c10d__store_buf_free(&b);
+    usleep(200000);
+    /* Served, after the stuck readers were closed (store_tc's 20 s receive
+     * timeout fails the test if it never is). */
+    assert_int_equal(store_tc_call(&good2, C10D_STORE_PING, 7, 0, 0, NULL, &r), 0);
+    assert_int_equal(r.u32, 7);
+    assert_int_equal(store_tc_call(&good2, C10D_STORE_GET, 0, 0, 1, kv, &r), 0);
+    assert_int_equal(r.vals[0].len, 64 * 1024);
+    char *text = store_ts_stats(&ts2);
+    json_t *st = json_loads(text, 0, NULL);
+    free(text);
+    assert_true(stat_int(st, "connections", "closed_slow_readers") >= 1);
+    json_decref(st);
+    for (int k = 0; k < NBAD; k++)
+        close(bad[k]);
+    store_tc_close(&good2);
+    store_ts_stop(&ts2);
+}
+
 static void test_stalled_first_request(void **state)
 {
     (void)state;
@@ -322,6 +390,7 @@ int main(void)
         cmocka_unit_test(test_half_sent_then_disconnect),
         cmocka_unit_test(test_thousands_of_idle_connections),
         cmocka_unit_test(test_never_reads_replies),
+        cmocka_unit_test(test_never_readers_fill_server_cap),
         cmocka_unit_test(test_stalled_first_request),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
