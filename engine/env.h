@@ -14,7 +14,7 @@
     X(ENGINE_BATCH, "C10D_ENGINE_BATCH", NULL, "64",                                               \
       "most posted tasks the loop thread runs per wake-up before it polls sockets and timers "     \
       "again")                                                                                  \
-    X(WAIT_SPIN_US, "C10D_WAIT_SPIN_US", NULL, "30",                                               \
+    X(WAIT_SPIN_US, "C10D_WAIT_SPIN_US", NULL, "200",                                               \
       "c10d_work_wait polls (yielding the CPU) this long before it sleeps")                       \
     X(TCP_LAZY_INIT, "C10D_TCP_LAZY_INIT", NULL, "0",                                              \
       "tcp backend: connect to a peer on first use instead of the full mesh at group creation")    \
