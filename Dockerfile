@@ -1,5 +1,6 @@
 # libc10d image: the c10d-store server, the tools (c10drun, c10d-bench) and the
-# library with headers, built with the NCCL backend.
+# library with headers. Built against CUDA + NCCL (only a version probe uses them
+# so far: the nccl backend is not written yet).
 #   docker build -t libc10d .
 #   docker run --rm -p 29500:29500 libc10d                   # store server
 #   docker run --rm --entrypoint c10drun libc10d -n 2 ...    # a tool

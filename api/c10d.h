@@ -145,7 +145,8 @@ C10D_EXPORT int c10d_work_create(c10d_work **out, const char *what, int64_t time
 C10D_EXPORT int c10d_work_complete(c10d_work *work, int status, const char *message);
 
 /* Adds a completion callback. Callbacks run in registration order; one added
- * after completion still runs (on the loop thread, never inside this call). */
+ * after completion still runs (on the loop thread, never inside this call,
+ * except while c10d_shutdown runs: then the loop thread calls it at once). */
 C10D_EXPORT int c10d_work_on_complete(c10d_work *work, c10d_work_cb cb, void *arg);
 
 /* Blocks until `work` completes or timeout_ms passes (< 0: no limit beyond
@@ -183,7 +184,8 @@ typedef enum c10d_device_type { C10D_DEVICE_CPU = 0, C10D_DEVICE_CUDA = 1 } c10d
 #define C10D_ANY_SOURCE (-1)
 
 typedef struct c10d_pg_opts {
-    const char *backend;     /* "tcp", "nccl" or "cpu:tcp,cuda:nccl"; NULL: "tcp" */
+    const char *backend;     /* "tcp"; NULL: "tcp" ("nccl" is parsed but not built yet:
+                                C10D_EUNSUPPORTED) */
     const char *init_method; /* rendezvous URL (env://, tcp://, file://); NULL: env:// */
     c10d_store *store;       /* explicit store instead of a URL (then rank/world_size needed) */
     int rank;                /* with a store, or to override the URL's */

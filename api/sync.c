@@ -13,7 +13,8 @@ int c10d_work_wait_release(c10d_work *work)
     return rc;
 }
 
-/* A non-member's call returns no work worth waiting for; NULL works mean done. */
+/* The body of every *_sync helper. A non-member gets an already completed
+ * work back; a NULL work (nothing to wait for) counts as done. */
 static int finish(int rc, c10d_work *w)
 {
     if (rc != 0)

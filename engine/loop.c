@@ -260,6 +260,15 @@ int c10d__engine_call(void (*fn)(void *arg), void *arg)
     return rc;
 }
 
+int c10d__engine_stopping(void)
+{
+    uv_once(&engine_once, engine_init_once);
+    uv_mutex_lock(&engine_mutex);
+    int stopping = engine != NULL && engine->stopping;
+    uv_mutex_unlock(&engine_mutex);
+    return stopping;
+}
+
 uv_loop_t *c10d__engine_loop(void)
 {
     return loop_engine != NULL ? &loop_engine->loop : NULL;

@@ -23,6 +23,9 @@ int c10d__engine_start(void);
  * engine is shutting down (the task will not run). */
 int c10d__engine_post(struct c10d__task *task);
 
+/* 1 while c10d_shutdown has closed posting and not yet finished. */
+int c10d__engine_stopping(void);
+
 /* Convenience: allocates a task that calls fn(arg) on the loop thread. */
 int c10d__engine_call(void (*fn)(void *arg), void *arg);
 

@@ -313,6 +313,13 @@ int c10d_work_create(c10d_work **out, const char *what, int64_t timeout_ms)
     w->arm_task.fn = arm_task_fn;
     w->drain_task.fn = drain_task_fn;
     pending_add(w);
+    /* Checked after joining the pending list: a shutdown that closes posting
+     * later still finds this work in its last sweep, so none is left behind. */
+    if (c10d__engine_stopping()) {
+        pending_remove(w);
+        work_free(w);
+        return c10d__fail(C10D_EABORTED, "c10d_work_create: the engine is shutting down");
+    }
     if (timeout_ms > 0) {
         c10d_work_retain(w);
         int rc = c10d__engine_post(&w->arm_task);

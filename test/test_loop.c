@@ -120,6 +120,50 @@ static void test_shutdown_with_pending_work(void **state)
     assert_int_equal(c10d_shutdown(), 0); /* idempotent */
 }
 
+/* Works created by callbacks while c10d_shutdown runs: the first (before
+ * posting closes) is failed by the last sweep; one created after posting
+ * closed is refused, so no work is ever left pending past shutdown. */
+static c10d_work *created_in_cb;
+static atomic_int late_create_rc;
+
+static void create_late(c10d_work *w, int status, void *arg)
+{
+    (void)w;
+    (void)status;
+    (void)arg;
+    c10d_work *late = NULL;
+    atomic_store(&late_create_rc, c10d_work_create(&late, "too late", 0));
+    if (late != NULL) {
+        c10d_work_complete(late, C10D_OK, NULL);
+        c10d_work_release(late);
+    }
+}
+
+static void create_during_shutdown(c10d_work *w, int status, void *arg)
+{
+    (void)w;
+    (void)status;
+    (void)arg;
+    if (c10d_work_create(&created_in_cb, "created by a callback", 0) == 0)
+        c10d_work_on_complete(created_in_cb, create_late, NULL);
+}
+
+static void test_works_created_during_shutdown(void **state)
+{
+    (void)state;
+    c10d_work *w;
+    assert_int_equal(c10d_work_create(&w, "pending at shutdown", 0), 0);
+    c10d_work_on_complete(w, create_during_shutdown, NULL);
+    atomic_store(&late_create_rc, 1);
+    assert_int_equal(c10d_shutdown(), 0);
+    assert_non_null(created_in_cb);
+    assert_int_equal(c10d_work_wait(created_in_cb, 0), C10D_EABORTED);
+    assert_int_equal(atomic_load(&late_create_rc), C10D_EABORTED);
+    assert_int_equal(c10d__work_pending_count(), 0);
+    c10d_work_release(created_in_cb);
+    c10d_work_release(w);
+}
+
 static atomic_int shutdown_rc;
 
 static void shutdown_inside_callback(c10d_work *w, int status, void *arg)
@@ -232,6 +276,7 @@ int main(void)
         cmocka_unit_test(test_post_fifo_from_many_threads),
         cmocka_unit_test(test_post_with_batch_of_one),
         cmocka_unit_test(test_shutdown_with_pending_work),
+        cmocka_unit_test(test_works_created_during_shutdown),
         cmocka_unit_test(test_shutdown_from_callback_fails),
         cmocka_unit_test(test_concurrent_shutdown),
         cmocka_unit_test(test_fork),

@@ -208,11 +208,15 @@ static int destroy_main(int rank, int n, void *arg)
     (void)arg;
     float x[256] = {0};
     c10d_work *w;
-    c10d_pg *pg = init_or_die(2000);
+    /* A generous init (parallel ASan tests share the cores); only the op under
+     * test has a short deadline. */
+    c10d_pg *pg = init_or_die(20000);
     MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier");
     if (rank == 0) {
         /* The peer never joins: destroy waits for the op's deadline, no longer. */
-        MP_CHECK(c10d_all_reduce(pg, x, x, 256, C10D_FLOAT32, C10D_SUM, NULL, &w) == 0, "post");
+        c10d_op_opts oo = {0};
+        oo.timeout_ms = 2000;
+        MP_CHECK(c10d_all_reduce(pg, x, x, 256, C10D_FLOAT32, C10D_SUM, &oo, &w) == 0, "post");
         MP_CHECK(c10d_pg_destroy(pg) == 0, "destroy");
         int rc = c10d_work_wait_release(w);
         MP_CHECK(rc == C10D_ETIMEDOUT || rc == C10D_EABORTED, "pending after destroy: %s",

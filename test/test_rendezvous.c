@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include "free_port.h"
 #include "c10d.h"
 #include "engine/loop.h"
 #include "store_server/server.h"
@@ -27,14 +28,7 @@ static char tmpdir[256];
 
 static int free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0)
-        return -1;
-    socklen_t len = sizeof a;
-    getsockname(fd, (struct sockaddr *)&a, &len);
-    close(fd);
-    return ntohs(a.sin_port);
+    return test_free_port();
 }
 
 enum mode { M_ENV, M_TCP, M_FILE, M_AGENT, M_EXTERNAL };

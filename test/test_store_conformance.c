@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include "free_port.h"
 #include "c10d.h"
 #include "engine/loop.h"
 #include "engine/store.h"
@@ -669,15 +670,10 @@ static int teardown_process(void **state)
 static void test_tcp_refused(void **state)
 {
     (void)state;
-    /* A port nobody listens on: bind one, note it, close it. */
-    int port = 0;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    socklen_t al = sizeof a;
-    getsockname(fd, (struct sockaddr *)&a, &al);
-    port = ntohs(a.sin_port);
-    close(fd);
+    /* A port nobody listens on (it binds now, and is outside the ephemeral
+     * range other tests' connections use). */
+    int port = test_free_port();
+    assert_true(port > 0);
     c10d_store_tcp_opts o = {.timeout_ms = 1500};
     c10d_store *s = NULL;
     uint64_t t0 = c10d__now_ms();
