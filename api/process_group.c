@@ -151,7 +151,11 @@ struct create_call {
     int status;
     void *state;
     const struct c10d__backend_vtable *vt;
+    /* cfg points at copies owned here, never into the group: a waiter that
+     * gave up may free the group before a stalled loop runs the task. */
     struct c10d__backend_config cfg;
+    char *name, *desc;
+    int *global_ranks;
 };
 
 static void create_call_unref(struct create_call *cc)
@@ -162,6 +166,11 @@ static void create_call_unref(struct create_call *cc)
     if (last) {
         uv_cond_destroy(&cc->cond);
         uv_mutex_destroy(&cc->mutex);
+        free(cc->name);
+        free(cc->desc);
+        free(cc->global_ranks);
+        if (cc->cfg.store != NULL)
+            c10d_store_release(cc->cfg.store);
         free(cc);
     }
 }
@@ -227,11 +236,21 @@ static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtabl
     cc->refs = 3;
     cc->vt = vt;
     cc->task.fn = create_task;
+    cc->name = strdup(pg->name);
+    cc->desc = pg->desc != NULL ? strdup(pg->desc) : NULL;
+    cc->global_ranks = malloc((size_t)pg->size * sizeof *cc->global_ranks);
+    if (cc->name == NULL || (pg->desc != NULL && cc->desc == NULL) || cc->global_ranks == NULL) {
+        cc->refs = 1;
+        create_call_unref(cc);
+        return c10d__fail(C10D_ENOMEM, "process group: out of memory");
+    }
+    memcpy(cc->global_ranks, pg->global_ranks, (size_t)pg->size * sizeof *cc->global_ranks);
+    c10d_store_retain(b->store);
     cc->cfg.rank = pg->rank;
     cc->cfg.size = pg->size;
-    cc->cfg.global_ranks = pg->global_ranks;
-    cc->cfg.group_name = pg->name;
-    cc->cfg.group_desc = pg->desc;
+    cc->cfg.global_ranks = cc->global_ranks;
+    cc->cfg.group_name = cc->name;
+    cc->cfg.group_desc = cc->desc;
     cc->cfg.timeout_ms = pg->timeout_ms;
     cc->cfg.store = b->store;
     int rc = c10d__engine_post(&cc->task);
