@@ -309,7 +309,8 @@ static int mget_hit(struct c10d__store_session *s, const struct c10d__store_requ
         return 0;
     const uint8_t *p = m->key_bytes;
     for (size_t i = 0; i < r->nargs; i++) {
-        if (m->key_lens[i] != r->args[i].len || memcmp(p, r->args[i].data, r->args[i].len))
+        if (m->key_lens[i] != r->args[i].len ||
+            (r->args[i].len && memcmp(p, r->args[i].data, r->args[i].len)))
             return 0;
         p += r->args[i].len;
     }
@@ -344,10 +345,12 @@ static void mget_remember(struct c10d__store_session *s, const struct c10d__stor
     uint8_t *p = m->key_bytes;
     for (size_t i = 0; i < r->nargs; i++) {
         m->key_lens[i] = r->args[i].len;
-        memcpy(p, r->args[i].data, r->args[i].len);
+        if (r->args[i].len) /* an empty key may have no data pointer */
+            memcpy(p, r->args[i].data, r->args[i].len);
         p += r->args[i].len;
     }
-    memcpy(m->reply, reply, reply_len);
+    if (reply_len)
+        memcpy(m->reply, reply, reply_len);
     m->reply_len = reply_len;
     m->nkeys = r->nargs;
     m->generation = ctx->generation;
@@ -448,7 +451,7 @@ static void handle(struct c10d__store_session *s, const struct c10d__store_reque
             c10d__store_table_get(t, a[i], &v);
             rc = reply_ok(s, c10d__store_put_str(out, v.data, v.len));
         }
-        if (rc == 0 && ctx->mget_cache_max) {
+        if (rc == 0 && ctx->mget_cache_max && r->nargs > 0) { /* else out->data may be NULL */
             ctx->mget_misses++;
             mget_remember(s, r, out->data + start, out->len - start);
         }

@@ -175,6 +175,27 @@ static void test_repeat_is_cached_and_identical(void **state)
     free(r3);
 }
 
+/* Found by the fuzzer: a MULTI_GET of no keys (empty reply, no buffer) and
+ * of empty keys must neither be cached from a NULL buffer nor crash. GCC's
+ * UBSan does not flag NULL + 0, clang's does: the fuzz build (clang) keeps
+ * the input as a seed, test/fuzz/seeds/regress-mget-no-keys. */
+static void test_empty_key_lists(void **state)
+{
+    struct fixture *f = *state;
+    f->ca.got.len = 0;
+    send_req(&f->a, C10D_STORE_MULTI_GET, 0, 0, NULL);
+    drain(&f->a);
+    assert_int_equal(f->ca.got.len, 0);
+    const char *empty[] = {"", ""};
+    send_req(&f->a, C10D_STORE_MULTI_GET, 0, 2, empty);
+    drain(&f->a);
+    uint64_t hits = f->ctx.mget_hits;
+    send_req(&f->b, C10D_STORE_MULTI_GET, 0, 2, empty);
+    drain(&f->b);
+    assert_int_equal(f->ctx.mget_hits, hits + 1);
+    assert_false(f->a.closing || f->b.closing);
+}
+
 /* Every mutating command, sent on another session, shows up in the next
  * MULTI_GET of a list that was cached just before. */
 static void test_mutations_invalidate(void **state)
@@ -290,6 +311,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_repeat_is_cached_and_identical, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mutations_invalidate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_queued_cap_fifo, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_empty_key_lists, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
