@@ -5,6 +5,7 @@
  * every rank. */
 #include "tcp_harness.h"
 
+#include "bench/data.h"
 #include "engine/reduce.h"
 
 #include <setjmp.h>
@@ -35,44 +36,11 @@ static double gen(c10d_reduce_op op, c10d_dtype dt, int rank, size_t i)
     return (double)((rank + 1) * (int)((i % 5) + 1));
 }
 
-static void put(c10d_dtype dt, void *buf, size_t i, double v)
-{
-    switch (dt) {
-    case C10D_FLOAT32:
-        ((float *)buf)[i] = (float)v;
-        break;
-    case C10D_FLOAT64:
-        ((double *)buf)[i] = v;
-        break;
-    case C10D_FLOAT16:
-        ((uint16_t *)buf)[i] = c10d__float_to_half((float)v);
-        break;
-    case C10D_BFLOAT16:
-        ((uint16_t *)buf)[i] = c10d__float_to_bf16((float)v);
-        break;
-    case C10D_INT8:
-        ((int8_t *)buf)[i] = (int8_t)v;
-        break;
-    case C10D_UINT8:
-    case C10D_BOOL:
-        ((uint8_t *)buf)[i] = (uint8_t)v;
-        break;
-    case C10D_INT32:
-        ((int32_t *)buf)[i] = (int32_t)v;
-        break;
-    case C10D_INT64:
-        ((int64_t *)buf)[i] = (int64_t)v;
-        break;
-    default:
-        break;
-    }
-}
-
 /* rank's contribution: element i of block b is gen(rank, b * 1000 + i). */
 static void fill(c10d_reduce_op op, c10d_dtype dt, int rank, void *buf, size_t n, size_t block)
 {
     for (size_t i = 0; i < n; i++)
-        put(dt, buf, i, gen(op, dt, rank, block * 1000 + i));
+        data_store(buf, i, dt, gen(op, dt, rank, block * 1000 + i));
 }
 
 /* The reduction over all ranks of block `block`, in rank order. */
