@@ -216,14 +216,8 @@ static int post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *optype
         po->op.next = po->next_in_list != NULL ? &po->next_in_list->op : NULL;
     }
     int rc = c10d_work_on_complete(w, op_done, head);
-    if (rc == 0 && opts != NULL && opts->cb != NULL)
-        rc = c10d_work_on_complete(w, opts->cb, opts->cb_arg);
     if (rc != 0) {
-        /* Only op_done can have been registered: let it clean up. */
-        head->refs = 1;
-        pg->pending++;
-        pg->refs++;
-        *handed_over = 1;
+        /* Nothing registered (out of memory): fail the work, free the op. */
         c10d__work_complete(w, rc, "%s", c10d_last_error());
         c10d_work_release(w);
         return rc;
@@ -234,10 +228,20 @@ static int post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *optype
     *handed_over = 1;
     rc = c10d__engine_post(&head->task);
     if (rc != 0) {
+        /* c10d_shutdown closed posting after the work was created: its last
+         * sweep completes the (pending) work, and op_done then cleans up as
+         * for any op. The task never runs; the user's callback is not
+         * registered yet, so this failed call never calls back. */
         head->refs = 1;
-        c10d__work_complete(w, rc, "engine is shutting down");
-        c10d_work_release(w);
         return rc;
+    }
+    /* Registered after the post: a work that already completed still calls
+     * back (later, on the loop). Only during shutdown can this fail; the op
+     * is then aborted and the call reports it without a callback. */
+    if (opts != NULL && opts->cb != NULL) {
+        rc = c10d_work_on_complete(w, opts->cb, opts->cb_arg);
+        if (rc != 0)
+            return rc;
     }
     if (work != NULL) {
         c10d_work_retain(w);

@@ -13,9 +13,12 @@
 #include "engine/loop.h"
 #include "engine/work.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <uv.h>
 
 /* ------------------------------------------------------ recording backend */
@@ -162,6 +165,55 @@ static void expect_next_seq(c10d_pg *pg, uint64_t want)
 }
 
 /* ----------------------------------------------------------------- tests */
+
+/* Ops submitted while another thread shuts the engine down: every call that
+ * returned 0 calls back exactly once, no failed call ever calls back, and the
+ * group can still be destroyed promptly (ASan checks nothing leaks). */
+struct race_sub {
+    c10d_pg *pg;
+    atomic_int ok, failed, called;
+};
+
+static void race_sub_cb(c10d_work *w, int status, void *arg)
+{
+    (void)w;
+    (void)status;
+    atomic_fetch_add(&((struct race_sub *)arg)->called, 1);
+}
+
+static void *race_submitter(void *p)
+{
+    struct race_sub *r = p;
+    float x[4] = {1, 2, 3, 4};
+    for (int i = 0; i < 20000; i++) {
+        c10d_op_opts o = {0};
+        o.cb = race_sub_cb;
+        o.cb_arg = r;
+        if (c10d_all_reduce(r->pg, x, x, 4, C10D_FLOAT32, C10D_SUM, &o, NULL) == 0)
+            atomic_fetch_add(&r->ok, 1);
+        else if (atomic_fetch_add(&r->failed, 1) > 50)
+            break;
+    }
+    return NULL;
+}
+
+static void test_submit_races_shutdown(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 20; round++) {
+        struct race_sub r = {.pg = make_pg(0, 1, 5000)};
+        pthread_t t;
+        pthread_create(&t, NULL, race_submitter, &r);
+        usleep((useconds_t)(200 + 150 * round));
+        assert_int_equal(c10d_shutdown(), 0);
+        pthread_join(t, NULL);
+        assert_int_equal(c10d_shutdown(), 0); /* the submitter may have restarted it */
+        assert_int_equal(atomic_load(&r.called), atomic_load(&r.ok));
+        uint64_t t0 = c10d__now_ms();
+        c10d_pg_destroy(r.pg);
+        assert_true(c10d__now_ms() - t0 < 4000);
+    }
+}
 
 static void test_collective_rules(void **state)
 {
@@ -538,15 +590,11 @@ int main(void)
 {
     uv_mutex_init(&fake.mutex);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_collective_rules),
-        cmocka_unit_test(test_p2p_rules),
-        cmocka_unit_test(test_coalescing),
-        cmocka_unit_test(test_callbacks_and_poison),
-        cmocka_unit_test(test_timeout_message),
-        cmocka_unit_test(test_destroy_and_abort_bounded),
-        cmocka_unit_test(test_new_group),
-        cmocka_unit_test(test_init_rules),
-        cmocka_unit_test(test_monitored_barrier_single),
+        cmocka_unit_test(test_collective_rules), cmocka_unit_test(test_p2p_rules),
+        cmocka_unit_test(test_coalescing),       cmocka_unit_test(test_callbacks_and_poison),
+        cmocka_unit_test(test_timeout_message),  cmocka_unit_test(test_destroy_and_abort_bounded),
+        cmocka_unit_test(test_new_group),        cmocka_unit_test(test_submit_races_shutdown),
+        cmocka_unit_test(test_init_rules),       cmocka_unit_test(test_monitored_barrier_single),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     c10d_shutdown();
