@@ -1558,6 +1558,34 @@ static void ready_fail(struct c10d__tcp_transport *t, int status, const char *me
     t->ready(t->ready_arg, status);
 }
 
+/* Best effort: a last frame to every ready peer with nothing queued, so a peer
+ * still waiting on us learns at once why we are going. */
+static void tell_idle_peers(struct c10d__tcp_transport *t, uv_buf_t *bufs, unsigned nbufs)
+{
+    for (struct conn *c = t->conns; c != NULL; c = c->all_next)
+        if (c->state == C_READY && uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) == 0)
+            uv_try_write((uv_stream_t *)&c->tcp, bufs, nbufs);
+}
+
+/* Closes every connection, the listener and the timers. */
+static void close_all_handles(struct c10d__tcp_transport *t)
+{
+    for (struct conn *c = t->conns; c != NULL; c = c->all_next)
+        conn_close(c);
+    if (t->listening) {
+        t->listening = 0;
+        uv_close((uv_handle_t *)&t->listener, on_handle_closed);
+    }
+    if (t->deadline_open) {
+        t->deadline_open = 0;
+        uv_close((uv_handle_t *)&t->deadline, on_handle_closed);
+    }
+    if (t->grace_open) {
+        t->grace_open = 0;
+        uv_close((uv_handle_t *)&t->grace, on_handle_closed);
+    }
+}
+
 void c10d__tcp_transport_fail(struct c10d__tcp_transport *t, int status, const char *message)
 {
     if (t->failed)
@@ -1568,28 +1596,10 @@ void c10d__tcp_transport_fail(struct c10d__tcp_transport *t, int status, const c
         mlen = ABORT_MSG_MAX;
     unsigned char hdr[HDR_LEN];
     wire_encode(hdr, F_ABORT, 0, 0, 0, (uint64_t)(int64_t)status, mlen);
-    for (struct conn *c = t->conns; c != NULL; c = c->all_next) {
-        if (c->state == C_READY && uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) == 0) {
-            /* Best effort: a peer still waiting on us learns why at once. */
-            uv_buf_t b[2] = {uv_buf_init((char *)hdr, HDR_LEN),
-                             uv_buf_init((char *)message, (unsigned)mlen)};
-            uv_try_write((uv_stream_t *)&c->tcp, b, 2);
-        }
-    }
-    for (struct conn *c = t->conns; c != NULL; c = c->all_next)
-        conn_close(c);
-    if (t->listening) {
-        t->listening = 0;
-        uv_close((uv_handle_t *)&t->listener, on_handle_closed);
-    }
-    if (t->deadline_open) {
-        t->deadline_open = 0;
-        uv_close((uv_handle_t *)&t->deadline, on_handle_closed);
-    }
-    if (t->grace_open) {
-        t->grace_open = 0;
-        uv_close((uv_handle_t *)&t->grace, on_handle_closed);
-    }
+    uv_buf_t b[2] = {uv_buf_init((char *)hdr, HDR_LEN),
+                     uv_buf_init((char *)message, (unsigned)mlen)};
+    tell_idle_peers(t, b, 2);
+    close_all_handles(t);
     ready_fail(t, status, message);
 }
 
@@ -1598,27 +1608,10 @@ static void transport_close_quietly(struct c10d__tcp_transport *t)
 {
     unsigned char hdr[HDR_LEN];
     wire_encode(hdr, F_BYE, 0, 0, 0, 0, 0);
-    for (struct conn *c = t->conns; c != NULL; c = c->all_next) {
-        if (c->state == C_READY && uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) == 0) {
-            uv_buf_t b = uv_buf_init((char *)hdr, HDR_LEN);
-            uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
-        }
-    }
+    uv_buf_t b = uv_buf_init((char *)hdr, HDR_LEN);
+    tell_idle_peers(t, &b, 1);
     t->failed = 1;
-    for (struct conn *c = t->conns; c != NULL; c = c->all_next)
-        conn_close(c);
-    if (t->listening) {
-        t->listening = 0;
-        uv_close((uv_handle_t *)&t->listener, on_handle_closed);
-    }
-    if (t->deadline_open) {
-        t->deadline_open = 0;
-        uv_close((uv_handle_t *)&t->deadline, on_handle_closed);
-    }
-    if (t->grace_open) {
-        t->grace_open = 0;
-        uv_close((uv_handle_t *)&t->grace, on_handle_closed);
-    }
+    close_all_handles(t);
     ready_fail(t, C10D_EABORTED, "tcp: the group was closed during connection setup");
 }
 
