@@ -13,13 +13,16 @@
       "and 0-3 accepted for the fallback)")                                                        \
     X(ENGINE_BATCH, "C10D_ENGINE_BATCH", NULL, "64",                                               \
       "most posted tasks the loop thread runs per wake-up before it polls sockets and timers "     \
-      "again")                                                                                  \
-    X(WAIT_SPIN_US, "C10D_WAIT_SPIN_US", NULL, "200",                                               \
-      "c10d_work_wait polls (yielding the CPU) this long before it sleeps")                       \
+      "again")                                                                                     \
+    X(WAIT_SPIN_US, "C10D_WAIT_SPIN_US", NULL, "200",                                              \
+      "c10d_work_wait polls (yielding the CPU) this long before it sleeps")                        \
+    X(LOOP_SPIN_US, "C10D_LOOP_SPIN_US", NULL, "100",                                              \
+      "the loop thread polls without sleeping this long after its last activity (0: it sleeps "    \
+      "in epoll at once)")                                                                         \
     X(TCP_LAZY_INIT, "C10D_TCP_LAZY_INIT", NULL, "0",                                              \
       "tcp backend: connect to a peer on first use instead of the full mesh at group creation")    \
     X(SOCKET_IFNAME, "C10D_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "",                               \
-      "tcp backend: network interface to listen on (default: the hostname's address, else "       \
+      "tcp backend: network interface to listen on (default: the hostname's address, else "        \
       "loopback)")                                                                                 \
     X(TCP_EAGER_MAX, "C10D_TCP_EAGER_MAX", NULL, "65536",                                          \
       "tcp backend: collective messages up to this many bytes are sent without waiting for the "   \
@@ -27,12 +30,12 @@
     X(TCP_RD_MAX, "C10D_TCP_RD_MAX", NULL, "32768",                                                \
       "tcp backend: all_reduce uses recursive doubling up to this many bytes")                     \
     X(TCP_RING_MIN, "C10D_TCP_RING_MIN", NULL, "1048576",                                          \
-      "tcp backend: all_reduce uses the pipelined ring from this many bytes (halving-doubling "     \
+      "tcp backend: all_reduce uses the pipelined ring from this many bytes (halving-doubling "    \
       "in between)")                                                                               \
     X(TCP_SEGMENT, "C10D_TCP_SEGMENT", NULL, "1048576",                                            \
       "tcp backend: segment size in bytes of the pipelined ring")                                  \
     X(TCP_SOCKET_BUFFER, "C10D_TCP_SOCKET_BUFFER", NULL, "4194304",                                \
-      "tcp backend: SO_SNDBUF/SO_RCVBUF requested for peer connections (0: the OS default)")    \
+      "tcp backend: SO_SNDBUF/SO_RCVBUF requested for peer connections (0: the OS default)")       \
     X(MASTER_ADDR, "MASTER_ADDR", NULL, "",                                                        \
       "env:// rendezvous: host of the store (rank 0's address)")                                   \
     X(MASTER_PORT, "MASTER_PORT", NULL, "", "env:// rendezvous: port of the store")                \

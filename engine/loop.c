@@ -12,6 +12,8 @@
 #include "work.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
+#include <sched.h>
 #include <stdlib.h>
 
 struct engine {
@@ -26,9 +28,19 @@ struct engine {
     struct c10d__task stop_task;
     int64_t batch;            /* tasks run per wake-up (C10D_ENGINE_BATCH) */
     struct c10d__task *ready; /* taken from the queue, not yet run (loop thread only) */
+    /* Busy polling: while `spin` is active, uv_run polls with a zero timeout
+     * instead of sleeping in epoll, and spin_cb takes posted tasks itself, so a
+     * post needs no uv_async_send (no eventfd write, read and epoll wake-up). It
+     * stops `spin_ns` after the last activity (c10d__engine_busy). */
+    uv_idle_t spin;
+    int spinning;        /* spin is active: posts skip the wake-up (engine_mutex) */
+    uint64_t spin_ns;    /* loop thread only */
+    uint64_t spin_until; /* loop thread only */
 };
 
 static struct engine *engine;
+/* The CPU the loop thread polls on while it spins, else -1 (read by waiters). */
+static atomic_int spin_cpu = -1;
 static uv_mutex_t engine_mutex;
 static uv_mutex_t shutdown_mutex;
 static uv_once_t engine_once = UV_ONCE_INIT;
@@ -121,12 +133,70 @@ static void engine_stop_on_loop(struct engine *e)
     uv_walk(&e->loop, close_any_handle, NULL);
 }
 
+static void run_posted(struct engine *e);
+static void start_spinning(struct engine *e);
+
+/* Runs once per loop iteration while spinning. The yield lets the threads this
+ * loop is waiting for (the caller's, other ranks' loops) run on a small machine.
+ * It stops only with the queue empty, under the lock posters check `spinning`
+ * with, so no post is left without a wake-up. */
+static void spin_cb(uv_idle_t *spin)
+{
+    struct engine *e = spin->data;
+    run_posted(e);
+    if (uv_hrtime() < e->spin_until) {
+        atomic_store_explicit(&spin_cpu, sched_getcpu(), memory_order_relaxed);
+        sched_yield();
+        return;
+    }
+    uv_mutex_lock(&engine_mutex);
+    int idle = e->head == NULL && e->ready == NULL;
+    if (idle)
+        e->spinning = 0;
+    uv_mutex_unlock(&engine_mutex);
+    if (idle) {
+        atomic_store_explicit(&spin_cpu, -1, memory_order_relaxed);
+        uv_idle_stop(spin);
+    }
+}
+
+int c10d__engine_spin_cpu(void)
+{
+    return atomic_load_explicit(&spin_cpu, memory_order_relaxed);
+}
+
+/* Loop thread. */
+static void start_spinning(struct engine *e)
+{
+    if (uv_is_active((uv_handle_t *)&e->spin) || uv_is_closing((uv_handle_t *)&e->spin))
+        return;
+    uv_mutex_lock(&engine_mutex);
+    e->spinning = 1;
+    uv_mutex_unlock(&engine_mutex);
+    uv_idle_start(&e->spin, spin_cb);
+}
+
+void c10d__engine_busy(void)
+{
+    struct engine *e = loop_engine;
+    if (e == NULL || e->spin_ns == 0)
+        return;
+    e->spin_until = uv_hrtime() + e->spin_ns;
+    start_spinning(e);
+}
+
 static void wake_cb(uv_async_t *async)
 {
     struct engine *e = async->data;
+    c10d__engine_busy();
+    run_posted(e);
+}
+
+static void run_posted(struct engine *e)
+{
     /* At most `batch` tasks per wake-up so socket and timer callbacks are never
      * starved by a flood of posts; the rest stay in `ready` (FIFO before anything
-     * posted later) and the wake-up is re-armed. */
+     * posted later) and spin_cb takes them after the next poll. */
     if (e->ready == NULL)
         e->ready = take_all_tasks(e);
     for (int64_t n = 0; e->ready != NULL && n < e->batch; n++) {
@@ -140,7 +210,7 @@ static void wake_cb(uv_async_t *async)
     if (e->ready == NULL)
         e->ready = take_all_tasks(e);
     if (e->ready != NULL)
-        uv_async_send(&e->wake);
+        start_spinning(e); /* spin_cb runs them on the next iteration */
     if (e->stop_requested && !e->stopping)
         engine_stop_on_loop(e);
 }
@@ -178,6 +248,10 @@ static int engine_start_locked(void)
     }
     uv_async_init(&e->loop, &e->wake, wake_cb);
     e->wake.data = e;
+    uv_idle_init(&e->loop, &e->spin);
+    e->spin.data = e;
+    int64_t spin_us = c10d__env_int(C10D_ENV_LOOP_SPIN_US);
+    e->spin_ns = spin_us > 0 ? (uint64_t)spin_us * 1000u : 0;
     e->stop_task.fn = stop_task_fn;
     e->batch = c10d__env_int(C10D_ENV_ENGINE_BATCH);
     if (e->batch < 1)
@@ -185,6 +259,7 @@ static int engine_start_locked(void)
     rc = uv_thread_create(&e->thread, loop_thread_main, e);
     if (rc != 0) {
         uv_close((uv_handle_t *)&e->wake, NULL);
+        uv_close((uv_handle_t *)&e->spin, NULL);
         uv_run(&e->loop, UV_RUN_DEFAULT);
         uv_loop_close(&e->loop);
         free(e);
@@ -218,6 +293,15 @@ static int engine_post_locked(struct c10d__task *task)
     else
         engine->head = task;
     engine->tail = task;
+    if (engine->spinning)
+        return 0; /* spin_cb takes it on the next iteration */
+    if (on_loop_thread && loop_engine == engine && !uv_is_closing((uv_handle_t *)&engine->spin)) {
+        /* A post from a callback: run it on the next iteration without writing
+         * to our own eventfd. */
+        engine->spinning = 1;
+        uv_idle_start(&engine->spin, spin_cb);
+        return 0;
+    }
     uv_async_send(&engine->wake);
     return 0;
 }

@@ -46,6 +46,14 @@ void c10d__engine_on_shutdown(struct c10d__shutdown_hook *hook);
 void c10d__engine_remove_shutdown_hook(struct c10d__shutdown_hook *hook);
 
 /* Monotonic milliseconds (same clock as the loop's timers). */
+/* Loop thread only: something happened (a post, bytes from a peer, a completion).
+ * The loop polls without sleeping for C10D_LOOP_SPIN_US after the last such call,
+ * so the next message of an exchange is seen at once instead of after a wake-up. */
+void c10d__engine_busy(void);
+
+/* The CPU the loop thread is busy polling on, or -1 while it sleeps (any thread). */
+int c10d__engine_spin_cpu(void);
+
 uint64_t c10d__now_ms(void);
 uint64_t c10d__now_ns(void);
 

@@ -376,9 +376,16 @@ int c10d_work_wait(c10d_work *w, int64_t timeout_ms)
     int64_t spin_us = c10d__env_int(C10D_ENV_WAIT_SPIN_US);
     if (spin_us > 0) {
         uint64_t spin_end = c10d__now_ns() + (uint64_t)spin_us * 1000u;
+        /* Polling pays only while the loop thread is polling too, on another
+         * CPU: a sleeping loop is woken by the post anyway, and one that shares
+         * this CPU needs it more than we do. */
         while (!atomic_load_explicit(&w->done_flag, memory_order_acquire) &&
-               c10d__now_ns() < spin_end)
+               c10d__now_ns() < spin_end) {
+            int cpu = c10d__engine_spin_cpu();
+            if (cpu < 0 || cpu == sched_getcpu())
+                break;
             sched_yield();
+        }
     }
     uv_mutex_lock(&w->mutex);
     while (!w->done) {

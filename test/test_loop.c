@@ -85,6 +85,65 @@ static void test_post_with_batch_of_one(void **state)
     c10d__env_reload();
 }
 
+/* A task that posts a follow-up from the loop thread (the path that starts the
+ * spin handle instead of writing to the eventfd) until `hops` reach zero. */
+struct hop_task {
+    struct c10d__task task;
+    int hops;
+};
+
+static atomic_int hops_done;
+
+static void hop_task_fn(struct c10d__task *t)
+{
+    struct hop_task *h = (struct hop_task *)t;
+    if (h->hops-- > 0 && c10d__engine_post(&h->task) == 0)
+        return;
+    atomic_fetch_add(&hops_done, 1);
+    free(h);
+}
+
+static void *slow_poster(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    for (int i = 0; i < 300; i++) {
+        struct hop_task *h = malloc(sizeof *h);
+        h->task.fn = hop_task_fn;
+        h->hops = 3;
+        if (c10d__engine_post(&h->task) != 0)
+            free(h);
+        /* Gaps around the spin time: some posts land while the loop spins,
+         * some just as it stops, some once it sleeps in epoll. */
+        usleep(rand_r(&seed) % 40);
+    }
+    return NULL;
+}
+
+/* Posts racing the end of the loop's busy poll: none may be left without a
+ * wake-up (a task stranded in the queue would never run). */
+static void test_posts_racing_spin_end(void **state)
+{
+    (void)state;
+    const char *spins[] = {"1", "20", "0"};
+    for (size_t k = 0; k < sizeof spins / sizeof spins[0]; k++) {
+        assert_int_equal(c10d_shutdown(), 0);
+        setenv("C10D_LOOP_SPIN_US", spins[k], 1);
+        c10d__env_reload();
+        atomic_store(&hops_done, 0);
+        pthread_t t[POSTERS];
+        for (int i = 0; i < POSTERS; i++)
+            pthread_create(&t[i], NULL, slow_poster, (void *)(intptr_t)(i + 1));
+        for (int i = 0; i < POSTERS; i++)
+            pthread_join(t[i], NULL);
+        for (int i = 0; i < 10000 && atomic_load(&hops_done) < POSTERS * 300; i++)
+            usleep(1000);
+        assert_int_equal(atomic_load(&hops_done), POSTERS * 300);
+    }
+    assert_int_equal(c10d_shutdown(), 0);
+    unsetenv("C10D_LOOP_SPIN_US");
+    c10d__env_reload();
+}
+
 static void count_status(c10d_work *w, int status, void *arg)
 {
     (void)w;
@@ -275,6 +334,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_post_fifo_from_many_threads),
         cmocka_unit_test(test_post_with_batch_of_one),
+        cmocka_unit_test(test_posts_racing_spin_end),
         cmocka_unit_test(test_shutdown_with_pending_work),
         cmocka_unit_test(test_works_created_during_shutdown),
         cmocka_unit_test(test_shutdown_from_callback_fails),

@@ -1088,6 +1088,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     if (nread == 0 || c->state == C_CLOSED)
         return;
+    c10d__engine_busy();
     if (buf->base != c->staging) {
         c->dst += nread;
         c->remaining -= (size_t)nread;
