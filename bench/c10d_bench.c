@@ -35,7 +35,7 @@ struct opts {
     c10d_reduce_op redop;
     size_t min_bytes, max_bytes;
     double factor;
-    int iters, warmup, check;
+    int iters, warmup, check, blocking;
     const char *backend;
     c10d_device_type device;
     int root;
@@ -45,8 +45,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: c10d-bench [-o OP] [-d DTYPE] [-r REDOP] [-b MIN] [-e MAX] [-f FACTOR]\n"
-            "                  [-n ITERS] [-w WARMUP] [-c 0|1] [--backend tcp|nccl] [--device "
-            "cpu|cuda]\n"
+            "                  [-n ITERS] [-w WARMUP] [-c 0|1] [-z 0|1] [--backend tcp|nccl]\n"
+            "                  [--device cpu|cuda]\n"
             "  -o  all_reduce (default), all_gather, reduce_scatter, broadcast, reduce,\n"
             "      all_to_all, sendrecv\n"
             "  -d  dtype (float32 default; float64 float16 bfloat16 int8 uint8 int32 int64 bool)\n"
@@ -55,6 +55,8 @@ static void usage(FILE *f)
             "  -f  multiply the size by this each step (default 2)\n"
             "  -n  timed iterations per size (default 20), -w warm-up iterations (default 5)\n"
             "  -c  1: check every result against a reference (default 1)\n"
+            "  -z  1: wait for each op before issuing the next, as MPI and blocking torch\n"
+            "      calls do (time = latency); 0: issue all, then wait (default 0)\n"
             "Run one process per rank, e.g. with c10drun -n 2 c10d-bench ...\n");
 }
 
@@ -117,17 +119,25 @@ static int parse_args(int argc, char **argv, struct opts *o)
     o->check = 1;
     o->backend = "tcp";
     static const struct option longopts[] = {
-        {"op", required_argument, NULL, 'o'},       {"dtype", required_argument, NULL, 'd'},
-        {"redop", required_argument, NULL, 'r'},    {"minbytes", required_argument, NULL, 'b'},
-        {"maxbytes", required_argument, NULL, 'e'}, {"stepfactor", required_argument, NULL, 'f'},
-        {"iters", required_argument, NULL, 'n'},    {"warmup_iters", required_argument, NULL, 'w'},
-        {"check", required_argument, NULL, 'c'},    {"backend", required_argument, NULL, 'B'},
-        {"device", required_argument, NULL, 'D'},   {"root", required_argument, NULL, 'R'},
-        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
+        {"op", required_argument, NULL, 'o'},
+        {"dtype", required_argument, NULL, 'd'},
+        {"redop", required_argument, NULL, 'r'},
+        {"minbytes", required_argument, NULL, 'b'},
+        {"maxbytes", required_argument, NULL, 'e'},
+        {"stepfactor", required_argument, NULL, 'f'},
+        {"iters", required_argument, NULL, 'n'},
+        {"warmup_iters", required_argument, NULL, 'w'},
+        {"check", required_argument, NULL, 'c'},
+        {"backend", required_argument, NULL, 'B'},
+        {"device", required_argument, NULL, 'D'},
+        {"root", required_argument, NULL, 'R'},
+        {"blocking", required_argument, NULL, 'z'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "o:d:r:b:e:f:n:w:c:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "o:d:r:b:e:f:n:w:c:z:h", longopts, NULL)) != -1) {
         int bad = 0;
         switch (c) {
         case 'o':
@@ -160,6 +170,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
             break;
         case 'c':
             bad = parse_int(optarg, 0, &o->check) != 0 || o->check > 1;
+            break;
+        case 'z':
+            bad = parse_int(optarg, 0, &o->blocking) != 0 || o->blocking > 1;
             break;
         case 'R':
             bad = parse_int(optarg, 0, &o->root) != 0;
@@ -340,9 +353,21 @@ static long check_outputs(struct run *r)
     return wrong;
 }
 
-/* Issues `iters` ops back to back and waits for all; 0 or the first error. */
+/* Issues `iters` ops back to back and waits for all (with -z 1, waits for each
+ * before the next); 0 or the first error. */
 static int run_iters(struct run *r, int iters)
 {
+    if (r->o->blocking) {
+        for (int i = 0; i < iters; i++) {
+            c10d_work *w = NULL;
+            int rc = issue(r, &w);
+            if (rc == 0)
+                rc = c10d_work_wait_release(w);
+            if (rc != 0)
+                return rc;
+        }
+        return 0;
+    }
     c10d_work **ws = calloc((size_t)iters, sizeof *ws);
     if (ws == NULL)
         return C10D_ENOMEM;

@@ -154,6 +154,32 @@ expect_rc no-prefix $? 0
 expect_line no-prefix "$T/nopre.out" "plain0"
 expect_line no-prefix "$T/nopre.out" "plain1"
 
+# --bind-to core: each rank on its own CPU of c10drun's mask; --bind-to none leaves
+# the mask alone; more ranks than CPUs and unknown policies are usage errors.
+cpus=$(nproc)
+if [ "$cpus" -ge 2 ]; then
+    c10drun -n 2 --bind-to core sh -c 'grep Cpus_allowed_list /proc/self/status | tr -d "\t"' \
+        >"$T/bind.out" 2>&1
+    expect_rc bind-core $? 0
+    n0=$(sed -n 's/^\[rank0\]: Cpus_allowed_list:\([0-9]*\)$/\1/p' "$T/bind.out")
+    n1=$(sed -n 's/^\[rank1\]: Cpus_allowed_list:\([0-9]*\)$/\1/p' "$T/bind.out")
+    if [ -n "$n0" ] && [ -n "$n1" ] && [ "$n0" != "$n1" ]; then
+        pass "bind-core: rank0 on CPU $n0, rank1 on CPU $n1"
+    else
+        fail "bind-core: expected one distinct CPU per rank, got: $(cat "$T/bind.out")"
+    fi
+fi
+c10drun -n 1 --bind-to none sh -c 'grep Cpus_allowed_list /proc/self/status' >"$T/nobind.out" 2>&1
+expect_rc bind-none $? 0
+expect_line bind-none "$T/nobind.out" "[rank0]: $(grep Cpus_allowed_list /proc/self/status)"
+c10drun -n $((cpus + 1)) --bind-to core true >"$T/bindmany.out" 2>&1
+expect_rc bind-too-many $? 2
+expect_line bind-too-many "$T/bindmany.out" \
+    "c10drun: --bind-to core: $((cpus + 1)) ranks but only $cpus CPUs available; use --bind-to none"
+c10drun -n 1 --bind-to socket true >"$T/bindbad.out" 2>&1
+expect_rc bind-bad $? 2
+expect_line bind-bad "$T/bindbad.out" "c10drun: --bind-to wants core or none, got 'socket'"
+
 # Many lines, read in many chunks: none lost, none cut, each rank's in order.
 c10drun -n 2 seq 1 20000 >"$T/many.out" 2>&1
 expect_rc many-lines $? 0

@@ -18,6 +18,7 @@
 #include <limits.h>
 #include <netdb.h>
 #include <poll.h>
+#include <sched.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -76,7 +77,8 @@ struct options {
     bool verbose;
     const char *store_bin;
     const char *run_id;
-    int argc; /* PROGRAM and its arguments */
+    bool bind_core; /* --bind-to core: rank r runs on the r-th CPU we may use */
+    int argc;       /* PROGRAM and its arguments */
     char **argv;
 };
 
@@ -155,6 +157,7 @@ struct launcher {
     char *program_path;
     char *store_path;
     char run_id[96];
+    int *cpus; /* --bind-to core: the CPU of each rank */
     char **base_env;
     size_t base_env_len;
     struct writer w;
@@ -842,8 +845,10 @@ static int spawn_child(struct launcher *l, struct child *c, char **argv, char **
     size_t argc = 0;
     while (argv[argc])
         argc++;
-    char ppid[24];
-    snprintf(ppid, sizeof ppid, "%d", (int)getpid());
+    /* "parent pid,cpu": cpu -1 leaves the child's affinity alone. */
+    char ppid[32];
+    int cpu = l->cpus != NULL && c->rank >= 0 ? l->cpus[c->rank] : -1;
+    snprintf(ppid, sizeof ppid, "%d,%d", (int)getpid(), cpu);
     /* self, mark, parent pid, path, argv[0]..., NULL */
     char **args = xmalloc((argc + 5) * sizeof *args);
     args[0] = "c10drun";
@@ -1311,6 +1316,9 @@ static void usage(FILE *f)
             "  --timeout S              stop everything after S seconds, exit 124\n"
             "  --run-id ID              TORCHELASTIC_RUN_ID (default: c10drun-<pid>-<time>)\n"
             "  --no-prefix              ranks write straight to our stdout/stderr\n"
+            "  --bind-to core|none      core: pin rank r (all its threads) to the r-th CPU\n"
+            "                           c10drun may use, as mpirun does for 2 ranks; needs\n"
+            "                           N <= CPUs (default none, as torchrun)\n"
             "  -v, --verbose            say what c10drun does\n"
             "  -h, --help               this text\n"
             "  --version                print the version\n"
@@ -1354,6 +1362,7 @@ enum {
     OPT_TIMEOUT,
     OPT_RUN_ID,
     OPT_NO_PREFIX,
+    OPT_BIND_TO,
     OPT_VERSION,
 };
 
@@ -1373,6 +1382,7 @@ static int parse_args(struct options *o, int argc, char **argv)
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
         {"run-id", required_argument, NULL, OPT_RUN_ID},
         {"no-prefix", no_argument, NULL, OPT_NO_PREFIX},
+        {"bind-to", required_argument, NULL, OPT_BIND_TO},
         {"verbose", no_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
@@ -1444,6 +1454,16 @@ static int parse_args(struct options *o, int argc, char **argv)
         case OPT_NO_PREFIX:
             o->prefix = false;
             break;
+        case OPT_BIND_TO:
+            if (strcmp(optarg, "core") == 0) {
+                o->bind_core = true;
+            } else if (strcmp(optarg, "none") == 0) {
+                o->bind_core = false;
+            } else {
+                fprintf(stderr, "c10drun: --bind-to wants core or none, got '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            break;
         case 'v':
             o->verbose = true;
             break;
@@ -1472,6 +1492,31 @@ static int parse_args(struct options *o, int argc, char **argv)
     return 0;
 }
 
+/* --bind-to core: rank r gets the r-th CPU of our own affinity mask, so c10drun
+ * under taskset or in a cpuset binds within it. More ranks than CPUs is refused:
+ * two ranks pinned to one CPU is worse than letting the scheduler place them. */
+static int pick_cpus(struct launcher *l)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) {
+        fprintf(stderr, "c10drun: --bind-to core: sched_getaffinity: %s\n", strerror(errno));
+        return EXIT_LAUNCHER;
+    }
+    int have = CPU_COUNT(&set);
+    if (l->opt.nprocs > have) {
+        fprintf(stderr,
+                "c10drun: --bind-to core: %d ranks but only %d CPUs available; use --bind-to "
+                "none\n",
+                l->opt.nprocs, have);
+        return EXIT_USAGE;
+    }
+    l->cpus = xmalloc((size_t)l->opt.nprocs * sizeof *l->cpus);
+    for (int cpu = 0, r = 0; cpu < CPU_SETSIZE && r < l->opt.nprocs; cpu++)
+        if (CPU_ISSET(cpu, &set))
+            l->cpus[r++] = cpu;
+    return 0;
+}
+
 /* The hidden exec mode: runs in the child between fork and the program. */
 static int exec_child(int argc, char **argv)
 {
@@ -1480,9 +1525,22 @@ static int exec_child(int argc, char **argv)
     setpgid(0, 0);
     /* The kernel's guarantee that a rank does not outlive a c10drun killed with SIGKILL. */
     prctl(PR_SET_PDEATHSIG, SIGTERM);
-    long parent = strtol(argv[2], NULL, 10);
+    char *end;
+    long parent = strtol(argv[2], &end, 10);
     if (getppid() != (pid_t)parent)
         return 128 + SIGTERM; /* c10drun died before the line above took effect */
+    long cpu = *end == ',' ? strtol(end + 1, NULL, 10) : -1;
+    if (cpu >= 0 && cpu < CPU_SETSIZE) {
+        /* Before exec, so every thread the program starts inherits it. */
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET((int)cpu, &set);
+        if (sched_setaffinity(0, sizeof set, &set) != 0) {
+            fprintf(stderr, "c10drun: --bind-to core: cannot bind to CPU %ld: %s\n", cpu,
+                    strerror(errno));
+            return EXIT_LAUNCHER;
+        }
+    }
     execv(argv[3], argv + 4);
     int err = errno;
     fprintf(stderr, "c10drun: cannot execute %s: %s\n", argv[3], strerror(err));
@@ -1500,6 +1558,11 @@ int main(int argc, char **argv)
     if (rc != 0)
         return rc;
 
+    if (l->opt.bind_core) {
+        rc = pick_cpus(l);
+        if (rc != 0)
+            return rc;
+    }
     l->program_path = find_in_path(l->opt.argv[0]);
     if (!l->program_path) {
         fprintf(stderr, "c10drun: %s: %s\n", l->opt.argv[0],
@@ -1573,6 +1636,7 @@ int main(int argc, char **argv)
     free(l->ranks);
     free(l->base_env);
     free(l->program_path);
+    free(l->cpus);
     free(l->store_path);
     return code;
 }
