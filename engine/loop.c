@@ -143,12 +143,17 @@ static void start_spinning(struct engine *e);
 static void spin_cb(uv_idle_t *spin)
 {
     struct engine *e = spin->data;
-    run_posted(e);
-    if (uv_hrtime() < e->spin_until) {
+    /* Yield first: a caller just woken by a completion in the last poll runs
+     * now, before this turn's bookkeeping (the work's drain), and whatever it
+     * posts meanwhile is picked up below in the same turn. */
+    int polling = uv_hrtime() < e->spin_until;
+    if (polling) {
         atomic_store_explicit(&spin_cpu, sched_getcpu(), memory_order_relaxed);
         sched_yield();
-        return;
     }
+    run_posted(e);
+    if (polling)
+        return;
     uv_mutex_lock(&engine_mutex);
     int idle = e->head == NULL && e->ready == NULL;
     if (idle)
