@@ -217,10 +217,13 @@ static int work_vcomplete(c10d_work *w, int status, const char *fmt, va_list ap)
     atomic_store_explicit(&w->done_flag, 1, memory_order_release);
     w->status = status;
     w->message = message;
-    uv_cond_broadcast(&w->done_cond);
     int run_inline = 0;
     int rc = schedule_drain_locked(w, &run_inline);
     uv_mutex_unlock(&w->mutex);
+    /* After the unlock: a waiter woken on this CPU would otherwise run only to
+     * block on the mutex we still hold (two more context switches per op). The
+     * pending list's reference keeps the work alive until the end. */
+    uv_cond_broadcast(&w->done_cond);
     if (rc != 0)
         C10D_ERROR("work", "'%s' completed but its callbacks cannot run: %s", w->what,
                    c10d_last_error());
