@@ -17,7 +17,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
+#include <linux/futex.h>
+#include <limits.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 struct work_callback {
     c10d_work_cb cb;
@@ -26,13 +31,29 @@ struct work_callback {
 
 enum timer_state { TIMER_NONE, TIMER_ARMED, TIMER_CLOSING };
 
+/* Sleeps while *word == expected, at most timeout_ns (0: no limit). Returns on
+ * a wake-up, a timeout, a signal or a changed word alike: callers re-check. */
+static void futex_wait(atomic_int *word, int expected, uint64_t timeout_ns)
+{
+    struct timespec ts = {(time_t)(timeout_ns / 1000000000u), (long)(timeout_ns % 1000000000u)};
+    syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, expected, timeout_ns > 0 ? &ts : NULL, NULL, 0);
+}
+
+static void futex_wake_all(atomic_int *word)
+{
+    syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
 struct c10d_work {
     atomic_int refs;
     uv_mutex_t mutex;
-    uv_cond_t done_cond;
     /* Guarded by mutex. */
     int done;
-    atomic_int done_flag; /* mirrors done, read without the lock by spinning waiters */
+    /* Mirrors done for waiters, who poll it and sleep on it as a futex word
+     * (no lock on the way in or out); `sleepers` says whether the completer
+     * has to make the wake-up system call. */
+    atomic_int done_flag;
+    atomic_int sleepers;
     int status;
     char *message;
     struct work_callback *callbacks;
@@ -126,7 +147,6 @@ size_t c10d__work_pending_count(void)
 static void work_free(c10d_work *w)
 {
     uv_mutex_destroy(&w->mutex);
-    uv_cond_destroy(&w->done_cond);
     free(w->message);
     free(w->what);
     free(w->callbacks);
@@ -214,16 +234,19 @@ static int work_vcomplete(c10d_work *w, int status, const char *fmt, va_list ap)
         return 0;
     }
     w->done = 1;
-    atomic_store_explicit(&w->done_flag, 1, memory_order_release);
     w->status = status;
     w->message = message;
+    atomic_store(&w->done_flag, 1);
     int run_inline = 0;
     int rc = schedule_drain_locked(w, &run_inline);
     uv_mutex_unlock(&w->mutex);
     /* After the unlock: a waiter woken on this CPU would otherwise run only to
      * block on the mutex we still hold (two more context switches per op). The
-     * pending list's reference keeps the work alive until the end. */
-    uv_cond_broadcast(&w->done_cond);
+     * pending list's reference keeps the work alive until the end. done_flag's
+     * store and this load are both sequentially consistent, as are the
+     * sleeper's increment and its check of done_flag: one side sees the other. */
+    if (atomic_load(&w->sleepers) > 0)
+        futex_wake_all(&w->done_flag);
     if (rc != 0)
         C10D_ERROR("work", "'%s' completed but its callbacks cannot run: %s", w->what,
                    c10d_last_error());
@@ -308,7 +331,6 @@ int c10d_work_create(c10d_work **out, const char *what, int64_t timeout_ms)
         free(w);
         return c10d__fail(C10D_ENOMEM, "c10d_work_create: out of memory");
     }
-    uv_cond_init(&w->done_cond);
     atomic_init(&w->refs, 2); /* the caller's and the pending list's */
     atomic_init(&w->source_rank, -1);
     w->timeout_ms = timeout_ms;
@@ -390,17 +412,16 @@ int c10d_work_wait(c10d_work *w, int64_t timeout_ms)
             sched_yield();
         }
     }
-    uv_mutex_lock(&w->mutex);
-    while (!w->done) {
-        if (timeout_ms < 0) {
-            uv_cond_wait(&w->done_cond, &w->mutex);
-            continue;
-        }
+    while (!atomic_load(&w->done_flag)) {
         uint64_t now = c10d__now_ns();
-        if (now >= deadline)
+        if (timeout_ms >= 0 && now >= deadline)
             break;
-        uv_cond_timedwait(&w->done_cond, &w->mutex, deadline - now);
+        atomic_fetch_add(&w->sleepers, 1);
+        if (!atomic_load(&w->done_flag))
+            futex_wait(&w->done_flag, 0, timeout_ms >= 0 ? deadline - now : 0);
+        atomic_fetch_sub(&w->sleepers, 1);
     }
+    uv_mutex_lock(&w->mutex);
     int done = w->done, status = w->status;
     if (done && status < 0)
         c10d__fail(status, "%s", w->message != NULL ? w->message : c10d_strerror(status));

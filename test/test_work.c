@@ -6,6 +6,7 @@
 #include <cmocka.h>
 
 #include "c10d.h"
+#include "engine/env.h"
 #include "engine/loop.h"
 #include "engine/work.h"
 
@@ -137,6 +138,54 @@ static void test_wait_timeout_leaves_work_pending(void **state)
     c10d_work_complete(w, C10D_OK, NULL);
     assert_int_equal(c10d_work_wait(w, -1), C10D_OK);
     c10d_work_release(w);
+}
+
+#define SLEEPERS 6
+
+struct sleeper {
+    c10d_work *w;
+    int64_t timeout_ms;
+    atomic_int rc;
+};
+
+static void *sleeper_main(void *arg)
+{
+    struct sleeper *s = arg;
+    atomic_store(&s->rc, c10d_work_wait(s->w, s->timeout_ms));
+    return NULL;
+}
+
+/* Waiters asleep on the work (no polling), some with a deadline and some
+ * without: one completion from another thread wakes every one of them with the
+ * work's status, and a waiter whose deadline passes first times out alone. */
+static void test_sleeping_waiters_all_woken(void **state)
+{
+    (void)state;
+    assert_int_equal(c10d_shutdown(), 0);
+    setenv("C10D_WAIT_SPIN_US", "0", 1);
+    c10d__env_reload();
+    c10d_work *w;
+    assert_int_equal(c10d_work_create(&w, "shared op", 0), 0);
+    struct sleeper s[SLEEPERS + 1];
+    pthread_t t[SLEEPERS + 1];
+    for (int i = 0; i <= SLEEPERS; i++) {
+        s[i].w = w;
+        s[i].timeout_ms = i == SLEEPERS ? 20 : i % 2 ? 60000 : -1;
+        atomic_init(&s[i].rc, 1);
+        pthread_create(&t[i], NULL, sleeper_main, &s[i]);
+    }
+    pthread_join(t[SLEEPERS], NULL);
+    assert_int_equal(atomic_load(&s[SLEEPERS].rc), C10D_ETIMEDOUT);
+    for (int i = 0; i < SLEEPERS; i++)
+        assert_int_equal(atomic_load(&s[i].rc), 1); /* still asleep */
+    c10d_work_complete(w, C10D_ECLOSED, "peer gone");
+    for (int i = 0; i < SLEEPERS; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(atomic_load(&s[i].rc), C10D_ECLOSED);
+    }
+    c10d_work_release(w);
+    unsetenv("C10D_WAIT_SPIN_US");
+    c10d__env_reload();
 }
 
 struct loop_wait {
@@ -299,6 +348,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_callback_once_on_loop),
+        cmocka_unit_test(test_sleeping_waiters_all_woken),
         cmocka_unit_test(test_order_before_and_after_completion),
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_completion_beats_deadline),
