@@ -68,6 +68,7 @@ static void fork_child(void)
     engine = NULL;
     on_loop_thread = 0;
     loop_engine = NULL;
+    atomic_store(&spin_cpu, -1);
     uv_mutex_init(&engine_mutex);
     uv_mutex_init(&shutdown_mutex);
 }
@@ -232,6 +233,8 @@ static void loop_thread_main(void *arg)
     on_loop_thread = 1;
     loop_engine = e;
     uv_run(&e->loop, UV_RUN_DEFAULT);
+    /* Shutdown closed the spin handle wherever it was: no loop polls now. */
+    atomic_store(&spin_cpu, -1);
     int rc = uv_loop_close(&e->loop);
     if (rc != 0)
         C10D_ERROR("engine", "uv_loop_close at shutdown: %s", uv_strerror(rc));
