@@ -178,7 +178,7 @@ expect_line bind-too-many "$T/bindmany.out" \
     "c10drun: --bind-to core: $((cpus + 1)) ranks but only $cpus CPUs available; use --bind-to none"
 c10drun -n 1 --bind-to socket true >"$T/bindbad.out" 2>&1
 expect_rc bind-bad $? 2
-expect_line bind-bad "$T/bindbad.out" "c10drun: --bind-to wants core or none, got 'socket'"
+expect_line bind-bad "$T/bindbad.out" "c10drun: --bind-to wants none or core, got 'socket'"
 
 # Many lines, read in many chunks: none lost, none cut, each rank's in order.
 c10drun -n 2 seq 1 20000 >"$T/many.out" 2>&1

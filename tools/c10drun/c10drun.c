@@ -1352,6 +1352,17 @@ static bool parse_long(const char *s, long lo, long hi, long *out)
     return true;
 }
 
+/* An option with two values: `off` gives false, `on` true; else a usage message. */
+static bool parse_pair(const char *opt, const char *s, const char *off, const char *on, bool *out)
+{
+    if (strcmp(s, off) == 0 || strcmp(s, on) == 0) {
+        *out = strcmp(s, on) == 0;
+        return true;
+    }
+    fprintf(stderr, "c10drun: %s wants %s or %s, got '%s'\n", opt, off, on, s);
+    return false;
+}
+
 enum {
     OPT_STORE = 256,
     OPT_STORE_BIN,
@@ -1407,14 +1418,8 @@ static int parse_args(struct options *o, int argc, char **argv)
             o->nprocs = (int)v;
             break;
         case OPT_STORE:
-            if (strcmp(optarg, "embedded") == 0) {
-                o->external_store = false;
-            } else if (strcmp(optarg, "external") == 0) {
-                o->external_store = true;
-            } else {
-                fprintf(stderr, "c10drun: --store wants embedded or external, got '%s'\n", optarg);
+            if (!parse_pair("--store", optarg, "embedded", "external", &o->external_store))
                 return EXIT_USAGE;
-            }
             break;
         case OPT_STORE_BIN:
             o->store_bin = optarg;
@@ -1455,14 +1460,8 @@ static int parse_args(struct options *o, int argc, char **argv)
             o->prefix = false;
             break;
         case OPT_BIND_TO:
-            if (strcmp(optarg, "core") == 0) {
-                o->bind_core = true;
-            } else if (strcmp(optarg, "none") == 0) {
-                o->bind_core = false;
-            } else {
-                fprintf(stderr, "c10drun: --bind-to wants core or none, got '%s'\n", optarg);
+            if (!parse_pair("--bind-to", optarg, "none", "core", &o->bind_core))
                 return EXIT_USAGE;
-            }
             break;
         case 'v':
             o->verbose = true;
