@@ -171,15 +171,27 @@ int c10d__engine_spin_cpu(void)
     return atomic_load_explicit(&spin_cpu, memory_order_relaxed);
 }
 
+/* Loop thread, engine_mutex held: start polling unless it runs or shutdown
+ * closed the handle. Returns whether the loop polls now. */
+static int start_spinning_locked(struct engine *e)
+{
+    if (uv_is_closing((uv_handle_t *)&e->spin))
+        return 0;
+    if (!uv_is_active((uv_handle_t *)&e->spin)) {
+        e->spinning = 1;
+        uv_idle_start(&e->spin, spin_cb);
+    }
+    return 1;
+}
+
 /* Loop thread. */
 static void start_spinning(struct engine *e)
 {
-    if (uv_is_active((uv_handle_t *)&e->spin) || uv_is_closing((uv_handle_t *)&e->spin))
+    if (uv_is_active((uv_handle_t *)&e->spin))
         return;
     uv_mutex_lock(&engine_mutex);
-    e->spinning = 1;
+    start_spinning_locked(e);
     uv_mutex_unlock(&engine_mutex);
-    uv_idle_start(&e->spin, spin_cb);
 }
 
 void c10d__engine_busy(void)
@@ -303,13 +315,10 @@ static int engine_post_locked(struct c10d__task *task)
     engine->tail = task;
     if (engine->spinning)
         return 0; /* spin_cb takes it on the next iteration */
-    if (on_loop_thread && loop_engine == engine && !uv_is_closing((uv_handle_t *)&engine->spin)) {
-        /* A post from a callback: run it on the next iteration without writing
-         * to our own eventfd. */
-        engine->spinning = 1;
-        uv_idle_start(&engine->spin, spin_cb);
+    /* A post from a callback: run it on the next iteration without writing to
+     * our own eventfd. */
+    if (on_loop_thread && loop_engine == engine && start_spinning_locked(engine))
         return 0;
-    }
     uv_async_send(&engine->wake);
     return 0;
 }
