@@ -368,13 +368,18 @@ static void park(struct c10d__local_store *ls, struct c10d__store_op *op, int ra
     w->timer.data = w;
     ls->handles++;
     uv_timer_start(&w->timer, on_waiter_timeout, (uint64_t)c10d__store_op_remaining_ms(op), 0);
-    if (ls->hooks && ls->hooks->poll_ms && !ls->poll_open) {
+    if (!ls->hooks || !ls->hooks->poll_ms)
+        return;
+    if (!ls->poll_open) {
         uv_timer_init(c10d__engine_loop(), &ls->poll);
         ls->poll.data = ls;
         ls->poll_open = 1;
         ls->handles++;
-        uv_timer_start(&ls->poll, poll_tick, ls->hooks->poll_ms, ls->hooks->poll_ms);
     }
+    /* A closing timer (the store is being released) retries nothing; the
+     * op then ends at its deadline or when the release fails it. */
+    if (!uv_is_active((uv_handle_t *)&ls->poll) && !uv_is_closing((uv_handle_t *)&ls->poll))
+        uv_timer_start(&ls->poll, poll_tick, ls->hooks->poll_ms, ls->hooks->poll_ms);
 }
 
 static void on_poll_closed(uv_handle_t *h)
@@ -403,8 +408,11 @@ static int has_unran(const struct c10d__local_store *ls)
 static void poll_tick(uv_timer_t *t)
 {
     struct c10d__local_store *ls = t->data;
+    /* Stopped, not closed: an op parked later in this same loop turn (a post
+     * run by the idle handle) restarts it. A closed timer would only be
+     * reopened after its close callback and would strand that op. */
     if (!ls->head) {
-        close_poll(ls);
+        uv_timer_stop(&ls->poll);
         return;
     }
     if (!has_unran(ls) && ls->hooks->changed && !ls->hooks->changed(ls))

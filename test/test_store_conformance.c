@@ -15,6 +15,8 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <pthread.h>
@@ -534,6 +536,104 @@ static void test_concurrent_processes(void **state)
     c10d_store_release(s);
 }
 
+/* File store: an op parked in the very loop turn in which the store's retry
+ * timer found nothing parked must still be retried. A stands in for "the
+ * last parked op"; its callback (inside the retry tick) arms our timer for
+ * the same instant as the retry timer's next tick, so in that later turn
+ * the store's tick runs first and finds nothing, then ours submits B while
+ * another open file description holds the lock. B parks; we release the
+ * lock 50 ms later; B must then finish long before its deadline. */
+#define FILE_STORE_POLL_MS 10 /* engine/store_file.c POLL_MS */
+
+struct park_race {
+    c10d_store *s;
+    int lockfd;
+    uv_timer_t submit_b, unlock;
+    atomic_int a_done, b_done, b_status, timers_closed;
+};
+
+static void park_race_b_cb(const c10d_store_result *r, void *arg)
+{
+    struct park_race *pr = arg;
+    atomic_store(&pr->b_status, r->status);
+    atomic_store(&pr->b_done, 1);
+}
+
+static void park_race_unlock(uv_timer_t *t)
+{
+    struct park_race *pr = t->data;
+    flock(pr->lockfd, LOCK_UN);
+}
+
+static void park_race_submit_b(uv_timer_t *t)
+{
+    struct park_race *pr = t->data;
+    if (flock(pr->lockfd, LOCK_EX | LOCK_NB) < 0 ||
+        c10d_store_add(pr->s, "race_b", 1, park_race_b_cb, pr) < 0) {
+        atomic_store(&pr->b_status, -1000);
+        atomic_store(&pr->b_done, 1);
+        return;
+    }
+    uv_timer_start(&pr->unlock, park_race_unlock, 50, 0);
+}
+
+static void park_race_a_cb(const c10d_store_result *r, void *arg)
+{
+    struct park_race *pr = arg;
+    (void)r;
+    uv_timer_init(c10d__engine_loop(), &pr->submit_b);
+    uv_timer_init(c10d__engine_loop(), &pr->unlock);
+    pr->submit_b.data = pr->unlock.data = pr;
+    uv_timer_start(&pr->submit_b, park_race_submit_b, FILE_STORE_POLL_MS, 0);
+    atomic_store(&pr->a_done, 1);
+}
+
+static void park_race_timer_closed(uv_handle_t *h)
+{
+    struct park_race *pr = h->data;
+    atomic_fetch_add(&pr->timers_closed, 1);
+}
+
+static void park_race_close_timers(void *arg)
+{
+    struct park_race *pr = arg;
+    uv_close((uv_handle_t *)&pr->submit_b, park_race_timer_closed);
+    uv_close((uv_handle_t *)&pr->unlock, park_race_timer_closed);
+}
+
+static void test_file_park_after_idle_tick(void **state)
+{
+    struct kind *k = *state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/park_race", k->dir);
+    struct park_race pr;
+    memset(&pr, 0, sizeof pr);
+    assert_int_equal(c10d_store_file_open(path, 0, &pr.s), 0);
+    assert_int_equal(c10d_store_set_timeout(pr.s, 5000), 0);
+    pr.lockfd = open(path, O_RDWR);
+    assert_true(pr.lockfd >= 0);
+    /* A parks behind our lock; the store's retry timer completes it. */
+    assert_int_equal(flock(pr.lockfd, LOCK_EX), 0);
+    assert_int_equal(c10d_store_add(pr.s, "race_a", 1, park_race_a_cb, &pr), 0);
+    usleep(3 * FILE_STORE_POLL_MS * 1000);
+    assert_int_equal(flock(pr.lockfd, LOCK_UN), 0);
+    for (int t = 0; t < 3000 && !atomic_load(&pr.a_done); t++)
+        usleep(1000);
+    assert_true(atomic_load(&pr.a_done));
+    /* B is retried after the unlock, well inside its 5 s deadline. */
+    for (int t = 0; t < 2000 && !atomic_load(&pr.b_done); t++)
+        usleep(1000);
+    if (!atomic_load(&pr.b_done))
+        fail_msg("an op parked right after an idle retry tick was never retried");
+    assert_int_equal(atomic_load(&pr.b_status), 0);
+    assert_int_equal(c10d__engine_call(park_race_close_timers, &pr), 0);
+    for (int t = 0; t < 3000 && atomic_load(&pr.timers_closed) < 2; t++)
+        usleep(1000);
+    assert_int_equal(atomic_load(&pr.timers_closed), 2);
+    close(pr.lockfd);
+    c10d_store_release(pr.s);
+}
+
 /* --------------------------------------------------------- group setup */
 
 static int setup_file(void **state)
@@ -831,7 +931,10 @@ int main(int argc, char **argv)
     int failed = 0;
     const struct CMUnitTest hash_tests[] = {CONFORMANCE(hash_kind)};
     const struct CMUnitTest prefix_tests[] = {CONFORMANCE(prefix_kind)};
-    const struct CMUnitTest file_tests[] = {CONFORMANCE(file_kind)};
+    const struct CMUnitTest file_tests[] = {
+        CONFORMANCE(file_kind),
+        cmocka_unit_test_prestate(test_file_park_after_idle_tick, &file_kind),
+    };
     const struct CMUnitTest tcp_tests[] = {
         CONFORMANCE(tcp_kind),
         CONFORMANCE(legacy_kind),
