@@ -44,9 +44,22 @@ static atomic_int spin_cpu = -1;
 static uv_mutex_t engine_mutex;
 static uv_mutex_t shutdown_mutex;
 static uv_once_t engine_once = UV_ONCE_INIT;
+/* Set while this thread drives the loop: the loop thread inside its turns, or
+ * a waiter inside c10d__engine_drive. Callbacks see it as "on the loop thread". */
 static _Thread_local int on_loop_thread;
-/* The engine this thread drives (set on the loop thread only). */
+/* The engine this thread drives (set while it drives). */
 static _Thread_local struct engine *loop_engine;
+/* Whoever holds drive_mutex may run the loop (uv_run is not reentrant and not
+ * thread-safe, but any one thread at a time may run it). The loop thread takes
+ * it for each turn; a waiter may take it between turns while the loop polls.
+ * drive_engine is the engine that may be driven (drive_mutex): NULL before it
+ * starts and once its loop thread has left. */
+static uv_mutex_t drive_mutex;
+static struct engine *drive_engine;
+/* A waiter drives this long before it yields the CPU between turns: long
+ * enough for an exchange with a peer that answers at once, short enough that
+ * ranks oversubscribing the CPUs are not starved by one that polls. */
+#define DRIVE_NO_YIELD_NS 10000
 
 static void fork_prepare(void)
 {
@@ -69,14 +82,17 @@ static void fork_child(void)
     on_loop_thread = 0;
     loop_engine = NULL;
     atomic_store(&spin_cpu, -1);
+    drive_engine = NULL;
     uv_mutex_init(&engine_mutex);
     uv_mutex_init(&shutdown_mutex);
+    uv_mutex_init(&drive_mutex);
 }
 
 static void engine_init_once(void)
 {
     uv_mutex_init(&engine_mutex);
     uv_mutex_init(&shutdown_mutex);
+    uv_mutex_init(&drive_mutex);
     pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
@@ -137,21 +153,16 @@ static void engine_stop_on_loop(struct engine *e)
 static void run_posted(struct engine *e);
 static void start_spinning(struct engine *e);
 
-/* Runs once per loop iteration while spinning. The yield lets the threads this
- * loop is waiting for (the caller's, other ranks' loops) run on a small machine.
- * It stops only with the queue empty, under the lock posters check `spinning`
- * with, so no post is left without a wake-up. */
+/* Runs once per loop iteration while spinning (the loop thread yields between
+ * such turns, outside the drive lock). It stops only with the queue empty,
+ * under the lock posters check `spinning` with, so no post is left without a
+ * wake-up. */
 static void spin_cb(uv_idle_t *spin)
 {
     struct engine *e = spin->data;
-    /* Yield first: a caller just woken by a completion in the last poll runs
-     * now, before this turn's bookkeeping (the work's drain), and whatever it
-     * posts meanwhile is picked up below in the same turn. */
     int polling = uv_hrtime() < e->spin_until;
-    if (polling) {
+    if (polling)
         atomic_store_explicit(&spin_cpu, sched_getcpu(), memory_order_relaxed);
-        sched_yield();
-    }
     run_posted(e);
     if (polling)
         return;
@@ -239,19 +250,75 @@ static void stop_task_fn(struct c10d__task *t)
     e->stop_requested = 1;
 }
 
+/* One turn of the loop by the thread holding drive_mutex. Returns whether the
+ * loop has anything left (0 once shutdown closed every handle). */
+static int drive_turn(struct engine *e, uv_run_mode mode)
+{
+    on_loop_thread = 1;
+    loop_engine = e;
+    int alive = uv_run(&e->loop, mode);
+    on_loop_thread = 0;
+    loop_engine = NULL;
+    return alive;
+}
+
+/* While the loop polls, each turn is a zero-timeout poll with the drive lock
+ * dropped and the CPU yielded in between: a waiter on this CPU may then drive
+ * the loop itself (c10d__engine_drive) and the threads this loop waits for
+ * (the caller's, other ranks' loops) run on a small machine. Otherwise a turn
+ * sleeps in epoll, holding the lock, until a post or an event. */
 static void loop_thread_main(void *arg)
 {
     struct engine *e = arg;
-    on_loop_thread = 1;
-    loop_engine = e;
-    uv_run(&e->loop, UV_RUN_DEFAULT);
+    /* Published here, not by the starter: it holds engine_mutex, which
+     * drivers take after drive_mutex. */
+    uv_mutex_lock(&drive_mutex);
+    drive_engine = e;
+    for (;;) {
+        int alive = drive_turn(e, e->spinning ? UV_RUN_NOWAIT : UV_RUN_ONCE);
+        int polling = e->spinning;
+        if (!alive && e->stopping) {
+            drive_engine = NULL;
+            uv_mutex_unlock(&drive_mutex);
+            break;
+        }
+        uv_mutex_unlock(&drive_mutex);
+        if (!polling) {
+            uv_mutex_lock(&drive_mutex);
+            continue;
+        }
+        /* A waiter may drive meanwhile; its turns count as ours. */
+        do
+            sched_yield();
+        while (uv_mutex_trylock(&drive_mutex) != 0);
+    }
     /* Shutdown closed the spin handle wherever it was: no loop polls now. */
     atomic_store(&spin_cpu, -1);
     int rc = uv_loop_close(&e->loop);
     if (rc != 0)
         C10D_ERROR("engine", "uv_loop_close at shutdown: %s", uv_strerror(rc));
-    on_loop_thread = 0;
-    loop_engine = NULL;
+}
+
+int c10d__engine_drive(const atomic_int *flag, uint64_t until_ns)
+{
+    if (on_loop_thread || uv_mutex_trylock(&drive_mutex) != 0)
+        return 0;
+    struct engine *e = drive_engine;
+    if (e == NULL || e->stop_requested || !e->spinning) {
+        uv_mutex_unlock(&drive_mutex);
+        return 0;
+    }
+    uint64_t polite_from = uv_hrtime() + DRIVE_NO_YIELD_NS;
+    for (;;) {
+        drive_turn(e, UV_RUN_NOWAIT);
+        if (atomic_load_explicit(flag, memory_order_acquire) || uv_hrtime() >= until_ns ||
+            !e->spinning)
+            break;
+        if (uv_hrtime() >= polite_from)
+            sched_yield();
+    }
+    uv_mutex_unlock(&drive_mutex);
+    return 1;
 }
 
 static int engine_start_locked(void)

@@ -4,6 +4,7 @@
 #ifndef C10D_ENGINE_LOOP_H
 #define C10D_ENGINE_LOOP_H
 
+#include <stdatomic.h>
 #include <uv.h>
 
 /* An intrusive task: embed it in your own struct to post without allocating. */
@@ -53,6 +54,12 @@ void c10d__engine_busy(void);
 
 /* The CPU the loop thread is busy polling on, or -1 while it sleeps (any thread). */
 int c10d__engine_spin_cpu(void);
+
+/* Any thread but a driving one: while the loop polls and no one else drives it,
+ * runs its turns on this thread until *flag is set or until_ns (c10d__now_ns)
+ * passes, and returns 1; tasks and callbacks then run here. Returns 0 at once
+ * when the loop is driven elsewhere, asleep in epoll, or shutting down. */
+int c10d__engine_drive(const atomic_int *flag, uint64_t until_ns);
 
 uint64_t c10d__now_ms(void);
 uint64_t c10d__now_ns(void);

@@ -401,13 +401,18 @@ int c10d_work_wait(c10d_work *w, int64_t timeout_ms)
     int64_t spin_us = c10d__env_int(C10D_ENV_WAIT_SPIN_US);
     if (spin_us > 0) {
         uint64_t spin_end = c10d__now_ns() + (uint64_t)spin_us * 1000u;
-        /* Polling pays only while the loop thread is polling too, on another
-         * CPU: a sleeping loop is woken by the post anyway, and one that shares
-         * this CPU needs it more than we do. */
+        if (timeout_ms >= 0 && deadline < spin_end)
+            spin_end = deadline;
+        /* While the loop polls, drive it from here: the work then completes on
+         * this thread, with no hand-off to the loop thread and back (two
+         * context switches when both share a CPU). If the loop thread is in
+         * the middle of a turn, let it finish. A sleeping loop is woken by the
+         * post anyway: sleep too. */
         while (!atomic_load_explicit(&w->done_flag, memory_order_acquire) &&
                c10d__now_ns() < spin_end) {
-            int cpu = c10d__engine_spin_cpu();
-            if (cpu < 0 || cpu == sched_getcpu())
+            if (c10d__engine_drive(&w->done_flag, spin_end))
+                continue;
+            if (c10d__engine_spin_cpu() < 0)
                 break;
             sched_yield();
         }

@@ -337,6 +337,107 @@ static void test_exactly_once_under_races(void **state)
     free(r);
 }
 
+/* A waiter drives the loop while it polls: tasks and callbacks then run on the
+ * waiting thread, which counts as the loop thread for them. */
+struct drive_probe {
+    c10d_work *w;
+    pthread_t waiter;
+    atomic_int on_waiter, not_on_loop;
+};
+
+static void complete_task(void *arg)
+{
+    struct drive_probe *p = arg;
+    if (pthread_equal(pthread_self(), p->waiter))
+        atomic_fetch_add(&p->on_waiter, 1);
+    if (!c10d_on_loop_thread())
+        atomic_fetch_add(&p->not_on_loop, 1);
+    c10d_work_complete(p->w, C10D_OK, NULL);
+}
+
+static int drive_rounds(int rounds)
+{
+    struct drive_probe p = {.waiter = pthread_self()};
+    for (int i = 0; i < rounds; i++) {
+        assert_int_equal(c10d_work_create(&p.w, "driven", 0), 0);
+        assert_int_equal(c10d__engine_call(complete_task, &p), 0);
+        assert_int_equal(c10d_work_wait(p.w, 10000), 0);
+        c10d_work_release(p.w);
+    }
+    assert_int_equal(atomic_load(&p.not_on_loop), 0);
+    return atomic_load(&p.on_waiter);
+}
+
+static void test_waiter_drives_loop(void **state)
+{
+    (void)state;
+    /* The loop polls after the first round; from then on the waiter usually
+     * wins the drive lock, so in 2000 rounds some must run here. */
+    int driven = drive_rounds(2000);
+    print_message("%d of 2000 completions ran on the waiting thread\n", driven);
+    assert_true(driven > 0);
+    /* Without waiter polling the waiter sleeps and never drives. */
+    setenv("C10D_WAIT_SPIN_US", "0", 1);
+    c10d__env_reload();
+    assert_int_equal(drive_rounds(500), 0);
+    unsetenv("C10D_WAIT_SPIN_US");
+    c10d__env_reload();
+}
+
+/* c10d_shutdown from another thread while a waiter may be driving: the
+ * shutdown returns, and every wait ends with success or EABORTED. */
+struct busy_waiter {
+    atomic_int stop, rounds, bad;
+};
+
+static void complete_from_loop(void *arg)
+{
+    c10d_work_complete(arg, C10D_OK, NULL);
+    c10d_work_release(arg);
+}
+
+static void *busy_waiter_main(void *arg)
+{
+    struct busy_waiter *b = arg;
+    while (!atomic_load(&b->stop)) {
+        c10d_work *w;
+        if (c10d_work_create(&w, "busy", 0) != 0)
+            continue;
+        c10d_work_retain(w); /* the task's reference */
+        if (c10d__engine_call(complete_from_loop, w) != 0) {
+            c10d_work_release(w);
+            c10d_work_complete(w, C10D_EABORTED, "not posted");
+        }
+        int rc = c10d_work_wait(w, 10000);
+        if (rc != 0 && rc != C10D_EABORTED)
+            atomic_fetch_add(&b->bad, 1);
+        c10d_work_release(w);
+        atomic_fetch_add(&b->rounds, 1);
+    }
+    return NULL;
+}
+
+static void test_shutdown_while_waiter_drives(void **state)
+{
+    (void)state;
+    struct busy_waiter b = {0};
+    pthread_t t;
+    pthread_create(&t, NULL, busy_waiter_main, &b);
+    for (int i = 0; i < 5; i++) {
+        int before = atomic_load(&b.rounds);
+        for (int k = 0; k < 5000 && atomic_load(&b.rounds) < before + 100; k++)
+            usleep(100);
+        assert_int_equal(c10d_shutdown(), 0);
+    }
+    atomic_store(&b.stop, 1);
+    pthread_join(t, NULL);
+    assert_int_equal(atomic_load(&b.bad), 0);
+    /* The last completer may still be leaving c10d_work_complete (it drops the
+     * pending list's reference after waking the waiter). */
+    for (int k = 0; k < 5000 && c10d__work_pending_count() > 0; k++)
+        usleep(1000);
+}
+
 static int teardown_all(void **state)
 {
     (void)state;
@@ -357,6 +458,8 @@ int main(void)
         cmocka_unit_test(test_callback_releases_last_reference),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_exactly_once_under_races),
+        cmocka_unit_test(test_waiter_drives_loop),
+        cmocka_unit_test(test_shutdown_while_waiter_drives),
     };
     return cmocka_run_group_tests(tests, NULL, teardown_all);
 }
