@@ -7,6 +7,9 @@
  *    c10d_last_error() holds a message naming what was wrong (thread-local);
  *  - an async call that fails never invokes its callback; one that succeeds
  *    invokes it exactly once, on the engine's loop thread;
+ *  - "the loop thread" is whichever thread drives the engine's loop at that
+ *    moment: the engine's own thread, or a thread blocked in c10d_work_wait
+ *    (or a *_sync call) that polls the loop itself while it waits;
  *  - callbacks must not block: they run on the one thread that drives all I/O.
  *  - options structs are zero-initialisable; zero means "default".
  */
@@ -122,7 +125,8 @@ C10D_EXPORT int c10d_reduce_op_check(c10d_reduce_op op, c10d_dtype dtype);
  * library. */
 C10D_EXPORT int c10d_shutdown(void);
 
-/* Whether the calling thread is the engine's loop thread (i.e. inside a callback). */
+/* Whether the calling thread drives the engine's loop now (i.e. is inside a
+ * callback, on the engine's thread or on a thread waiting in c10d_work_wait). */
 C10D_EXPORT int c10d_on_loop_thread(void);
 
 /* -------------------------------------------------------- works/futures */
@@ -152,7 +156,8 @@ C10D_EXPORT int c10d_work_on_complete(c10d_work *work, c10d_work_cb cb, void *ar
 /* Blocks until `work` completes or timeout_ms passes (< 0: no limit beyond
  * the work's own deadline). Returns the work's status, or C10D_ETIMEDOUT if the
  * wait itself timed out (the work stays pending), or C10D_EDEADLK on the loop
- * thread. */
+ * thread. While the loop polls, the waiting thread may drive it: callbacks (of
+ * any work) may then run on this thread, before this call returns. */
 C10D_EXPORT int c10d_work_wait(c10d_work *work, int64_t timeout_ms);
 
 /* 1 if complete, 0 if pending. Never blocks. */
