@@ -33,7 +33,7 @@
     X(TCP_RING_MIN, "C10D_TCP_RING_MIN", NULL, "1048576",                                          \
       "tcp backend: all_reduce uses the pipelined ring from this many bytes (halving-doubling "    \
       "in between)")                                                                               \
-    X(TCP_SEGMENT, "C10D_TCP_SEGMENT", NULL, "1048576",                                            \
+    X(TCP_SEGMENT, "C10D_TCP_SEGMENT", NULL, "524288",                                             \
       "tcp backend: segment size in bytes of the pipelined ring")                                  \
     X(TCP_SOCKET_BUFFER, "C10D_TCP_SOCKET_BUFFER", NULL, "4194304",                                \
       "tcp backend: SO_SNDBUF/SO_RCVBUF requested for peer connections (0: the OS default)")       \

@@ -181,14 +181,19 @@ static void rh_step(struct c10d__tcp_chain *ch)
     }
 }
 
-/* The ring, one chain per lane: lane l owns segment l of every chunk and runs
- * the 2(p-1) steps for it on its own, so lanes overlap each other. */
-static void ring_seg(const struct c10d__tcp_coll *c, int chunk, int lane, size_t *off, size_t *cnt)
+/* The ring. Every chunk is cut into nsegs segments; lane l owns segments l,
+ * l + nlanes, ... of every chunk and runs the 2(p-1) steps for one segment
+ * after another (its `step` counts them), so lanes overlap each other and
+ * only nlanes segments are in flight: with small segments a received
+ * segment is still in cache when it is reduced and sent on. */
+#define RING_MAX_SEGS 4096 /* sub = segment << 12 | step must fit 24 bits */
+
+static void ring_seg(const struct c10d__tcp_coll *c, int chunk, int seg, size_t *off, size_t *cnt)
 {
     size_t n = c->op->count;
     size_t clo = c10d__tcp_split(n, c->size, chunk), chi = c10d__tcp_split(n, c->size, chunk + 1);
-    size_t lo = clo + c10d__tcp_split(chi - clo, c->nlanes, lane);
-    size_t hi = clo + c10d__tcp_split(chi - clo, c->nlanes, lane + 1);
+    size_t lo = clo + c10d__tcp_split(chi - clo, c->nsegs, seg);
+    size_t hi = clo + c10d__tcp_split(chi - clo, c->nsegs, seg + 1);
     *off = lo;
     *cnt = hi - lo;
 }
@@ -201,21 +206,26 @@ static int mod(int a, int p)
 static void ring_step(struct c10d__tcp_chain *ch)
 {
     struct c10d__tcp_coll *c = ch->c;
-    int p = c->size, r = c->rank, k = ch->k, lane = ch->lane;
+    int p = c->size, r = c->rank, lane = ch->lane;
+    if (ch->k >= 2 * (p - 1)) { /* this segment is done: the lane's next one */
+        ch->step++;
+        ch->k = 0;
+    }
+    int k = ch->k, seg = lane + ch->step * c->nlanes;
+    if (seg >= c->nsegs) {
+        ch->done = 1;
+        return;
+    }
     int right = mod(r + 1, p), left = mod(r - 1, p);
     /* zero-copy: out of place, no premul: receive partial sums straight into
      * recv and combine them with our untouched send buffer. */
     int direct = c->tmp == NULL;
     const char *send = c->op->send;
     size_t so, sc, ro, rcnt;
-    uint32_t sub = ((uint32_t)lane << 12) | (uint32_t)k;
-    if (k >= 2 * (p - 1)) {
-        ch->done = 1;
-        return;
-    }
+    uint32_t sub = ((uint32_t)seg << 12) | (uint32_t)k;
     if (k < p - 1) {
-        ring_seg(c, mod(r - k, p), lane, &so, &sc);
-        ring_seg(c, mod(r - k - 1, p), lane, &ro, &rcnt);
+        ring_seg(c, mod(r - k, p), seg, &so, &sc);
+        ring_seg(c, mod(r - k - 1, p), seg, &ro, &rcnt);
         const char *src = direct && k == 0 ? send : c->buf;
         c10d__tcp_chain_send(ch, right, sub, src + bytes_of(c, so), bytes_of(c, sc));
         if (direct) {
@@ -232,12 +242,12 @@ static void ring_step(struct c10d__tcp_chain *ch)
     } else {
         int j = k - (p - 1);
         if (j == 0) {
-            ring_seg(c, mod(r + 1, p), lane, &so, &sc);
+            ring_seg(c, mod(r + 1, p), seg, &so, &sc);
             if (finish(c, c->buf + bytes_of(c, so), sc) < 0)
                 return;
         }
-        ring_seg(c, mod(r + 1 - j, p), lane, &so, &sc);
-        ring_seg(c, mod(r - j, p), lane, &ro, &rcnt);
+        ring_seg(c, mod(r + 1 - j, p), seg, &so, &sc);
+        ring_seg(c, mod(r - j, p), seg, &ro, &rcnt);
         c10d__tcp_chain_send(ch, right, sub, c->buf + bytes_of(c, so), bytes_of(c, sc));
         c10d__tcp_chain_recv(ch, left, sub, c->buf + bytes_of(c, ro), bytes_of(c, rcnt));
     }
@@ -268,13 +278,15 @@ int c10d__tcp_all_reduce(struct c10d__tcp_coll *c)
     }
     if (ring) {
         size_t chunk = bytes_of(c, (n + (size_t)c->size - 1) / (size_t)c->size);
-        size_t lanes = chunk / (c->tune->segment ? c->tune->segment : 1);
-        if (lanes < 2)
-            lanes = 2;
-        if (lanes > C10D_TCP_MAX_CHAINS)
-            lanes = C10D_TCP_MAX_CHAINS;
+        size_t segs = chunk / (c->tune->segment ? c->tune->segment : 1);
+        if (segs < 2)
+            segs = 2;
+        if (segs > RING_MAX_SEGS)
+            segs = RING_MAX_SEGS;
+        size_t lanes = segs < C10D_TCP_MAX_CHAINS ? segs : C10D_TCP_MAX_CHAINS;
+        c->nsegs = (int)segs;
         c->nlanes = (int)lanes;
-        c->seg_count = (n + (size_t)c->size - 1) / (size_t)c->size / lanes + 1;
+        c->seg_count = (n + (size_t)c->size - 1) / (size_t)c->size / segs + 1;
         if (!(op->send != op->recv && !premul)) {
             c->tmp = c->scratch(c, bytes_of(c, c->seg_count) * lanes);
             if (c->tmp == NULL)

@@ -64,6 +64,7 @@ struct c10d__tcp_coll {
     size_t lo, hi; /* element range (halving) */
     size_t seg_count;
     int nlanes;
+    int nsegs; /* ring: segments per chunk, run nlanes at a time */
 };
 
 /* Posting from a chain's step function. `sub` is the message's number within
