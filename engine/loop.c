@@ -39,8 +39,8 @@ struct engine {
 };
 
 static struct engine *engine;
-/* The CPU the loop thread polls on while it spins, else -1 (read by waiters). */
-static atomic_int spin_cpu = -1;
+/* Mirrors `spinning` for waiters, who read it without the lock. */
+static atomic_int loop_polling;
 static uv_mutex_t engine_mutex;
 static uv_mutex_t shutdown_mutex;
 static uv_once_t engine_once = UV_ONCE_INIT;
@@ -81,7 +81,7 @@ static void fork_child(void)
     engine = NULL;
     on_loop_thread = 0;
     loop_engine = NULL;
-    atomic_store(&spin_cpu, -1);
+    atomic_store(&loop_polling, 0);
     drive_engine = NULL;
     uv_mutex_init(&engine_mutex);
     uv_mutex_init(&shutdown_mutex);
@@ -160,11 +160,8 @@ static void start_spinning(struct engine *e);
 static void spin_cb(uv_idle_t *spin)
 {
     struct engine *e = spin->data;
-    int polling = uv_hrtime() < e->spin_until;
-    if (polling)
-        atomic_store_explicit(&spin_cpu, sched_getcpu(), memory_order_relaxed);
     run_posted(e);
-    if (polling)
+    if (uv_hrtime() < e->spin_until)
         return;
     uv_mutex_lock(&engine_mutex);
     int idle = e->head == NULL && e->ready == NULL;
@@ -172,14 +169,14 @@ static void spin_cb(uv_idle_t *spin)
         e->spinning = 0;
     uv_mutex_unlock(&engine_mutex);
     if (idle) {
-        atomic_store_explicit(&spin_cpu, -1, memory_order_relaxed);
+        atomic_store_explicit(&loop_polling, 0, memory_order_relaxed);
         uv_idle_stop(spin);
     }
 }
 
-int c10d__engine_spin_cpu(void)
+int c10d__engine_polling(void)
 {
-    return atomic_load_explicit(&spin_cpu, memory_order_relaxed);
+    return atomic_load_explicit(&loop_polling, memory_order_relaxed);
 }
 
 /* Loop thread, engine_mutex held: start polling unless it runs or shutdown
@@ -190,6 +187,7 @@ static int start_spinning_locked(struct engine *e)
         return 0;
     if (!uv_is_active((uv_handle_t *)&e->spin)) {
         e->spinning = 1;
+        atomic_store_explicit(&loop_polling, 1, memory_order_relaxed);
         uv_idle_start(&e->spin, spin_cb);
     }
     return 1;
@@ -293,7 +291,7 @@ static void loop_thread_main(void *arg)
         while (uv_mutex_trylock(&drive_mutex) != 0);
     }
     /* Shutdown closed the spin handle wherever it was: no loop polls now. */
-    atomic_store(&spin_cpu, -1);
+    atomic_store(&loop_polling, 0);
     int rc = uv_loop_close(&e->loop);
     if (rc != 0)
         C10D_ERROR("engine", "uv_loop_close at shutdown: %s", uv_strerror(rc));
@@ -311,10 +309,12 @@ int c10d__engine_drive(const atomic_int *flag, uint64_t until_ns)
     uint64_t polite_from = uv_hrtime() + DRIVE_NO_YIELD_NS;
     for (;;) {
         drive_turn(e, UV_RUN_NOWAIT);
-        if (atomic_load_explicit(flag, memory_order_acquire) || uv_hrtime() >= until_ns ||
-            !e->spinning)
+        if (atomic_load_explicit(flag, memory_order_acquire) || !e->spinning)
             break;
-        if (uv_hrtime() >= polite_from)
+        uint64_t now = uv_hrtime();
+        if (now >= until_ns)
+            break;
+        if (now >= polite_from)
             sched_yield();
     }
     uv_mutex_unlock(&drive_mutex);

@@ -52,8 +52,8 @@ void c10d__engine_remove_shutdown_hook(struct c10d__shutdown_hook *hook);
  * so the next message of an exchange is seen at once instead of after a wake-up. */
 void c10d__engine_busy(void);
 
-/* The CPU the loop thread is busy polling on, or -1 while it sleeps (any thread). */
-int c10d__engine_spin_cpu(void);
+/* 1 while the loop busy-polls, 0 while it sleeps in epoll (any thread). */
+int c10d__engine_polling(void);
 
 /* Any thread but a driving one: while the loop polls and no one else drives it,
  * runs its turns on this thread until *flag is set or until_ns (c10d__now_ns)

@@ -412,7 +412,7 @@ int c10d_work_wait(c10d_work *w, int64_t timeout_ms)
                c10d__now_ns() < spin_end) {
             if (c10d__engine_drive(&w->done_flag, spin_end))
                 continue;
-            if (c10d__engine_spin_cpu() < 0)
+            if (!c10d__engine_polling())
                 break;
             sched_yield();
         }
