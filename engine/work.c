@@ -312,6 +312,16 @@ static void arm_task_fn(struct c10d__task *t)
     uv_timer_start(&w->timer, timer_fired, left, 0);
 }
 
+/* Drops a work c10d_work_create will not hand out. Once it was on the pending
+ * list a shutdown's sweep may hold a reference and be completing it right
+ * now, so it is released, never freed outright: the last reference frees it. */
+static void abandon_created(c10d_work *w)
+{
+    if (pending_remove(w))
+        c10d_work_release(w);
+    c10d_work_release(w);
+}
+
 int c10d_work_create(c10d_work **out, const char *what, int64_t timeout_ms)
 {
     if (out == NULL)
@@ -341,16 +351,15 @@ int c10d_work_create(c10d_work **out, const char *what, int64_t timeout_ms)
     /* Checked after joining the pending list: a shutdown that closes posting
      * later still finds this work in its last sweep, so none is left behind. */
     if (c10d__engine_stopping()) {
-        pending_remove(w);
-        work_free(w);
+        abandon_created(w);
         return c10d__fail(C10D_EABORTED, "c10d_work_create: the engine is shutting down");
     }
     if (timeout_ms > 0) {
         c10d_work_retain(w);
         int rc = c10d__engine_post(&w->arm_task);
         if (rc != 0) {
-            pending_remove(w);
-            work_free(w);
+            c10d_work_release(w); /* the arm task's */
+            abandon_created(w);
             return rc;
         }
     }
