@@ -44,7 +44,15 @@
     X(WORLD_SIZE, "WORLD_SIZE", NULL, "", "env:// rendezvous: number of processes")                \
     X(USE_AGENT_STORE, "TORCHELASTIC_USE_AGENT_STORE", NULL, "",                                   \
       "True: torchrun's agent hosts the store, so rank 0 connects as a client instead of "         \
-      "hosting one")
+      "hosting one")                                                                               \
+    X(STORE_BIND, "C10D_STORE_BIND", NULL, "",                                                     \
+      "address rank 0's embedded store listens on (default: the address MASTER_ADDR resolves "     \
+      "to; * for every interface)")                                                                \
+    X(STORE_TOKEN, "C10D_STORE_TOKEN", NULL, "",                                                   \
+      "shared secret of the job: store clients present it before any command and every "           \
+      "data-port hello carries it; servers refuse connections without it")                         \
+    X(STORE_TOKEN_FILE, "C10D_STORE_TOKEN_FILE", NULL, "",                                         \
+      "file holding the shared secret (first line), used when C10D_STORE_TOKEN is unset")
 
 enum c10d__env_id {
 #define C10D_ENV_ENUM(id, name, fallback, def, doc) C10D_ENV_##id,
