@@ -22,8 +22,6 @@
 #include <arpa/inet.h>
 #include <limits.h>
 #include <netdb.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1473,13 +1471,6 @@ int c10d__tcp_transport_new(const struct c10d__tcp_transport_config *cfg,
     }
     t->cfg = *cfg;
     t->loop = c10d__engine_loop();
-    /* A write to a peer that just died must be an EPIPE for us, not a SIGPIPE
-     * that kills the host program: the signal goes to the writing thread,
-     * which is this one, so block it here. */
-    sigset_t pipe_set;
-    sigemptyset(&pipe_set);
-    sigaddset(&pipe_set, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &pipe_set, NULL);
     for (int r = 0; r < cfg->size; r++)
         t->peers[r].rank = r;
     uv_timer_init(t->loop, &t->grace);
