@@ -193,6 +193,7 @@ static int rank_main(const struct rank_cfg *c)
     }
     uint64_t rs_state = c->seed;
     long op = 0;
+    int64_t max_op_ns = 0; /* evidence that a partition stalled an op in flight */
     for (; c->ops == 0 || op < c->ops; op++) {
         size_t bytes = k_sizes[rng_next(&rs_state) % nsizes];
         size_t count = bytes / sizeof(float);
@@ -204,7 +205,11 @@ static int rank_main(const struct rank_cfg *c)
         int want_stop =
             g_stop_requested || (c->stop_file != NULL && access(c->stop_file, F_OK) == 0);
         buf[count] = want_stop ? 1.0f : 0.0f;
+        int64_t t_op = mono_ns();
         rc = c10d_all_reduce_sync(pg, buf, buf, count + 1, C10D_FLOAT32, C10D_SUM);
+        t_op = mono_ns() - t_op;
+        if (t_op > max_op_ns)
+            max_op_ns = t_op;
         if (rc != 0) {
             int ex = rank_fail(c, pg, rank, op, bytes, rc);
             free(buf);
@@ -239,7 +244,8 @@ static int rank_main(const struct rank_cfg *c)
         }
     }
     free(buf);
-    printf("chaos-rank %d: DONE ops=%ld wall_ms=%" PRId64 "\n", rank, op, wall_ms());
+    printf("chaos-rank %d: DONE ops=%ld max_op_ms=%" PRId64 " wall_ms=%" PRId64 "\n", rank, op,
+           max_op_ns / 1000000, wall_ms());
     report(c->report_fd, "%d done %" PRId64 " %ld -\n", rank, mono_ns(), op);
     rc = c10d_pg_destroy(pg);
     c10d_shutdown();
