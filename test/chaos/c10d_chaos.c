@@ -284,6 +284,11 @@ struct campaign_cfg {
 /* What the signal handler must kill if the driver is interrupted. */
 static volatile pid_t g_pgid;
 static volatile pid_t g_store_pid;
+/* The trial's log files and their directory (unlink and rmdir are
+ * async-signal-safe): an interrupted run leaves nothing behind. */
+static char g_paths[MAX_RANKS + 1][PATH_MAX];
+static char g_dir[PATH_MAX];
+static volatile int g_npaths;
 
 static void on_term(int sig)
 {
@@ -291,6 +296,10 @@ static void on_term(int sig)
         kill(-g_pgid, SIGKILL);
     if (g_store_pid > 0)
         kill(g_store_pid, SIGKILL);
+    for (int i = 0; i < g_npaths; i++)
+        unlink(g_paths[i]);
+    if (g_npaths > 0)
+        rmdir(g_dir);
     signal(sig, SIG_DFL);
     raise(sig);
 }
@@ -467,10 +476,13 @@ static void run_trial(const struct campaign_cfg *c, int trial, struct trial_resu
         perror("mkdtemp");
         exit(1);
     }
-    char path[MAX_RANKS + 1][PATH_MAX];
+    char(*path)[PATH_MAX] = g_paths;
+    g_npaths = 0;
+    snprintf(g_dir, sizeof g_dir, "%s", dir);
     for (int r = 0; r < n; r++)
         snprintf(path[r], sizeof path[r], "%s/rank%d.log", dir, r);
     snprintf(path[n], sizeof path[n], "%s/store.log", dir);
+    g_npaths = n + 1;
 
     int port = test_free_port();
     pid_t store = -1;
@@ -722,6 +734,7 @@ static void run_trial(const struct campaign_cfg *c, int trial, struct trial_resu
         }
     }
     fflush(stdout);
+    g_npaths = 0;
     if (out->pass || !c->keep_logs) {
         for (int r = 0; r <= n; r++)
             unlink(path[r]);
