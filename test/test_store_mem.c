@@ -7,7 +7,8 @@
  *  - amplification: a ~1 KB MULTI_GET naming a 4 MiB key 64 times (a 256 MiB
  *    reply) against --max-memory 64M; 1.13 watchers of a big key.
  *  - announced, not arrived: SET headers announcing 32 MiB values, held open.
- *  - fairness: clients that ask for a 16 MiB reply and never read, while
+ *  - fairness: clients that ask for an 8 MiB reply (8x the server-wide cap)
+ *    and never read, while
  *    another client's PINGs must each be answered within 1 s. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -453,11 +454,11 @@ static void test_non_reader_does_not_stall_others(void **state)
      * and a loaded sanitizer build is slow at it). The slow-reader timeout
      * is how long the old server held everyone back. */
     const char *args[] = {"--max-memory",         "1G",   "--max-value-bytes",
-                          "8M",                   "--max-reply-bytes", "20M",
-                          "--max-queued-replies", "2M",   "--slow-reader-timeout-ms",
+                          "4M",                   "--max-reply-bytes", "10M",
+                          "--max-queued-replies", "1M",   "--slow-reader-timeout-ms",
                           "4000",                 NULL};
     srv_start(&s, "fair", args);
-    set_big(&s, "/huge", 8 * MiB, 'h');
+    set_big(&s, "/huge", 4 * MiB, 'h');
     struct store_tc good;
     assert_int_equal(store_tc_open(&good, s.port, AF_INET, C10D_STORE_DIALECT_CURRENT), 0);
     enum { MAXHOGS = 8 };
@@ -465,7 +466,7 @@ static void test_non_reader_does_not_stall_others(void **state)
     uint64_t start = now_ms(), last_hog = 0, worst = 0;
     int pings = 0, sets = 0;
     while (now_ms() - start < 5000) {
-        /* A new non-reader every 1.2 s: MULTI_GET of 2 x 8 MiB. */
+        /* A new non-reader every 1.2 s: MULTI_GET of 2 x 4 MiB. */
         if (nhogs < MAXHOGS && now_ms() - last_hog >= 1200) {
             hogs[nhogs++] = send_multi_get(s.port, "/huge", 2);
             last_hog = now_ms();
