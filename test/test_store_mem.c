@@ -158,23 +158,6 @@ static int srv_logged(const struct srv *s, const char *a, const char *b)
     return found;
 }
 
-static void srv_stop(struct srv *s)
-{
-    running = NULL;
-    if (s->pid <= 0)
-        return;
-    kill(s->pid, SIGTERM);
-    int status = 0;
-    for (int i = 0; i < 500 && waitpid(s->pid, &status, WNOHANG) == 0; i++)
-        usleep(10000);
-    if (waitpid(s->pid, &status, WNOHANG) == 0) {
-        kill(s->pid, SIGKILL);
-        waitpid(s->pid, &status, 0);
-    }
-    s->pid = 0;
-    unlink(s->log);
-}
-
 static void srv_dump_log(const struct srv *s)
 {
     FILE *f = fopen(s->log, "r");
@@ -184,6 +167,36 @@ static void srv_dump_log(const struct srv *s)
     while (fgets(line, sizeof line, f))
         fprintf(stderr, "  [server] %s", line);
     fclose(f);
+}
+
+static void srv_stop(struct srv *s)
+{
+    running = NULL;
+    if (s->pid <= 0)
+        return;
+    kill(s->pid, SIGTERM);
+    int status = 0;
+    int exited = 0;
+    for (int i = 0; i < 500; i++) {
+        if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
+            exited = 1;
+            break;
+        }
+        usleep(10000);
+    }
+    if (!exited) {
+        kill(s->pid, SIGKILL);
+        waitpid(s->pid, &status, 0);
+    }
+    s->pid = 0;
+    /* A clean stop exits 0 (under ASan, a leak in the server would not). */
+    int clean = exited && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!clean) {
+        fprintf(stderr, "c10d-store did not stop cleanly (status 0x%x); its log:\n", status);
+        srv_dump_log(s);
+    }
+    unlink(s->log);
+    assert_true(clean);
 }
 
 /* The server's stats over the wire (STATS), as JSON. */
