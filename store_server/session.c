@@ -197,8 +197,8 @@ static int over_queued_cap(const struct c10d__store_session *s, size_t reply)
     const struct c10d__store_ctx *ctx = s->ctx;
     if (!ctx->queued_cap)
         return 0;
-    size_t small = ctx->small_backlog < ctx->queued_cap / 16 ? ctx->small_backlog
-                                                             : ctx->queued_cap / 16;
+    size_t small =
+        ctx->small_backlog < ctx->queued_cap / 16 ? ctx->small_backlog : ctx->queued_cap / 16;
     if (add_sat(s->out.len + s->pending_out, reply) <= small)
         return 0;
     return ctx->queued >= ctx->queued_cap || (ctx->stall_head && !s->resuming);

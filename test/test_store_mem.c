@@ -92,8 +92,8 @@ static void srv_start(struct srv *s, const char *name, const char *const *args)
     snprintf(s->log, sizeof s->log, "/tmp/test_store_mem.%d.%s.log", (int)getpid(), name);
     snprintf(portfile, sizeof portfile, "/tmp/test_store_mem.%d.%s.port", (int)getpid(), name);
     unlink(portfile);
-    const char *argv[64] = {exe, "serve", "--host", "127.0.0.1", "--port", "0", "--port-file",
-                            portfile, "--stats-interval-s", "0"};
+    const char *argv[64] = {exe, "serve",       "--host", "127.0.0.1",          "--port",
+                            "0", "--port-file", portfile, "--stats-interval-s", "0"};
     int n = 10;
     for (int i = 0; args[i] && n < 62; i++)
         argv[n++] = args[i];
@@ -265,9 +265,9 @@ static int send_multi_get(int port, const char *key, size_t n)
     struct c10d__store_str *keys = malloc(n * sizeof *keys);
     for (size_t i = 0; i < n; i++)
         keys[i] = (struct c10d__store_str){(const uint8_t *)key, strlen(key)};
-    assert_int_equal(
-        store_tc_req(fd, C10D_STORE_DIALECT_CURRENT, C10D_STORE_VALIDATE, C10D_STORE_MAGIC, 0, 0, NULL),
-        0);
+    assert_int_equal(store_tc_req(fd, C10D_STORE_DIALECT_CURRENT, C10D_STORE_VALIDATE,
+                                  C10D_STORE_MAGIC, 0, 0, NULL),
+                     0);
     assert_int_equal(
         store_tc_req(fd, C10D_STORE_DIALECT_CURRENT, C10D_STORE_MULTI_GET, 0, 0, n, keys), 0);
     free(keys);
@@ -292,8 +292,9 @@ static void test_multi_get_amplification(void **state)
     good_round(&s);
     json_t *o = srv_stats(&s);
     uint64_t peak = srv_peak_rss(&s);
-    fprintf(stderr, "amplification (reply cap): closed %d, peak RSS %" PRIu64
-                    " MiB, memory %" PRId64 " of %" PRId64 ", closed_reply_cap %" PRId64 "\n",
+    fprintf(stderr,
+            "amplification (reply cap): closed %d, peak RSS %" PRIu64 " MiB, memory %" PRId64
+            " of %" PRId64 ", closed_reply_cap %" PRId64 "\n",
             closed, peak >> 20, stat_int(o, "memory", NULL), stat_int(o, "memory_limit", NULL),
             stat_int(o, "closed_reply_cap", NULL));
     int logged = srv_logged(&s, "closing connection from 127.0.0.1:",
@@ -320,8 +321,8 @@ static void test_multi_get_amplification(void **state)
     peak = srv_peak_rss(&s);
     fprintf(stderr, "amplification (budget): closed %d, peak RSS %" PRIu64 " MiB\n", closed,
             peak >> 20);
-    logged = srv_logged(&s, "MULTI_GET reply of 268435968 bytes: server memory limit reached",
-                        NULL);
+    logged =
+        srv_logged(&s, "MULTI_GET reply of 268435968 bytes: server memory limit reached", NULL);
     assert_true(closed);
     assert_true(logged);
     assert_true(stat_int(o, "memory", NULL) <= stat_int(o, "memory_limit", NULL));
@@ -348,8 +349,8 @@ static void test_watch_amplification(void **state)
     set_big(&s, "/w", 12 * MiB, 'b');
     int closed = closed_within(w.fd, 10000);
     store_tc_close(&w);
-    int logged = srv_logged(&s, "watch event reply of 25165851 bytes",
-                            "over the limit of 17825792");
+    int logged =
+        srv_logged(&s, "watch event reply of 25165851 bytes", "over the limit of 17825792");
     assert_true(closed);
     assert_true(logged);
 
@@ -361,8 +362,7 @@ static void test_watch_amplification(void **state)
     for (int i = 0; i < NW; i++) {
         assert_int_equal(store_tc_open(&ws[i], s.port, AF_INET, C10D_STORE_DIALECT_LEGACY), 0);
         small_rcvbuf(ws[i].fd);
-        assert_int_equal(store_tc_call(&ws[i], C10D_STORE_WATCH_KEY, 0, 0, 1, &STR("/w6"), &r),
-                         0);
+        assert_int_equal(store_tc_call(&ws[i], C10D_STORE_WATCH_KEY, 0, 0, 1, &STR("/w6"), &r), 0);
     }
     set_big(&s, "/w6", 6 * MiB, 'b');
     int nclosed = 0;
@@ -391,8 +391,8 @@ static void test_announced_not_arrived(void **state)
     (void)state;
     static struct srv s; /* static: teardown reaches it after a failed assertion */
     struct c10d__store_reply r;
-    const char *args[] = {"--max-memory", "200M", "--max-value-bytes", "64M",
-                          "--request-timeout-ms", "1500", NULL};
+    const char *args[] = {
+        "--max-memory", "200M", "--max-value-bytes", "64M", "--request-timeout-ms", "1500", NULL};
     srv_start(&s, "announce", args);
     /* VALIDATE, then a SET whose header announces a 32 MiB value and 100
      * bytes of it; then nothing. 10 of them: 320 MiB announced. */
@@ -423,8 +423,8 @@ static void test_announced_not_arrived(void **state)
     set_big(&s, "/fits", 4 * MiB, 'f');
     good_round(&s);
     json_t *o = srv_stats(&s);
-    fprintf(stderr, "announced 320 MiB on %d connections: memory %" PRId64 " of %" PRId64 "\n",
-            NA, stat_int(o, "memory", NULL), stat_int(o, "memory_limit", NULL));
+    fprintf(stderr, "announced 320 MiB on %d connections: memory %" PRId64 " of %" PRId64 "\n", NA,
+            stat_int(o, "memory", NULL), stat_int(o, "memory_limit", NULL));
     assert_true(stat_int(o, "memory", NULL) < 16 * MiB);
     json_decref(o);
     /* The held connections go after the request timeout, logged. */
@@ -466,10 +466,17 @@ static void test_non_reader_does_not_stall_others(void **state)
      * itself, page faults and copying, is what a PING may have to wait for,
      * and a loaded sanitizer build is slow at it). The slow-reader timeout
      * is how long the old server held everyone back. */
-    const char *args[] = {"--max-memory",         "1G",   "--max-value-bytes",
-                          "4M",                   "--max-reply-bytes", "10M",
-                          "--max-queued-replies", "1M",   "--slow-reader-timeout-ms",
-                          "4000",                 NULL};
+    const char *args[] = {"--max-memory",
+                          "1G",
+                          "--max-value-bytes",
+                          "4M",
+                          "--max-reply-bytes",
+                          "10M",
+                          "--max-queued-replies",
+                          "1M",
+                          "--slow-reader-timeout-ms",
+                          "4000",
+                          NULL};
     srv_start(&s, "fair", args);
     set_big(&s, "/huge", 4 * MiB, 'h');
     struct store_tc good;
@@ -485,14 +492,14 @@ static void test_non_reader_does_not_stall_others(void **state)
             last_hog = now_ms();
         }
         uint64_t t0 = now_ms();
-        assert_int_equal(store_tc_call(&good, C10D_STORE_PING, (uint32_t)pings, 0, 0, NULL, &r),
-                         0);
+        assert_int_equal(store_tc_call(&good, C10D_STORE_PING, (uint32_t)pings, 0, 0, NULL, &r), 0);
         assert_int_equal(r.u32, (uint32_t)pings);
         uint64_t dt = now_ms() - t0;
         if (dt > worst)
             worst = dt;
         if (dt > 100)
-            fprintf(stderr, "  PING %d at %" PRIu64 " ms took %" PRIu64 " ms\n", pings, t0 - start, dt);
+            fprintf(stderr, "  PING %d at %" PRIu64 " ms took %" PRIu64 " ms\n", pings, t0 - start,
+                    dt);
         pings++;
         if (pings % 5 == 0) {
             char key[32];
