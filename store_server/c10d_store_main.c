@@ -126,15 +126,20 @@ static void serve_usage(FILE *f)
                "  --max-value-bytes S       one value (default 256M)\n"
                "  --max-keys-per-request N  CHECK/WAIT/MULTI_* keys (default 131072)\n"
                "  --max-request-bytes S     one request (default 1G)\n"
-               "  --max-memory S            keys, values and buffers (default 4G)\n"
+               "  --max-memory S            keys, values, request and reply buffers (default 4G)\n"
+               "  --max-reply-bytes S       one reply; a request whose reply is larger is refused "
+               "by closing its connection (default: max value + 1M)\n"
                "  --max-connections N       open connections (default 65536)\n"
                "  --max-pending-write S     unread replies before reads pause (default 8M; "
                "closed at 4x)\n"
                "  --max-queued-replies S    unsent replies, all connections together, before "
                "every connection pauses (default 256M)\n"
                "  --slow-reader-timeout-ms T  while paused so, close clients whose replies have "
-               "not moved for T (default 10000)\n"
+               "not moved for T; T/4 for a client over its share of the queued replies "
+               "(default 10000)\n"
                "  --validate-timeout-ms T   first request must complete within T (default 30000)\n"
+               "  --request-timeout-ms T    close a connection that sends no byte for T in the "
+               "middle of a request (default 30000)\n"
                "  --silent-timeout-ms T     close connections silent for T (default 0: never)\n"
                "  --stats-interval-s T      log JSON stats every T seconds (default 60; 0: off)\n"
                "SIGUSR1 logs stats; SIGTERM/SIGINT stop cleanly. Sizes take K/M/G suffixes.\n");
@@ -158,6 +163,8 @@ static int cmd_serve(int argc, char **argv)
         O_SLOW,
         O_VALIDATE,
         O_SILENT,
+        O_REPLY,
+        O_REQ_TIMEOUT,
         O_STATS,
         O_HELP
     };
@@ -177,6 +184,8 @@ static int cmd_serve(int argc, char **argv)
         {"slow-reader-timeout-ms", required_argument, NULL, O_SLOW},
         {"validate-timeout-ms", required_argument, NULL, O_VALIDATE},
         {"silent-timeout-ms", required_argument, NULL, O_SILENT},
+        {"max-reply-bytes", required_argument, NULL, O_REPLY},
+        {"request-timeout-ms", required_argument, NULL, O_REQ_TIMEOUT},
         {"stats-interval-s", required_argument, NULL, O_STATS},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
@@ -248,6 +257,12 @@ static int cmd_serve(int argc, char **argv)
             break;
         case O_SILENT:
             opts.limits.silent_timeout_ms = v;
+            break;
+        case O_REPLY:
+            opts.limits.max_reply_bytes = v;
+            break;
+        case O_REQ_TIMEOUT:
+            opts.limits.request_timeout_ms = v;
             break;
         case O_STATS:
             stats_s = v;

@@ -20,12 +20,18 @@ struct conn {
     struct c10d__store_server *srv;
     struct conn *prev, *next;   /* every open connection */
     struct conn *vprev, *vnext; /* not yet started, in accept order */
+    struct conn *rprev, *rnext; /* in the middle of a request, by last byte */
+    struct conn *wprev, *wnext; /* with replies queued in uv_write */
     uint64_t accepted_ms;
+    uint64_t last_byte_ms;   /* in rlist: when the partial request last grew */
     size_t pending_write;    /* bytes handed to uv_write, not yet written */
-    uint64_t write_moved_ms; /* when pending_write last shrank, or started from 0 */
+    size_t last_wq;          /* libuv's write queue size at the last tick */
+    uint64_t write_moved_ms; /* when a queued byte last went to the kernel */
     int reading;
     int closing;
     int in_vlist;
+    int in_rlist;
+    int in_wlist;
 };
 
 struct wreq {
@@ -33,6 +39,7 @@ struct wreq {
     struct conn *c;
     uint8_t *data;
     size_t len;
+    size_t charged; /* to the memory budget, released once written */
 };
 
 struct c10d__store_server {
@@ -46,7 +53,11 @@ struct c10d__store_server {
     struct conn *conns;
     size_t nconns;
     struct conn *vhead, *vtail;
+    struct conn *rhead, *rtail; /* partial requests, oldest last byte first */
+    struct conn *whead;         /* connections with queued writes */
+    size_t nwconns;
     uint64_t accepted, rejected, closed_for_errors, closed_slow;
+    uint64_t closed_request_timeout, closed_over_share;
     uint64_t last_ops[C10D_STORE_CMD_COUNT];
     uint64_t start_ms, last_stats_ms;
     uint64_t last_reject_log_ms, rejects_unlogged;
@@ -78,6 +89,12 @@ void c10d__store_limits_defaults(struct c10d__store_limits *l)
         l->max_queued_reply_bytes = 256ull << 20;
     if (!l->slow_reader_timeout_ms)
         l->slow_reader_timeout_ms = 10000;
+    if (!l->max_reply_bytes)
+        l->max_reply_bytes = l->max_value_bytes > UINT64_MAX - (1ull << 20)
+                                 ? UINT64_MAX
+                                 : l->max_value_bytes + (1ull << 20);
+    if (!l->request_timeout_ms)
+        l->request_timeout_ms = 30000;
 }
 
 static struct conn *conn_of(struct c10d__store_session *s)
@@ -115,6 +132,76 @@ static void vlist_remove(struct c10d__store_server *srv, struct conn *c)
     c->in_vlist = 0;
 }
 
+/* rlist: connections in the middle of a request, ordered by their last byte
+ * (append on every read), so the tick only looks at its expired head. */
+static void rlist_remove(struct c10d__store_server *srv, struct conn *c)
+{
+    if (!c->in_rlist)
+        return;
+    if (c->rprev)
+        c->rprev->rnext = c->rnext;
+    else
+        srv->rhead = c->rnext;
+    if (c->rnext)
+        c->rnext->rprev = c->rprev;
+    else
+        srv->rtail = c->rprev;
+    c->rprev = c->rnext = NULL;
+    c->in_rlist = 0;
+}
+
+/* After the session ran: keep c in rlist while the client owes us bytes of a
+ * request and we read from it. `got_bytes`: a read just arrived (restarts
+ * the clock); a connection that (re)joins the list starts its clock now, so
+ * time spent stalled by the server never counts against the client. */
+static void track_request(struct conn *c, int got_bytes)
+{
+    struct c10d__store_server *srv = c->srv;
+    if (c->closing || !c->reading || !c10d__store_session_mid_request(&c->s)) {
+        rlist_remove(srv, c);
+        return;
+    }
+    if (c->in_rlist && !got_bytes)
+        return;
+    rlist_remove(srv, c);
+    c->last_byte_ms = uv_now(srv->loop);
+    c->rprev = srv->rtail;
+    if (srv->rtail)
+        srv->rtail->rnext = c;
+    else
+        srv->rhead = c;
+    srv->rtail = c;
+    c->in_rlist = 1;
+}
+
+static void wlist_add(struct c10d__store_server *srv, struct conn *c)
+{
+    if (c->in_wlist)
+        return;
+    c->wprev = NULL;
+    c->wnext = srv->whead;
+    if (srv->whead)
+        srv->whead->wprev = c;
+    srv->whead = c;
+    c->in_wlist = 1;
+    srv->nwconns++;
+}
+
+static void wlist_remove(struct c10d__store_server *srv, struct conn *c)
+{
+    if (!c->in_wlist)
+        return;
+    if (c->wprev)
+        c->wprev->wnext = c->wnext;
+    else
+        srv->whead = c->wnext;
+    if (c->wnext)
+        c->wnext->wprev = c->wprev;
+    c->wprev = c->wnext = NULL;
+    c->in_wlist = 0;
+    srv->nwconns--;
+}
+
 static void resume_waiting(struct c10d__store_server *srv);
 
 static void on_conn_closed(uv_handle_t *h)
@@ -141,6 +228,8 @@ static void conn_close(struct conn *c, const char *reason)
         C10D_WARN("store", "closing connection from %s: %s", c->s.peer, reason);
     }
     vlist_remove(srv, c);
+    rlist_remove(srv, c);
+    wlist_remove(srv, c);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -177,6 +266,7 @@ static void after_run(struct c10d__store_session *s)
         if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
             c->reading = 1;
     }
+    track_request(c, 0);
 }
 
 /* Writes drained somewhere: let the sessions waiting for the server-wide
@@ -194,9 +284,13 @@ static void on_written(uv_write_t *req, int status)
     struct c10d__store_server *srv = c->srv;
     c->pending_write -= w->len;
     c->write_moved_ms = uv_now(srv->loop);
+    c->last_wq = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
     c10d__store_session_set_pending(&c->s, c->pending_write);
+    c10d__store_ctx_release_reply(&srv->ctx, w->charged);
     free(w->data);
     free(w);
+    if (c->pending_write == 0)
+        wlist_remove(srv, c);
     if (!c->closing && status < 0)
         conn_close(c, NULL);
     /* Backpressure released: run the requests left buffered, then read again.
@@ -217,8 +311,12 @@ static void flush(struct c10d__store_session *s)
         s->out.len = 0;
         return;
     }
-    if (s->closing && !s->out.len)
+    if (s->closing && !s->out.len) {
+        /* A refused reply or watch event: close now, whether or not the
+         * client sends anything again. */
+        conn_close(c, s->reason[0] ? s->reason : NULL);
         return;
+    }
     if (!s->out.len)
         return;
     if (c->pending_write >= 4 * srv->lim.max_pending_write_bytes) {
@@ -246,7 +344,9 @@ static void flush(struct c10d__store_session *s)
     if (off == s->out.len) {
         s->out.len = 0;
         if (s->out.cap > 64 * 1024)
-            c10d__store_buf_free(&s->out);
+            c10d__store_buf_free(&s->out); /* the session releases its charge */
+        if (s->closing)
+            conn_close(c, s->reason[0] ? s->reason : NULL);
         return;
     }
     /* The kernel is full: hand the buffer itself to uv_write (no copy). */
@@ -259,9 +359,12 @@ static void flush(struct c10d__store_session *s)
     w->c = c;
     w->data = s->out.data;
     w->len = s->out.len - off;
+    /* The buffer stays charged until it is written (or the write cancelled). */
+    w->charged = c10d__store_session_take_out_charge(s);
     uv_buf_t b = uv_buf_init((char *)s->out.data + off, (unsigned)w->len);
     s->out = (struct c10d__store_buf){0};
     if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_written) < 0) {
+        c10d__store_ctx_release_reply(&srv->ctx, w->charged);
         free(w->data);
         free(w);
         conn_close(c, NULL);
@@ -270,7 +373,13 @@ static void flush(struct c10d__store_session *s)
     if (c->pending_write == 0)
         c->write_moved_ms = uv_now(srv->loop);
     c->pending_write += w->len;
+    c->last_wq = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
+    wlist_add(srv, c);
     c10d__store_session_set_pending(s, c->pending_write);
+    if (s->closing) {
+        conn_close(c, s->reason[0] ? s->reason : NULL);
+        return;
+    }
     if (c->reading && c->pending_write > srv->lim.max_pending_write_bytes) {
         uv_read_stop((uv_stream_t *)&c->tcp);
         c->reading = 0;
@@ -321,6 +430,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         uv_read_stop((uv_stream_t *)&c->tcp);
         c->reading = 0;
     }
+    track_request(c, 1);
 }
 
 /* ------------------------------------------------------------ accepting */
@@ -436,23 +546,76 @@ static void on_connection(uv_stream_t *listener, int status)
     c->reading = 1;
 }
 
-/* Sessions are waiting for the server-wide reply cap: the bytes holding it
- * may belong to clients that stopped reading. Close those whose replies have
- * not moved for slow_reader_timeout_ms; readers that drain, however slowly,
- * keep their connection. */
+/* Connections with queued replies that do not drain. Progress is any byte
+ * the kernel took (libuv's write queue shrank), not only a finished write: a
+ * reader draining one 256 MiB reply slowly keeps its connection.
+ *  - Over its share: a connection holding more queued replies than
+ *    max_queued_reply_bytes / (connections with queued replies) that has not
+ *    moved for a quarter of slow_reader_timeout_ms is closed, whether or not
+ *    anyone waits: its bytes are charged to --max-memory.
+ *  - While the server-wide cap holds others back (sessions wait, or the queued
+ *    total is at the cap), any connection that has not moved for
+ *    slow_reader_timeout_ms is closed.
+ * Readers that drain, however slowly, keep their connection. */
 static void close_stuck_readers(struct c10d__store_server *srv, uint64_t now)
 {
-    for (struct conn *c = srv->conns, *next; c; c = next) {
-        next = c->next;
-        if (c->pending_write && now - c->write_moved_ms >= srv->lim.slow_reader_timeout_ms) {
-            char why[200];
+    if (!srv->whead)
+        return;
+    size_t cap = srv->ctx.queued_cap;
+    int contended = srv->ctx.stall_head != NULL || (cap && srv->ctx.queued >= cap);
+    size_t share = cap ? cap / (srv->nwconns ? srv->nwconns : 1) : 0;
+    uint64_t t_all = srv->lim.slow_reader_timeout_ms;
+    uint64_t t_share = t_all / 4 ? t_all / 4 : 1;
+    for (struct conn *c = srv->whead, *next; c; c = next) {
+        next = c->wnext;
+        size_t wq = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
+        if (wq < c->last_wq)
+            c->write_moved_ms = now;
+        c->last_wq = wq;
+        uint64_t still = now - c->write_moved_ms;
+        char why[256];
+        if (share && c->pending_write > share && still >= t_share) {
+            snprintf(why, sizeof why,
+                     "client has not read its replies for %" PRIu64
+                     " ms and holds %zu bytes of them, over its share of %zu",
+                     still, c->pending_write, share);
+            srv->closed_slow++;
+            srv->closed_over_share++;
+            conn_close(c, why);
+        } else if (contended && still >= t_all) {
             snprintf(why, sizeof why,
                      "client has not read its replies for %" PRIu64
                      " ms (%zu bytes pending) while the server-wide reply cap holds others back",
-                     now - c->write_moved_ms, c->pending_write);
+                     still, c->pending_write);
             srv->closed_slow++;
             conn_close(c, why);
         }
+    }
+}
+
+/* A connection in the middle of a request that sent nothing for
+ * request_timeout_ms is closed: an unfinished request holds its buffer, and
+ * its announced size, forever otherwise. */
+static void close_stalled_requests(struct c10d__store_server *srv, uint64_t now)
+{
+    uint64_t t = srv->lim.request_timeout_ms;
+    struct conn *c = srv->rhead;
+    while (c && now - c->last_byte_ms >= t) {
+        struct conn *next = c->rnext;
+        if (!c->reading || !c10d__store_session_mid_request(&c->s)) {
+            rlist_remove(srv, c);
+        } else {
+            int cmd = c10d__store_session_partial_cmd(&c->s);
+            char why[200];
+            snprintf(why, sizeof why,
+                     "no bytes for %" PRIu64 " ms in the middle of a%s%s request (%zu bytes of it "
+                     "buffered)",
+                     now - c->last_byte_ms, cmd >= 0 ? " " : "",
+                     cmd >= 0 ? c10d__store_cmd_name(cmd) : "", c->s.in_len);
+            srv->closed_request_timeout++;
+            conn_close(c, why);
+        }
+        c = next;
     }
 }
 
@@ -464,8 +627,8 @@ static void on_tick(uv_timer_t *t)
     /* Belt and braces: every drain already resumes waiting sessions. */
     resume_waiting(srv);
     uint64_t now = uv_now(srv->loop);
-    if (srv->ctx.stall_head)
-        close_stuck_readers(srv, now);
+    close_stuck_readers(srv, now);
+    close_stalled_requests(srv, now);
     uint64_t vt = srv->lim.validate_timeout_ms, st = srv->lim.silent_timeout_ms;
     uint64_t min_t = st && st < vt ? st : vt;
     struct conn *c = srv->vhead;
@@ -607,6 +770,8 @@ int c10d__store_server_start(uv_loop_t *loop, const struct c10d__store_server_op
     srv->ctx.world_size = opts->world_size;
     srv->ctx.out_cap = srv->lim.max_pending_write_bytes;
     srv->ctx.queued_cap = srv->lim.max_queued_reply_bytes;
+    srv->ctx.max_reply =
+        srv->lim.max_reply_bytes > SIZE_MAX ? SIZE_MAX : (size_t)srv->lim.max_reply_bytes;
     srv->ctx.data = srv;
     srv->ctx.stats_json = ctx_stats_json;
     rc = do_bind(srv, opts->host, opts->port);
@@ -691,6 +856,9 @@ char *c10d__store_server_stats_json(struct c10d__store_server *s)
     (void)waiting_conns;
     if (!o)
         return NULL;
+    size_t partial = 0;
+    for (struct conn *c = s->rhead; c; c = c->rnext)
+        partial++;
     size_t fifo = 0;
     for (struct c10d__store_session *q = s->ctx.stall_head; q; q = q->fifo_next)
         fifo++;
@@ -698,6 +866,17 @@ char *c10d__store_server_stats_json(struct c10d__store_server *s)
     json_object_set_new(o, "queued_reply_limit", json_integer((json_int_t)s->ctx.queued_cap));
     json_object_set_new(o, "waiting_for_reply_cap", json_integer((json_int_t)fifo));
     json_object_set_new(o, "reply_cap_stalls", json_integer((json_int_t)s->ctx.stalls));
+    size_t request_bytes = 0;
+    for (struct conn *c = s->conns; c; c = c->next)
+        request_bytes += c->s.in_cap;
+    json_object_set_new(o, "reply_bytes", json_integer((json_int_t)s->ctx.reply_charged));
+    json_object_set_new(o, "reply_limit", json_integer((json_int_t)s->ctx.max_reply));
+    json_object_set_new(o, "request_bytes", json_integer((json_int_t)request_bytes));
+    json_object_set_new(o, "partial_requests", json_integer((json_int_t)partial));
+    json_object_set_new(o, "closed_reply_cap", json_integer((json_int_t)s->ctx.closed_reply_cap));
+    json_object_set_new(o, "closed_request_timeout",
+                        json_integer((json_int_t)s->closed_request_timeout));
+    json_object_set_new(o, "closed_over_share", json_integer((json_int_t)s->closed_over_share));
     json_object_set_new(o, "multi_get_cache",
                         json_pack("{s:I, s:I}", "hits", (json_int_t)s->ctx.mget_hits, "misses",
                                   (json_int_t)s->ctx.mget_misses));

@@ -19,7 +19,10 @@ struct c10d__store_limits {
     uint64_t max_value_bytes;      /* [256 MiB] one value */
     uint64_t max_keys_per_request; /* [128 Ki] CHECK/WAIT/MULTI_* keys */
     uint64_t max_request_bytes;    /* [1 GiB] a whole request */
-    uint64_t max_memory_bytes;     /* [4 GiB] table + request buffers */
+    /* [4 GiB] everything the server holds: the table, request bytes as they
+     * arrive (never what a request only announces), and every reply byte
+     * until it is written to the socket. */
+    uint64_t max_memory_bytes;
     uint64_t max_connections;      /* [65536] */
     /* A connection that sent some bytes but no complete first request
      * (VALIDATE in the current dialect) within this time is closed [30000]. */
@@ -31,15 +34,30 @@ struct c10d__store_limits {
      * bytes the server stops reading its requests; past 4x it closes the
      * connection (asynchronous pushes can still pile up) [8 MiB]. */
     uint64_t max_pending_write_bytes;
-    /* Replies queued to all clients together: past this many bytes no
-     * connection runs requests until writes drain; connections resume in the
-     * order they stopped [256 MiB]. Kept apart from max_memory_bytes so that
-     * slow readers can never make a SET fail. */
+    /* Replies queued to all clients together: past this many bytes a request
+     * whose reply would take its connection's queued replies past 64 KiB (at
+     * most 1/16 of this) waits until writes drain; waiting connections resume
+     * in the order they stopped. Smaller replies never wait for it, so a
+     * client that does not read its big reply cannot delay anyone's PING
+     * [256 MiB]. Size max_memory_bytes for the table plus this plus
+     * max_reply_bytes, so that queued replies never make a SET fail. */
     uint64_t max_queued_reply_bytes;
-    /* While that server-wide cap holds connections back, a connection whose
-     * queued replies have not moved for this long is closed, so clients that
-     * never read cannot stall everyone else [10000]. */
+    /* A connection whose queued replies have not moved (no byte taken by the
+     * kernel) for this long is closed while that server-wide cap holds others
+     * back; one holding more than its share of the cap (the cap divided by
+     * the connections with queued replies) is closed after a quarter of it,
+     * whether or not anyone waits [10000]. */
     uint64_t slow_reader_timeout_ms;
+    /* One reply: a request whose reply would be larger (a MULTI_GET naming a
+     * big key many times), or a 1.13 watch event that large, closes the
+     * connection (the protocol has no error reply) [max_value_bytes + 1 MiB:
+     * a GET of one largest value, or COMPARE_SET/QUEUE_POP of one, fits]. */
+    uint64_t max_reply_bytes;
+    /* A connection in the middle of a request (some of its bytes buffered)
+     * that sends nothing for this long is closed, before and after VALIDATE.
+     * A pending WAIT is not a partial request; idle connections between
+     * requests are never affected [30000]. */
+    uint64_t request_timeout_ms;
 };
 
 /* The defaults, filled into the zero fields of *l. */

@@ -10,8 +10,21 @@
 
 #define SHARED_BUF_BYTES   (64 * 1024)
 #define MIN_OWN_BUF        4096
+/* An own buffer left with a small tail after a big request shrinks to the
+ * tail plus this. */
+#define OWN_SHRINK_ROOM    (64 * 1024)
 #define MGET_CACHE_MAX     (64u << 20)
 #define DEFAULT_QUEUED_CAP (256u << 20)
+#define SMALL_BACKLOG      (64 * 1024)
+/* s->out grows at most this much past what a reply needs. */
+#define OUT_SLACK          (1u << 20)
+/* Admission estimate of a STATS reply (its real size is charged once built). */
+#define STATS_ESTIMATE     4096
+
+static size_t add_sat(size_t a, size_t b)
+{
+    return a > SIZE_MAX - b ? SIZE_MAX : a + b;
+}
 
 void c10d__store_session_fail(struct c10d__store_session *s, const char *fmt, ...)
 {
@@ -51,28 +64,45 @@ static struct c10d__store_session *session_of(struct c10d__store_client *c)
     return c->data;
 }
 
+static int out_reserve(struct c10d__store_session *s, size_t n, const char *what);
+static void do_flush(struct c10d__store_session *s);
+
 static void on_wake(struct c10d__store_client *c)
 {
     struct c10d__store_session *s = session_of(c);
     if (s->closing)
         return;
-    if (c10d__store_put_u8(&s->out, C10D_STORE_STOP_WAITING) < 0)
-        c10d__store_session_fail(s, "out of memory for a reply");
-    s->ctx->flush(s);
+    if (out_reserve(s, 1, "STOP_WAITING") == 0)
+        c10d__store_put_u8(&s->out, C10D_STORE_STOP_WAITING);
+    do_flush(s);
 }
 
+/* A watch event cannot wait for the server-wide reply cap as a request can:
+ * one that does not fit (over max_reply, past what the server may queue, or
+ * over the memory budget) closes that watcher's connection. Without this, a
+ * change of a 256 MiB key pushes 512 MiB to every watcher. */
 static void on_watch(struct c10d__store_client *c, int event, struct c10d__store_str key,
                      struct c10d__store_str old_value, struct c10d__store_str new_value)
 {
     struct c10d__store_session *s = session_of(c);
+    struct c10d__store_ctx *ctx = s->ctx;
     if (s->closing)
         return;
-    if (c10d__store_put_u8(&s->out, (uint8_t)event) < 0 ||
-        c10d__store_put_str(&s->out, key.data, key.len) < 0 ||
-        c10d__store_put_str(&s->out, old_value.data, old_value.len) < 0 ||
-        c10d__store_put_str(&s->out, new_value.data, new_value.len) < 0)
-        c10d__store_session_fail(s, "out of memory for a watch event");
-    s->ctx->flush(s);
+    size_t n = add_sat(add_sat(25 + key.len, old_value.len), new_value.len);
+    size_t hard = add_sat(ctx->queued_cap, ctx->max_reply ? ctx->max_reply : ctx->queued_cap);
+    if (ctx->queued_cap && n > ctx->small_backlog &&
+        add_sat(add_sat(ctx->queued, s->out.len), n) > hard) {
+        c10d__store_session_fail(s,
+                                 "watch event of %zu bytes: the server already queues %zu bytes "
+                                 "of replies (limit %zu)",
+                                 n, ctx->queued, hard);
+    } else if (out_reserve(s, n, "watch event") == 0) {
+        c10d__store_put_u8(&s->out, (uint8_t)event);
+        c10d__store_put_str(&s->out, key.data, key.len);
+        c10d__store_put_str(&s->out, old_value.data, old_value.len);
+        c10d__store_put_str(&s->out, new_value.data, new_value.len);
+    }
+    do_flush(s);
 }
 
 int c10d__store_ctx_init(struct c10d__store_ctx *ctx, const struct c10d__store_codec_limits *lim,
@@ -83,6 +113,7 @@ int c10d__store_ctx_init(struct c10d__store_ctx *ctx, const struct c10d__store_c
         ctx->limits = *lim;
     ctx->flush = flush;
     ctx->queued_cap = DEFAULT_QUEUED_CAP;
+    ctx->small_backlog = SMALL_BACKLOG;
     ctx->mget_cache_max = MGET_CACHE_MAX;
     struct c10d__store_table_cbs cbs = {.wake = on_wake, .watch = on_watch};
     C10D_CHECK(c10d__store_table_create(&cbs, max_memory, &ctx->table));
@@ -157,11 +188,18 @@ void c10d__store_session_set_pending(struct c10d__store_session *s, size_t pendi
 }
 
 /* A session must wait when the cap is reached, and also while others wait
- * for it, so that a newcomer cannot overtake the FIFO. */
-static int over_queued_cap(const struct c10d__store_session *s)
+ * for it, so that a newcomer cannot overtake the FIFO. Except a session whose
+ * own backlog stays small with this reply (`reply` bytes): the cap exists for
+ * big replies, and a client that never reads a big one must not delay every
+ * other client's PING. */
+static int over_queued_cap(const struct c10d__store_session *s, size_t reply)
 {
     const struct c10d__store_ctx *ctx = s->ctx;
     if (!ctx->queued_cap)
+        return 0;
+    size_t small =
+        ctx->small_backlog < ctx->queued_cap / 16 ? ctx->small_backlog : ctx->queued_cap / 16;
+    if (add_sat(s->out.len + s->pending_out, reply) <= small)
         return 0;
     return ctx->queued >= ctx->queued_cap || (ctx->stall_head && !s->resuming);
 }
@@ -201,6 +239,81 @@ static void free_own(struct c10d__store_session *s)
     s->in_cap = s->in_len = 0;
 }
 
+void c10d__store_ctx_release_reply(struct c10d__store_ctx *ctx, size_t charged)
+{
+    if (!charged)
+        return;
+    c10d__store_table_release(ctx->table, charged);
+    ctx->reply_charged = charged > ctx->reply_charged ? 0 : ctx->reply_charged - charged;
+}
+
+size_t c10d__store_session_take_out_charge(struct c10d__store_session *s)
+{
+    size_t n = s->out_charged;
+    s->out_charged = 0;
+    return n;
+}
+
+/* After the owner ran: release what s->out no longer holds. */
+static void out_sync(struct c10d__store_session *s)
+{
+    if (s->out.cap < s->out_charged) {
+        c10d__store_ctx_release_reply(s->ctx, s->out_charged - s->out.cap);
+        s->out_charged = s->out.cap;
+    }
+}
+
+static void do_flush(struct c10d__store_session *s)
+{
+    s->ctx->flush(s);
+    out_sync(s);
+}
+
+/* Room for an n-byte reply in s->out, charged to the memory budget before it
+ * is allocated. A reply over ctx->max_reply, or one the budget cannot hold,
+ * closes the connection: the protocol has no error reply. */
+static int out_reserve(struct c10d__store_session *s, size_t n, const char *what)
+{
+    struct c10d__store_ctx *ctx = s->ctx;
+    if (s->closing)
+        return C10D_EPROTO;
+    if (ctx->max_reply && n > ctx->max_reply) {
+        ctx->closed_reply_cap++;
+        c10d__store_session_fail(s, "%s reply of %zu bytes over the limit of %zu", what, n,
+                                  ctx->max_reply);
+        return C10D_ENOMEM;
+    }
+    struct c10d__store_buf *b = &s->out;
+    if (n <= b->cap - b->len)
+        return 0;
+    size_t want = add_sat(b->len, n);
+    size_t cap = b->cap ? b->cap * 2 : 256;
+    if (cap > add_sat(want, OUT_SLACK))
+        cap = add_sat(want, OUT_SLACK);
+    if (cap < want)
+        cap = want;
+    if (want == SIZE_MAX || c10d__store_table_charge(ctx->table, cap - b->cap) < 0) {
+        struct c10d__store_table_stats st;
+        c10d__store_table_get_stats(ctx->table, &st);
+        c10d__store_session_fail(s,
+                                 "%s reply of %zu bytes: server memory limit reached "
+                                 "(%zu of %zu bytes in use, %zu of them replies)",
+                                 what, n, st.memory, st.memory_limit, ctx->reply_charged);
+        return C10D_ENOMEM;
+    }
+    uint8_t *p = realloc(b->data, cap);
+    if (!p) {
+        c10d__store_table_release(ctx->table, cap - b->cap);
+        c10d__store_session_fail(s, "out of memory for a %s reply of %zu bytes", what, n);
+        return C10D_ENOMEM;
+    }
+    ctx->reply_charged += cap - b->cap;
+    s->out_charged += cap - b->cap;
+    b->data = p;
+    b->cap = cap;
+    return 0;
+}
+
 void c10d__store_session_free(struct c10d__store_session *s)
 {
     fifo_remove(s);
@@ -209,11 +322,38 @@ void c10d__store_session_free(struct c10d__store_session *s)
     free_own(s);
     c10d__store_parser_free(&s->parser);
     c10d__store_buf_free(&s->out);
+    out_sync(s);
+}
+
+int c10d__store_session_mid_request(const struct c10d__store_session *s)
+{
+    return !s->stalled && !s->closing && (s->in_len > 0 || !c10d__store_parser_idle(&s->parser));
+}
+
+int c10d__store_session_partial_cmd(const struct c10d__store_session *s)
+{
+    /* The command is known once the parser left its start phase. */
+    if (c10d__store_parser_idle(&s->parser) || s->parser.phase <= 0)
+        return -1;
+    return s->parser.cmd;
 }
 
 int c10d__store_session_started(const struct c10d__store_session *s)
 {
     return s->requests > 0;
+}
+
+/* How much to grow an own buffer holding `held` bytes: what the parser needs,
+ * but never more than max(held, MIN_OWN_BUF) at once (doubling), so the
+ * buffer and its charge stay within about twice the bytes that arrived: a
+ * header that announces a 256 MiB value is charged 4 KiB, not 256 MiB. */
+static size_t own_step(const struct c10d__store_session *s, size_t held)
+{
+    size_t step = held > MIN_OWN_BUF ? held : MIN_OWN_BUF;
+    size_t need = s->parser.need;
+    if (need < step)
+        step = need;
+    return step < MIN_OWN_BUF ? MIN_OWN_BUF : step;
 }
 
 /* Makes the own buffer hold at least `cap` bytes (charged to the budget). */
@@ -248,12 +388,10 @@ void c10d__store_session_rbuf(struct c10d__store_session *s, size_t suggested, u
         return;
     }
     s->reading_shared = 0;
-    size_t want = s->parser.need > MIN_OWN_BUF ? s->parser.need : MIN_OWN_BUF;
-    if (s->in_cap - s->in_len < want) {
-        size_t cap = s->in_len + want;
-        if (cap < s->in_cap * 2 && s->parser.need <= MIN_OWN_BUF)
-            cap = s->in_cap * 2;
-        if (own_reserve(s, cap) < 0) {
+    size_t room = s->in_cap - s->in_len;
+    size_t need = s->parser.need ? s->parser.need : 1;
+    if (room < need && room < MIN_OWN_BUF) {
+        if (own_reserve(s, s->in_len + own_step(s, s->in_len)) < 0) {
             *base = NULL;
             *len = 0;
             return;
@@ -276,6 +414,13 @@ static int list_key(void *arg, struct c10d__store_str key)
 {
     struct c10d__store_session *s = arg;
     return c10d__store_put_str(&s->out, key.data, key.len);
+}
+
+static int list_key_size(void *arg, struct c10d__store_str key)
+{
+    size_t *n = arg;
+    *n = add_sat(*n, add_sat(8, key.len));
+    return 0;
 }
 
 /* A command that may change what MULTI_GET answers. Conservative: anything
@@ -302,10 +447,11 @@ static int read_only(enum c10d__store_cmd cmd)
 
 /* In a rendezvous every rank asks for the same N keys once the table stopped
  * changing: answer repeats with one copy instead of N lookups and encodes. */
-static int mget_hit(struct c10d__store_session *s, const struct c10d__store_request *r)
+static int mget_match(struct c10d__store_session *s, const struct c10d__store_request *r)
 {
     struct c10d__store_mget_cache *m = &s->ctx->mget;
-    if (!m->reply || m->generation != s->ctx->generation || m->nkeys != r->nargs)
+    if (!s->ctx->mget_cache_max || !m->reply || m->generation != s->ctx->generation ||
+        m->nkeys != r->nargs)
         return 0;
     const uint8_t *p = m->key_bytes;
     for (size_t i = 0; i < r->nargs; i++) {
@@ -314,9 +460,73 @@ static int mget_hit(struct c10d__store_session *s, const struct c10d__store_requ
             return 0;
         p += r->args[i].len;
     }
+    return 1;
+}
+
+static int mget_hit(struct c10d__store_session *s, const struct c10d__store_request *r)
+{
+    struct c10d__store_mget_cache *m = &s->ctx->mget;
+    if (!mget_match(s, r))
+        return 0;
     if (reply_ok(s, c10d__store_put_raw(&s->out, m->reply, m->reply_len)) == 0)
         s->ctx->mget_hits++;
     return 1;
+}
+
+/* The size of the reply `r` will get, computed before it runs (an upper
+ * bound for COMPARE_SET, an estimate for STATS, whose real size is charged
+ * once built). Nothing in the table changes. */
+static size_t reply_size(struct c10d__store_session *s, const struct c10d__store_request *r)
+{
+    struct c10d__store_table *t = s->ctx->table;
+    const struct c10d__store_str *a = r->args;
+    struct c10d__store_str v;
+    switch (r->cmd) {
+    case C10D_STORE_PING:
+        return 4;
+    case C10D_STORE_CHECK:
+    case C10D_STORE_WAIT:
+    case C10D_STORE_CANCEL_WAIT:
+    case C10D_STORE_BARRIER:
+    case C10D_STORE_WATCH_KEY:
+        return 1;
+    case C10D_STORE_ADD:
+    case C10D_STORE_GETNUMKEYS:
+    case C10D_STORE_DELETE_KEY:
+    case C10D_STORE_QUEUE_LEN:
+        return 8;
+    case C10D_STORE_GET:
+        if (!c10d__store_table_get(t, a[0], &v))
+            v.len = 0;
+        return add_sat(8, v.len);
+    case C10D_STORE_COMPARE_SET: {
+        size_t m = a[1].len > a[2].len ? a[1].len : a[2].len;
+        if (c10d__store_table_get(t, a[0], &v) && v.len > m)
+            m = v.len;
+        return add_sat(8, m);
+    }
+    case C10D_STORE_MULTI_GET: {
+        if (mget_match(s, r))
+            return s->ctx->mget.reply_len;
+        size_t n = 0;
+        for (size_t i = 0; i < r->nargs; i++)
+            n = add_sat(n, add_sat(8, c10d__store_table_get(t, a[i], &v) ? v.len : 0));
+        return n;
+    }
+    case C10D_STORE_QUEUE_POP: {
+        size_t n = c10d__store_table_queue_front_len(t, a[0]);
+        return add_sat(16, n);
+    }
+    case C10D_STORE_LIST_KEYS: {
+        size_t n = 8;
+        c10d__store_table_foreach_key(t, list_key_size, &n);
+        return n;
+    }
+    case C10D_STORE_STATS:
+        return STATS_ESTIMATE;
+    default: /* VALIDATE, SET, APPEND, MULTI_SET, QUEUE_PUSH */
+        return 0;
+    }
 }
 
 static void mget_remember(struct c10d__store_session *s, const struct c10d__store_request *r,
@@ -370,7 +580,9 @@ static void table_error(struct c10d__store_session *s, int rc, const struct c10d
                                  c10d__store_cmd_name(r->cmd));
 }
 
-static void handle(struct c10d__store_session *s, const struct c10d__store_request *r)
+/* Runs `r`, whose reply takes at most `reply` bytes (reply_size()). */
+static void handle(struct c10d__store_session *s, const struct c10d__store_request *r,
+                   size_t reply)
 {
     struct c10d__store_ctx *ctx = s->ctx;
     struct c10d__store_table *t = ctx->table;
@@ -378,6 +590,11 @@ static void handle(struct c10d__store_session *s, const struct c10d__store_reque
     const struct c10d__store_str *a = r->args;
     int rc = 0;
     ctx->ops[r->cmd]++;
+    /* Charged before the command runs: a refused reply leaves the table as it
+     * was (STATS charges its real size once built). */
+    if (reply && r->cmd != C10D_STORE_STATS &&
+        out_reserve(s, reply, c10d__store_cmd_name(r->cmd)) < 0)
+        return;
     if (!read_only(r->cmd)) {
         ctx->generation++;
         if (ctx->mget.reply)
@@ -443,7 +660,7 @@ static void handle(struct c10d__store_session *s, const struct c10d__store_reque
         rc = c10d__store_table_append(t, a[0], a[1]);
         break;
     case C10D_STORE_MULTI_GET: {
-        if (ctx->mget_cache_max && mget_hit(s, r))
+        if (mget_hit(s, r))
             break;
         size_t start = out->len;
         for (size_t i = 0; i < r->nargs && rc == 0; i++) {
@@ -492,7 +709,8 @@ static void handle(struct c10d__store_session *s, const struct c10d__store_reque
     case C10D_STORE_STATS: {
         char *json = s->ctx->stats_json ? s->ctx->stats_json(s->ctx) : NULL;
         const char *text = json ? json : "{}";
-        reply_ok(s, c10d__store_put_str(out, text, strlen(text)));
+        if (out_reserve(s, 8 + strlen(text), "STATS") == 0)
+            reply_ok(s, c10d__store_put_str(out, text, strlen(text)));
         free(json);
         break;
     }
@@ -518,22 +736,9 @@ static size_t process(struct c10d__store_session *s, const uint8_t *buf, size_t 
          * keep the rest of the input until the owner drained the replies. */
         if (cap && s->out.len + s->pending_out >= cap) {
             if (s->out.len)
-                s->ctx->flush(s);
+                do_flush(s);
             if (s->closing || s->out.len + s->pending_out >= cap) {
                 s->stalled = 1;
-                break;
-            }
-        }
-        /* The same, server-wide: hand over what this session has and queue it
-         * behind the sessions already waiting. */
-        if (over_queued_cap(s)) {
-            if (s->out.len)
-                s->ctx->flush(s);
-            if (s->closing)
-                break;
-            if (over_queued_cap(s)) {
-                s->stalled = 1;
-                fifo_push(s);
                 break;
             }
         }
@@ -551,8 +756,31 @@ static size_t process(struct c10d__store_session *s, const uint8_t *buf, size_t 
             c10d__store_session_fail(s, "%s", s->parser.error);
             break;
         }
+        /* The reply's size is known before it is built: refuse one over the
+         * per-request cap, and let a big one wait for the server-wide cap
+         * (hand over what this session has and queue it behind the sessions
+         * already waiting). A request that waits is parsed again later: the
+         * parser is between requests and its bytes stay in the buffer. */
+        size_t reply = reply_size(s, &req);
+        if (s->ctx->max_reply && reply > s->ctx->max_reply) {
+            s->ctx->closed_reply_cap++;
+            c10d__store_session_fail(s, "%s reply of %zu bytes over the limit of %zu",
+                                     c10d__store_cmd_name(req.cmd), reply, s->ctx->max_reply);
+            break;
+        }
+        if (over_queued_cap(s, reply)) {
+            if (s->out.len)
+                do_flush(s);
+            if (s->closing)
+                break;
+            if (over_queued_cap(s, reply)) {
+                s->stalled = 1;
+                fifo_push(s);
+                break;
+            }
+        }
         s->requests++;
-        handle(s, &req);
+        handle(s, &req, reply);
         start += used;
         /* A 10k-key MULTI_GET leaves 240 KB of argument arrays behind; kept
          * by 10k sessions that is gigabytes of RSS. */
@@ -576,8 +804,7 @@ int c10d__store_session_received(struct c10d__store_session *s, size_t n)
         /* Keep the unfinished tail: sized for what the parser says it needs. */
         if (!s->closing && used < n) {
             size_t rest = n - used;
-            size_t cap = rest + (s->parser.need > MIN_OWN_BUF ? s->parser.need : MIN_OWN_BUF);
-            if (own_reserve(s, cap) == 0) {
+            if (own_reserve(s, rest + own_step(s, rest)) == 0) {
                 memcpy(s->in, buf + used, rest);
                 s->in_len = rest;
             }
@@ -589,11 +816,21 @@ int c10d__store_session_received(struct c10d__store_session *s, size_t n)
             memmove(s->in, s->in + used, s->in_len - used);
             s->in_len -= used;
         }
-        if (s->in_len == 0)
+        if (s->in_len == 0) {
             free_own(s); /* the next read goes to the shared buffer */
+        } else if (used && s->in_cap > 4 * s->in_len + 2 * OWN_SHRINK_ROOM) {
+            /* A big request left a small tail: do not keep (and charge) its room. */
+            size_t cap = s->in_len + OWN_SHRINK_ROOM;
+            uint8_t *p = realloc(s->in, cap);
+            if (p) {
+                c10d__store_table_release(s->ctx->table, s->in_cap - cap);
+                s->in = p;
+                s->in_cap = cap;
+            }
+        }
     }
-    if (s->out.len)
-        s->ctx->flush(s);
+    if (s->out.len || s->closing)
+        do_flush(s);
     return s->closing ? C10D_EPROTO : 0;
 }
 

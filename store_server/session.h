@@ -5,12 +5,22 @@
  * Input: ask c10d__store_session_rbuf() where to read, then report the bytes
  * with c10d__store_session_received(). Whole requests are parsed straight out
  * of a buffer shared by all sessions of a context; only the unfinished tail
- * of a read is copied into the session's own buffer, which grows to the size
- * the parser says the request needs.
+ * of a read is copied into the session's own buffer, which doubles as bytes
+ * arrive (up to what the parser says the request still needs).
  *
  * Output: replies are appended to s->out; the context's flush() is called
  * after each batch and for every asynchronous push (a WAIT that fires, a 1.13
  * watch event). flush() must not call into the table or free the session.
+ *
+ * Memory: every byte the session holds is charged to the table's budget
+ * (--max-memory) while it is held. The input buffer is charged at its
+ * capacity, which grows with the bytes that arrived (never more than about
+ * twice them), not with what a request announces. s->out is charged at its
+ * capacity: each reply's size is computed before it is built, refused past
+ * ctx->max_reply, and charged first. After flush() returns, whatever capacity
+ * s->out lost is released; an owner that takes the buffer away (to send it
+ * later) takes its charge with c10d__store_session_take_out_charge() and gives
+ * it back with c10d__store_ctx_release_reply() once the bytes are sent.
  */
 #ifndef C10D_STORE_SERVER_SESSION_H
 #define C10D_STORE_SERVER_SESSION_H
@@ -60,6 +70,18 @@ struct c10d__store_ctx {
     /* STATS: the owner's stats as a malloc'd JSON string (NULL: "{}"). */
     char *(*stats_json)(struct c10d__store_ctx *ctx);
     uint64_t missing_gets;
+    /* One reply (one request's, or one watch event) larger than this closes
+     * the connection (0: no limit). */
+    size_t max_reply;
+    /* Reply bytes charged to the budget: sessions' s->out and what owners
+     * took with c10d__store_session_take_out_charge() and have not released. */
+    size_t reply_charged;
+    /* A session whose queued replies plus the next reply stay within this
+     * many bytes is never held back by the server-wide cap (PING, ADD, small
+     * GETs answer at once whatever the slow readers hold) [64 KiB, at most
+     * queued_cap / 16]. */
+    size_t small_backlog;
+    uint64_t closed_reply_cap; /* connections closed for a reply over max_reply */
     /* One read buffer for every session: reads that hold whole requests are
      * parsed in place and never copied. */
     uint8_t *shared;
@@ -81,6 +103,7 @@ struct c10d__store_session {
     size_t in_cap; /* charged to the table's memory budget */
     int reading_shared;
     struct c10d__store_buf out; /* replies not yet handed to flush() */
+    size_t out_charged;         /* out.cap's bytes charged to the budget */
     size_t pending_out;         /* the owner's: bytes flushed but not yet sent */
     int stalled; /* stopped at out_cap with requests left: call received(s, 0) later */
     /* Waiting in ctx's FIFO for the server-wide cap (then stalled is set too):
@@ -121,6 +144,18 @@ void c10d__store_session_set_pending(struct c10d__store_session *s, size_t pendi
  * session waits. */
 void c10d__store_ctx_resume(struct c10d__store_ctx *ctx,
                             void (*after)(struct c10d__store_session *s));
+/* The owner takes s->out's buffer (it sets s->out to zero itself): returns
+ * the bytes charged for it, which the owner now holds and must give back with
+ * c10d__store_ctx_release_reply() when the buffer is freed. */
+size_t c10d__store_session_take_out_charge(struct c10d__store_session *s);
+void c10d__store_ctx_release_reply(struct c10d__store_ctx *ctx, size_t charged);
+/* 1 while part of a request is buffered (the parser is not between requests,
+ * or bytes wait in the own buffer) and the session is not stalled: the
+ * client owes the server bytes. A pending WAIT is not a partial request. */
+int c10d__store_session_mid_request(const struct c10d__store_session *s);
+/* The command of the partial request (enum c10d__store_cmd), or -1 when its
+ * command byte has not been read yet. */
+int c10d__store_session_partial_cmd(const struct c10d__store_session *s);
 /* 1 once the first request (VALIDATE in the current dialect) completed. */
 int c10d__store_session_started(const struct c10d__store_session *s);
 /* Marks the session closing with a reason (first reason wins). */

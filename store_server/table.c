@@ -647,6 +647,12 @@ int c10d__store_table_queue_pop(struct c10d__store_table *t, struct c10d__store_
     return 0;
 }
 
+size_t c10d__store_table_queue_front_len(struct c10d__store_table *t, struct c10d__store_str key)
+{
+    struct entry *e = find(t, key);
+    return e && e->qhead ? e->qhead->len : 0;
+}
+
 int64_t c10d__store_table_queue_len(struct c10d__store_table *t, struct c10d__store_str key)
 {
     drop_popped(t);

@@ -92,6 +92,9 @@ int c10d__store_table_queue_push(struct c10d__store_table *t, struct c10d__store
  * popped item, valid until the next call on the table. */
 int c10d__store_table_queue_pop(struct c10d__store_table *t, struct c10d__store_str key,
                                 int64_t *len_before, struct c10d__store_str *value);
+/* The size of the item QUEUE_POP would return next (0 if the queue is empty);
+ * changes nothing. */
+size_t c10d__store_table_queue_front_len(struct c10d__store_table *t, struct c10d__store_str key);
 int64_t c10d__store_table_queue_len(struct c10d__store_table *t, struct c10d__store_str key);
 /* 1.13 WATCH_KEY: future changes of key call cbs.watch(client, ...). */
 int c10d__store_table_watch(struct c10d__store_table *t, struct c10d__store_client *client,
