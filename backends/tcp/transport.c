@@ -18,6 +18,7 @@
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/loop.h"
+#include "engine/token.h"
 
 #include <arpa/inet.h>
 #include <limits.h>
@@ -26,12 +27,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define HDR_LEN          24
-#define HELLO_LEN        16
-#define HELLO_MAGIC      0x43313044u /* "C10D" */
+#define HDR_LEN        24
+#define HELLO_FIXED    32
+#define HELLO_MAX      (HELLO_FIXED + C10D_TOKEN_MAX)
+#define HELLO_MAGIC    0x43313044u /* "C10D" */
+#define HELLO_VERSION  2
+#define HELLO_ACCEPTED 1u
+/* An inbound connection that has not completed its hello by then is closed:
+ * a stranger (or a half-open socket) costs one descriptor for this long at
+ * most, and never more than PENDING_MAX of them at once. */
+#define PENDING_HELLO_MS 10000
+#define PENDING_MAX      64
+#define PENDING_TICK_MS  1000
+/* Connect attempts that keep failing this long are worth a warning naming
+ * the address: a bad published address otherwise looks like a hang. */
+#define CONNECT_WARN_MS  2000
+#define CONNECT_WARN_GAP 10000
+#define STRANGER_LOG_MS  1000
 #define STAGING_LEN      (256 * 1024)
 #define DIRECT_MIN       (16 * 1024)
 #define ABORT_MSG_MAX    1000
@@ -89,16 +105,23 @@ struct peer {
     struct c10d__tcp_xfer *out_head, *out_tail; /* writes waiting for the connection */
     uint32_t next_send_id;
     uint64_t retry_at;
-    int gone;         /* said goodbye (destroyed its group cleanly) */
-    int lost;         /* its connection broke: the transport fails after the grace period */
-    size_t eager_out; /* P2P eager bytes sent, not yet acknowledged */
+    uint64_t connect_fail_since; /* first failed attempt of the current streak (0: none) */
+    uint64_t connect_warned_at;
+    char connect_error[96]; /* why the last attempt failed */
+    int gone;               /* said goodbye (destroyed its group cleanly) */
+    int lost;               /* its connection broke: the transport fails after the grace period */
+    size_t eager_out;       /* P2P eager bytes sent, not yet acknowledged */
 };
 
 struct conn {
     uv_tcp_t tcp;
     uv_connect_t connect_req;
     uv_write_t hello_req;
-    unsigned char hello_out[HELLO_LEN];
+    unsigned char hello_out[HELLO_MAX];
+    unsigned char hello_in[HELLO_MAX];
+    size_t hello_have;
+    uint64_t accepted_ms; /* inbound: when accepted (pending-hello deadline) */
+    int parked;           /* inbound hello complete, waiting for the job id */
     struct c10d__tcp_transport *t;
     struct conn *all_next, *all_prev;
     int rank; /* -1 until the handshake named it */
@@ -130,7 +153,16 @@ struct c10d__tcp_transport {
     uv_tcp_t listener;
     uv_timer_t deadline;
     uv_timer_t grace;
-    int listening, deadline_open, grace_open, grace_armed;
+    uv_timer_t pending; /* closes inbound connections stuck before their hello */
+    int listening, deadline_open, grace_open, grace_armed, pending_open;
+    /* The job's identity: rank 0 draws it, the others learn it from rank 0's
+     * published address; hellos of any other job are dropped. */
+    uint64_t job_id;
+    int job_known;
+    char published[INET6_ADDRSTRLEN + 40]; /* address, and the job id on rank 0 */
+    uint8_t token[C10D_TOKEN_MAX];
+    size_t token_len;
+    uint64_t stranger_log_ms, strangers_unlogged;
     int handles; /* open uv handles; freed once 0 after free was asked */
     int freeing;
     int failed;
@@ -891,52 +923,227 @@ keep : {
 }
 
 static void hello_done(struct conn *c);
+static void connect_failed(struct c10d__tcp_transport *t, int rank, const char *why);
 
-static void handle_hello(struct conn *c)
+static void peer_name(uv_tcp_t *tcp, char *out, size_t size)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    char ip[INET6_ADDRSTRLEN] = "?";
+    snprintf(out, size, "?");
+    if (uv_tcp_getpeername(tcp, (struct sockaddr *)&ss, &len) != 0)
+        return;
+    if (ss.ss_family == AF_INET) {
+        uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
+        snprintf(out, size, "%s:%d", ip, ntohs(((struct sockaddr_in *)&ss)->sin_port));
+    } else if (ss.ss_family == AF_INET6) {
+        uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
+        snprintf(out, size, "[%s]:%d", ip, ntohs(((struct sockaddr_in6 *)&ss)->sin6_port));
+    }
+}
+
+/* A connection that never became one of the group's: close it, and say so at
+ * most once a second, so a flood of strangers costs a log line, never the
+ * group. */
+static void drop_stranger(struct conn *c, const char *fmt, ...) C10D_PRINTF(2, 3);
+static void drop_stranger(struct conn *c, const char *fmt, ...)
 {
     struct c10d__tcp_transport *t = c->t;
-    uint32_t v[4];
-    memcpy(v, c->hdr, HELLO_LEN);
-    c->hdr_have = 0;
-    if (v[0] != HELLO_MAGIC || v[1] != t->cfg.group_id) {
-        C10D_WARN("tcp", "rank %d: dropping a connection that is not from this group", t->cfg.rank);
-        conn_close(c);
+    uint64_t now = c10d__now_ms();
+    if (now - t->stranger_log_ms >= STRANGER_LOG_MS || t->stranger_log_ms == 0) {
+        char why[256], peer[INET6_ADDRSTRLEN + 16];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, sizeof why, fmt, ap);
+        va_end(ap);
+        peer_name(&c->tcp, peer, sizeof peer);
+        C10D_WARN("tcp",
+                  "rank %d: dropping a connection from %s: %s (%llu more dropped since the "
+                  "last such line)",
+                  t->cfg.rank, peer, why, (unsigned long long)t->strangers_unlogged);
+        t->stranger_log_ms = now;
+        t->strangers_unlogged = 0;
+    } else {
+        t->strangers_unlogged++;
+    }
+    conn_close(c);
+}
+
+/* The hello, both ways (host byte order, as every frame):
+ *   u32 magic, u16 version, u16 flags (answer: HELLO_ACCEPTED), u32 group id,
+ *   u32 rank (the sender's), u32 world size, u32 token length, u64 job id,
+ *   then the token. */
+static size_t hello_encode(const struct c10d__tcp_transport *t, unsigned char *out, uint16_t flags)
+{
+    uint32_t magic = HELLO_MAGIC, gid = t->cfg.group_id, rank = (uint32_t)t->cfg.rank;
+    uint32_t size = (uint32_t)t->cfg.size, tlen = (uint32_t)t->token_len;
+    uint16_t version = HELLO_VERSION;
+    memcpy(out, &magic, 4);
+    memcpy(out + 4, &version, 2);
+    memcpy(out + 6, &flags, 2);
+    memcpy(out + 8, &gid, 4);
+    memcpy(out + 12, &rank, 4);
+    memcpy(out + 16, &size, 4);
+    memcpy(out + 20, &tlen, 4);
+    memcpy(out + 24, &t->job_id, 8);
+    memcpy(out + HELLO_FIXED, t->token, t->token_len);
+    return HELLO_FIXED + t->token_len;
+}
+
+struct hello {
+    uint32_t magic, group_id, rank, size, token_len;
+    uint16_t version, flags;
+    uint64_t job_id;
+    const unsigned char *token;
+};
+
+static void hello_decode(const unsigned char *in, struct hello *h)
+{
+    memcpy(&h->magic, in, 4);
+    memcpy(&h->version, in + 4, 2);
+    memcpy(&h->flags, in + 6, 2);
+    memcpy(&h->group_id, in + 8, 4);
+    memcpy(&h->rank, in + 12, 4);
+    memcpy(&h->size, in + 16, 4);
+    memcpy(&h->token_len, in + 20, 4);
+    memcpy(&h->job_id, in + 24, 8);
+    h->token = in + HELLO_FIXED;
+}
+
+/* What is wrong with a hello for this transport (NULL: nothing). The token
+ * is compared first and in constant time. */
+static const char *hello_problem(const struct c10d__tcp_transport *t, const struct hello *h,
+                                 char *buf, size_t size)
+{
+    if (!c10d__token_equal(h->token, h->token_len, t->token, t->token_len))
+        return t->token_len ? "wrong or missing token"
+                            : "it presents a token and this job has none";
+    if (h->job_id != t->job_id) {
+        snprintf(buf, size, "it belongs to another job (job id %016llx, this job's %016llx)",
+                 (unsigned long long)h->job_id, (unsigned long long)t->job_id);
+        return buf;
+    }
+    if (h->group_id != t->cfg.group_id || (int)h->size != t->cfg.size) {
+        snprintf(buf, size, "it is for another group (id %08x of %u ranks; this group: %08x of %d)",
+                 h->group_id, h->size, t->cfg.group_id, t->cfg.size);
+        return buf;
+    }
+    return NULL;
+}
+
+/* Inbound: a complete hello. Nothing here can fail the group: the
+ * connection only joins it once the answer is out. */
+static void accept_hello(struct conn *c)
+{
+    struct c10d__tcp_transport *t = c->t;
+    if (!t->job_known) {
+        /* A peer read our address before we read rank 0's: answer once we
+         * know the job id (c10d__tcp_transport_connect). */
+        c->parked = 1;
         return;
     }
-    if (c->initiator) {
-        /* v[2]: accepted? A refusal means the peer keeps its own connection to us. */
-        if (!v[2]) {
-            if (t->peers[c->rank].connecting == c)
-                t->peers[c->rank].connecting = NULL;
-            conn_close(c);
-            return;
-        }
-        hello_done(c);
+    c->parked = 0;
+    struct hello h;
+    hello_decode(c->hello_in, &h);
+    char buf[160];
+    const char *problem = hello_problem(t, &h, buf, sizeof buf);
+    if (problem != NULL) {
+        drop_stranger(c, "%s", problem);
         return;
     }
-    int r = (int)v[2];
-    if (r < 0 || r >= t->cfg.size || r == t->cfg.rank || (int)v[3] != t->cfg.size) {
-        C10D_WARN("tcp", "rank %d: dropping a connection claiming rank %d of %d", t->cfg.rank, r,
-                  (int)v[3]);
-        conn_close(c);
+    int r = (int)h.rank;
+    if (r < 0 || r >= t->cfg.size || r == t->cfg.rank) {
+        drop_stranger(c, "it claims rank %d of %d", r, t->cfg.size);
         return;
     }
     struct peer *pe = &t->peers[r];
-    /* Both sides connecting at once (lazy): the lower rank's connection wins. */
-    int accept = pe->conn == NULL && !(pe->connecting != NULL && t->cfg.rank < r);
-    uint32_t ack[4] = {HELLO_MAGIC, t->cfg.group_id, (uint32_t)accept, (uint32_t)t->cfg.rank};
-    memcpy(c->hello_out, ack, HELLO_LEN);
-    uv_buf_t b = uv_buf_init((char *)c->hello_out, HELLO_LEN);
-    c->rank = r;
-    if (uv_try_write((uv_stream_t *)&c->tcp, &b, 1) != HELLO_LEN) {
-        t_error(t, C10D_EIO, "tcp: cannot answer rank %d's handshake", r);
+    /* Both sides connecting at once (lazy): the lower rank's connection wins.
+     * A rank already connected keeps its connection. */
+    int accept = pe->conn == NULL && !pe->lost && !(pe->connecting != NULL && t->cfg.rank < r);
+    size_t n = hello_encode(t, c->hello_out, accept ? HELLO_ACCEPTED : 0);
+    uv_buf_t b = uv_buf_init((char *)c->hello_out, (unsigned)n);
+    if (uv_try_write((uv_stream_t *)&c->tcp, &b, 1) != (int)n) {
+        /* The other end is gone already (or never meant it): not a peer of
+         * ours until the hello is answered. */
+        C10D_DEBUG("tcp", "rank %d: cannot answer a handshake claiming rank %d; closing it",
+                   t->cfg.rank, r);
+        conn_close(c);
         return;
     }
     if (!accept) {
         conn_close(c);
         return;
     }
+    c->rank = r;
     hello_done(c);
+}
+
+/* Outbound: the answer of the rank we connected to. */
+static void answer_hello(struct conn *c)
+{
+    struct c10d__tcp_transport *t = c->t;
+    struct hello h;
+    hello_decode(c->hello_in, &h);
+    char buf[160];
+    const char *problem = hello_problem(t, &h, buf, sizeof buf);
+    if (problem == NULL && (int)h.rank != c->rank) {
+        snprintf(buf, sizeof buf, "it answers as rank %u", h.rank);
+        problem = buf;
+    }
+    int rank = c->rank;
+    if (problem != NULL) {
+        /* Whoever listens on that address now is not the peer we want (a
+         * reused port, another job): keep trying until the deadline. */
+        char why[200];
+        snprintf(why, sizeof why, "the handshake failed: %s", problem);
+        conn_close(c);
+        connect_failed(t, rank, why);
+        return;
+    }
+    if (!(h.flags & HELLO_ACCEPTED)) {
+        /* A refusal means the peer keeps its own connection to us. */
+        conn_close(c);
+        return;
+    }
+    hello_done(c);
+}
+
+/* Bytes of a hello: the fixed part first, whose token length (bounded) says
+ * how much more. Garbage is dropped as soon as the fixed part shows it. */
+static size_t hello_bytes(struct conn *c, const char *p, size_t n)
+{
+    struct c10d__tcp_transport *t = c->t;
+    size_t want = HELLO_FIXED;
+    if (c->hello_have >= HELLO_FIXED) {
+        uint32_t tlen;
+        memcpy(&tlen, c->hello_in + 20, 4);
+        want += tlen;
+    }
+    size_t k = want - c->hello_have < n ? want - c->hello_have : n;
+    memcpy(c->hello_in + c->hello_have, p, k);
+    c->hello_have += k;
+    if (c->hello_have == HELLO_FIXED) {
+        struct hello h;
+        hello_decode(c->hello_in, &h);
+        if (h.magic != HELLO_MAGIC || h.version != HELLO_VERSION || h.token_len > C10D_TOKEN_MAX) {
+            if (c->initiator) {
+                int rank = c->rank;
+                conn_close(c);
+                connect_failed(t, rank, "the peer's answer is not a libc10d handshake");
+            } else {
+                drop_stranger(c, "not a libc10d handshake of version %d", HELLO_VERSION);
+            }
+            return k;
+        }
+        want += h.token_len;
+    }
+    if (c->hello_have == want) {
+        if (c->initiator)
+            answer_hello(c);
+        else
+            accept_hello(c);
+    }
+    return k;
 }
 
 static void check_ready(struct c10d__tcp_transport *t)
@@ -954,6 +1161,7 @@ static void hello_done(struct conn *c)
     struct c10d__tcp_transport *t = c->t;
     struct peer *pe = &t->peers[c->rank];
     c->state = C_READY;
+    pe->connect_fail_since = 0;
     if (pe->connecting == c)
         pe->connecting = NULL;
     pe->conn = c;
@@ -968,13 +1176,11 @@ static void parse(struct conn *c, const char *p, size_t n)
     struct c10d__tcp_transport *t = c->t;
     while (n > 0 && !t->failed && c->state != C_CLOSED) {
         if (c->state == C_HELLO) {
-            size_t k = HELLO_LEN - c->hdr_have < n ? HELLO_LEN - c->hdr_have : n;
-            memcpy(c->hdr + c->hdr_have, p, k);
-            c->hdr_have += k;
+            if (c->parked)
+                return; /* nothing may follow a hello before its answer */
+            size_t k = hello_bytes(c, p, n);
             p += k;
             n -= k;
-            if (c->hdr_have == HELLO_LEN)
-                handle_hello(c);
             continue;
         }
         if (!c->in_body) {
@@ -1070,10 +1276,14 @@ static void conn_lost(struct conn *c, ssize_t err)
         peer_lost(t, c->rank, (int)err);
     else if (c->initiator && c->rank >= 0 && t->cfg.lazy)
         conn_close(c); /* the peer refused: its own connection wins */
-    else if (c->initiator)
-        t_error(t, C10D_ECLOSED, "tcp: rank %d closed the connection during the handshake: %s",
-                c->rank, uv_strerror((int)err));
-    else
+    else if (c->initiator && c->rank >= 0) {
+        /* Not a peer of the group's yet: whoever listens there hung up. */
+        int rank = c->rank;
+        char why[128];
+        snprintf(why, sizeof why, "closed during the handshake: %s", uv_strerror((int)err));
+        conn_close(c);
+        connect_failed(t, rank, why);
+    } else
         conn_close(c);
 }
 
@@ -1196,6 +1406,45 @@ static void on_retry(uv_timer_t *tm)
     uv_close((uv_handle_t *)&r->timer, on_retry_closed);
 }
 
+/* An attempt to connect to `rank` failed: retry until the deadline, which
+ * the transport's timer enforces (the peer may not listen yet, be briefly
+ * overloaded, or lazy). A streak of failures is worth a warning naming the
+ * address, since a bad published address otherwise looks like a hang. */
+static void connect_failed(struct c10d__tcp_transport *t, int rank, const char *why)
+{
+    if (t->failed)
+        return;
+    struct peer *pe = &t->peers[rank];
+    uint64_t now = c10d__now_ms();
+    snprintf(pe->connect_error, sizeof pe->connect_error, "%s", why);
+    if (pe->connect_fail_since == 0)
+        pe->connect_fail_since = now;
+    if (now - pe->connect_fail_since >= CONNECT_WARN_MS &&
+        (pe->connect_warned_at == 0 || now - pe->connect_warned_at >= CONNECT_WARN_GAP)) {
+        C10D_WARN("tcp",
+                  "rank %d: cannot connect to rank %d at %s for %llu ms (%s); retrying until the "
+                  "group's timeout",
+                  t->cfg.rank, rank, t->addrs[rank],
+                  (unsigned long long)(now - pe->connect_fail_since), why);
+        pe->connect_warned_at = now;
+    }
+    struct retry *r = calloc(1, sizeof *r);
+    if (r == NULL || uv_timer_init(t->loop, &r->timer) < 0) {
+        free(r);
+        t_error(t, C10D_ENOMEM, "tcp: out of memory");
+        return;
+    }
+    t->handles++;
+    r->t = t;
+    r->rank = rank;
+    r->timer.data = r;
+    pe->connecting = (struct conn *)r; /* a placeholder: "in progress" */
+    pe->retry_at = now + CONNECT_RETRY_MS;
+    C10D_DEBUG("tcp", "rank %d: connecting to rank %d at %s: %s; retrying", t->cfg.rank, rank,
+               t->addrs[rank], why);
+    uv_timer_start(&r->timer, on_retry, CONNECT_RETRY_MS, 0);
+}
+
 static void on_connected(uv_connect_t *req, int status)
 {
     struct conn *c = req->data;
@@ -1204,37 +1453,24 @@ static void on_connected(uv_connect_t *req, int status)
         return;
     if (status < 0) {
         int rank = c->rank;
-        struct peer *pe = &t->peers[rank];
         conn_close(c);
-        /* The peer may not be listening yet (lazy) or be briefly overloaded:
-         * retry until the deadline, which the transport's timer enforces. */
-        struct retry *r = calloc(1, sizeof *r);
-        if (r == NULL || uv_timer_init(t->loop, &r->timer) < 0) {
-            free(r);
-            t_error(t, C10D_ENOMEM, "tcp: out of memory");
-            return;
-        }
-        t->handles++;
-        r->t = t;
-        r->rank = rank;
-        r->timer.data = r;
-        pe->connecting = (struct conn *)r; /* a placeholder: "in progress" */
-        pe->retry_at = c10d__now_ms() + CONNECT_RETRY_MS;
-        C10D_DEBUG("tcp", "rank %d: connecting to rank %d at %s: %s; retrying", t->cfg.rank, rank,
-                   t->addrs[rank], uv_strerror(status));
-        uv_timer_start(&r->timer, on_retry, CONNECT_RETRY_MS, 0);
+        connect_failed(t, rank, uv_strerror(status));
         return;
     }
     tune_socket(t, &c->tcp);
     c->state = C_HELLO;
-    uint32_t v[4] = {HELLO_MAGIC, t->cfg.group_id, (uint32_t)t->cfg.rank, (uint32_t)t->cfg.size};
-    memcpy(c->hello_out, v, HELLO_LEN);
-    uv_buf_t b = uv_buf_init((char *)c->hello_out, HELLO_LEN);
+    size_t n = hello_encode(t, c->hello_out, 0);
+    uv_buf_t b = uv_buf_init((char *)c->hello_out, (unsigned)n);
     int rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
     if (rc == 0)
         rc = uv_write(&c->hello_req, (uv_stream_t *)&c->tcp, &b, 1, NULL);
-    if (rc < 0)
-        t_error(t, C10D_EIO, "tcp: handshake with rank %d failed: %s", c->rank, uv_strerror(rc));
+    if (rc < 0) {
+        int rank = c->rank;
+        char why[128];
+        snprintf(why, sizeof why, "sending the handshake failed: %s", uv_strerror(rc));
+        conn_close(c);
+        connect_failed(t, rank, why);
+    }
 }
 
 static int parse_addr(const char *text, struct sockaddr_storage *ss)
@@ -1310,8 +1546,38 @@ static void on_connection(uv_stream_t *server, int status)
     }
     tune_socket(t, &c->tcp);
     c->state = C_HELLO;
+    c->accepted_ms = c10d__now_ms();
+    /* Bound what strangers can hold: past PENDING_MAX unfinished hellos the
+     * oldest goes (a peer's own hello completes in one round trip). */
+    int pending = 0;
+    struct conn *oldest = NULL;
+    for (struct conn *o = t->conns; o != NULL; o = o->all_next)
+        if (o != c && !o->initiator && o->state == C_HELLO) {
+            pending++;
+            if (oldest == NULL || o->accepted_ms <= oldest->accepted_ms)
+                oldest = o;
+        }
+    if (pending >= PENDING_MAX && oldest != NULL)
+        drop_stranger(oldest, "%d connections are waiting for their handshake; closing the oldest",
+                      pending + 1);
     if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) < 0)
         conn_close(c);
+}
+
+/* Inbound connections that did not complete their hello in time. */
+static void on_pending_tick(uv_timer_t *tm)
+{
+    struct c10d__tcp_transport *t = tm->data;
+    uint64_t limit = PENDING_HELLO_MS;
+    if (t->cfg.timeout_ms > 0 && (uint64_t)t->cfg.timeout_ms < limit)
+        limit = (uint64_t)t->cfg.timeout_ms;
+    uint64_t now = c10d__now_ms();
+    for (struct conn *c = t->conns, *next; c != NULL; c = next) {
+        next = c->all_next;
+        if (!c->initiator && c->state == C_HELLO && !c->parked && now - c->accepted_ms >= limit)
+            drop_stranger(c, "no complete handshake within %llu ms (%zu bytes of it arrived)",
+                          (unsigned long long)limit, c->hello_have);
+    }
 }
 
 static void on_deadline(uv_timer_t *tm)
@@ -1324,12 +1590,18 @@ static void on_deadline(uv_timer_t *tm)
         t->ready(t->ready_arg, 0);
         return;
     }
-    char missing[256] = "";
+    char missing[768] = "";
     size_t off = 0;
-    for (int r = 0; r < t->cfg.size && off < sizeof missing - 16; r++)
-        if (r != t->cfg.rank && t->peers[r].conn == NULL)
-            off +=
-                (size_t)snprintf(missing + off, sizeof missing - off, "%s%d", off ? ", " : "", r);
+    for (int r = 0; r < t->cfg.size && off < sizeof missing - 200; r++) {
+        const struct peer *pe = &t->peers[r];
+        if (r == t->cfg.rank || pe->conn != NULL)
+            continue;
+        off += (size_t)snprintf(missing + off, sizeof missing - off, "%s%d", off ? ", " : "", r);
+        /* The ranks this one connects to: say where it tried and why not. */
+        if (pe->connect_fail_since != 0)
+            off += (size_t)snprintf(missing + off, sizeof missing - off, " (at %s: %s)",
+                                    t->addrs[r], pe->connect_error);
+    }
     t_error(t, C10D_ETIMEDOUT,
             "tcp: connecting rank %d's peers timed out after %lld ms; not connected: rank %s",
             t->cfg.rank, (long long)t->cfg.timeout_ms, missing);
@@ -1455,6 +1727,11 @@ static int format_address(struct c10d__tcp_transport *t)
         uv_ip6_name(a, ip, sizeof ip);
         snprintf(t->address, sizeof t->address, "[%s]:%d", ip, ntohs(a->sin6_port));
     }
+    if (t->cfg.rank == 0)
+        snprintf(t->published, sizeof t->published, "%s#%016llx", t->address,
+                 (unsigned long long)t->job_id);
+    else
+        snprintf(t->published, sizeof t->published, "%s", t->address);
     return 0;
 }
 
@@ -1477,7 +1754,24 @@ int c10d__tcp_transport_new(const struct c10d__tcp_transport_config *cfg,
     t->grace.data = t;
     t->grace_open = 1;
     t->handles++;
-    int rc = start_listening(t);
+    uv_timer_init(t->loop, &t->pending);
+    t->pending.data = t;
+    t->pending_open = 1;
+    t->handles++;
+    uv_timer_start(&t->pending, on_pending_tick, PENDING_TICK_MS, PENDING_TICK_MS);
+    const uint8_t *token;
+    int rc = c10d__token_get(&token, &t->token_len);
+    if (rc < 0) {
+        c10d__tcp_transport_free(t);
+        return rc;
+    }
+    memcpy(t->token, token, t->token_len);
+    if (cfg->rank == 0) {
+        if (getrandom(&t->job_id, sizeof t->job_id, 0) != (ssize_t)sizeof t->job_id)
+            t->job_id = uv_hrtime() ^ ((uint64_t)getpid() << 32);
+        t->job_known = 1;
+    }
+    rc = start_listening(t);
     if (rc < 0) {
         c10d__tcp_transport_free(t);
         return rc;
@@ -1493,7 +1787,7 @@ int c10d__tcp_transport_new(const struct c10d__tcp_transport_config *cfg,
 
 const char *c10d__tcp_transport_address(const struct c10d__tcp_transport *t)
 {
-    return t->address;
+    return t->published;
 }
 
 int c10d__tcp_transport_connect(struct c10d__tcp_transport *t, const char *const *addrs,
@@ -1506,11 +1800,30 @@ int c10d__tcp_transport_connect(struct c10d__tcp_transport *t, const char *const
         return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
     for (int r = 0; r < t->cfg.size; r++) {
         struct sockaddr_storage ss;
-        if (addrs[r] == NULL || parse_addr(addrs[r], &ss) != 0)
-            return c10d__fail(C10D_EINVAL, "tcp: rank %d's address '%s' is not host:port", r,
-                              addrs[r] != NULL ? addrs[r] : "(null)");
-        if ((t->addrs[r] = strdup(addrs[r])) == NULL)
+        const char *a = addrs[r] != NULL ? addrs[r] : "(null)";
+        size_t len = strcspn(a, "#");
+        if ((t->addrs[r] = strndup(a, len)) == NULL)
             return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
+        if (addrs[r] == NULL || parse_addr(t->addrs[r], &ss) != 0)
+            return c10d__fail(C10D_EINVAL, "tcp: rank %d's address '%s' is not host:port", r, a);
+        /* Rank 0 publishes the job id after its address. */
+        if (r == 0 && t->cfg.rank != 0) {
+            char *end = NULL;
+            unsigned long long id = a[len] == '#' ? strtoull(a + len + 1, &end, 16) : 0;
+            if (a[len] != '#' || end == a + len + 1 || *end != '\0')
+                return c10d__fail(C10D_EINVAL,
+                                  "tcp: rank 0's address '%s' carries no job id (a rank of an "
+                                  "older libc10d, or the store entry was overwritten)",
+                                  a);
+            t->job_id = id;
+            t->job_known = 1;
+        }
+    }
+    /* Hellos that arrived before the job id was known are answered now. */
+    for (struct conn *c = t->conns, *next; c != NULL; c = next) {
+        next = c->all_next;
+        if (c->parked && c->state == C_HELLO)
+            accept_hello(c);
     }
     t->ready = ready;
     t->ready_arg = arg;
@@ -1575,6 +1888,10 @@ static void close_all_handles(struct c10d__tcp_transport *t)
     if (t->grace_open) {
         t->grace_open = 0;
         uv_close((uv_handle_t *)&t->grace, on_handle_closed);
+    }
+    if (t->pending_open) {
+        t->pending_open = 0;
+        uv_close((uv_handle_t *)&t->pending, on_handle_closed);
     }
 }
 
