@@ -24,12 +24,14 @@ int c10d__raise_nofile_limit(uint64_t *soft_out)
     if (rl.rlim_cur != rl.rlim_max) {
         struct rlimit want = {.rlim_cur = rl.rlim_max, .rlim_max = rl.rlim_max};
         if (setrlimit(RLIMIT_NOFILE, &want) == 0) {
-            C10D_DEBUG("engine", "raised the soft file-descriptor limit from %" PRIu64 " to %" PRIu64,
+            C10D_DEBUG("engine",
+                       "raised the soft file-descriptor limit from %" PRIu64 " to %" PRIu64,
                        as_u64(rl.rlim_cur), as_u64(rl.rlim_max));
             rl.rlim_cur = rl.rlim_max;
         } else {
             /* Some systems refuse RLIM_INFINITY (macOS: OPEN_MAX); keep the old one. */
-            C10D_DEBUG("engine", "cannot raise the soft file-descriptor limit %" PRIu64
+            C10D_DEBUG("engine",
+                       "cannot raise the soft file-descriptor limit %" PRIu64
                        " to the hard limit %" PRIu64 ": %s",
                        as_u64(rl.rlim_cur), as_u64(rl.rlim_max), strerror(errno));
         }

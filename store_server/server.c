@@ -56,6 +56,8 @@ struct c10d__store_server {
     int listen_paused; /* out of descriptors with no reserve: retried on the tick */
     int reserve_fd;    /* /dev/null, given up to accept-and-close at EMFILE */
     uint64_t nofile_soft;
+    uint8_t token[C10D_TOKEN_MAX];
+    char bound[INET6_ADDRSTRLEN + 16]; /* for the log: what we listen on */
     uv_timer_t timer;
     struct c10d__store_ctx ctx;
     struct c10d__store_limits lim;
@@ -561,14 +563,20 @@ static void on_tick(uv_timer_t *t)
     if (srv->ctx.stall_head)
         close_stuck_readers(srv, now);
     uint64_t vt = srv->lim.validate_timeout_ms, st = srv->lim.silent_timeout_ms;
+    /* The idle second connection of 1.13 clients is why silence is allowed;
+     * with a token those clients cannot connect at all, and a stranger's
+     * idle connections must not hold descriptors. */
+    if (srv->ctx.token_len && (!st || st > vt))
+        st = vt;
     uint64_t min_t = st && st < vt ? st : vt;
     struct conn *c = srv->vhead;
     while (c && now - c->accepted_ms >= min_t) {
         struct conn *next = c->vnext;
         char why[128];
         if (c->s.bytes_in > 0 && now - c->accepted_ms >= vt) {
-            snprintf(why, sizeof why, "no complete first request (VALIDATE) within %" PRIu64 " ms",
-                     vt);
+            snprintf(why, sizeof why,
+                     "no complete first request (VALIDATE%s) within %" PRIu64 " ms",
+                     srv->ctx.token_len ? " and AUTH" : "", vt);
             conn_close(c, why);
         } else if (c->s.bytes_in == 0 && st && now - c->accepted_ms >= st) {
             snprintf(why, sizeof why, "silent for %" PRIu64 " ms", st);
@@ -653,27 +661,32 @@ static void on_timer_closed(uv_handle_t *h)
     handle_closed(h->data);
 }
 
-static int do_bind(struct c10d__store_server *srv, const char *host, int port)
+static int bind_any(struct c10d__store_server *srv, int port)
+{
+    snprintf(srv->bound, sizeof srv->bound, "every address");
+    struct sockaddr_in6 a6;
+    uv_ip6_addr("::", port, &a6);
+    int rc = try_listen(srv, (struct sockaddr *)&a6, sizeof a6);
+    if (rc == 0)
+        return 0;
+    C10D_INFO("store", "dual-stack listen on [::]:%d failed (%s); trying 0.0.0.0", port,
+              uv_strerror(rc));
+    struct sockaddr_in a4;
+    uv_ip4_addr("0.0.0.0", port, &a4);
+    rc = try_listen(srv, (struct sockaddr *)&a4, sizeof a4);
+    if (rc < 0)
+        return c10d__fail(c10d__status_from_uv(rc), "store server: cannot listen on port %d: %s",
+                          port, uv_strerror(rc));
+    return 0;
+}
+
+static int do_bind(struct c10d__store_server *srv, const char *host, int port, int any_if_not_local)
 {
     int rc;
     char portstr[16];
     snprintf(portstr, sizeof portstr, "%d", port);
-    if (!host || !*host || !strcmp(host, "*")) {
-        struct sockaddr_in6 a6;
-        uv_ip6_addr("::", port, &a6);
-        rc = try_listen(srv, (struct sockaddr *)&a6, sizeof a6);
-        if (rc == 0)
-            return 0;
-        C10D_INFO("store", "dual-stack listen on [::]:%d failed (%s); trying 0.0.0.0", port,
-                  uv_strerror(rc));
-        struct sockaddr_in a4;
-        uv_ip4_addr("0.0.0.0", port, &a4);
-        rc = try_listen(srv, (struct sockaddr *)&a4, sizeof a4);
-        if (rc < 0)
-            return c10d__fail(c10d__status_from_uv(rc),
-                              "store server: cannot listen on port %d: %s", port, uv_strerror(rc));
-        return 0;
-    }
+    if (!host || !*host || !strcmp(host, "*"))
+        return bind_any(srv, port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC,
                              .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
@@ -683,10 +696,28 @@ static int do_bind(struct c10d__store_server *srv, const char *host, int port)
         return c10d__fail(C10D_EINVAL, "store server: cannot resolve '%s': %s", host,
                           gai_strerror(gai));
     rc = UV_EADDRNOTAVAIL;
-    for (struct addrinfo *ai = res; ai; ai = ai->ai_next)
-        if ((rc = try_listen(srv, ai->ai_addr, ai->ai_addrlen)) == 0)
+    int all_not_local = 1;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        if ((rc = try_listen(srv, ai->ai_addr, ai->ai_addrlen)) == 0) {
+            char name[INET6_ADDRSTRLEN] = "?";
+            if (ai->ai_family == AF_INET6)
+                uv_ip6_name((struct sockaddr_in6 *)ai->ai_addr, name, sizeof name);
+            else
+                uv_ip4_name((struct sockaddr_in *)ai->ai_addr, name, sizeof name);
+            snprintf(srv->bound, sizeof srv->bound, ai->ai_family == AF_INET6 ? "[%s]" : "%s",
+                     name);
             break;
+        }
+        all_not_local &= rc == UV_EADDRNOTAVAIL;
+    }
     freeaddrinfo(res);
+    if (rc < 0 && all_not_local && any_if_not_local) {
+        C10D_WARN("store",
+                  "'%s' is not an address of this machine (a NAT or virtual address?): "
+                  "listening on every address instead; set C10D_STORE_BIND to choose one",
+                  host);
+        return bind_any(srv, port);
+    }
     if (rc < 0)
         return c10d__fail(c10d__status_from_uv(rc), "store server: cannot listen on %s:%d: %s",
                           host, port, uv_strerror(rc));
@@ -747,9 +778,20 @@ int c10d__store_server_start(uv_loop_t *loop, const struct c10d__store_server_op
     srv->ctx.queued_cap = srv->lim.max_queued_reply_bytes;
     srv->ctx.data = srv;
     srv->ctx.stats_json = ctx_stats_json;
+    if (opts->token_len > C10D_TOKEN_MAX || (opts->token_len && !opts->token)) {
+        c10d__store_ctx_free(&srv->ctx);
+        free(srv);
+        return c10d__fail(C10D_EINVAL, "store server: a token of %zu bytes (at most %d)",
+                          opts->token_len, C10D_TOKEN_MAX);
+    }
+    if (opts->token_len) {
+        memcpy(srv->token, opts->token, opts->token_len);
+        srv->ctx.token = srv->token;
+        srv->ctx.token_len = opts->token_len;
+    }
     srv->listen_fd = srv->reserve_fd = -1;
     clamp_connections(srv);
-    rc = do_bind(srv, opts->host, opts->port);
+    rc = do_bind(srv, opts->host, opts->port, opts->any_if_not_local);
     if (rc < 0) {
         c10d__store_ctx_free(&srv->ctx);
         free(srv);
@@ -772,9 +814,9 @@ int c10d__store_server_start(uv_loop_t *loop, const struct c10d__store_server_op
         snprintf(fdlim, sizeof fdlim, "%" PRIu64, srv->nofile_soft);
     C10D_INFO("store",
               "store server listening on %s port %d (max connections %" PRIu64
-              ", file descriptor limit %s, memory limit %" PRIu64 " bytes)",
-              opts->host && *opts->host && strcmp(opts->host, "*") ? opts->host : "every address",
-              srv->port, srv->lim.max_connections, fdlim, srv->lim.max_memory_bytes);
+              ", file descriptor limit %s, memory limit %" PRIu64 " bytes, %s)",
+              srv->bound, srv->port, srv->lim.max_connections, fdlim, srv->lim.max_memory_bytes,
+              srv->ctx.token_len ? "clients must present the token" : "no token");
     *out = srv;
     return 0;
 }
@@ -842,6 +884,7 @@ char *c10d__store_server_stats_json(struct c10d__store_server *s)
     size_t fifo = 0;
     for (struct c10d__store_session *q = s->ctx.stall_head; q; q = q->fifo_next)
         fifo++;
+    json_object_set_new(o, "auth_failures", json_integer((json_int_t)s->ctx.auth_failures));
     json_object_set_new(o, "queued_reply_bytes", json_integer((json_int_t)s->ctx.queued));
     json_object_set_new(o, "queued_reply_limit", json_integer((json_int_t)s->ctx.queued_cap));
     json_object_set_new(o, "waiting_for_reply_cap", json_integer((json_int_t)fifo));

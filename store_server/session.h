@@ -60,6 +60,12 @@ struct c10d__store_ctx {
     /* STATS: the owner's stats as a malloc'd JSON string (NULL: "{}"). */
     char *(*stats_json)(struct c10d__store_ctx *ctx);
     uint64_t missing_gets;
+    /* The shared secret (token_len 0: none). With one, a session runs nothing
+     * but VALIDATE and AUTH until AUTH presented it, and the legacy dialect,
+     * which cannot present it, is closed at once. */
+    const uint8_t *token;
+    size_t token_len;
+    uint64_t auth_failures; /* connections closed for a missing or wrong token */
     /* One read buffer for every session: reads that hold whole requests are
      * parsed in place and never copied. */
     uint8_t *shared;
@@ -90,6 +96,7 @@ struct c10d__store_session {
     struct c10d__store_session *fifo_prev, *fifo_next;
     uint64_t bytes_in;
     uint64_t requests;
+    int authed;       /* AUTH presented the context's token */
     int closing;      /* set on an error: the owner must close the connection */
     char reason[256]; /* why, for the log */
     char peer[64];
@@ -121,7 +128,8 @@ void c10d__store_session_set_pending(struct c10d__store_session *s, size_t pendi
  * session waits. */
 void c10d__store_ctx_resume(struct c10d__store_ctx *ctx,
                             void (*after)(struct c10d__store_session *s));
-/* 1 once the first request (VALIDATE in the current dialect) completed. */
+/* 1 once the first request (VALIDATE in the current dialect) completed and,
+ * where the context has a token, AUTH presented it. */
 int c10d__store_session_started(const struct c10d__store_session *s);
 /* Marks the session closing with a reason (first reason wins). */
 void c10d__store_session_fail(struct c10d__store_session *s, const char *fmt, ...)
