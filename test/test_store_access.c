@@ -11,6 +11,9 @@
 #include "free_port.h"
 #include "store_test_util.h"
 #include "c10d.h"
+#include "engine/env.h"
+#include "engine/loop.h"
+#include "engine/token.h"
 
 #include <fcntl.h>
 #include <jansson.h>
@@ -386,6 +389,284 @@ static void test_emfile_uses_the_reserve(void **state)
     assert_int_equal(WEXITSTATUS(st), 0);
 }
 
+/* ---------------------------------------------------------------- the token */
+
+#define TOKEN "s3cret-of-this-job"
+
+static void set_token(const char *t)
+{
+    if (t)
+        setenv("C10D_STORE_TOKEN", t, 1);
+    else
+        unsetenv("C10D_STORE_TOKEN");
+    unsetenv("C10D_STORE_TOKEN_FILE");
+    c10d__env_reload();
+}
+
+static int raw_closed_after(int port, const uint8_t *bytes, size_t len)
+{
+    int fd = store_tc_connect(port, AF_INET);
+    if (fd < 0)
+        return 0;
+    store_tc_send(fd, bytes, len);
+    int closed = store_tc_wait_closed(fd, 3000);
+    close(fd);
+    return closed;
+}
+
+static void test_token_server(void **state)
+{
+    (void)state;
+    skip_without_exe();
+    char tf[300];
+    snprintf(tf, sizeof tf, "%s/token", tmpdir);
+    FILE *f = fopen(tf, "w");
+    assert_non_null(f);
+    fprintf(f, "%s\n", TOKEN);
+    fclose(f);
+    set_token(NULL);
+    const char *extra[] = {"--token-file", tf, NULL};
+    struct proc p = {0};
+    assert_int_equal(spawn_store(&p, 0, extra), 0);
+
+    /* No AUTH: VALIDATE passes, the next command closes the connection. */
+    static const uint8_t get_no_auth[] = {0x00, 0xCE, 0xF7, 0x85, 0x3C, 0x03, 1,  0,
+                                          0,    0,    0,    0,    0,    0,    'k'};
+    assert_true(raw_closed_after(p.port, get_no_auth, sizeof get_no_auth));
+    /* The legacy dialect cannot present a token: closed at its first request. */
+    static const uint8_t legacy_numkeys[] = {6};
+    assert_true(raw_closed_after(p.port, legacy_numkeys, sizeof legacy_numkeys));
+    /* A wrong token is answered REFUSED, then closed. */
+    struct store_tc c;
+    struct c10d__store_reply r;
+    struct c10d__store_str bad = STR("s3cret-of-another-job");
+    assert_int_equal(store_tc_open(&c, p.port, AF_INET, C10D_STORE_DIALECT_CURRENT), 0);
+    assert_int_equal(store_tc_call(&c, C10D_STORE_AUTH, 0, 0, 1, &bad, &r), 0);
+    assert_int_equal(r.u8, C10D_STORE_AUTH_REFUSED);
+    assert_true(store_tc_wait_closed(c.fd, 3000));
+    store_tc_close(&c);
+    /* The right one opens every command. */
+    struct c10d__store_str good = STR(TOKEN), kv[2] = {STR("/k"), STR("v")};
+    assert_int_equal(store_tc_open(&c, p.port, AF_INET, C10D_STORE_DIALECT_CURRENT), 0);
+    assert_int_equal(store_tc_call(&c, C10D_STORE_AUTH, 0, 0, 1, &good, &r), 0);
+    assert_int_equal(r.u8, C10D_STORE_AUTH_OK);
+    assert_int_equal(store_tc_call(&c, C10D_STORE_SET, 0, 0, 2, kv, &r), 0);
+    assert_int_equal(store_tc_call(&c, C10D_STORE_GET, 0, 0, 1, kv, &r), 0);
+    assert_int_equal(r.vals[0].len, 1);
+    store_tc_close(&c);
+    usleep(200 * 1000);
+    int ok = log_has(&p, "no valid token presented before GET") &&
+             log_has(&p, "closing connection from 127.0.0.1:") &&
+             log_has(&p, "legacy dialect cannot present one") &&
+             log_has(&p, "wrong token presented") && log_has(&p, "clients must present the token");
+    if (!ok)
+        dump_log(&p);
+    assert_true(ok);
+
+    /* The library's client: right token, wrong token (fails at once, not at
+     * the deadline), none. */
+    c10d_store *st = NULL;
+    c10d_store_tcp_opts o = {.timeout_ms = 20000};
+    set_token(TOKEN);
+    assert_int_equal(c10d_store_tcp_connect("127.0.0.1", p.port, &o, &st), 0);
+    assert_int_equal(c10d_store_set_sync(st, "x", "1", 1), 0);
+    c10d_store_release(st);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", p.port);
+    set_token("wrong");
+    uint64_t t0 = c10d__now_ms();
+    assert_true(c10d_store_tcp_connect("127.0.0.1", p.port, &o, &st) < 0);
+    fprintf(stderr, "wrong token: %s\n", c10d_last_error());
+    assert_true(c10d__now_ms() - t0 < 10000);
+    assert_non_null(strstr(c10d_last_error(), "refused the token"));
+    assert_non_null(strstr(c10d_last_error(), addr));
+    set_token(NULL);
+    o.timeout_ms = 2000;
+    assert_true(c10d_store_tcp_connect("127.0.0.1", p.port, &o, &st) < 0);
+    fprintf(stderr, "no token: %s\n", c10d_last_error());
+    assert_non_null(strstr(c10d_last_error(), "C10D_STORE_TOKEN"));
+    assert_non_null(strstr(c10d_last_error(), addr));
+
+    /* The CLI presents the environment's token. */
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "C10D_STORE_TOKEN=%s %s ping --port %d >/dev/null 2>&1", TOKEN,
+             getenv("C10D_STORE_EXE"), p.port);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s ping --port %d --timeout-ms 1500 >/dev/null 2>&1",
+             getenv("C10D_STORE_EXE"), p.port);
+    assert_true(system(cmd) != 0);
+    assert_int_equal(proc_exited(&p), -1);
+    proc_kill(&p);
+    assert_true(c10d__token_equal((const uint8_t *)"ab", 2, (const uint8_t *)"ab", 2));
+    assert_false(c10d__token_equal((const uint8_t *)"ab", 2, (const uint8_t *)"abc", 3));
+    assert_false(c10d__token_equal((const uint8_t *)"ab", 2, (const uint8_t *)"ax", 2));
+}
+
+/* A store that dies mid-job: the client's error names it. */
+static void test_errors_name_the_store(void **state)
+{
+    (void)state;
+    skip_without_exe();
+    set_token(NULL);
+    struct proc p = {0};
+    assert_int_equal(spawn_store(&p, 0, NULL), 0);
+    c10d_store *st = NULL;
+    c10d_store_tcp_opts o = {.timeout_ms = 2000};
+    assert_int_equal(c10d_store_tcp_connect("127.0.0.1", p.port, &o, &st), 0);
+    proc_kill(&p);
+    void *v;
+    size_t len;
+    assert_true(c10d_store_get_sync(st, "missing", &v, &len) < 0);
+    fprintf(stderr, "dead store: %s\n", c10d_last_error());
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", p.port);
+    assert_non_null(strstr(c10d_last_error(), addr));
+    c10d_store_release(st);
+}
+
+/* ----------------------------------------------------- the embedded store */
+
+/* 1 if a TCP connection from the loopback to ip:port is accepted. */
+static int reachable(const char *ip, int port)
+{
+    int v6 = strchr(ip, ':') != NULL;
+    int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return 0;
+    int rc;
+    if (v6) {
+        struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port)};
+        inet_pton(AF_INET6, ip, &a.sin6_addr);
+        rc = connect(fd, (struct sockaddr *)&a, sizeof a);
+    } else {
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        inet_pton(AF_INET, ip, &a.sin_addr);
+        rc = connect(fd, (struct sockaddr *)&a, sizeof a);
+    }
+    close(fd);
+    return rc == 0;
+}
+
+static int rendezvous_alone(int port, c10d_store **out)
+{
+    char text[16];
+    snprintf(text, sizeof text, "%d", port);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", text, 1);
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "1", 1);
+    c10d_rendezvous_opts o;
+    memset(&o, 0, sizeof o);
+    o.timeout_ms = 20000;
+    c10d_rendezvous_result r;
+    int rc = c10d_rendezvous("env://", &o, &r);
+    *out = rc == 0 ? r.store : NULL;
+    return rc;
+}
+
+/* MASTER_ADDR=127.0.0.1: rank 0's store listens there and nowhere else
+ * (127.0.0.2 is loopback too, but not the address a 127.0.0.1 socket
+ * takes); C10D_STORE_BIND='*' opens it to every address. */
+static void test_embedded_store_binds_master_addr(void **state)
+{
+    (void)state;
+    set_token(NULL);
+    unsetenv("C10D_STORE_BIND");
+    int port = test_free_port();
+    c10d_store *st;
+    assert_int_equal(rendezvous_alone(port, &st), 0);
+    assert_true(reachable("127.0.0.1", port));
+    assert_false(reachable("127.0.0.2", port));
+    assert_false(reachable("::1", port));
+    c10d_store_release(st);
+
+    setenv("C10D_STORE_BIND", "*", 1);
+    c10d__env_reload();
+    port = test_free_port();
+    assert_int_equal(rendezvous_alone(port, &st), 0);
+    assert_true(reachable("127.0.0.1", port));
+    assert_true(reachable("127.0.0.2", port));
+    c10d_store_release(st);
+    unsetenv("C10D_STORE_BIND");
+}
+
+/* Every rank has the token: the job runs as before. One rank without it
+ * cannot join. Real processes. */
+static int token_rank(int rank, int n, int port, const char *token)
+{
+    char text[16];
+    if (token)
+        setenv("C10D_STORE_TOKEN", token, 1);
+    else
+        unsetenv("C10D_STORE_TOKEN");
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    snprintf(text, sizeof text, "%d", port);
+    setenv("MASTER_PORT", text, 1);
+    snprintf(text, sizeof text, "%d", rank);
+    setenv("RANK", text, 1);
+    snprintf(text, sizeof text, "%d", n);
+    setenv("WORLD_SIZE", text, 1);
+    c10d_rendezvous_opts o;
+    memset(&o, 0, sizeof o);
+    o.timeout_ms = 8000;
+    c10d_rendezvous_result r;
+    if (c10d_rendezvous("env://", &o, &r) < 0) {
+        fprintf(stderr, "rank %d: %s\n", rank, c10d_last_error());
+        return 1;
+    }
+    snprintf(text, sizeof text, "r%d", rank);
+    int rc = c10d_store_set_sync(r.store, text, "x", 1);
+    const char *keys[] = {"r0", "r1"};
+    if (rc == 0)
+        rc = c10d_store_wait_sync(r.store, keys, 2, 8000);
+    /* Rank 0's store must outlive rank 1's last request. */
+    const char *done[] = {"done"};
+    if (rc == 0 && rank == 1)
+        rc = c10d_store_set_sync(r.store, "done", "x", 1);
+    if (rc == 0 && rank == 0)
+        rc = c10d_store_wait_sync(r.store, done, 1, 8000);
+    if (rc < 0)
+        fprintf(stderr, "rank %d: %s\n", rank, c10d_last_error());
+    c10d_store_release(r.store);
+    c10d_shutdown();
+    return rc == 0 ? 0 : 2;
+}
+
+static void run_ranks(const char *tok0, const char *tok1, int *st0, int *st1)
+{
+    int port = test_free_port();
+    fflush(stderr);
+    pid_t pids[2];
+    for (int i = 0; i < 2; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) {
+            alarm(30);
+            _exit(token_rank(i, 2, port, i ? tok1 : tok0));
+        }
+    }
+    int st[2];
+    for (int i = 0; i < 2; i++) {
+        waitpid(pids[i], &st[i], 0);
+        fprintf(stderr, "rank %d: exit %d signal %d\n", i,
+                WIFEXITED(st[i]) ? WEXITSTATUS(st[i]) : -1,
+                WIFSIGNALED(st[i]) ? WTERMSIG(st[i]) : 0);
+    }
+    *st0 = st[0];
+    *st1 = st[1];
+}
+
+static void test_rendezvous_with_token(void **state)
+{
+    (void)state;
+    int a, b;
+    run_ranks(TOKEN, TOKEN, &a, &b);
+    assert_true(WIFEXITED(a) && WEXITSTATUS(a) == 0);
+    assert_true(WIFEXITED(b) && WEXITSTATUS(b) == 0);
+    run_ranks(TOKEN, NULL, &a, &b);
+    assert_true(WIFEXITED(b) && WEXITSTATUS(b) != 0);
+    assert_true(WIFEXITED(a) && WEXITSTATUS(a) != 0); /* rank 1 never joined */
+}
+
 /* ------------------------------------------------------------------- main */
 
 static int setup(void **state)
@@ -410,6 +691,10 @@ int main(void)
         cmocka_unit_test(test_sigpipe_does_not_kill_the_server),
         cmocka_unit_test(test_fd_limit_refuses_visibly),
         cmocka_unit_test(test_emfile_uses_the_reserve),
+        cmocka_unit_test(test_token_server),
+        cmocka_unit_test(test_errors_name_the_store),
+        cmocka_unit_test(test_rendezvous_with_token),
+        cmocka_unit_test(test_embedded_store_binds_master_addr),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
