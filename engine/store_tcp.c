@@ -379,7 +379,7 @@ static void drop_conn(struct tcp_store *ts, int status, const char *why)
             hint = "; a store that requires a token closes connections without one "
                    "(C10D_STORE_TOKEN)";
         snprintf(ts->last_error, sizeof ts->last_error,
-                 "the store closed the connection or did not answer the %s handshake (%s)%s",
+                 "protocol mismatch: the server did not answer the %s handshake (%s)%s",
                  dialect_name(ts->trying), why, hint);
 
         if (ts->want == C10D_DIALECT_AUTO && !ts->dialect)
