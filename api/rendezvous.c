@@ -7,10 +7,14 @@
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/loop.h"
+#include "engine/token.h"
 #include "store_server/server.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +52,8 @@ struct host_call {
     uv_mutex_t mutex;
     uv_cond_t cond;
     int done;
+    const char *host; /* NULL: every address */
+    int any_if_not_local;
     int port;
     int world_size;
     int rc;
@@ -61,7 +67,13 @@ static void host_on_loop(void *arg)
     for (struct hosted *h = hosted_list; h; h = h->next)
         if (h->port == c->port)
             goto out; /* already serving (a second rendezvous in this process) */
-    struct c10d__store_server_opts o = {.host = NULL, .port = c->port, .world_size = c->world_size};
+    struct c10d__store_server_opts o = {.host = c->host,
+                                        .any_if_not_local = c->any_if_not_local,
+                                        .port = c->port,
+                                        .world_size = c->world_size};
+    rc = c10d__token_get(&o.token, &o.token_len);
+    if (rc < 0)
+        goto out;
     struct hosted *h = calloc(1, sizeof *h);
     if (!h) {
         rc = c10d__fail(C10D_ENOMEM, "out of memory");
@@ -90,9 +102,54 @@ out:
     uv_mutex_unlock(&c->mutex);
 }
 
-static int host_store(int port, int world_size)
+/* 1 if every address `name` resolves to is a loopback address. */
+static int loopback_only(const char *name)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    struct addrinfo *res = NULL;
+    if (getaddrinfo(name, NULL, &hints, &res) != 0)
+        return 0;
+    int all = res != NULL;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        if (ai->ai_family == AF_INET) {
+            uint32_t a = ntohl(((struct sockaddr_in *)ai->ai_addr)->sin_addr.s_addr);
+            all &= (a >> 24) == 127;
+        } else if (ai->ai_family == AF_INET6) {
+            all &= IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr);
+        }
+    }
+    freeaddrinfo(res);
+    return all;
+}
+
+/* Where rank 0's store listens: C10D_STORE_BIND ('*': every address), else
+ * the address the other ranks were told (MASTER_ADDR or the URL's host), so
+ * that MASTER_ADDR=127.0.0.1 keeps the store off the network. */
+static const char *store_bind_host(const char *master, int *any_if_not_local)
+{
+    const char *bind = c10d__env_str(C10D_ENV_STORE_BIND);
+    *any_if_not_local = 0;
+    if (bind && *bind)
+        return strcmp(bind, "*") ? bind : NULL;
+    unsigned char buf[sizeof(struct in6_addr)];
+    int numeric = inet_pton(AF_INET, master, buf) == 1 || inet_pton(AF_INET6, master, buf) == 1;
+    /* A host name that this machine resolves to loopback only (Debian maps
+     * its own name to 127.0.1.1) is not what the other nodes resolve it to. */
+    if (!numeric && strcmp(master, "localhost") && loopback_only(master)) {
+        C10D_INFO("rendezvous",
+                  "MASTER_ADDR '%s' resolves to a loopback address here only: the store "
+                  "listens on every address (C10D_STORE_BIND chooses one)",
+                  master);
+        return NULL;
+    }
+    *any_if_not_local = 1;
+    return master;
+}
+
+static int host_store(const char *master, int port, int world_size)
 {
     struct host_call c = {.port = port, .world_size = world_size};
+    c.host = store_bind_host(master, &c.any_if_not_local);
     uv_mutex_init(&c.mutex);
     uv_cond_init(&c.cond);
     int rc = c10d__engine_call(host_on_loop, &c);
@@ -358,15 +415,19 @@ int c10d_rendezvous(const char *url, const c10d_rendezvous_opts *opts, c10d_rend
     } else {
         int hosting = u.rank == 0 && !o.external_store && !agent;
         if (hosting)
-            C10D_CHECK(host_store(u.port, u.world_size));
+            C10D_CHECK(host_store(u.host, u.port, u.world_size));
         c10d_store_tcp_opts to = {.timeout_ms = o.timeout_ms,
                                   .dialect = o.dialect,
                                   .world_size = u.world_size,
                                   .wait_for_workers = hosting};
         int rc = c10d_store_tcp_connect(u.host, u.port, &to, &base);
-        if (rc < 0)
+        if (rc < 0) {
+            /* Copied first: c10d__fail writes the buffer c10d_last_error() reads. */
+            char msg[700];
+            snprintf(msg, sizeof msg, "%s", c10d_last_error());
             return c10d__fail(rc, "rendezvous %s (rank %d of %d): %s", url, u.rank, u.world_size,
-                              c10d_last_error());
+                              msg);
+        }
     }
     c10d_store *store = NULL;
     int rc = c10d_store_prefix(base, "default_pg", &store);

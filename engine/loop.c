@@ -8,6 +8,7 @@
 
 #include "env.h"
 #include "error.h"
+#include "fdlimit.h"
 #include "log.h"
 #include "work.h"
 
@@ -362,6 +363,13 @@ static int engine_start_locked(void)
 {
     if (engine != NULL)
         return 0;
+    /* Once per process: a job opens a connection per peer and per store
+     * client, and a soft limit of 1024 is reached at a few hundred ranks. */
+    static int nofile_raised;
+    if (!nofile_raised) {
+        nofile_raised = 1;
+        c10d__raise_nofile_limit(NULL);
+    }
     struct engine *e = calloc(1, sizeof *e);
     if (e == NULL)
         return c10d__fail(C10D_ENOMEM, "engine: out of memory");

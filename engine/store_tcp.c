@@ -26,6 +26,7 @@
 #include "store.h"
 
 #include "log.h"
+#include "token.h"
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -63,6 +64,7 @@ struct conn {
 struct write_req {
     uv_write_t req;
     struct c10d__store_op *op; /* finished when written (no reply) or NULL */
+    struct tcp_store *ts;
     struct conn *conn;
     uint8_t *data;
 };
@@ -85,9 +87,13 @@ struct tcp_store {
     int tick_running;
     int attempts;
     double backoff_ms;
-    char last_error[200];
+    char last_error[400];
     uint32_t nonce;
     uint64_t handshake_deadline;
+    /* The job's secret, presented with AUTH after VALIDATE (len 0: none). */
+    uint8_t token[C10D_TOKEN_MAX];
+    size_t token_len;
+    int awaiting_auth; /* handshake: AUTH's verdict not read yet */
     /* requests */
     struct c10d__store_op *head, *tail; /* not yet on the wire */
     struct c10d__store_op *inflight;    /* awaiting its reply */
@@ -271,6 +277,7 @@ static void on_tick(uv_timer_t *t)
             struct write_req *w = calloc(1, sizeof *w);
             struct c10d__store_buf b = {0};
             if (w && c10d__store_encode_request(&b, ts->dialect, &req) == 0) {
+                w->ts = ts;
                 w->conn = ts->conn;
                 w->data = b.data;
                 uv_buf_t ub = uv_buf_init((char *)b.data, (unsigned)b.len);
@@ -347,9 +354,12 @@ static void drop_conn(struct tcp_store *ts, int status, const char *why)
     struct c10d__store_op *op = ts->inflight;
     ts->inflight = NULL;
     if (was_handshake) {
-        /* AUTO: a server that will not take VALIDATE is probably 1.13. */
+        int awaiting_auth = ts->awaiting_auth;
+        ts->awaiting_auth = 0;
+        /* AUTO: a server that will not take VALIDATE is probably 1.13 (which
+         * cannot check a token: with one there is nothing to fall back to). */
         if (ts->want == C10D_DIALECT_AUTO && ts->trying == C10D_STORE_DIALECT_CURRENT &&
-            !ts->dialect) {
+            !ts->dialect && !ts->token_len) {
             C10D_INFO("store",
                       "tcp %s: current-dialect handshake failed (%s); trying the 1.13 "
                       "dialect",
@@ -361,9 +371,17 @@ static void drop_conn(struct tcp_store *ts, int status, const char *why)
             start_attempt(ts);
             return;
         }
+        const char *hint = "";
+        if (ts->token_len && awaiting_auth)
+            hint = "; it closed before answering AUTH: a store that is not libc10d's "
+                   "(PyTorch's) cannot take the token";
+        else if (!ts->token_len)
+            hint = "; a store that requires a token closes connections without one "
+                   "(C10D_STORE_TOKEN)";
         snprintf(ts->last_error, sizeof ts->last_error,
-                 "protocol mismatch: the server did not answer the %s handshake (%s)",
-                 dialect_name(ts->trying), why);
+                 "protocol mismatch: the server did not answer the %s handshake (%s)%s",
+                 dialect_name(ts->trying), why, hint);
+
         if (ts->want == C10D_DIALECT_AUTO && !ts->dialect)
             ts->trying = C10D_STORE_DIALECT_CURRENT;
         ts->state = ST_DOWN;
@@ -456,8 +474,15 @@ static void send_handshake(struct tcp_store *ts)
         struct c10d__store_request v = {.cmd = C10D_STORE_VALIDATE, .u32 = C10D_STORE_MAGIC};
         struct c10d__store_request p = {.cmd = C10D_STORE_PING, .u32 = ts->nonce};
         c10d__store_encode_request(&b, ts->trying, &v);
+        ts->awaiting_auth = 0;
+        if (ts->token_len) {
+            struct c10d__store_str t = {ts->token, ts->token_len};
+            struct c10d__store_request a = {.cmd = C10D_STORE_AUTH, .nargs = 1, .args = &t};
+            c10d__store_encode_request(&b, ts->trying, &a);
+            ts->awaiting_auth = 1;
+        }
         c10d__store_encode_request(&b, ts->trying, &p);
-        c10d__store_reply_expect(&ts->rp, C10D_STORE_PING, 0);
+        c10d__store_reply_expect(&ts->rp, ts->token_len ? C10D_STORE_AUTH : C10D_STORE_PING, 0);
     } else {
         struct c10d__store_request c = {.cmd = C10D_STORE_CHECK};
         c10d__store_encode_request(&b, ts->trying, &c);
@@ -560,13 +585,14 @@ static void on_written(uv_write_t *req, int status)
 {
     struct write_req *w = (struct write_req *)req;
     struct c10d__store_op *op = w->op;
+    struct tcp_store *ts = w->ts;
     free(w->data);
     free(w);
     if (!op)
         return;
     if (status < 0)
-        c10d__store_op_finish(op, C10D_ECLOSED, "store tcp: %s: connection lost: %s", op_name(op),
-                              uv_strerror(status));
+        c10d__store_op_finish(op, C10D_ECLOSED, "store tcp %s %s: connection lost: %s",
+                              ts ? ts->name : "?", op_name(op), uv_strerror(status));
     else
         c10d__store_op_finish(op, 0, NULL);
 }
@@ -583,6 +609,7 @@ static void send_bytes(struct tcp_store *ts, struct c10d__store_buf *b, struct c
         return;
     }
     w->op = op;
+    w->ts = ts;
     w->conn = ts->conn;
     w->data = b->data;
     uv_buf_t ub = uv_buf_init((char *)b->data, (unsigned)b->len);
@@ -778,6 +805,22 @@ static void handshake_done(struct tcp_store *ts, const struct c10d__store_reply 
     ts->backoff_ms = BACKOFF_START_MS;
 }
 
+/* A wrong token does not get better by retrying: fail what waits now. */
+static void auth_refused(struct tcp_store *ts)
+{
+    const char *why = "the store closed the connection: it refused the token presented "
+                      "(C10D_STORE_TOKEN or C10D_STORE_TOKEN_FILE differs from the store's)";
+    C10D_WARN("store", "tcp %s: %s", ts->name, why);
+    snprintf(ts->last_error, sizeof ts->last_error, "%s", why);
+    ts->state = ST_DOWN;
+    close_conn(ts);
+    struct c10d__store_op *op = ts->inflight;
+    ts->inflight = NULL;
+    if (op)
+        c10d__store_op_finish(op, C10D_ECLOSED, "store tcp %s %s: %s", ts->name, op_name(op), why);
+    fail_queue(ts, C10D_ECLOSED, why);
+}
+
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 {
     (void)buf;
@@ -814,7 +857,14 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
             return;
         }
         off += used;
-        if (ts->state == ST_HANDSHAKE) {
+        if (ts->state == ST_HANDSHAKE && ts->awaiting_auth) {
+            ts->awaiting_auth = 0;
+            if (r.u8 != C10D_STORE_AUTH_OK) {
+                auth_refused(ts);
+                return;
+            }
+            c10d__store_reply_expect(&ts->rp, C10D_STORE_PING, 0);
+        } else if (ts->state == ST_HANDSHAKE) {
             handshake_done(ts, &r);
         } else if (ts->cancelling) {
             if (r.u8 == C10D_STORE_WAIT_CANCELED)
@@ -1040,6 +1090,27 @@ int c10d_store_tcp_connect(const char *host, int port, const c10d_store_tcp_opts
         o.dialect == C10D_DIALECT_LEGACY ? C10D_STORE_DIALECT_LEGACY : C10D_STORE_DIALECT_CURRENT;
     ts->backoff_ms = BACKOFF_START_MS;
     ts->nonce = (uint32_t)uv_os_getpid();
+    const uint8_t *tok;
+    size_t tok_len;
+    if (c10d__token_get(&tok, &tok_len) < 0) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "store tcp_connect %s: %s", ts->name, c10d_last_error());
+        free(ts->host);
+        free(ts);
+        return c10d__fail(C10D_EINVAL, "%s", msg);
+    }
+    if (tok_len && o.dialect == C10D_DIALECT_LEGACY) {
+        char name[sizeof ts->name];
+        snprintf(name, sizeof name, "%s", ts->name);
+        free(ts->host);
+        free(ts);
+        return c10d__fail(C10D_EINVAL,
+                          "store tcp_connect %s: a token is configured (C10D_STORE_TOKEN or "
+                          "C10D_STORE_TOKEN_FILE) but the legacy (1.13) dialect cannot present one",
+                          name);
+    }
+    memcpy(ts->token, tok, tok_len);
+    ts->token_len = tok_len;
     struct c10d__store_codec_limits lim = {0};
     c10d__store_reply_parser_init(&ts->rp, &lim);
 

@@ -8,10 +8,12 @@
 #include "store_server/server.h"
 
 #include "engine/log.h"
+#include "engine/token.h"
 
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,8 +119,8 @@ static int write_port_file(const char *path, int port)
 static void serve_usage(FILE *f)
 {
     fprintf(f, "usage: c10d-store serve [--host H] [--port P] [options]\n"
-               "  --host H                  address to listen on (default: every address, "
-               "IPv6 and IPv4)\n"
+               "  --host H                  address to listen on, and only that one (default: "
+               "every address, IPv6 and IPv4)\n"
                "  --port P                  port (default 29500; 0 picks a free one)\n"
                "  --port-file F             write the port number to F once listening\n"
                "  --world-size N            log when N workers registered (init/ reaches N)\n"
@@ -142,6 +144,9 @@ static void serve_usage(FILE *f)
                "middle of a request (default 30000)\n"
                "  --silent-timeout-ms T     close connections silent for T (default 0: never)\n"
                "  --stats-interval-s T      log JSON stats every T seconds (default 60; 0: off)\n"
+               "  --token-file F            clients must present the secret on F's first line\n"
+               "                            (default: C10D_STORE_TOKEN or C10D_STORE_TOKEN_FILE;\n"
+               "                            none: no token)\n"
                "SIGUSR1 logs stats; SIGTERM/SIGINT stop cleanly. Sizes take K/M/G suffixes.\n");
 }
 
@@ -166,6 +171,7 @@ static int cmd_serve(int argc, char **argv)
         O_REPLY,
         O_REQ_TIMEOUT,
         O_STATS,
+        O_TOKEN_FILE,
         O_HELP
     };
     static const struct option longopts[] = {
@@ -187,11 +193,12 @@ static int cmd_serve(int argc, char **argv)
         {"max-reply-bytes", required_argument, NULL, O_REPLY},
         {"request-timeout-ms", required_argument, NULL, O_REQ_TIMEOUT},
         {"stats-interval-s", required_argument, NULL, O_STATS},
+        {"token-file", required_argument, NULL, O_TOKEN_FILE},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
     };
     struct c10d__store_server_opts opts = {.port = 29500};
-    const char *port_file = NULL;
+    const char *port_file = NULL, *token_file = NULL;
     uint64_t stats_s = 60, v;
     int opt;
     optind = 1;
@@ -206,6 +213,10 @@ static int cmd_serve(int argc, char **argv)
         }
         if (opt == O_PORT_FILE) {
             port_file = optarg;
+            continue;
+        }
+        if (opt == O_TOKEN_FILE) {
+            token_file = optarg;
             continue;
         }
         if (opt == '?' || parse_size(optarg, &v) < 0) {
@@ -271,6 +282,23 @@ static int cmd_serve(int argc, char **argv)
     }
     if (optind < argc) {
         fprintf(stderr, "c10d-store serve: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+
+    /* --token-file, else the job's C10D_STORE_TOKEN[_FILE], so that a store
+     * started next to the ranks (c10drun --store external) checks what they
+     * present. */
+    static uint8_t token[C10D_TOKEN_MAX];
+    if (token_file) {
+        int n = c10d__token_read_file(token_file, token);
+        if (n < 0) {
+            fprintf(stderr, "c10d-store serve: %s\n", c10d_last_error());
+            return 2;
+        }
+        opts.token = token;
+        opts.token_len = (size_t)n;
+    } else if (c10d__token_get(&opts.token, &opts.token_len) < 0) {
+        fprintf(stderr, "c10d-store serve: %s\n", c10d_last_error());
         return 2;
     }
 
@@ -347,6 +375,9 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    /* A peer that closes with replies unread must cost its connection
+     * (EPIPE), never the process: the server and the client commands alike. */
+    signal(SIGPIPE, SIG_IGN);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -12,7 +12,7 @@ static const char *const cmd_names[C10D_STORE_CMD_COUNT] = {
     "VALIDATE",  "PING",        "SET",        "COMPARE_SET", "GET",       "ADD",
     "CHECK",     "WAIT",        "GETNUMKEYS", "DELETE_KEY",  "APPEND",    "MULTI_GET",
     "MULTI_SET", "CANCEL_WAIT", "QUEUE_PUSH", "QUEUE_POP",   "QUEUE_LEN", "LIST_KEYS",
-    "BARRIER",   "WATCH_KEY",   "STATS",
+    "BARRIER",   "WATCH_KEY",   "STATS",      "AUTH",
 };
 
 /* Wire byte -> command, per dialect. */
@@ -40,6 +40,8 @@ int c10d__store_cmd_from_wire(int dialect, uint8_t byte)
         return byte < sizeof legacy_from_wire ? legacy_from_wire[byte] : -1;
     if (dialect == C10D_STORE_DIALECT_CURRENT && byte == C10D_STORE_WIRE_STATS)
         return C10D_STORE_STATS;
+    if (dialect == C10D_STORE_DIALECT_CURRENT && byte == C10D_STORE_WIRE_AUTH)
+        return C10D_STORE_AUTH;
     if (dialect == C10D_STORE_DIALECT_CURRENT)
         return byte < sizeof current_from_wire ? current_from_wire[byte] : -1;
     return -1;
@@ -55,6 +57,8 @@ int c10d__store_cmd_to_wire(int dialect, int cmd)
     } else if (dialect == C10D_STORE_DIALECT_CURRENT) {
         if (cmd == C10D_STORE_STATS)
             return C10D_STORE_WIRE_STATS;
+        if (cmd == C10D_STORE_AUTH)
+            return C10D_STORE_WIRE_AUTH;
         t = current_from_wire;
         n = sizeof current_from_wire;
     } else {
@@ -100,6 +104,7 @@ static const struct layout layouts[C10D_STORE_CMD_COUNT] = {
     [C10D_STORE_BARRIER] = {.nstr = 1, .i64 = 1},
     [C10D_STORE_WATCH_KEY] = {.nstr = 1},
     [C10D_STORE_STATS] = {0},
+    [C10D_STORE_AUTH] = {.nstr = 1},
 };
 
 /* --------------------------------------------------------------- integers */
@@ -492,6 +497,7 @@ int c10d__store_reply_shape(int cmd)
     case C10D_STORE_CANCEL_WAIT:
     case C10D_STORE_BARRIER:
     case C10D_STORE_WATCH_KEY:
+    case C10D_STORE_AUTH:
         return C10D_STORE_REPLY_U8;
     case C10D_STORE_PING:
         return C10D_STORE_REPLY_U32;

@@ -87,6 +87,13 @@ enum c10d__store_dialect {
  * A byte far above PyTorch's codes, so no PyTorch release can mean something
  * else by it; PyTorch's servers close the connection on it. */
 #define C10D_STORE_WIRE_STATS 0x40
+/* AUTH is ours too (docs/security.md): `S token`, answered with one byte,
+ * C10D_STORE_AUTH_OK or C10D_STORE_AUTH_REFUSED (then the server closes). */
+#define C10D_STORE_WIRE_AUTH 0x41
+enum {
+    C10D_STORE_AUTH_REFUSED = 0,
+    C10D_STORE_AUTH_OK = 1,
+};
 
 /* Dialect-independent commands. The values are ours, not wire bytes. */
 enum c10d__store_cmd {
@@ -111,6 +118,7 @@ enum c10d__store_cmd {
     C10D_STORE_BARRIER,
     C10D_STORE_WATCH_KEY, /* 1.13 only */
     C10D_STORE_STATS,     /* libc10d's own (current dialect, wire C10D_STORE_WIRE_STATS) */
+    C10D_STORE_AUTH,      /* libc10d's own (current dialect, wire C10D_STORE_WIRE_AUTH) */
     C10D_STORE_CMD_COUNT
 };
 
@@ -133,6 +141,7 @@ struct c10d__store_str {
  *   GET, DELETE_KEY, QUEUE_POP,
  *   QUEUE_LEN, WATCH_KEY, ADD,
  *   BARRIER                          key
+ *   AUTH                             token (a key: the key size limit applies)
  *   CHECK, WAIT, MULTI_GET           key x n
  *   MULTI_SET                        key0, value0, key1, value1, ...
  *   others                           none
@@ -233,7 +242,7 @@ uint64_t c10d__store_get_u64(const uint8_t *p);
 /* Reply shapes, as the protocol table lists them. */
 enum c10d__store_reply_shape {
     C10D_STORE_REPLY_NONE = 0, /* VALIDATE, SET, APPEND, MULTI_SET, QUEUE_PUSH */
-    C10D_STORE_REPLY_U8,       /* CHECK, WAIT, CANCEL_WAIT, BARRIER, WATCH_KEY */
+    C10D_STORE_REPLY_U8,       /* CHECK, WAIT, CANCEL_WAIT, BARRIER, WATCH_KEY, AUTH */
     C10D_STORE_REPLY_U32,      /* PING */
     C10D_STORE_REPLY_I64,      /* ADD, GETNUMKEYS, DELETE_KEY, QUEUE_LEN */
     C10D_STORE_REPLY_STR,      /* GET, COMPARE_SET */

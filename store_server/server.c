@@ -2,17 +2,29 @@
 
 #include "session.h"
 
+#include "engine/fdlimit.h"
 #include "engine/log.h"
+#include "engine/token.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #define TICK_MS 250
+/* Connections accepted per wake-up of the listener: the loop stays fair to
+ * the connections already open while thousands connect at once. */
+#define ACCEPT_BATCH 128
+/* Descriptors kept out of max_connections for everything else the process
+ * opens (files, the library's own sockets), on top of those open at start. */
+#define FD_MARGIN_MIN 32
 
 struct conn {
     struct c10d__store_session s;
@@ -44,7 +56,15 @@ struct wreq {
 
 struct c10d__store_server {
     uv_loop_t *loop;
-    uv_tcp_t *listener; /* separate: a failed bind attempt is closed and replaced */
+    /* We accept ourselves (not uv_listen) so that running out of descriptors
+     * is seen, counted and logged: libuv sheds such connections silently. */
+    int listen_fd;
+    uv_poll_t *listener;
+    int listen_paused; /* out of descriptors with no reserve: retried on the tick */
+    int reserve_fd;    /* /dev/null, given up to accept-and-close at EMFILE */
+    uint64_t nofile_soft;
+    uint8_t token[C10D_TOKEN_MAX];
+    char bound[INET6_ADDRSTRLEN + 16]; /* for the log: what we listen on */
     uv_timer_t timer;
     struct c10d__store_ctx ctx;
     struct c10d__store_limits lim;
@@ -461,62 +481,103 @@ static void peer_name(uv_tcp_t *tcp, char *out, size_t size)
     }
 }
 
-static void on_reject_closed(uv_handle_t *h)
+/* Counts a connection turned away at once; logs at most once a second. */
+static void refused(struct c10d__store_server *srv, int fd, const char *why)
 {
-    struct c10d__store_server *srv = h->data;
-    free(h);
-    handle_closed(srv);
-}
-
-static void on_connection(uv_stream_t *listener, int status)
-{
-    struct c10d__store_server *srv = listener->data;
-    if (status < 0) {
-        C10D_WARN("store", "accept failed: %s", uv_strerror(status));
-        return;
-    }
-    if (srv->stopping)
-        return;
-    if (srv->nconns >= srv->lim.max_connections) {
-        /* Accept and close at once so the client sees a reset rather than
-         * hanging in the backlog; log at most once a second. */
-        uv_tcp_t *t = malloc(sizeof *t);
-        if (!t)
-            return;
-        uv_tcp_init(srv->loop, t);
-        t->data = srv;
-        srv->open_handles++;
-        if (uv_accept(listener, (uv_stream_t *)t) == 0) {
-            srv->rejected++;
-            srv->rejects_unlogged++;
-            uint64_t now = uv_now(srv->loop);
-            if (now - srv->last_reject_log_ms >= 1000 || srv->last_reject_log_ms == 0) {
-                char peer[64];
-                peer_name(t, peer, sizeof peer);
-                C10D_WARN("store",
-                          "closing connection from %s: connection limit of %" PRIu64
-                          " reached (%" PRIu64 " refused since the last such line)",
-                          peer, srv->lim.max_connections, srv->rejects_unlogged);
-                srv->last_reject_log_ms = now;
-                srv->rejects_unlogged = 0;
+    srv->rejected++;
+    srv->rejects_unlogged++;
+    uint64_t now = uv_now(srv->loop);
+    if (now - srv->last_reject_log_ms >= 1000 || srv->last_reject_log_ms == 0) {
+        char peer[64] = "?";
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof ss;
+        if (fd >= 0 && getpeername(fd, (struct sockaddr *)&ss, &len) == 0) {
+            char host[INET6_ADDRSTRLEN] = "?";
+            if (ss.ss_family == AF_INET) {
+                struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+                uv_ip4_name(a, host, sizeof host);
+                snprintf(peer, sizeof peer, "%s:%d", host, ntohs(a->sin_port));
+            } else if (ss.ss_family == AF_INET6) {
+                struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+                uv_ip6_name(a, host, sizeof host);
+                if (!strncmp(host, "::ffff:", 7) && strchr(host + 7, '.'))
+                    snprintf(peer, sizeof peer, "%s:%d", host + 7, ntohs(a->sin6_port));
+                else
+                    snprintf(peer, sizeof peer, "[%s]:%d", host, ntohs(a->sin6_port));
             }
         }
-        uv_close((uv_handle_t *)t, on_reject_closed);
+        C10D_WARN("store",
+                  "closing connection from %s: %s (%" PRIu64 " refused since the last such line)",
+                  peer, why, srv->rejects_unlogged);
+        srv->last_reject_log_ms = now;
+        srv->rejects_unlogged = 0;
+    }
+}
+
+static int open_reserve(void)
+{
+    return open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+/* Out of descriptors: give up the reserve to accept the next connection and
+ * close it, so that the client learns at once instead of hanging in the
+ * backlog. Returns 1 if one was turned away, 0 if nothing was pending. */
+static int shed_one(struct c10d__store_server *srv, int err)
+{
+    char why[160];
+    snprintf(why, sizeof why,
+             "%s: out of file descriptors (limit %" PRIu64 ", %zu connections open)",
+             err == EMFILE ? "EMFILE" : "ENFILE", srv->nofile_soft, srv->nconns);
+    if (srv->reserve_fd < 0)
+        srv->reserve_fd = open_reserve();
+    if (srv->reserve_fd < 0) {
+        /* Nothing to give up: stop listening for a tick rather than spin. */
+        if (!srv->listen_paused) {
+            uv_poll_stop(srv->listener);
+            srv->listen_paused = 1;
+        }
+        refused(srv, -1, why);
+        return 0;
+    }
+    close(srv->reserve_fd);
+    srv->reserve_fd = -1;
+    int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd >= 0) {
+        refused(srv, fd, why);
+        close(fd);
+    }
+    srv->reserve_fd = open_reserve();
+    return fd >= 0;
+}
+
+static void adopt(struct c10d__store_server *srv, int fd)
+{
+    if (srv->nconns >= srv->lim.max_connections) {
+        char why[160];
+        snprintf(why, sizeof why, "connection limit of %" PRIu64 " reached",
+                 srv->lim.max_connections);
+        refused(srv, fd, why);
+        close(fd);
         return;
     }
     struct conn *c = calloc(1, sizeof *c);
-    if (!c)
+    if (!c) {
+        refused(srv, fd, "out of memory");
+        close(fd);
         return;
+    }
     c->srv = srv;
     uv_tcp_init(srv->loop, &c->tcp);
     c->tcp.data = c;
     srv->open_handles++;
     char peer[64];
-    int rc = uv_accept(listener, (uv_stream_t *)&c->tcp);
+    int rc = uv_tcp_open(&c->tcp, fd);
     if (rc == 0)
         peer_name(&c->tcp, peer, sizeof peer);
-    else
+    else {
+        close(fd);
         snprintf(peer, sizeof peer, "?");
+    }
     c10d__store_session_init(&c->s, &srv->ctx, peer);
     c->s.data = c;
     c->next = srv->conns;
@@ -544,6 +605,37 @@ static void on_connection(uv_stream_t *listener, int status)
         return;
     }
     c->reading = 1;
+}
+
+static void on_listen_io(uv_poll_t *h, int status, int events)
+{
+    (void)events;
+    struct c10d__store_server *srv = h->data;
+    if (srv->stopping)
+        return;
+    if (status < 0) {
+        C10D_WARN("store", "listening socket: %s", uv_strerror(status));
+        return;
+    }
+    for (int i = 0; i < ACCEPT_BATCH && !srv->stopping && !srv->listen_paused; i++) {
+        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+            adopt(srv, fd);
+            continue;
+        }
+        int err = errno;
+        if (err == EINTR || err == ECONNABORTED)
+            continue;
+        if (err == EAGAIN || err == EWOULDBLOCK)
+            return;
+        if (err == EMFILE || err == ENFILE) {
+            if (!shed_one(srv, err))
+                return;
+            continue;
+        }
+        C10D_WARN("store", "accept failed: %s", strerror(err));
+        return;
+    }
 }
 
 /* Connections with queued replies that do not drain. Progress is any byte
@@ -626,18 +718,28 @@ static void on_tick(uv_timer_t *t)
     struct c10d__store_server *srv = t->data;
     /* Belt and braces: every drain already resumes waiting sessions. */
     resume_waiting(srv);
+    if (srv->listen_paused && !srv->stopping) {
+        srv->listen_paused = 0;
+        uv_poll_start(srv->listener, UV_READABLE, on_listen_io);
+    }
     uint64_t now = uv_now(srv->loop);
     close_stuck_readers(srv, now);
     close_stalled_requests(srv, now);
     uint64_t vt = srv->lim.validate_timeout_ms, st = srv->lim.silent_timeout_ms;
+    /* The idle second connection of 1.13 clients is why silence is allowed;
+     * with a token those clients cannot connect at all, and a stranger's
+     * idle connections must not hold descriptors. */
+    if (srv->ctx.token_len && (!st || st > vt))
+        st = vt;
     uint64_t min_t = st && st < vt ? st : vt;
     struct conn *c = srv->vhead;
     while (c && now - c->accepted_ms >= min_t) {
         struct conn *next = c->vnext;
         char why[128];
         if (c->s.bytes_in > 0 && now - c->accepted_ms >= vt) {
-            snprintf(why, sizeof why, "no complete first request (VALIDATE) within %" PRIu64 " ms",
-                     vt);
+            snprintf(why, sizeof why,
+                     "no complete first request (VALIDATE%s) within %" PRIu64 " ms",
+                     srv->ctx.token_len ? " and AUTH" : "", vt);
             conn_close(c, why);
         } else if (c->s.bytes_in == 0 && st && now - c->accepted_ms >= st) {
             snprintf(why, sizeof why, "silent for %" PRIu64 " ms", st);
@@ -666,24 +768,42 @@ static void free_handle(uv_handle_t *h)
     free(h);
 }
 
-/* A fresh listener handle for each attempt: a failed bind leaves its handle
- * unusable, and running the loop to close it is not allowed here (we may be
- * inside a callback of the engine's loop). */
-static int try_listen(struct c10d__store_server *srv, const struct sockaddr *addr)
+static int try_listen(struct c10d__store_server *srv, const struct sockaddr *addr,
+                      socklen_t addrlen)
 {
-    uv_tcp_t *t = malloc(sizeof *t);
-    if (!t)
+    int fd = socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return uv_translate_sys_error(errno);
+    int on = 1, off = 0;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+    /* [::] serves IPv4 too (dual stack); a named v6 address only itself. */
+    if (addr->sa_family == AF_INET6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
+    if (bind(fd, addr, addrlen) != 0 || listen(fd, somaxconn()) != 0) {
+        int err = errno;
+        close(fd);
+        return uv_translate_sys_error(err);
+    }
+    uv_poll_t *p = malloc(sizeof *p);
+    if (!p) {
+        close(fd);
         return UV_ENOMEM;
-    uv_tcp_init(srv->loop, t);
-    t->data = srv;
-    int rc = uv_tcp_bind(t, addr, 0);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)t, somaxconn(), on_connection);
+    }
+    int rc = uv_poll_init_socket(srv->loop, p, fd);
+    if (rc == 0) {
+        p->data = srv;
+        rc = uv_poll_start(p, UV_READABLE, on_listen_io);
+        if (rc < 0)
+            uv_close((uv_handle_t *)p, free_handle);
+    } else {
+        free(p);
+    }
     if (rc < 0) {
-        uv_close((uv_handle_t *)t, free_handle);
+        close(fd);
         return rc;
     }
-    srv->listener = t;
+    srv->listen_fd = fd;
+    srv->listener = p;
     return 0;
 }
 
@@ -691,6 +811,11 @@ static void on_listener_closed(uv_handle_t *h)
 {
     struct c10d__store_server *srv = h->data;
     free(h);
+    close(srv->listen_fd);
+    srv->listen_fd = -1;
+    if (srv->reserve_fd >= 0)
+        close(srv->reserve_fd);
+    srv->reserve_fd = -1;
     handle_closed(srv);
 }
 
@@ -699,27 +824,32 @@ static void on_timer_closed(uv_handle_t *h)
     handle_closed(h->data);
 }
 
-static int do_bind(struct c10d__store_server *srv, const char *host, int port)
+static int bind_any(struct c10d__store_server *srv, int port)
+{
+    snprintf(srv->bound, sizeof srv->bound, "every address");
+    struct sockaddr_in6 a6;
+    uv_ip6_addr("::", port, &a6);
+    int rc = try_listen(srv, (struct sockaddr *)&a6, sizeof a6);
+    if (rc == 0)
+        return 0;
+    C10D_INFO("store", "dual-stack listen on [::]:%d failed (%s); trying 0.0.0.0", port,
+              uv_strerror(rc));
+    struct sockaddr_in a4;
+    uv_ip4_addr("0.0.0.0", port, &a4);
+    rc = try_listen(srv, (struct sockaddr *)&a4, sizeof a4);
+    if (rc < 0)
+        return c10d__fail(c10d__status_from_uv(rc), "store server: cannot listen on port %d: %s",
+                          port, uv_strerror(rc));
+    return 0;
+}
+
+static int do_bind(struct c10d__store_server *srv, const char *host, int port, int any_if_not_local)
 {
     int rc;
     char portstr[16];
     snprintf(portstr, sizeof portstr, "%d", port);
-    if (!host || !*host || !strcmp(host, "*")) {
-        struct sockaddr_in6 a6;
-        uv_ip6_addr("::", port, &a6);
-        rc = try_listen(srv, (struct sockaddr *)&a6);
-        if (rc == 0)
-            return 0;
-        C10D_INFO("store", "dual-stack listen on [::]:%d failed (%s); trying 0.0.0.0", port,
-                  uv_strerror(rc));
-        struct sockaddr_in a4;
-        uv_ip4_addr("0.0.0.0", port, &a4);
-        rc = try_listen(srv, (struct sockaddr *)&a4);
-        if (rc < 0)
-            return c10d__fail(c10d__status_from_uv(rc),
-                              "store server: cannot listen on port %d: %s", port, uv_strerror(rc));
-        return 0;
-    }
+    if (!host || !*host || !strcmp(host, "*"))
+        return bind_any(srv, port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC,
                              .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
@@ -729,14 +859,53 @@ static int do_bind(struct c10d__store_server *srv, const char *host, int port)
         return c10d__fail(C10D_EINVAL, "store server: cannot resolve '%s': %s", host,
                           gai_strerror(gai));
     rc = UV_EADDRNOTAVAIL;
-    for (struct addrinfo *ai = res; ai; ai = ai->ai_next)
-        if ((rc = try_listen(srv, ai->ai_addr)) == 0)
+    int all_not_local = 1;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        if ((rc = try_listen(srv, ai->ai_addr, ai->ai_addrlen)) == 0) {
+            char name[INET6_ADDRSTRLEN] = "?";
+            if (ai->ai_family == AF_INET6)
+                uv_ip6_name((struct sockaddr_in6 *)ai->ai_addr, name, sizeof name);
+            else
+                uv_ip4_name((struct sockaddr_in *)ai->ai_addr, name, sizeof name);
+            snprintf(srv->bound, sizeof srv->bound, ai->ai_family == AF_INET6 ? "[%s]" : "%s",
+                     name);
             break;
+        }
+        all_not_local &= rc == UV_EADDRNOTAVAIL;
+    }
     freeaddrinfo(res);
+    if (rc < 0 && all_not_local && any_if_not_local) {
+        C10D_WARN("store",
+                  "'%s' is not an address of this machine (a NAT or virtual address?): "
+                  "listening on every address instead; set C10D_STORE_BIND to choose one",
+                  host);
+        return bind_any(srv, port);
+    }
     if (rc < 0)
         return c10d__fail(c10d__status_from_uv(rc), "store server: cannot listen on %s:%d: %s",
                           host, port, uv_strerror(rc));
     return 0;
+}
+
+/* Each connection costs a descriptor: past the process's limit accept fails
+ * and nobody can connect, so keep max_connections within what is left. */
+static void clamp_connections(struct c10d__store_server *srv)
+{
+    c10d__raise_nofile_limit(&srv->nofile_soft);
+    if (srv->nofile_soft == UINT64_MAX)
+        return;
+    int64_t open_now = c10d__open_fd_count();
+    uint64_t used = open_now > 0 ? (uint64_t)open_now : 16;
+    /* + the listener and the reserve, and room for what the process opens later */
+    uint64_t margin = FD_MARGIN_MIN + srv->nofile_soft / 16 + 2;
+    uint64_t avail = srv->nofile_soft > used + margin ? srv->nofile_soft - used - margin : 1;
+    if (srv->lim.max_connections > avail) {
+        C10D_INFO("store",
+                  "max connections lowered from %" PRIu64 " to %" PRIu64
+                  " to fit the file descriptor limit of %" PRIu64 " (%" PRIu64 " open)",
+                  srv->lim.max_connections, avail, srv->nofile_soft, used);
+        srv->lim.max_connections = avail;
+    }
 }
 
 static char *ctx_stats_json(struct c10d__store_ctx *ctx)
@@ -774,15 +943,29 @@ int c10d__store_server_start(uv_loop_t *loop, const struct c10d__store_server_op
         srv->lim.max_reply_bytes > SIZE_MAX ? SIZE_MAX : (size_t)srv->lim.max_reply_bytes;
     srv->ctx.data = srv;
     srv->ctx.stats_json = ctx_stats_json;
-    rc = do_bind(srv, opts->host, opts->port);
+    if (opts->token_len > C10D_TOKEN_MAX || (opts->token_len && !opts->token)) {
+        c10d__store_ctx_free(&srv->ctx);
+        free(srv);
+        return c10d__fail(C10D_EINVAL, "store server: a token of %zu bytes (at most %d)",
+                          opts->token_len, C10D_TOKEN_MAX);
+    }
+    if (opts->token_len) {
+        memcpy(srv->token, opts->token, opts->token_len);
+        srv->ctx.token = srv->token;
+        srv->ctx.token_len = opts->token_len;
+    }
+    srv->listen_fd = srv->reserve_fd = -1;
+    clamp_connections(srv);
+    rc = do_bind(srv, opts->host, opts->port, opts->any_if_not_local);
     if (rc < 0) {
         c10d__store_ctx_free(&srv->ctx);
         free(srv);
         return rc;
     }
+    srv->reserve_fd = open_reserve();
     struct sockaddr_storage ss;
-    int len = sizeof ss;
-    uv_tcp_getsockname(srv->listener, (struct sockaddr *)&ss, &len);
+    socklen_t len = sizeof ss;
+    getsockname(srv->listen_fd, (struct sockaddr *)&ss, &len);
     srv->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                                : ((struct sockaddr_in *)&ss)->sin_port);
     uv_timer_init(loop, &srv->timer);
@@ -791,7 +974,14 @@ int c10d__store_server_start(uv_loop_t *loop, const struct c10d__store_server_op
     uv_unref((uv_handle_t *)&srv->timer);
     srv->open_handles = 2;
     srv->start_ms = srv->last_stats_ms = uv_now(loop);
-    C10D_INFO("store", "store server listening on port %d", srv->port);
+    char fdlim[32] = "unlimited";
+    if (srv->nofile_soft != UINT64_MAX)
+        snprintf(fdlim, sizeof fdlim, "%" PRIu64, srv->nofile_soft);
+    C10D_INFO("store",
+              "store server listening on %s port %d (max connections %" PRIu64
+              ", file descriptor limit %s, memory limit %" PRIu64 " bytes, %s)",
+              srv->bound, srv->port, srv->lim.max_connections, fdlim, srv->lim.max_memory_bytes,
+              srv->ctx.token_len ? "clients must present the token" : "no token");
     *out = srv;
     return 0;
 }
@@ -862,6 +1052,7 @@ char *c10d__store_server_stats_json(struct c10d__store_server *s)
     size_t fifo = 0;
     for (struct c10d__store_session *q = s->ctx.stall_head; q; q = q->fifo_next)
         fifo++;
+    json_object_set_new(o, "auth_failures", json_integer((json_int_t)s->ctx.auth_failures));
     json_object_set_new(o, "queued_reply_bytes", json_integer((json_int_t)s->ctx.queued));
     json_object_set_new(o, "queued_reply_limit", json_integer((json_int_t)s->ctx.queued_cap));
     json_object_set_new(o, "waiting_for_reply_cap", json_integer((json_int_t)fifo));

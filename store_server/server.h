@@ -68,6 +68,14 @@ struct c10d__store_server_opts {
     int port;         /* 0: pick a free port */
     int world_size;   /* > 0: log when init/ reaches it */
     struct c10d__store_limits limits;
+    /* The shared secret clients must present with AUTH (copied; token_len 0:
+     * none). With one, the legacy dialect is refused and connections that
+     * say nothing are closed after validate_timeout_ms (docs/security.md). */
+    const uint8_t *token;
+    size_t token_len;
+    /* host names an address of another machine (EADDRNOTAVAIL: a NAT or
+     * virtual address): listen on every address instead, with a warning. */
+    int any_if_not_local;
 };
 
 struct c10d__store_server;

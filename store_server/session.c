@@ -1,6 +1,7 @@
 #include "session.h"
 
 #include "engine/log.h"
+#include "engine/token.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -340,7 +341,7 @@ int c10d__store_session_partial_cmd(const struct c10d__store_session *s)
 
 int c10d__store_session_started(const struct c10d__store_session *s)
 {
-    return s->requests > 0;
+    return s->requests > 0 && (!s->ctx->token_len || s->authed);
 }
 
 /* How much to grow an own buffer holding `held` bytes: what the parser needs,
@@ -439,6 +440,7 @@ static int read_only(enum c10d__store_cmd cmd)
     case C10D_STORE_QUEUE_LEN:
     case C10D_STORE_STATS:
     case C10D_STORE_CANCEL_WAIT:
+    case C10D_STORE_AUTH:
         return 1;
     default:
         return 0;
@@ -714,6 +716,11 @@ static void handle(struct c10d__store_session *s, const struct c10d__store_reque
         free(json);
         break;
     }
+    case C10D_STORE_AUTH:
+        /* Checked in gate() when the server has a token; without one any
+         * token is welcome, so a client configured with one still works. */
+        reply_ok(s, c10d__store_put_u8(out, C10D_STORE_AUTH_OK));
+        break;
     case C10D_STORE_WATCH_KEY:
         rc = c10d__store_table_watch(t, &s->client, a[0]);
         if (rc == 0)
@@ -722,6 +729,39 @@ static void handle(struct c10d__store_session *s, const struct c10d__store_reque
     }
     if (rc < 0)
         table_error(s, rc, r);
+}
+
+/* With a token: 1 if the request may run. Otherwise the session is marked
+ * closing (an AUTH with the wrong token is answered REFUSED first, so that
+ * the client can tell a wrong token from a dropped connection). */
+static int gate(struct c10d__store_session *s, const struct c10d__store_request *r)
+{
+    struct c10d__store_ctx *ctx = s->ctx;
+    if (!ctx->token_len || s->authed)
+        return 1;
+    if (s->parser.dialect == C10D_STORE_DIALECT_LEGACY) {
+        ctx->auth_failures++;
+        c10d__store_session_fail(
+            s, "this server requires a token and the legacy dialect cannot present one");
+        return 0;
+    }
+    if (r->cmd == C10D_STORE_VALIDATE)
+        return 1;
+    if (r->cmd == C10D_STORE_AUTH) {
+        ctx->ops[r->cmd]++;
+        if (c10d__token_equal(r->args[0].data, r->args[0].len, ctx->token, ctx->token_len)) {
+            s->authed = 1;
+            reply_ok(s, c10d__store_put_u8(&s->out, C10D_STORE_AUTH_OK));
+            return 0;
+        }
+        ctx->auth_failures++;
+        reply_ok(s, c10d__store_put_u8(&s->out, C10D_STORE_AUTH_REFUSED));
+        c10d__store_session_fail(s, "wrong token presented (AUTH)");
+        return 0;
+    }
+    ctx->auth_failures++;
+    c10d__store_session_fail(s, "no valid token presented before %s", c10d__store_cmd_name(r->cmd));
+    return 0;
 }
 
 /* Runs every complete request in buf[0..len); returns the bytes consumed. */
@@ -780,7 +820,8 @@ static size_t process(struct c10d__store_session *s, const uint8_t *buf, size_t 
             }
         }
         s->requests++;
-        handle(s, &req, reply);
+        if (gate(s, &req))
+            handle(s, &req, reply);
         start += used;
         /* A 10k-key MULTI_GET leaves 240 KB of argument arrays behind; kept
          * by 10k sessions that is gigabytes of RSS. */

@@ -82,6 +82,12 @@ struct c10d__store_ctx {
      * queued_cap / 16]. */
     size_t small_backlog;
     uint64_t closed_reply_cap; /* connections closed for a reply over max_reply */
+    /* The shared secret (token_len 0: none). With one, a session runs nothing
+     * but VALIDATE and AUTH until AUTH presented it, and the legacy dialect,
+     * which cannot present it, is closed at once. */
+    const uint8_t *token;
+    size_t token_len;
+    uint64_t auth_failures; /* connections closed for a missing or wrong token */
     /* One read buffer for every session: reads that hold whole requests are
      * parsed in place and never copied. */
     uint8_t *shared;
@@ -113,6 +119,7 @@ struct c10d__store_session {
     struct c10d__store_session *fifo_prev, *fifo_next;
     uint64_t bytes_in;
     uint64_t requests;
+    int authed;       /* AUTH presented the context's token */
     int closing;      /* set on an error: the owner must close the connection */
     char reason[256]; /* why, for the log */
     char peer[64];
@@ -156,7 +163,8 @@ int c10d__store_session_mid_request(const struct c10d__store_session *s);
 /* The command of the partial request (enum c10d__store_cmd), or -1 when its
  * command byte has not been read yet. */
 int c10d__store_session_partial_cmd(const struct c10d__store_session *s);
-/* 1 once the first request (VALIDATE in the current dialect) completed. */
+/* 1 once the first request (VALIDATE in the current dialect) completed and,
+ * where the context has a token, AUTH presented it. */
 int c10d__store_session_started(const struct c10d__store_session *s);
 /* Marks the session closing with a reason (first reason wins). */
 void c10d__store_session_fail(struct c10d__store_session *s, const char *fmt, ...)

@@ -546,8 +546,28 @@ int c10d__store_table_delete(struct c10d__store_table *t, struct c10d__store_str
 {
     drop_popped(t);
     struct entry *e = find(t, key);
-    if (!e || !e->has_val)
+    if (!e || (!e->has_val && !e->qlen))
         return 0;
+    /* A queue of that name goes too: CHECK and WAIT count a non-empty queue
+     * as the key being present, so leaving its items would make a deleted
+     * key still satisfy them. */
+    if (e->qlen) {
+        for (struct qitem *q = e->qhead; q;) {
+            struct qitem *qn = q->next;
+            t->value_bytes -= q->len;
+            c10d__store_table_release(t, sizeof *q + q->len + ALLOC_OVERHEAD);
+            free(q);
+            q = qn;
+        }
+        t->queue_items -= e->qlen;
+        t->queues--;
+        e->qhead = e->qtail = NULL;
+        e->qlen = 0;
+    }
+    if (!e->has_val) {
+        maybe_gc(t, e);
+        return 1;
+    }
     struct c10d__store_str old = val_of(e);
     e->has_val = 0;
     t->keys--;

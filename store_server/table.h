@@ -69,7 +69,8 @@ int c10d__store_table_compare_set(struct c10d__store_table *t, struct c10d__stor
                                   struct c10d__store_str *reply);
 int c10d__store_table_append(struct c10d__store_table *t, struct c10d__store_str key,
                              struct c10d__store_str value);
-/* 1 if deleted, 0 if the key had no value. */
+/* Deletes the key's value and its queue (1.13 watchers see DELETED only when
+ * a value went). 1 if either existed, 0 if neither. */
 int c10d__store_table_delete(struct c10d__store_table *t, struct c10d__store_str key);
 /* 1 if every key has a value or a non-empty queue. */
 int c10d__store_table_check(struct c10d__store_table *t, const struct c10d__store_str *keys,

@@ -94,6 +94,7 @@ static size_t sample_requests(struct c10d__store_request *out, struct c10d__stor
     R(C10D_STORE_LIST_KEYS, 0, 0, );
     R(C10D_STORE_BARRIER, 0, 4, S("/barrier"));
     R(C10D_STORE_WATCH_KEY, 0, 0, S("/w"));
+    R(C10D_STORE_AUTH, 0, 0, S("s3cret"));
 #undef R
     return nreq;
 }
@@ -172,6 +173,61 @@ static void test_known_bytes(void **state)
     assert_int_equal(c10d__store_encode_request(&b, C10D_STORE_DIALECT_CURRENT, &r), C10D_EINVAL);
     assert_int_equal(b.len, 0);
     c10d__store_buf_free(&b);
+}
+
+/* AUTH (ours): byte 0x41, one string, current dialect only; a U8 reply. */
+static void test_auth(void **state)
+{
+    (void)state;
+    assert_int_equal(c10d__store_cmd_to_wire(C10D_STORE_DIALECT_CURRENT, C10D_STORE_AUTH), 0x41);
+    assert_int_equal(c10d__store_cmd_to_wire(C10D_STORE_DIALECT_LEGACY, C10D_STORE_AUTH), -1);
+    assert_int_equal(c10d__store_cmd_from_wire(C10D_STORE_DIALECT_CURRENT, 0x41), C10D_STORE_AUTH);
+    assert_int_equal(c10d__store_cmd_from_wire(C10D_STORE_DIALECT_LEGACY, 0x41), -1);
+    assert_string_equal(c10d__store_cmd_name(C10D_STORE_AUTH), "AUTH");
+    struct c10d__store_buf b = {0};
+    struct c10d__store_str tok = S("tok");
+    struct c10d__store_request r = {.cmd = C10D_STORE_AUTH, .nargs = 1, .args = &tok};
+    static const uint8_t auth[] = {0x41, 3, 0, 0, 0, 0, 0, 0, 0, 't', 'o', 'k'};
+    assert_int_equal(c10d__store_encode_request(&b, C10D_STORE_DIALECT_CURRENT, &r), 0);
+    assert_int_equal(b.len, sizeof auth);
+    assert_memory_equal(b.data, auth, sizeof auth);
+    assert_int_equal(c10d__store_encode_request(&b, C10D_STORE_DIALECT_LEGACY, &r),
+                     C10D_EUNSUPPORTED);
+    r.nargs = 0;
+    assert_int_equal(c10d__store_encode_request(&b, C10D_STORE_DIALECT_CURRENT, &r), C10D_EINVAL);
+    c10d__store_buf_free(&b);
+    /* Parsed after VALIDATE; a token longer than the key limit is refused
+     * from its length field alone. */
+    struct c10d__store_codec_limits lim = {.max_key_bytes = 8};
+    struct c10d__store_parser p;
+    c10d__store_parser_init(&p, &lim);
+    static const uint8_t wire[] = {0x00, 0xCE, 0xF7, 0x85, 0x3C, 0x41, 3,    0, 0, 0, 0,
+                                   0,    0,    0,    't',  'o',  'k',  0x41, 9, 0, 0, 0};
+    struct c10d__store_request got;
+    size_t used;
+    assert_int_equal(c10d__store_parse_request(&p, wire, sizeof wire, &got, &used),
+                     C10D_STORE_PARSE_DONE);
+    assert_int_equal(got.cmd, C10D_STORE_VALIDATE);
+    size_t off = used;
+    assert_int_equal(c10d__store_parse_request(&p, wire + off, sizeof wire - off, &got, &used),
+                     C10D_STORE_PARSE_DONE);
+    assert_int_equal(got.cmd, C10D_STORE_AUTH);
+    assert_int_equal(got.nargs, 1);
+    assert_memory_equal(got.args[0].data, "tok", 3);
+    off += used;
+    static const uint8_t too_long[] = {0x41, 9, 0, 0, 0, 0, 0, 0, 0};
+    assert_true(c10d__store_parse_request(&p, too_long, sizeof too_long, &got, &used) < 0);
+    c10d__store_parser_free(&p);
+    /* The reply: one byte. */
+    struct c10d__store_reply_parser rp;
+    c10d__store_reply_parser_init(&rp, NULL);
+    assert_int_equal(c10d__store_reply_expect(&rp, C10D_STORE_AUTH, 0), 0);
+    static const uint8_t ok[] = {C10D_STORE_AUTH_OK};
+    struct c10d__store_reply rep;
+    assert_int_equal(c10d__store_parse_reply(&rp, ok, 1, &rep, &used), C10D_STORE_PARSE_DONE);
+    assert_int_equal(rep.u8, C10D_STORE_AUTH_OK);
+    assert_int_equal(used, 1);
+    c10d__store_reply_parser_free(&rp);
 }
 
 static void roundtrip_dialect(int dialect)
@@ -571,7 +627,7 @@ int main(void)
         cmocka_unit_test(test_roundtrip_current), cmocka_unit_test(test_roundtrip_legacy),
         cmocka_unit_test(test_dialect_detection), cmocka_unit_test(test_malformed_and_limits),
         cmocka_unit_test(test_need_hint),         cmocka_unit_test(test_replies),
-        cmocka_unit_test(test_parse_i64),
+        cmocka_unit_test(test_parse_i64),         cmocka_unit_test(test_auth),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

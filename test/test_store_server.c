@@ -197,6 +197,40 @@ static void test_table_queues_barrier(void **state)
     c10d__store_table_free(t);
 }
 
+/* DELETE_KEY removes a queue of that name, its items and their memory, so
+ * that CHECK no longer counts the key as present. */
+static void test_table_delete_queue(void **state)
+{
+    (void)state;
+    struct c10d__store_table *t = new_table(0);
+    struct c10d__store_table_stats st0, st;
+    c10d__store_table_get_stats(t, &st0);
+    assert_int_equal(c10d__store_table_queue_push(t, STR("/q"), STR("one")), 0);
+    assert_int_equal(c10d__store_table_queue_push(t, STR("/q"), STR("two")), 0);
+    assert_int_equal(c10d__store_table_delete(t, STR("/q")), 1);
+    assert_int_equal(c10d__store_table_queue_len(t, STR("/q")), 0);
+    assert_int_equal(c10d__store_table_check(t, &STR("/q"), 1), 0);
+    c10d__store_table_get_stats(t, &st);
+    assert_int_equal(st.queues, 0);
+    assert_int_equal(st.queue_items, 0);
+    assert_int_equal(st.value_bytes, st0.value_bytes);
+    assert_int_equal(st.memory, st0.memory);
+    assert_int_equal(c10d__store_table_delete(t, STR("/q")), 0);
+    /* A key with both: one DELETE removes both, and a watcher sees DELETED. */
+    struct c10d__store_client w = {0};
+    assert_int_equal(c10d__store_table_set(t, STR("/both"), STR("v")), 0);
+    assert_int_equal(c10d__store_table_queue_push(t, STR("/both"), STR("item")), 0);
+    assert_int_equal(c10d__store_table_watch(t, &w, STR("/both")), 0);
+    nevents = 0;
+    assert_int_equal(c10d__store_table_delete(t, STR("/both")), 1);
+    assert_int_equal(nevents, 1);
+    assert_int_equal(events[0], C10D_STORE_KEY_DELETED);
+    assert_int_equal(c10d__store_table_queue_len(t, STR("/both")), 0);
+    assert_int_equal(c10d__store_table_num_keys(t), 0);
+    c10d__store_table_client_gone(t, &w);
+    c10d__store_table_free(t);
+}
+
 static void test_table_watch_and_memory(void **state)
 {
     (void)state;
@@ -449,11 +483,9 @@ static void test_server_stats(void **state)
 int main(void)
 {
     const struct CMUnitTest table_tests[] = {
-        cmocka_unit_test(test_table_values),
-        cmocka_unit_test(test_table_compare_set),
-        cmocka_unit_test(test_table_waits),
-        cmocka_unit_test(test_table_queues_barrier),
-        cmocka_unit_test(test_table_watch_and_memory),
+        cmocka_unit_test(test_table_values),       cmocka_unit_test(test_table_compare_set),
+        cmocka_unit_test(test_table_waits),        cmocka_unit_test(test_table_queues_barrier),
+        cmocka_unit_test(test_table_delete_queue), cmocka_unit_test(test_table_watch_and_memory),
     };
     const struct CMUnitTest server_tests[] = {
         cmocka_unit_test(test_server_current),
