@@ -120,8 +120,9 @@ struct conn {
     unsigned char hello_out[HELLO_MAX];
     unsigned char hello_in[HELLO_MAX];
     size_t hello_have;
-    uint64_t accepted_ms; /* inbound: when accepted (pending-hello deadline) */
-    int parked;           /* inbound hello complete, waiting for the job id */
+    uint64_t accepted_ms;             /* inbound: when accepted (pending-hello deadline) */
+    char peer[INET6_ADDRSTRLEN + 16]; /* inbound: who connected, for log lines */
+    int parked;                       /* inbound hello complete, waiting for the job id */
     struct c10d__tcp_transport *t;
     struct conn *all_next, *all_prev;
     int rank; /* -1 until the handshake named it */
@@ -951,16 +952,16 @@ static void drop_stranger(struct conn *c, const char *fmt, ...)
     struct c10d__tcp_transport *t = c->t;
     uint64_t now = c10d__now_ms();
     if (now - t->stranger_log_ms >= STRANGER_LOG_MS || t->stranger_log_ms == 0) {
-        char why[256], peer[INET6_ADDRSTRLEN + 16];
+        char why[256];
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(why, sizeof why, fmt, ap);
         va_end(ap);
-        peer_name(&c->tcp, peer, sizeof peer);
         C10D_WARN("tcp",
                   "rank %d: dropping a connection from %s: %s (%llu more dropped since the "
                   "last such line)",
-                  t->cfg.rank, peer, why, (unsigned long long)t->strangers_unlogged);
+                  t->cfg.rank, c->peer[0] ? c->peer : "?", why,
+                  (unsigned long long)t->strangers_unlogged);
         t->stranger_log_ms = now;
         t->strangers_unlogged = 0;
     } else {
@@ -1547,6 +1548,7 @@ static void on_connection(uv_stream_t *server, int status)
     tune_socket(t, &c->tcp);
     c->state = C_HELLO;
     c->accepted_ms = c10d__now_ms();
+    peer_name(&c->tcp, c->peer, sizeof c->peer);
     /* Bound what strangers can hold: past PENDING_MAX unfinished hellos the
      * oldest goes (a peer's own hello completes in one round trip). */
     int pending = 0;
