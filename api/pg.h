@@ -56,6 +56,13 @@ struct c10d_pg {
     size_t pending; /* ops whose work has not completed */
     int first_status;
     char *first_error;
+    /* Set when the group ended without a destroy or abort of its own (the
+     * library was shut down, or this is a forked child's copy): ops and waits
+     * then fail with C10D_EABORTED saying so. */
+    const char *ended_by;
+    /* A forked child's copy: its stores and backend state belong to the
+     * parent's loop, which does not exist here; they are left alone. */
+    int inherited;
     int coalescing;
     struct c10d__pg_op *coal_head, *coal_tail;
     size_t coal_n;

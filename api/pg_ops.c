@@ -182,6 +182,9 @@ static void describe(const c10d_pg *pg, const char *optype, uint64_t seq, size_t
 
 int c10d__pg_usable_locked(const c10d_pg *pg, const char *opname)
 {
+    if (pg->ended_by != NULL)
+        return c10d__fail(C10D_EABORTED, "%s %s: process group %s %s", pg->backend_name, opname,
+                          pg->name, pg->ended_by);
     if (pg->state != C10D_PG_LIVE)
         return c10d__fail(C10D_EINVAL, "%s %s: process group %s was destroyed", pg->backend_name,
                           opname, pg->name);

@@ -11,6 +11,7 @@
 #include "engine/log.h"
 #include "engine/loop.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,9 +34,92 @@ static int default_initialising;
 static int group_count; /* names handed out since the default group */
 static c10d_pg *groups; /* live groups, newest first */
 
+#define ENDED_BY_SHUTDOWN "ended when the library was shut down (c10d_shutdown)"
+#define ENDED_BY_FORK                                                                              \
+    "was inherited from the parent process across fork(); a child creates its own groups"
+
+/* A forked child keeps copies of the parent's groups, whose backends and
+ * stores live on the parent's loop: mark them ended and start over, so the
+ * child can create a default group of its own. Only this thread exists. */
+static void registry_fork_prepare(void)
+{
+    uv_mutex_lock(&registry_mutex);
+}
+
+static void registry_fork_parent(void)
+{
+    uv_mutex_unlock(&registry_mutex);
+}
+
+static void registry_fork_child(void)
+{
+    uv_mutex_init(&registry_mutex);
+    for (c10d_pg *g = groups; g != NULL; g = g->next_group) {
+        uv_mutex_init(&g->mutex);
+        uv_cond_init(&g->idle_cond);
+        g->inherited = 1;
+        g->ended_by = ENDED_BY_FORK;
+        g->state = C10D_PG_CLOSED;
+        g->pending = 0;
+    }
+    default_pg = NULL;
+    default_initialising = 0;
+    group_count = 0;
+}
+
 static void registry_init(void)
 {
     uv_mutex_init(&registry_mutex);
+    pthread_atfork(registry_fork_prepare, registry_fork_parent, registry_fork_child);
+}
+
+/* c10d_shutdown ends every group first, on the loop while it still runs
+ * (newest first, as a destroy of the default group would), so that their
+ * handles fail with C10D_EABORTED afterwards instead of reaching a loop that
+ * is gone, and a later c10d_pg_init starts a new job. */
+static struct c10d__shutdown_hook groups_hook;
+static int groups_hook_registered; /* loop thread only */
+
+static void pg_close(c10d_pg *pg, int graceful, const char *reason);
+
+static void end_groups_at_shutdown(struct c10d__shutdown_hook *hook)
+{
+    (void)hook;
+    groups_hook_registered = 0;
+    for (;;) {
+        uv_mutex_lock(&registry_mutex);
+        c10d_pg *victim = NULL;
+        for (c10d_pg *g = groups; g != NULL && victim == NULL; g = g->next_group) {
+            uv_mutex_lock(&g->mutex);
+            if (g->ended_by == NULL && !g->inherited) {
+                g->ended_by = ENDED_BY_SHUTDOWN;
+                victim = g;
+            }
+            uv_mutex_unlock(&g->mutex);
+        }
+        if (victim != NULL)
+            c10d__pg_ref(victim);
+        else {
+            default_pg = NULL;
+            default_initialising = 0;
+            group_count = 0;
+        }
+        uv_mutex_unlock(&registry_mutex);
+        if (victim == NULL)
+            return;
+        pg_close(victim, 0, "the library was shut down (c10d_shutdown)");
+        c10d__pg_unref(victim);
+    }
+}
+
+static void register_groups_hook(void *arg)
+{
+    (void)arg;
+    if (groups_hook_registered)
+        return;
+    groups_hook.fn = end_groups_at_shutdown;
+    c10d__engine_on_shutdown(&groups_hook);
+    groups_hook_registered = 1;
 }
 
 static void registry_add(c10d_pg *pg)
@@ -69,10 +153,12 @@ void c10d__pg_ref(c10d_pg *pg)
 static void pg_free(c10d_pg *pg)
 {
     registry_remove(pg);
-    for (int d = 0; d < C10D__PG_NDEV; d++)
-        c10d__pg_store_release(pg->backends[d].store);
-    c10d__pg_store_release(pg->store);
-    c10d__pg_store_release(pg->base_store);
+    if (!pg->inherited) {
+        for (int d = 0; d < C10D__PG_NDEV; d++)
+            c10d__pg_store_release(pg->backends[d].store);
+        c10d__pg_store_release(pg->store);
+        c10d__pg_store_release(pg->base_store);
+    }
     c10d__pg_op_free(pg->coal_head);
     free(pg->global_ranks);
     free(pg->name);
@@ -474,6 +560,7 @@ static int pg_start(c10d_pg *pg, c10d_store *base, const struct c10d__backend_vt
 {
     pg->base_store = base;
     c10d__pg_store_retain(base);
+    c10d__engine_call(register_groups_hook, NULL);
     if (pg->rank < 0)
         return 0;
     char prefix[32];
@@ -765,12 +852,20 @@ int c10d_pg_destroy(c10d_pg *pg)
         return c10d__fail(C10D_EDEADLK,
                           "c10d_pg_destroy waits for pending ops: it cannot run inside a "
                           "callback (use c10d_pg_abort there)");
-    if (pg->is_default)
+    uv_mutex_lock(&pg->mutex);
+    const char *ended_by = pg->ended_by;
+    uv_mutex_unlock(&pg->mutex);
+    if (pg->is_default && ended_by == NULL)
         close_all_groups(pg, 1, NULL);
     pg_close(pg, 1, NULL);
     if (pg->is_default)
         forget_default(pg);
+    char name[64];
+    snprintf(name, sizeof name, "%s", pg->name);
     c10d__pg_unref(pg);
+    /* The handle is freed all the same: nothing else could free it. */
+    if (ended_by != NULL)
+        return c10d__fail(C10D_EABORTED, "c10d_pg_destroy: process group %s %s", name, ended_by);
     return 0;
 }
 

@@ -1,0 +1,119 @@
+/* Group handles that outlive the library or cross a fork: after
+ * c10d_shutdown every op, wait and destroy of an old group fails with
+ * C10D_EABORTED (never reaching a loop that is gone), and a new default group
+ * can be created; a forked child sees its copies of the parent's groups as
+ * ended and can create its own default group, while the parent carries on. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "c10d.h"
+#include "mp_harness.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* A one-rank job: rank 0 hosts its own store on a fresh port. */
+static c10d_pg *solo_group(void)
+{
+    char port[16];
+    snprintf(port, sizeof port, "%d", mp_free_port());
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", port, 1);
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "1", 1);
+    setenv("TORCHELASTIC_USE_AGENT_STORE", "False", 1);
+    c10d_pg_opts po = {0};
+    po.timeout_ms = 10000;
+    c10d_pg *pg = NULL;
+    int rc = c10d_pg_init(&pg, &po);
+    if (rc != 0)
+        fprintf(stderr, "init: %s\n", c10d_last_error());
+    return rc == 0 ? pg : NULL;
+}
+
+static int sum_ok(c10d_pg *pg)
+{
+    float x[4] = {1, 2, 3, 4};
+    return c10d_all_reduce_sync(pg, x, x, 4, C10D_FLOAT32, C10D_SUM);
+}
+
+static void test_ops_after_shutdown(void **s)
+{
+    (void)s;
+    c10d_pg *pg = solo_group();
+    assert_non_null(pg);
+    c10d_pg *sub = NULL;
+    int ranks[1] = {0};
+    assert_int_equal(c10d_pg_new_group(pg, ranks, 1, NULL, &sub), 0);
+    assert_int_equal(sum_ok(pg), 0);
+    assert_int_equal(c10d_shutdown(), 0);
+    assert_int_equal(sum_ok(pg), C10D_EABORTED);
+    assert_non_null(strstr(c10d_last_error(), "c10d_shutdown"));
+    assert_int_equal(sum_ok(sub), C10D_EABORTED);
+    assert_int_equal(c10d_barrier_sync(pg), C10D_EABORTED);
+    float x = 1;
+    c10d_work *w = NULL;
+    assert_int_equal(c10d_broadcast(pg, &x, &x, 1, C10D_FLOAT32, 0, NULL, &w), C10D_EABORTED);
+    assert_null(w);
+    assert_int_equal(c10d_pg_destroy(sub), C10D_EABORTED);
+    assert_int_equal(c10d_pg_destroy(pg), C10D_EABORTED);
+    /* And the library starts over. */
+    pg = solo_group();
+    assert_non_null(pg);
+    assert_int_equal(sum_ok(pg), 0);
+    assert_int_equal(c10d_pg_destroy(pg), 0);
+    assert_int_equal(c10d_shutdown(), 0);
+}
+
+static void test_forked_child_starts_over(void **s)
+{
+    (void)s;
+    c10d_pg *pg = solo_group();
+    assert_non_null(pg);
+    assert_int_equal(sum_ok(pg), 0);
+    fflush(NULL);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        alarm(30);
+        int code = 0;
+        if (sum_ok(pg) != C10D_EABORTED || strstr(c10d_last_error(), "fork") == NULL) {
+            fprintf(stderr, "child: inherited group: %s\n", c10d_last_error());
+            code = 1;
+        }
+        c10d_pg *mine = solo_group();
+        if (mine == NULL || sum_ok(mine) != 0) {
+            fprintf(stderr, "child: own group: %s\n", c10d_last_error());
+            code = 2;
+        }
+        if (mine != NULL && c10d_pg_destroy(mine) != 0)
+            code = 3;
+        if (c10d_pg_destroy(pg) != C10D_EABORTED)
+            code = 4;
+        c10d_shutdown();
+        _exit(code);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    /* The parent's group is untouched. */
+    assert_int_equal(sum_ok(pg), 0);
+    assert_int_equal(c10d_pg_destroy(pg), 0);
+    assert_int_equal(c10d_shutdown(), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ops_after_shutdown),
+        cmocka_unit_test(test_forked_child_starts_over),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
