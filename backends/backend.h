@@ -14,7 +14,7 @@ enum c10d__op_kind {
     C10D_OP_BROADCAST,
     C10D_OP_ALL_REDUCE,
     C10D_OP_REDUCE,
-    C10D_OP_ALL_GATHER,     /* recv or recvs (list form) */
+    C10D_OP_ALL_GATHER, /* recv or recvs (list form) */
     C10D_OP_GATHER,
     C10D_OP_SCATTER,
     C10D_OP_REDUCE_SCATTER, /* send or sends (list form) */
@@ -30,9 +30,9 @@ const char *c10d__op_kind_name(enum c10d__op_kind kind);
 
 struct c10d__op {
     enum c10d__op_kind kind;
-    const void *send;          /* single-buffer forms */
+    const void *send; /* single-buffer forms */
     void *recv;
-    const void *const *sends;  /* list forms (NULL otherwise) */
+    const void *const *sends; /* list forms (NULL otherwise) */
     void *const *recvs;
     size_t count;              /* elements per rank block (see c10d.h per op) */
     const size_t *send_counts; /* all_to_all: per peer, NULL = even split */
@@ -40,10 +40,10 @@ struct c10d__op {
     c10d_dtype dtype;
     c10d_reduce_op redop;
     double premul_factor;
-    int root;                  /* group rank */
-    int peer;                  /* group rank, or C10D_ANY_SOURCE for RECV */
-    int tag;                   /* P2P tag (>= 0) */
-    uint64_t seq;              /* collective seq, or P2P seq for SEND/RECV */
+    int root;     /* group rank */
+    int peer;     /* group rank, or C10D_ANY_SOURCE for RECV */
+    int tag;      /* P2P tag (>= 0) */
+    uint64_t seq; /* collective seq, or P2P seq for SEND/RECV */
     int64_t timeout_ms;
     c10d_device_type device_type;
     int device_index;
@@ -56,13 +56,13 @@ struct c10d__op {
 };
 
 struct c10d__backend_config {
-    int rank;                /* rank in this group */
+    int rank; /* rank in this group */
     int size;
     const int *global_ranks; /* global rank of each group rank */
     const char *group_name;  /* "0" for the default group */
     const char *group_desc;
-    int64_t timeout_ms;      /* default op timeout; also bounds connection setup */
-    c10d_store *store;       /* already prefixed for this group and device */
+    int64_t timeout_ms; /* default op timeout; also bounds connection setup */
+    c10d_store *store;  /* already prefixed for this group and device */
 };
 
 struct c10d__backend_vtable {
@@ -83,6 +83,10 @@ struct c10d__backend_vtable {
     void (*abort)(void *state, int status, const char *reason);
     /* Frees the state; called after abort or once idle. */
     void (*destroy)(void *state);
+    /* printf format of the key (under the backend's store, one per rank) where
+     * a rank published what its peers need to connect, or NULL. Once every
+     * rank destroyed the group, the group deletes them. */
+    const char *published_key_fmt;
 };
 
 extern const struct c10d__backend_vtable c10d__tcp_backend;

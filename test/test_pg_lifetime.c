@@ -109,11 +109,68 @@ static void test_forked_child_starts_over(void **s)
     assert_int_equal(c10d_shutdown(), 0);
 }
 
+/* ------------------------------------ store keys of destroyed groups */
+
+#define GROUPS 200
+
+static int churn_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    c10d_pg_opts po = {0};
+    po.timeout_ms = 30000;
+    c10d_pg *pg = NULL;
+    MP_CHECK(c10d_pg_init(&pg, &po) == 0, "init: %s", c10d_last_error());
+    int ranks[2] = {0, 1};
+    for (int i = 0; i < GROUPS; i++) {
+        c10d_pg *sub = NULL;
+        MP_CHECK(c10d_pg_new_group(pg, ranks, n, NULL, &sub) == 0, "group %d: %s", i,
+                 c10d_last_error());
+        float x = (float)rank;
+        MP_CHECK(c10d_all_reduce_sync(sub, &x, &x, 1, C10D_FLOAT32, C10D_SUM) == 0, "op: %s",
+                 c10d_last_error());
+        MP_CHECK(c10d_pg_destroy(sub) == 0, "destroy %d: %s", i, c10d_last_error());
+    }
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    MP_CHECK(c10d_pg_destroy(pg) == 0, "destroy: %s", c10d_last_error());
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_destroyed_groups_leave_no_keys(void **s)
+{
+    (void)s;
+    int port;
+    pid_t store = mp_start_store(&port);
+    if (store < 0)
+        skip();
+    struct mp_opts o = {0};
+    o.nranks = 2;
+    o.timeout_s = 90;
+    o.kill_on_failure = 1;
+    o.external_store_port = port;
+    struct mp_result res;
+    int rc = mp_run(&o, churn_main, NULL, &res);
+    int64_t keys = -1;
+    c10d_store *st = NULL;
+    if (c10d_store_tcp_connect("127.0.0.1", port, NULL, &st) == 0) {
+        c10d_store_num_keys_sync(st, &keys);
+        c10d_store_release(st);
+    }
+    mp_kill(store);
+    c10d_shutdown();
+    print_message("%lld keys left in the store after %d groups\n", (long long)keys, GROUPS);
+    assert_int_equal(rc, 0);
+    assert_true(keys >= 0);
+    /* Rendezvous keys and at most the last group's stay; not 2-4 per group. */
+    assert_true(keys < 30);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ops_after_shutdown),
         cmocka_unit_test(test_forked_child_starts_over),
+        cmocka_unit_test(test_destroyed_groups_leave_no_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -552,6 +552,8 @@ int c10d__tcp_connect(void *state, const char *const *addrs, void (*done)(void *
     return c10d__tcp_transport_connect(s->t, addrs, on_connected, s);
 }
 
+#define ADDR_KEY_FMT "tcp/addr/%d"
+
 /* Connection setup through the store: each rank publishes "tcp/addr/<rank>"
  * and reads everyone's (the store's wait bounds it), then connects. */
 struct exchange {
@@ -659,7 +661,7 @@ static int tcp_create(const struct c10d__backend_config *cfg, void (*done)(void 
     s->refs++;
     c10d_store_retain(cfg->store);
     for (int r = 0; r < cfg->size; r++) {
-        if (asprintf(&x->keys[r], "tcp/addr/%d", r) < 0) {
+        if (asprintf(&x->keys[r], ADDR_KEY_FMT, r) < 0) {
             x->keys[r] = NULL;
             exchange_free(x);
             tcp_destroy(s);
@@ -684,4 +686,5 @@ const struct c10d__backend_vtable c10d__tcp_backend = {
     .run = tcp_run,
     .abort = tcp_abort,
     .destroy = tcp_destroy,
+    .published_key_fmt = ADDR_KEY_FMT,
 };
