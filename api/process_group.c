@@ -235,6 +235,9 @@ struct create_call {
     int refs; /* the waiter, the create task, the done callback; guarded by mutex */
     int returned, done, abandoned;
     int status;
+    /* Why it failed, taken on the loop thread: the error text is per thread,
+     * and the waiter would otherwise report whatever its own last error was. */
+    char message[512];
     void *state;
     const struct c10d__backend_vtable *vt;
     /* cfg points at copies owned here, never into the group: a waiter that
@@ -284,6 +287,8 @@ static void create_done(void *arg, int status)
     uv_mutex_lock(&cc->mutex);
     cc->done = 1;
     cc->status = status;
+    if (status != 0)
+        snprintf(cc->message, sizeof cc->message, "%s", c10d_last_error());
     uv_mutex_unlock(&cc->mutex);
     create_settle(cc);
     create_call_unref(cc);
@@ -301,6 +306,7 @@ static void create_task(struct c10d__task *t)
         /* A create that fails at once never calls done. */
         cc->done = 1;
         cc->status = rc;
+        snprintf(cc->message, sizeof cc->message, "%s", c10d_last_error());
         cc->refs--;
     }
     uv_mutex_unlock(&cc->mutex);
@@ -356,6 +362,8 @@ static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtabl
     }
     int done = cc->done && cc->returned, status = cc->status;
     void *state = cc->state;
+    char why[512];
+    snprintf(why, sizeof why, "%s", cc->message);
     if (!done)
         cc->abandoned = 1;
     uv_mutex_unlock(&cc->mutex);
@@ -366,8 +374,6 @@ static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtabl
                           vt->name, pg->name, pg->rank, (long long)pg->timeout_ms);
     }
     if (status != 0) {
-        char why[512];
-        snprintf(why, sizeof why, "%s", c10d_last_error());
         if (state != NULL) {
             /* Connected part way: tear it down on the loop. */
             b->vt = vt;

@@ -14,6 +14,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -165,12 +166,58 @@ static void test_destroyed_groups_leave_no_keys(void **s)
     assert_true(keys < 30);
 }
 
+/* ------------------------------------------ the store dies mid-job */
+
+static int store_gone_main(int rank, int n, void *arg)
+{
+    pid_t store = *(pid_t *)arg;
+    c10d_pg_opts po = {0};
+    po.timeout_ms = 5000;
+    c10d_pg *pg = NULL;
+    MP_CHECK(c10d_pg_init(&pg, &po) == 0, "init: %s", c10d_last_error());
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    if (rank == 0)
+        kill(store, SIGKILL);
+    usleep(300000);
+    int ranks[2] = {0, 1};
+    c10d_pg *sub = NULL;
+    int rc = c10d_pg_new_group(pg, ranks, n, NULL, &sub);
+    MP_CHECK(rc != 0, "new_group succeeded without a store");
+    /* The message says the store is the problem, and where it was. */
+    MP_CHECK(strstr(c10d_last_error(), "store") != NULL &&
+                 strstr(c10d_last_error(), "127.0.0.1:") != NULL,
+             "new_group's error does not name the store: %s", c10d_last_error());
+    fprintf(stderr, "rank %d: %s\n", rank, c10d_last_error());
+    c10d_pg_abort(pg, "store gone");
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_new_group_names_a_dead_store(void **s)
+{
+    (void)s;
+    int port;
+    pid_t store = mp_start_store(&port);
+    if (store < 0)
+        skip();
+    struct mp_opts o = {0};
+    o.nranks = 2;
+    o.timeout_s = 60;
+    o.kill_on_failure = 1;
+    o.external_store_port = port;
+    struct mp_result res;
+    int rc = mp_run(&o, store_gone_main, &store, &res);
+    mp_kill(store);
+    assert_int_equal(rc, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ops_after_shutdown),
         cmocka_unit_test(test_forked_child_starts_over),
         cmocka_unit_test(test_destroyed_groups_leave_no_keys),
+        cmocka_unit_test(test_new_group_names_a_dead_store),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
