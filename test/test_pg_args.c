@@ -105,7 +105,7 @@ static void fake_destroy(void *state)
 }
 
 static const struct c10d__backend_vtable fake_backend = {
-    "tcp", fake_check, fake_create, fake_run, fake_abort, fake_destroy,
+    "tcp", fake_check, fake_create, fake_run, fake_abort, fake_destroy, NULL,
 };
 
 static void fake_reset(void)

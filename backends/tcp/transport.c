@@ -164,7 +164,8 @@ struct c10d__tcp_transport {
     uint8_t token[C10D_TOKEN_MAX];
     size_t token_len;
     uint64_t stranger_log_ms, strangers_unlogged;
-    int handles; /* open uv handles; freed once 0 after free was asked */
+    int first_lost; /* the first peer whose connection broke */
+    int handles;    /* open uv handles; freed once 0 after free was asked */
     int freeing;
     int failed;
     char address[INET6_ADDRSTRLEN + 16];
@@ -1229,18 +1230,30 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     *buf = uv_buf_init(c->staging, STAGING_LEN);
 }
 
+/* Peers whose connection broke within the grace period. When one process
+ * dies, the ranks that noticed first fail their groups and close their
+ * connections too, so a rank that hears several EOFs names the first as
+ * lost and the later ones as closing after it, not as dead. */
 static void on_grace(uv_timer_t *tm)
 {
     struct c10d__tcp_transport *t = tm->data;
-    char ranks[256] = "";
+    char later[256] = "";
     size_t off = 0;
     int n = 0;
-    for (int r = 0; r < t->cfg.size && off < sizeof ranks - 16; r++)
-        if (t->peers[r].lost)
-            off += (size_t)snprintf(ranks + off, sizeof ranks - off, "%s%d", n++ ? ", " : "", r);
-    t_error(t, C10D_ECLOSED,
-            "tcp: connection to rank%s %s lost (the peer process died or left the group)",
-            n > 1 ? "s" : "", ranks);
+    for (int r = 0; r < t->cfg.size && off < sizeof later - 16; r++)
+        if (t->peers[r].lost && r != t->first_lost)
+            off += (size_t)snprintf(later + off, sizeof later - off, "%s%d", n++ ? ", " : "", r);
+    if (n == 0)
+        t_error(t, C10D_ECLOSED,
+                "tcp: connection to rank %d lost (the peer process died or left the group)",
+                t->first_lost);
+    else
+        t_error(t, C10D_ECLOSED,
+                "tcp: connection to rank %d lost (the peer process died or left the group); "
+                "rank%s %s closed %s connection%s within %d ms after it (likely failing on "
+                "the same loss)",
+                t->first_lost, n > 1 ? "s" : "", later, n > 1 ? "their" : "its", n > 1 ? "s" : "",
+                LOST_GRACE_MS);
 }
 
 static void peer_lost(struct c10d__tcp_transport *t, int rank, int err)
@@ -1253,6 +1266,8 @@ static void peer_lost(struct c10d__tcp_transport *t, int rank, int err)
     pe->lost = 1;
     if (pe->conn != NULL)
         conn_close(pe->conn);
+    if (!t->grace_armed)
+        t->first_lost = rank;
     if (!t->grace_armed && t->grace_open) {
         t->grace_armed = 1;
         uv_timer_start(&t->grace, on_grace, LOST_GRACE_MS, 0);
