@@ -1417,6 +1417,15 @@ static void on_retry_closed(uv_handle_t *h)
 static void on_retry(uv_timer_t *tm)
 {
     struct retry *r = tm->data;
+    struct peer *pe = &r->t->peers[r->rank];
+    /* This timer is the retry: clear its placeholder first, or a timer that
+     * fires a hair before retry_at (the loop's clock is coarser than ours)
+     * makes peer_connect believe an attempt is in progress, and retries end
+     * for good. */
+    if (pe->connecting == (struct conn *)r) {
+        pe->connecting = NULL;
+        pe->retry_at = 0;
+    }
     if (!r->t->failed)
         peer_connect(r->t, r->rank);
     uv_close((uv_handle_t *)&r->timer, on_retry_closed);
