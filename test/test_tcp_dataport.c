@@ -2,9 +2,8 @@
  * stranger sends there may fail the group: handshakes of an older or foreign
  * format, hellos of another job, hellos reset before their answer, and
  * half-sent hellos held open, all while two ranks run checked all_reduces.
- * Half-sent hellos are closed after the pending deadline (min of 10 s and the
- * group timeout). With a token, the same job runs and strangers without it
- * are dropped. */
+ * Half-sent hellos are closed after the pending deadline (10 s). With a token, the same job runs
+ * and strangers without it are dropped. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -26,7 +25,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define GROUP_TIMEOUT_MS 3000
+#define GROUP_TIMEOUT_MS 30000
+/* Unfinished inbound hellos are closed after min(10 s, the group timeout). */
+#define PENDING_HELLO_MS 10000
 #define OPS              400
 #define COUNT            1024
 #define HELD_PER_RANK    24
@@ -124,8 +125,13 @@ static int rank_main(int rank, int n, void *arg)
         }
         usleep(3000);
     }
-    /* Half-sent hellos are closed by the pending deadline. */
-    usleep((GROUP_TIMEOUT_MS + 2500) * 1000);
+    /* The stranger stops knocking (it keeps its half-sent hellos open), then
+     * those are closed by the pending deadline. */
+    snprintf(path, sizeof path, "%s/done%d", port_dir, rank);
+    f = fopen(path, "w");
+    MP_CHECK(f != NULL, "done file");
+    fclose(f);
+    usleep((PENDING_HELLO_MS + 2500) * 1000);
     int sockets = socket_fds();
     MP_CHECK(sockets < 10, "%d sockets still open (half-sent hellos kept)", sockets);
     MP_CHECK(c10d_barrier_sync(pg) == 0, "final barrier: %s", c10d_last_error());
@@ -192,7 +198,10 @@ static void *stranger_main(void *arg)
     }
     uint32_t gid = fnv1a("0");
     uint64_t round = 0;
-    while (!atomic_load(&st->stop)) {
+    char done0[128], done1[128];
+    snprintf(done0, sizeof done0, "%s/done0", port_dir);
+    snprintf(done1, sizeof done1, "%s/done1", port_dir);
+    while (!atomic_load(&st->stop) && (access(done0, F_OK) != 0 || access(done1, F_OK) != 0)) {
         for (int r = 0; r < 2; r++) {
             /* The first format's hello (magic, group id, rank, size), then a reset. */
             uint32_t v1[4] = {0x43313044u, gid, (uint32_t)(1 - r), 2};
@@ -266,6 +275,8 @@ static void run_attacked_job(const char *token)
     for (int r = 0; r < 2; r++) {
         char path[128];
         snprintf(path, sizeof path, "%s/%d", port_dir, r);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/done%d", port_dir, r);
         unlink(path);
     }
     rmdir(port_dir);
