@@ -23,6 +23,7 @@ struct mb_slot {
     struct mb *mb;
     int peer;
     int status;
+    char *message; /* why it failed (malloc'd) */
     uint8_t token;
 };
 
@@ -50,12 +51,38 @@ static void mb_finish(struct mb *mb, int status, const char *msg)
     if (--pg->pending == 0)
         uv_cond_broadcast(&pg->idle_cond);
     uv_mutex_unlock(&pg->mutex);
+    for (int r = 0; r < pg->size; r++)
+        free(mb->slots[r].message);
     free(mb->slots);
     free(mb);
     c10d__pg_unref(pg);
 }
 
 static void slot_done(c10d_work *w, int status, void *arg);
+
+/* Whether `msg` names "rank <r>" (not a longer number). */
+static int names_rank(const char *msg, int r)
+{
+    char pat[24];
+    int n = snprintf(pat, sizeof pat, "rank %d", r);
+    for (const char *p = msg; p != NULL && (p = strstr(p, pat)) != NULL; p += n)
+        if (p[n] < '0' || p[n] > '9')
+            return 1;
+    return 0;
+}
+
+/* Whether rank 0's receive from r failed because of r. The first failure of
+ * any peer fails the whole group (every pending receive, with that peer's
+ * message): a rank that was still on its way is not to be named for it. A
+ * receive that timed out did not arrive in time, whichever deadline fired
+ * first (they all share one). */
+static int slot_failed_itself(const struct mb_slot *slot)
+{
+    if (slot->status == 0)
+        return 0;
+    return slot->status == C10D_ETIMEDOUT ||
+           (slot->message != NULL && names_rank(slot->message, slot->peer));
+}
 
 static int post_p2p(struct mb *mb, struct mb_slot *slot, enum c10d__op_kind kind)
 {
@@ -95,9 +122,14 @@ static void rank0_arrivals_done(struct mb *mb)
     c10d_pg *pg = mb->pg;
     char list[512] = "";
     size_t len = 0;
-    int nmissing = 0, first_status = 0;
+    int nmissing = 0, first_status = 0, nfailed = 0;
+    const char *first_message = NULL;
     for (int r = 1; r < pg->size; r++) {
         if (mb->slots[r].status == 0)
+            continue;
+        if (nfailed++ == 0)
+            first_message = mb->slots[r].message;
+        if (!slot_failed_itself(&mb->slots[r]))
             continue;
         if (nmissing == 0)
             first_status = mb->slots[r].status;
@@ -107,6 +139,19 @@ static void rank0_arrivals_done(struct mb *mb)
                                     r);
         if (!mb->wait_all)
             break;
+    }
+    if (nmissing == 0 && nfailed > 0) {
+        /* Something failed the group that no receive can be blamed on. */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "[Rank 0]: monitoredBarrier failed before every rank arrived: %s",
+                 first_message != NULL ? first_message : "unknown error");
+        for (int r = 1; r < pg->size; r++)
+            if (mb->slots[r].status != 0) {
+                first_status = mb->slots[r].status;
+                break;
+            }
+        mb_finish(mb, first_status, msg);
+        return;
     }
     if (nmissing == 0) {
         mb->releasing = 1;
@@ -168,8 +213,10 @@ static void slot_done(c10d_work *w, int status, void *arg)
     (void)w;
     struct mb_slot *slot = arg;
     struct mb *mb = slot->mb;
-    if (status != 0 && slot->status == 0)
+    if (status != 0 && slot->status == 0) {
         slot->status = status;
+        slot->message = strdup(c10d_work_message(w));
+    }
     if (--mb->outstanding == 0)
         all_done(mb);
 }
