@@ -57,7 +57,8 @@ int c10d__engine_polling(void);
 
 /* Any thread but a driving one: while the loop polls and no one else drives it,
  * runs its turns on this thread until *flag is set or until_ns (c10d__now_ns)
- * passes, and returns 1; tasks and callbacks then run here. Returns 0 at once
+ * passes, and returns 1; tasks and callbacks then run here, and SIGPIPE is
+ * blocked on this thread from then on (docs/engine.md). Returns 0 at once
  * when the loop is driven elsewhere, asleep in epoll, or shutting down. */
 int c10d__engine_drive(const atomic_int *flag, uint64_t until_ns);
 
