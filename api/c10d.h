@@ -157,7 +157,9 @@ C10D_EXPORT int c10d_work_on_complete(c10d_work *work, c10d_work_cb cb, void *ar
  * the work's own deadline). Returns the work's status, or C10D_ETIMEDOUT if the
  * wait itself timed out (the work stays pending), or C10D_EDEADLK on the loop
  * thread. While the loop polls, the waiting thread may drive it: callbacks (of
- * any work) may then run on this thread, before this call returns. */
+ * any work) may then run on this thread, before this call returns, and from
+ * then on SIGPIPE is blocked on this thread (a peer's reset must not end the
+ * process; docs/engine.md). */
 C10D_EXPORT int c10d_work_wait(c10d_work *work, int64_t timeout_ms);
 
 /* 1 if complete, 0 if pending. Never blocks. */
