@@ -2,6 +2,10 @@
 #include "free_port.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <execinfo.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -38,6 +42,43 @@ static void kill_all(struct mp_result *res, int n, const int *alive)
             kill(res->pids[i], SIGKILL);
 }
 
+/* A rank that overran its alarm says where it was before it dies: the
+ * interrupted thread's stack, and every thread's state and kernel wait
+ * point, so a rare hang in CI leaves something to read. */
+static void overran(int sig)
+{
+    (void)sig;
+    char line[160];
+    int n = snprintf(line, sizeof line, "[rank pid %d] overran its alarm; stack:\n", (int)getpid());
+    (void)!write(STDERR_FILENO, line, (size_t)n);
+    void *frames[64];
+    backtrace_symbols_fd(frames, backtrace(frames, 64), STDERR_FILENO);
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[300], buf[256] = "", wchan[64] = "";
+        snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
+        int fd = open(path, O_RDONLY);
+        if (fd >= 0) {
+            ssize_t k = read(fd, buf, sizeof buf - 1);
+            buf[k > 0 ? k : 0] = 0;
+            close(fd);
+        }
+        snprintf(path, sizeof path, "/proc/self/task/%s/wchan", e->d_name);
+        fd = open(path, O_RDONLY);
+        if (fd >= 0) {
+            ssize_t k = read(fd, wchan, sizeof wchan - 1);
+            wchan[k > 0 ? k : 0] = 0;
+            close(fd);
+        }
+        n = snprintf(line, sizeof line, "  thread %s wchan=%s stat=%.80s\n", e->d_name, wchan, buf);
+        (void)!write(STDERR_FILENO, line, (size_t)n);
+    }
+    _exit(128 + SIGALRM);
+}
+
 int mp_run(const struct mp_opts *o, mp_rank_fn fn, void *arg, struct mp_result *res)
 {
     int n = o->nranks;
@@ -66,6 +107,7 @@ int mp_run(const struct mp_opts *o, mp_rank_fn fn, void *arg, struct mp_result *
             set_env_int("LOCAL_WORLD_SIZE", n);
             setenv("TORCHELASTIC_USE_AGENT_STORE", o->external_store_port > 0 ? "True" : "False",
                    1);
+            signal(SIGALRM, overran);
             alarm((unsigned)o->timeout_s);
             int code = fn(r, n, arg);
             fflush(NULL);
