@@ -16,7 +16,9 @@ run_suite() { # dir, cmake flags...
     shift
     cmake -S . -B "$dir" "$@" >/dev/null
     cmake --build "$dir" -j"$jobs"
-    (cd "$dir" && ctest --output-on-failure -j"$jobs" --timeout 900)
+    # One test at a time: the multi-process tests start 2-8 ranks each, and two
+    # of them sharing two cores made a rank overrun its deadline (docs/faults.md).
+    (cd "$dir" && ctest --output-on-failure --timeout 900)
 }
 
 if [ "$which" = all ] || [ "$which" = normal ]; then
