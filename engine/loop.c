@@ -35,6 +35,12 @@ struct engine {
      * post needs no uv_async_send (no eventfd write, read and epoll wake-up). It
      * stops `spin_ns` after the last activity (c10d__engine_busy). */
     uv_idle_t spin;
+    /* A safety net: every SAFETY_TICK_MS the loop looks at its queue even if no
+     * wake-up came. Full-suite runs twice showed a thread asleep in epoll with a
+     * task posted to it (a wake-up lost between the busy-poll handover and the
+     * eventfd, not found yet): this bounds such a loss to one tick instead of a
+     * hang, and says once that it happened. */
+    uv_timer_t safety;
     int spinning;        /* spin is active: posts skip the wake-up (engine_mutex) */
     uint64_t spin_ns;    /* loop thread only */
     uint64_t spin_until; /* loop thread only */
@@ -244,6 +250,25 @@ static void run_posted(struct engine *e)
         engine_stop_on_loop(e);
 }
 
+#define SAFETY_TICK_MS 50
+
+static void safety_cb(uv_timer_t *t)
+{
+    struct engine *e = t->data;
+    static atomic_int said;
+    uv_mutex_lock(&engine_mutex);
+    int lost = (e->head != NULL || e->ready != NULL) && !e->spinning;
+    uv_mutex_unlock(&engine_mutex);
+    if (!lost)
+        return;
+    if (atomic_exchange(&said, 1) == 0)
+        C10D_WARN("engine",
+                  "a posted task waited for the %d ms safety tick: its wake-up was lost "
+                  "(reported once per process)",
+                  SAFETY_TICK_MS);
+    run_posted(e);
+}
+
 static void stop_task_fn(struct c10d__task *t)
 {
     struct engine *e = (struct engine *)((char *)t - offsetof(struct engine, stop_task));
@@ -371,6 +396,10 @@ static int engine_start_locked(void)
     e->wake.data = e;
     uv_idle_init(&e->loop, &e->spin);
     e->spin.data = e;
+    uv_timer_init(&e->loop, &e->safety);
+    e->safety.data = e;
+    uv_timer_start(&e->safety, safety_cb, SAFETY_TICK_MS, SAFETY_TICK_MS);
+    uv_unref((uv_handle_t *)&e->safety);
     int64_t spin_us = c10d__env_int(C10D_ENV_LOOP_SPIN_US);
     e->spin_ns = spin_us > 0 ? (uint64_t)spin_us * 1000u : 0;
     e->stop_task.fn = stop_task_fn;
@@ -381,6 +410,7 @@ static int engine_start_locked(void)
     if (rc != 0) {
         uv_close((uv_handle_t *)&e->wake, NULL);
         uv_close((uv_handle_t *)&e->spin, NULL);
+        uv_close((uv_handle_t *)&e->safety, NULL);
         uv_run(&e->loop, UV_RUN_DEFAULT);
         uv_loop_close(&e->loop);
         free(e);
