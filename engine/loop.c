@@ -41,9 +41,10 @@ struct engine {
      * eventfd, not found yet): this bounds such a loss to one tick instead of a
      * hang, and says once that it happened. */
     uv_timer_t safety;
-    int spinning;        /* spin is active: posts skip the wake-up (engine_mutex) */
-    uint64_t spin_ns;    /* loop thread only */
-    uint64_t spin_until; /* loop thread only */
+    struct c10d__task *safety_seen; /* first queued task at the last tick */
+    int spinning;                   /* spin is active: posts skip the wake-up (engine_mutex) */
+    uint64_t spin_ns;               /* loop thread only */
+    uint64_t spin_until;            /* loop thread only */
 };
 
 static struct engine *engine;
@@ -256,8 +257,13 @@ static void safety_cb(uv_timer_t *t)
 {
     struct engine *e = t->data;
     static atomic_int said;
+    /* Lost only if the same task was already first in line one tick ago with
+     * the loop not polling: a wake-up on its way (the eventfd is read in the
+     * poll phase, after the timers) is not a loss. */
     uv_mutex_lock(&engine_mutex);
-    int lost = (e->head != NULL || e->ready != NULL) && !e->spinning;
+    struct c10d__task *first = e->ready != NULL ? e->ready : e->head;
+    int lost = first != NULL && first == e->safety_seen && !e->spinning;
+    e->safety_seen = first;
     uv_mutex_unlock(&engine_mutex);
     if (!lost)
         return;
