@@ -262,8 +262,14 @@ static void safety_cb(uv_timer_t *t)
      * poll phase, after the timers) is not a loss. */
     uv_mutex_lock(&engine_mutex);
     struct c10d__task *first = e->ready != NULL ? e->ready : e->head;
-    int lost = first != NULL && first == e->safety_seen && !e->spinning;
+    int lost = first != NULL && first == e->safety_seen;
     e->safety_seen = first;
+    /* A task that waited a whole tick was lost whatever `spinning` says: a
+     * polling loop takes it within microseconds. Seen in a trace: the loop
+     * asleep in epoll with the stop task queued. If `spinning` claims a poll
+     * that is not running, posts skip the wake-up: make it true again. */
+    if (lost && e->spinning && !uv_is_active((uv_handle_t *)&e->spin))
+        e->spinning = 0;
     uv_mutex_unlock(&engine_mutex);
     if (!lost)
         return;
