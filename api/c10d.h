@@ -106,7 +106,7 @@ C10D_EXPORT int c10d_dtype_from_name(const char *name, c10d_dtype *out);
 C10D_EXPORT const char *c10d_reduce_op_name(c10d_reduce_op op);
 C10D_EXPORT int c10d_reduce_op_from_name(const char *name, c10d_reduce_op *out);
 
-/* Whether the host backend can reduce `dtype` with `op` (SEMANTICS.md section 3).
+/* Whether the host backend can reduce `dtype` with `op` (docs/semantics.md, 3).
  * Returns 0, or C10D_EINVAL with c10d_last_error() saying why, e.g.
  * "Cannot use ReduceOp.BAND with non-integral dtype float32". */
 C10D_EXPORT int c10d_reduce_op_check(c10d_reduce_op op, c10d_dtype dtype);
@@ -179,7 +179,7 @@ C10D_EXPORT void c10d_work_retain(c10d_work *work);
 C10D_EXPORT void c10d_work_release(c10d_work *work);
 
 /* ------------------------------------------------------- process groups
- * (issue 4: the contract the tcp backend, the process-group object, the
+ * (the contract the tcp backend, the process-group object, the
  * benchmark and the examples are written against) */
 
 typedef struct c10d_store c10d_store;
@@ -402,7 +402,7 @@ C10D_EXPORT int c10d_store_set(c10d_store *s, const char *key, const void *value
 C10D_EXPORT int c10d_store_get(c10d_store *s, const char *key, c10d_store_cb cb, void *arg);
 C10D_EXPORT int c10d_store_add(c10d_store *s, const char *key, int64_t delta, c10d_store_cb cb,
                                void *arg);
-/* STORE_PROTOCOL.md's table; result->data is what the store answered. */
+/* docs/store_protocol.md's rule; result->data is what the store answered. */
 C10D_EXPORT int c10d_store_compare_set(c10d_store *s, const char *key, const void *expected,
                                        size_t expected_len, const void *desired, size_t desired_len,
                                        c10d_store_cb cb, void *arg);

@@ -1,4 +1,4 @@
-/* Argument checks of every op (SEMANTICS.md section 2), on the caller's
+/* Argument checks of every op (docs/semantics.md, 2), on the caller's
  * thread and before anything is numbered or sent: a rejected call leaves the
  * group as it was, so the next valid call still lines up on every rank.
  * Messages read "<backend> <op>: <what>", naming the offending index/value. */

@@ -1,4 +1,4 @@
-/* torch's monitored_barrier on the host path (SEMANTICS.md section 5): rank 0
+/* torch's monitored_barrier on the host path (docs/semantics.md, 5): rank 0
  * receives a token from every other rank, then releases each; the others
  * send, then wait for the release. All of it runs on the loop as internal
  * P2P ops on a reserved tag, each bounded by the barrier's timeout, so rank 0

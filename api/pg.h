@@ -85,7 +85,7 @@ struct c10d__pg_op {
     void *storage;                    /* copied arrays */
 };
 
-/* check.c: SEMANTICS.md section 2. Returns 0 or C10D_EINVAL with
+/* check.c: docs/semantics.md, 2. Returns 0 or C10D_EINVAL with
  * c10d_last_error() = "<backend> <opname>: <what was wrong>". `op` holds the
  * call's arguments (group ranks); rank/size are the group's. */
 int c10d__pg_check_op(const c10d_pg *pg, const char *opname, const struct c10d__op *op,

@@ -1,4 +1,4 @@
-/* Rendezvous (SEMANTICS.md section 1): a URL becomes a store, a rank and a
+/* Rendezvous (docs/semantics.md, 1): a URL becomes a store, a rank and a
  * world size; rank 0 hosts the store on the engine's loop unless told
  * otherwise; the store-based barrier of init_process_group. */
 #include "c10d.h"

@@ -1,6 +1,6 @@
 /* The backend interface: what api/ (the process-group object) asks of a
  * backend, and all a backend sees of a group. Arguments reaching a backend
- * have been checked (SEMANTICS.md section 2) and carry their sequence number.
+ * have been checked (docs/semantics.md, 2) and carry their sequence number.
  * Everything here runs on the engine's loop thread. */
 #ifndef C10D_BACKENDS_BACKEND_H
 #define C10D_BACKENDS_BACKEND_H

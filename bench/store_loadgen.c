@@ -1,5 +1,5 @@
 /* store_loadgen: a load generator for TCPStore servers, ours (c10d-store) or
- * PyTorch's, in either wire dialect (../shared/STORE_PROTOCOL.md).
+ * PyTorch's, in either wire dialect (docs/store_protocol.md).
  *
  *   store_loadgen --port P [--dialect legacy|current] --mode ops --pattern set|get|add|wait|setwait
  *                 --conns K [--duration S] [--warmup S]

@@ -1,5 +1,5 @@
 /* dtype and reduce-op tables, and which pairs the host backend accepts
- * (SEMANTICS.md section 3). */
+ * (docs/semantics.md, 3). */
 #include "c10d.h"
 #include "error.h"
 

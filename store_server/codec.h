@@ -1,4 +1,4 @@
-/* The TCPStore wire codec (../shared/STORE_PROTOCOL.md), both dialects, shared by
+/* The TCPStore wire codec (docs/store_protocol.md), both dialects, shared by
  * the server (store_server/) and the TCP store client (engine/).
  *
  * Nothing here does I/O or allocates per byte. There are four pieces:

@@ -1,6 +1,6 @@
 /* The TCPStore server on a libuv loop: its own process (c10d-store) or the
  * engine's loop (rank 0's embedded store). Every function runs on the loop's
- * thread. Both dialects of STORE_PROTOCOL.md on one port.
+ * thread. Both dialects of docs/store_protocol.md on one port.
  *
  * Protection: each limit below closes only the offending connection, with a
  * C10D_WARN("store", ...) line naming the peer and the reason; the server and

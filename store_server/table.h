@@ -63,7 +63,7 @@ int c10d__store_table_get(struct c10d__store_table *t, struct c10d__store_str ke
                           struct c10d__store_str *value);
 int c10d__store_table_add(struct c10d__store_table *t, struct c10d__store_str key, int64_t delta,
                           int64_t *result);
-/* COMPARE_SET per STORE_PROTOCOL.md; *reply is what to send back. */
+/* COMPARE_SET per docs/store_protocol.md; *reply is what to send back. */
 int c10d__store_table_compare_set(struct c10d__store_table *t, struct c10d__store_str key,
                                   struct c10d__store_str expected, struct c10d__store_str desired,
                                   struct c10d__store_str *reply);

@@ -1,4 +1,4 @@
-/* Process-group argument rules (SEMANTICS.md section 2), numbering, poisoning,
+/* Process-group argument rules (docs/semantics.md, 2), numbering, poisoning,
  * coalescing, destroy/abort, on one process: a recording backend stands in
  * for a transport, so every rule is checked with its exact message and the
  * sequence numbers the backend sees prove that a rejected call consumed none.

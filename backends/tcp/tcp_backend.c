@@ -5,7 +5,7 @@
  * most one collective ahead of another, which bounds what a receiver must
  * buffer). P2P operations run as soon as they are submitted.
  *
- * Failure policy (SEMANTICS.md section 4): the first failure of any kind
+ * Failure policy (docs/semantics.md, 4): the first failure of any kind
  * (a peer gone, a mismatch, a timeout, an abort) fails every pending op with
  * the reason, closes every connection after telling the peers why, and
  * poisons the group: later ops fail at once naming that first error. */
