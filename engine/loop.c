@@ -35,12 +35,7 @@ struct engine {
      * post needs no uv_async_send (no eventfd write, read and epoll wake-up). It
      * stops `spin_ns` after the last activity (c10d__engine_busy). */
     uv_idle_t spin;
-    /* A safety net: every SAFETY_TICK_MS the loop looks at its queue even if no
-     * wake-up came. Full-suite runs twice showed a thread asleep in epoll with a
-     * task posted to it (a wake-up lost between the busy-poll handover and the
-     * eventfd, not found yet): this bounds such a loss to one tick instead of a
-     * hang, and says once that it happened. */
-    uv_timer_t safety;
+    uv_timer_t safety;              /* runs tasks whose wake-up was lost (safety_cb) */
     struct c10d__task *safety_seen; /* first queued task at the last tick */
     int spinning;                   /* spin is active: posts skip the wake-up (engine_mutex) */
     uint64_t spin_ns;               /* loop thread only */
@@ -257,9 +252,10 @@ static void safety_cb(uv_timer_t *t)
 {
     struct engine *e = t->data;
     static atomic_int said;
-    /* Lost only if the same task was already first in line one tick ago with
-     * the loop not polling: a wake-up on its way (the eventfd is read in the
-     * poll phase, after the timers) is not a loss. */
+    /* A safety net for a race not found yet (docs/engine.md, "The safety
+     * tick"): a task still first in line one tick later lost its wake-up. One
+     * merely posted since the last tick may have its eventfd wake-up on the
+     * way (timers run before the poll phase): that is not a loss. */
     uv_mutex_lock(&engine_mutex);
     struct c10d__task *first = e->ready != NULL ? e->ready : e->head;
     int lost = first != NULL && first == e->safety_seen;

@@ -137,6 +137,18 @@ static int churn_main(int rank, int n, void *arg)
     return 0;
 }
 
+/* Two ranks that are clients of the c10d-store on `port`. */
+static int two_ranks_on_store(int port, int timeout_s, mp_rank_fn fn, void *arg)
+{
+    struct mp_opts o = {0};
+    o.nranks = 2;
+    o.timeout_s = timeout_s;
+    o.kill_on_failure = 1;
+    o.external_store_port = port;
+    struct mp_result res;
+    return mp_run(&o, fn, arg, &res);
+}
+
 static void test_destroyed_groups_leave_no_keys(void **s)
 {
     (void)s;
@@ -144,13 +156,7 @@ static void test_destroyed_groups_leave_no_keys(void **s)
     pid_t store = mp_start_store(&port);
     if (store < 0)
         skip();
-    struct mp_opts o = {0};
-    o.nranks = 2;
-    o.timeout_s = 90;
-    o.kill_on_failure = 1;
-    o.external_store_port = port;
-    struct mp_result res;
-    int rc = mp_run(&o, churn_main, NULL, &res);
+    int rc = two_ranks_on_store(port, 90, churn_main, NULL);
     int64_t keys = -1;
     c10d_store *st = NULL;
     if (c10d_store_tcp_connect("127.0.0.1", port, NULL, &st) == 0) {
@@ -200,13 +206,7 @@ static void test_new_group_names_a_dead_store(void **s)
     pid_t store = mp_start_store(&port);
     if (store < 0)
         skip();
-    struct mp_opts o = {0};
-    o.nranks = 2;
-    o.timeout_s = 60;
-    o.kill_on_failure = 1;
-    o.external_store_port = port;
-    struct mp_result res;
-    int rc = mp_run(&o, store_gone_main, &store, &res);
+    int rc = two_ranks_on_store(port, 60, store_gone_main, &store);
     mp_kill(store);
     assert_int_equal(rc, 0);
 }
