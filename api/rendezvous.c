@@ -8,7 +8,7 @@
 #include "engine/log.h"
 #include "engine/loop.h"
 #include "engine/token.h"
-#include "store_server/server.h"
+#include "store_server/server/server.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

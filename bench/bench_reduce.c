@@ -7,8 +7,8 @@
  * read dst + read src + write dst = 3x). The %memcpy column compares buffer
  * rates, so 66% is what a perfectly bandwidth-bound reduce would reach. */
 #include "c10d.h"
-#include "engine/half.h"
-#include "engine/reduce.h"
+#include "engine/kernels/half.h"
+#include "engine/kernels/reduce.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -7,7 +7,7 @@
  * the timed iterations; algbw = size / time; busbw = algbw x the op's
  * nccl-tests factor, which makes it comparable with the link speed. */
 #include "c10d.h"
-#include "bench/data.h"
+#include "data.h"
 
 #include <getopt.h>
 #include <stdio.h>

@@ -7,7 +7,7 @@
 #define C10D_BENCH_DATA_H
 
 #include "c10d.h"
-#include "engine/reduce.h"
+#include "engine/kernels/reduce.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -17,7 +17,7 @@
  * everything else goes to stderr. Exit status: 0 ok, 1 the run failed or timed
  * out (the RESULT line says how far it got), 2 usage.
  */
-#include "store_server/codec.h"
+#include "store_server/wire/codec.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -68,7 +68,7 @@ void c10d__env_reload(void)
     uv_mutex_lock(&env_mutex);
     env_load_locked();
     uv_mutex_unlock(&env_mutex);
-    c10d__log_set_level(c10d__env_log_level());
+    c10d__log_reload_level();
 }
 
 const char *c10d__env_str(enum c10d__env_id id)
@@ -114,48 +114,4 @@ int c10d__env_bool(enum c10d__env_id id)
               env_table[id].default_text);
     parse_bool(env_table[id].default_text, &b);
     return b;
-}
-
-/* Our names, and torch's (c10 logging: 0 INFO, 1 WARNING, 2 ERROR, 3 FATAL). */
-static int parse_level(const char *v, int torch_numbers, int *out)
-{
-    static const struct {
-        const char *name;
-        int level;
-    } names[] = {
-        {"TRACE", C10D_LOG_TRACE}, {"DEBUG", C10D_LOG_DEBUG},  {"INFO", C10D_LOG_INFO},
-        {"WARN", C10D_LOG_WARN},   {"WARNING", C10D_LOG_WARN}, {"ERROR", C10D_LOG_ERROR},
-        {"FATAL", C10D_LOG_OFF},   {"OFF", C10D_LOG_OFF},      {"NONE", C10D_LOG_OFF},
-    };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (strcasecmp(v, names[i].name) == 0)
-            return *out = names[i].level, 0;
-    char *end = NULL;
-    long n = strtol(v, &end, 10);
-    if (end == v || *end != '\0')
-        return -1;
-    if (torch_numbers) {
-        static const int torch_levels[] = {C10D_LOG_INFO, C10D_LOG_WARN, C10D_LOG_ERROR,
-                                           C10D_LOG_OFF};
-        if (n < 0 || n > 3)
-            return -1;
-        return *out = torch_levels[n], 0;
-    }
-    if (n < C10D_LOG_TRACE || n > C10D_LOG_OFF)
-        return -1;
-    return *out = (int)n, 0;
-}
-
-int c10d__env_log_level(void)
-{
-    int from_fallback = 0;
-    const char *v = env_value(C10D_ENV_LOG_LEVEL, &from_fallback);
-    int level = C10D_LOG_WARN;
-    if (v != NULL && parse_level(v, from_fallback, &level) != 0) {
-        level = C10D_LOG_WARN;
-        /* Written directly: C10D_WARN would recurse into the level we are computing. */
-        c10d__log(C10D_LOG_WARN, "env", "%s=\"%s\" is not a log level; using WARN",
-                  from_fallback ? "TORCH_CPP_LOG_LEVEL" : "C10D_LOG_LEVEL", v);
-    }
-    return level;
 }

@@ -79,9 +79,6 @@ const char *c10d__env_str(enum c10d__env_id id);
 int64_t c10d__env_int(enum c10d__env_id id);
 /* 1/0 for 1/0, true/false, yes/no, on/off (any case). */
 int c10d__env_bool(enum c10d__env_id id);
-/* The parsed log level (a c10d__log_level). */
-int c10d__env_log_level(void);
-
 /* Re-reads the environment (tests, and after the user changed it on purpose). */
 void c10d__env_reload(void);
 

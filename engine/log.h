@@ -16,6 +16,8 @@ enum c10d__log_level {
 /* The threshold from C10D_LOG_LEVEL / TORCH_CPP_LOG_LEVEL (default WARN). */
 int c10d__log_level(void);
 void c10d__log_set_level(int level);
+/* Reads C10D_LOG_LEVEL / TORCH_CPP_LOG_LEVEL again (env reload). */
+void c10d__log_reload_level(void);
 /* Once a rank is known every line carries it. -1 clears it. */
 void c10d__log_set_rank(int rank);
 void c10d__log(int level, const char *component, const char *fmt, ...) C10D_PRINTF(3, 4);

@@ -10,7 +10,6 @@
 #include "error.h"
 #include "fdlimit.h"
 #include "log.h"
-#include "work.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -43,6 +42,8 @@ struct engine {
 };
 
 static struct engine *engine;
+/* Every registered sweep (engine_mutex); they outlive engines. */
+static struct c10d__shutdown_sweep *sweeps;
 /* Mirrors `spinning` for waiters, who read it without the lock. */
 static atomic_int loop_polling;
 static uv_mutex_t engine_mutex;
@@ -129,6 +130,26 @@ static void close_any_handle(uv_handle_t *h, void *arg)
     }
 }
 
+void c10d__engine_add_sweep(struct c10d__shutdown_sweep *sweep)
+{
+    uv_once(&engine_once, engine_init_once);
+    uv_mutex_lock(&engine_mutex);
+    sweep->next = sweeps;
+    sweeps = sweep;
+    uv_mutex_unlock(&engine_mutex);
+}
+
+/* Loop thread. The list only grows, and from its head, so a snapshot of the
+ * head is safe to walk without the lock (sweeps may post tasks). */
+static void run_sweeps(void)
+{
+    uv_mutex_lock(&engine_mutex);
+    struct c10d__shutdown_sweep *s = sweeps;
+    uv_mutex_unlock(&engine_mutex);
+    for (; s != NULL; s = s->next)
+        s->fn();
+}
+
 /* Loop thread. Order matters: modules fail their operations first (their
  * callbacks may post tasks, which still run), then posting is closed, then
  * works created in the meantime are failed too, then every handle is closed
@@ -143,13 +164,13 @@ static void engine_stop_on_loop(struct engine *e)
     }
     run_tasks(e->ready);
     e->ready = NULL;
-    c10d__work_abort_all(C10D_EABORTED, "the engine was shut down (c10d_shutdown)");
+    run_sweeps();
     for (struct c10d__task *t; (t = take_all_tasks(e)) != NULL;)
         run_tasks(t);
     uv_mutex_lock(&engine_mutex);
     e->stopping = 1;
     uv_mutex_unlock(&engine_mutex);
-    c10d__work_abort_all(C10D_EABORTED, "the engine was shut down (c10d_shutdown)");
+    run_sweeps();
     run_tasks(take_all_tasks(e));
     uv_walk(&e->loop, close_any_handle, NULL);
 }

@@ -46,6 +46,17 @@ struct c10d__shutdown_hook {
 void c10d__engine_on_shutdown(struct c10d__shutdown_hook *hook);
 void c10d__engine_remove_shutdown_hook(struct c10d__shutdown_hook *hook);
 
+/* A sweep ends what a module still holds when an engine shuts down; unlike a
+ * hook it is registered once per process (any thread) and runs at every
+ * shutdown, twice: after the hooks, and again once posting is closed, so that
+ * anything the hooks' callbacks created is ended too. The works module
+ * registers one to fail every pending work; lower layers never call up. */
+struct c10d__shutdown_sweep {
+    void (*fn)(void);
+    struct c10d__shutdown_sweep *next;
+};
+void c10d__engine_add_sweep(struct c10d__shutdown_sweep *sweep);
+
 /* Monotonic milliseconds (same clock as the loop's timers). */
 /* Loop thread only: something happened (a post, bytes from a peer, a completion).
  * The loop polls without sleeping for C10D_LOOP_SPIN_US after the last such call,

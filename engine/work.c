@@ -97,10 +97,18 @@ static void pending_fork_child(void)
     pending_count = 0;
 }
 
+static void abort_all_at_shutdown(void)
+{
+    c10d__work_abort_all(C10D_EABORTED, "the engine was shut down (c10d_shutdown)");
+}
+
+static struct c10d__shutdown_sweep shutdown_sweep = {abort_all_at_shutdown, NULL};
+
 static void work_init_once(void)
 {
     uv_mutex_init(&pending_mutex);
     pthread_atfork(pending_fork_prepare, pending_fork_parent, pending_fork_child);
+    c10d__engine_add_sweep(&shutdown_sweep);
 }
 
 static void pending_add(c10d_work *w)

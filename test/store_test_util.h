@@ -4,8 +4,8 @@
 #ifndef C10D_TEST_STORE_TEST_UTIL_H
 #define C10D_TEST_STORE_TEST_UTIL_H
 
-#include "store_server/codec.h"
-#include "store_server/server.h"
+#include "store_server/wire/codec.h"
+#include "store_server/server/server.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

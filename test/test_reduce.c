@@ -3,8 +3,8 @@
  * searching the sorted list of representable values), not from the
  * library's bit tricks. */
 #include "c10d.h"
-#include "engine/half.h"
-#include "engine/reduce.h"
+#include "engine/kernels/half.h"
+#include "engine/kernels/reduce.h"
 
 #include <math.h>
 #include <setjmp.h>

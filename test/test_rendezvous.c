@@ -8,7 +8,7 @@
 #include "free_port.h"
 #include "c10d.h"
 #include "engine/loop.h"
-#include "store_server/server.h"
+#include "store_server/server/server.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

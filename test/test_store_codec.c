@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "store_server/codec.h"
+#include "store_server/wire/codec.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -10,8 +10,8 @@
 #include "free_port.h"
 #include "c10d.h"
 #include "engine/loop.h"
-#include "engine/store.h"
-#include "store_server/server.h"
+#include "store_server/client/store.h"
+#include "store_server/server/server.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

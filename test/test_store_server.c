@@ -7,7 +7,7 @@
 #include <cmocka.h>
 
 #include "store_test_util.h"
-#include "store_server/table.h"
+#include "store_server/table/table.h"
 
 #include <jansson.h>
 

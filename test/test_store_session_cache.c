@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "store_server/session.h"
+#include "store_server/server/session.h"
 
 #include <stdlib.h>
 #include <string.h>

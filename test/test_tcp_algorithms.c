@@ -6,7 +6,7 @@
 #include "tcp_harness.h"
 
 #include "bench/data.h"
-#include "engine/reduce.h"
+#include "engine/kernels/reduce.h"
 
 #include <setjmp.h>
 #include <stdarg.h>

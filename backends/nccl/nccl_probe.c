@@ -1,4 +1,4 @@
-#include "backends/nccl/nccl_probe.h"
+#include "nccl_probe.h"
 
 #include <nccl.h>
 #include <stdio.h>

@@ -10,7 +10,7 @@
 #include "coll.h"
 
 #include "engine/error.h"
-#include "engine/reduce.h"
+#include "engine/kernels/reduce.h"
 
 #include <string.h>
 

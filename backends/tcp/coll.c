@@ -2,7 +2,7 @@
 #include "coll.h"
 
 #include "engine/error.h"
-#include "engine/reduce.h"
+#include "engine/kernels/reduce.h"
 
 static void chain_finished(struct c10d__tcp_chain *ch)
 {

@@ -4,7 +4,7 @@
 #include "coll.h"
 
 #include "engine/error.h"
-#include "engine/reduce.h"
+#include "engine/kernels/reduce.h"
 
 #include <string.h>
 

@@ -18,7 +18,7 @@
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/loop.h"
-#include "engine/reduce.h"
+#include "engine/kernels/reduce.h"
 #include "engine/work.h"
 
 #include <stdarg.h>

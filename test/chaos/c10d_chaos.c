@@ -21,7 +21,7 @@
 #endif
 #include "c10d.h"
 
-#include "../free_port.h"
+#include "test/free_port.h"
 
 #include <errno.h>
 #include <fcntl.h>

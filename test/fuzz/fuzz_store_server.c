@@ -7,7 +7,7 @@
  * one, as a disconnect); the bytes are fed to that connection as one read.
  * A connection the server would close (malformed, over a limit) is freed and
  * replaced, as the server does. Build: test/fuzz/build.sh. */
-#include "store_server/session.h"
+#include "store_server/server/session.h"
 
 #include <stddef.h>
 #include <stdint.h>

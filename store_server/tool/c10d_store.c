@@ -4,8 +4,8 @@
  *
  * Subcommands live in one dispatch table; the client ones (ping, set, get,
  * ...) plug in there, built on the library's TCP store client. */
-#include "store_server/c10d_store_client.h"
-#include "store_server/server.h"
+#include "cli.h"
+#include "store_server/server/server.h"
 
 #include "engine/log.h"
 #include "engine/token.h"

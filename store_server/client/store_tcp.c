@@ -25,8 +25,8 @@
  */
 #include "store.h"
 
-#include "log.h"
-#include "token.h"
+#include "engine/log.h"
+#include "engine/token.h"
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>

@@ -2,7 +2,7 @@
  * copy, post to the loop, finish exactly once there. */
 #include "store.h"
 
-#include "log.h"
+#include "engine/log.h"
 
 #include <stdarg.h>
 #include <stdio.h>

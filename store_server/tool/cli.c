@@ -1,6 +1,6 @@
 /* c10d-store as a client (like redis-cli), built on the library's TCP store:
  * works against our server and PyTorch's, either dialect. */
-#include "c10d_store_client.h"
+#include "cli.h"
 
 #include "c10d.h"
 

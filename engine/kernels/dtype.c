@@ -1,7 +1,7 @@
 /* dtype and reduce-op tables, and which pairs the host backend accepts
  * (docs/semantics.md, 3). */
 #include "c10d.h"
-#include "error.h"
+#include "engine/error.h"
 
 #include <stddef.h>
 #include <string.h>

@@ -14,7 +14,7 @@
  * 754-2019 minimum/maximum), so both are commutative bit for bit. */
 #include "reduce.h"
 
-#include "error.h"
+#include "engine/error.h"
 #include "half.h"
 
 #include <immintrin.h>

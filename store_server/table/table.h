@@ -20,7 +20,7 @@
 #ifndef C10D_STORE_SERVER_TABLE_H
 #define C10D_STORE_SERVER_TABLE_H
 
-#include "codec.h"
+#include "store_server/wire/codec.h"
 
 #include <stddef.h>
 #include <stdint.h>

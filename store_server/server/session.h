@@ -25,8 +25,8 @@
 #ifndef C10D_STORE_SERVER_SESSION_H
 #define C10D_STORE_SERVER_SESSION_H
 
-#include "codec.h"
-#include "table.h"
+#include "store_server/wire/codec.h"
+#include "store_server/table/table.h"
 
 #include <stddef.h>
 #include <stdint.h>

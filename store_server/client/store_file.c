@@ -10,8 +10,8 @@
  * release the store removes the file (a hidden counter in the log). */
 #include "store_local.h"
 
-#include "log.h"
-#include "store_server/table.h"
+#include "engine/log.h"
+#include "store_server/table/table.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -2,8 +2,8 @@
  * table, parked waits, deadlines. Everything here runs on the loop thread. */
 #include "store_local.h"
 
-#include "log.h"
-#include "store_server/table.h"
+#include "engine/log.h"
+#include "store_server/table/table.h"
 
 #include <stdlib.h>
 #include <string.h>

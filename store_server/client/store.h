@@ -11,9 +11,9 @@
 #define C10D_ENGINE_STORE_H
 
 #include "c10d.h"
-#include "error.h"
-#include "loop.h"
-#include "store_server/codec.h"
+#include "engine/error.h"
+#include "engine/loop.h"
+#include "store_server/wire/codec.h"
 
 #include <stdatomic.h>
 
