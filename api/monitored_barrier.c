@@ -93,7 +93,7 @@ static int post_p2p(struct mb *mb, struct mb_slot *slot, enum c10d__op_kind kind
              mb->pg->name, mb->pg->rank, kind == C10D_OP_SEND ? "send to" : "recv from", slot->peer,
              (unsigned long long)mb->seq);
     if (po == NULL || c10d_work_create(&w, what, mb->timeout_ms) != 0 ||
-        c10d_work_on_complete(w, slot_done, slot) != 0) {
+        c10d__work_on_complete(w, slot_done, slot) != 0) {
         c10d__pg_op_free(po);
         if (w != NULL) {
             c10d__work_complete(w, C10D_ENOMEM, "out of memory");

@@ -115,7 +115,7 @@ static void op_done(c10d_work *w, int status, void *arg)
     if (--pg->pending == 0)
         uv_cond_broadcast(&pg->idle_cond);
     uv_mutex_unlock(&pg->mutex);
-    if (c10d_work_on_complete(w, op_final, po) != 0)
+    if (c10d__work_on_complete(w, op_final, po) != 0)
         op_final(w, status, po);
 }
 
@@ -218,7 +218,7 @@ static int post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *optype
         po->op.work = w;
         po->op.next = po->next_in_list != NULL ? &po->next_in_list->op : NULL;
     }
-    int rc = c10d_work_on_complete(w, op_done, head);
+    int rc = c10d__work_on_complete(w, op_done, head);
     if (rc != 0) {
         /* Nothing registered (out of memory): fail the work, free the op. */
         c10d__work_complete(w, rc, "%s", c10d_last_error());
@@ -318,7 +318,7 @@ void c10d__pg_submit_internal(c10d_pg *pg, struct c10d__pg_op *po)
     pg->pending++;
     pg->refs++;
     uv_mutex_unlock(&pg->mutex);
-    if (c10d_work_on_complete(po->op.work, op_done, po) != 0) {
+    if (c10d__work_on_complete(po->op.work, op_done, po) != 0) {
         /* Cannot call back: complete it so its owner sees the failure. */
         po->refs = 0;
         c10d__work_complete(po->op.work, C10D_ENOMEM, "out of memory");

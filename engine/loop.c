@@ -23,6 +23,8 @@ struct engine {
     uv_thread_t thread;
     struct c10d__task *head; /* FIFO of posted tasks (engine_mutex) */
     struct c10d__task *tail;
+    /* Tasks only the engine's own thread runs, never a driving waiter (engine_mutex). */
+    struct c10d__task *own_head, *own_tail;
     int stopping;                      /* posts are refused (engine_mutex) */
     int stop_requested;                /* loop thread only */
     struct c10d__shutdown_hook *hooks; /* loop thread only */
@@ -54,6 +56,8 @@ static uv_once_t engine_once = UV_ONCE_INIT;
 static _Thread_local int on_loop_thread;
 /* The engine this thread drives (set while it drives). */
 static _Thread_local struct engine *loop_engine;
+/* Set once on the engine's own thread (not on a driving waiter). */
+static _Thread_local int is_engine_thread;
 /* Whoever holds drive_mutex may run the loop (uv_run is not reentrant and not
  * thread-safe, but any one thread at a time may run it). The loop thread takes
  * it for each turn; a waiter may take it between turns while the loop polls.
@@ -106,6 +110,15 @@ static struct c10d__task *take_all_tasks(struct engine *e)
     uv_mutex_lock(&engine_mutex);
     struct c10d__task *list = e->head;
     e->head = e->tail = NULL;
+    uv_mutex_unlock(&engine_mutex);
+    return list;
+}
+
+static struct c10d__task *take_own_tasks(struct engine *e)
+{
+    uv_mutex_lock(&engine_mutex);
+    struct c10d__task *list = e->own_head;
+    e->own_head = e->own_tail = NULL;
     uv_mutex_unlock(&engine_mutex);
     return list;
 }
@@ -164,6 +177,7 @@ static void engine_stop_on_loop(struct engine *e)
     }
     run_tasks(e->ready);
     e->ready = NULL;
+    run_tasks(take_own_tasks(e));
     run_sweeps();
     for (struct c10d__task *t; (t = take_all_tasks(e)) != NULL;)
         run_tasks(t);
@@ -172,6 +186,7 @@ static void engine_stop_on_loop(struct engine *e)
     uv_mutex_unlock(&engine_mutex);
     run_sweeps();
     run_tasks(take_all_tasks(e));
+    run_tasks(take_own_tasks(e));
     uv_walk(&e->loop, close_any_handle, NULL);
 }
 
@@ -189,7 +204,7 @@ static void spin_cb(uv_idle_t *spin)
     if (uv_hrtime() < e->spin_until)
         return;
     uv_mutex_lock(&engine_mutex);
-    int idle = e->head == NULL && e->ready == NULL;
+    int idle = e->head == NULL && e->ready == NULL && e->own_head == NULL;
     if (idle)
         e->spinning = 0;
     uv_mutex_unlock(&engine_mutex);
@@ -246,6 +261,8 @@ static void wake_cb(uv_async_t *async)
 
 static void run_posted(struct engine *e)
 {
+    if (is_engine_thread && e->own_head != NULL)
+        run_tasks(take_own_tasks(e));
     /* At most `batch` tasks per wake-up so socket and timer callbacks are never
      * starved by a flood of posts; the rest stay in `ready` (FIFO before anything
      * posted later) and spin_cb takes them after the next poll. */
@@ -278,7 +295,7 @@ static void safety_cb(uv_timer_t *t)
      * merely posted since the last tick may have its eventfd wake-up on the
      * way (timers run before the poll phase): that is not a loss. */
     uv_mutex_lock(&engine_mutex);
-    struct c10d__task *first = e->ready != NULL ? e->ready : e->head;
+    struct c10d__task *first = e->ready != NULL ? e->ready : e->head != NULL ? e->head : e->own_head;
     int lost = first != NULL && first == e->safety_seen;
     e->safety_seen = first;
     /* A task that waited a whole tick was lost whatever `spinning` says: a
@@ -347,6 +364,7 @@ static int drive_turn(struct engine *e, uv_run_mode mode)
 static void loop_thread_main(void *arg)
 {
     struct engine *e = arg;
+    is_engine_thread = 1;
     block_sigpipe();
     /* Published here, not by the starter: it holds engine_mutex, which
      * drivers take after drive_mutex. */
@@ -460,7 +478,7 @@ int c10d__engine_start(void)
     return rc;
 }
 
-static int engine_post_locked(struct c10d__task *task)
+static int engine_post_locked(struct c10d__task *task, int own)
 {
     int rc = engine_start_locked();
     if (rc != 0)
@@ -468,11 +486,13 @@ static int engine_post_locked(struct c10d__task *task)
     if (engine->stopping)
         return c10d__fail(C10D_EABORTED, "engine: shutting down; no new work is accepted");
     task->next = NULL;
-    if (engine->tail != NULL)
-        engine->tail->next = task;
+    struct c10d__task **head = own ? &engine->own_head : &engine->head;
+    struct c10d__task **tail = own ? &engine->own_tail : &engine->tail;
+    if (*tail != NULL)
+        (*tail)->next = task;
     else
-        engine->head = task;
-    engine->tail = task;
+        *head = task;
+    *tail = task;
     if (engine->spinning)
         return 0; /* spin_cb takes it on the next iteration */
     /* A post from a callback: run it on the next iteration without writing to
@@ -487,9 +507,23 @@ int c10d__engine_post(struct c10d__task *task)
 {
     uv_once(&engine_once, engine_init_once);
     uv_mutex_lock(&engine_mutex);
-    int rc = engine_post_locked(task);
+    int rc = engine_post_locked(task, 0);
     uv_mutex_unlock(&engine_mutex);
     return rc;
+}
+
+int c10d__engine_post_own(struct c10d__task *task)
+{
+    uv_once(&engine_once, engine_init_once);
+    uv_mutex_lock(&engine_mutex);
+    int rc = engine_post_locked(task, 1);
+    uv_mutex_unlock(&engine_mutex);
+    return rc;
+}
+
+int c10d__engine_own_thread(void)
+{
+    return is_engine_thread;
 }
 
 struct call_task {
@@ -578,7 +612,7 @@ int c10d_shutdown(void)
     struct engine *e = engine;
     int rc = 0;
     if (e != NULL)
-        rc = engine_post_locked(&e->stop_task);
+        rc = engine_post_locked(&e->stop_task, 0);
     uv_mutex_unlock(&engine_mutex);
     if (e != NULL && rc == 0) {
         uv_thread_join(&e->thread);

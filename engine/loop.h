@@ -24,6 +24,15 @@ int c10d__engine_start(void);
  * engine is shutting down (the task will not run). */
 int c10d__engine_post(struct c10d__task *task);
 
+/* As c10d__engine_post, but only the engine's own thread runs the task,
+ * never a waiter that drives the loop: user callbacks go this way, so a
+ * thread that waits while holding its own lock never runs another work's
+ * callback that takes it. */
+int c10d__engine_post_own(struct c10d__task *task);
+
+/* 1 on the engine's own thread (0 on a waiter driving the loop). */
+int c10d__engine_own_thread(void);
+
 /* 1 while c10d_shutdown has closed posting and not yet finished. */
 int c10d__engine_stopping(void);
 

@@ -27,6 +27,7 @@
 struct work_callback {
     c10d_work_cb cb;
     void *arg;
+    int user; /* registered through the public call: runs on the engine's own thread */
 };
 
 enum timer_state { TIMER_NONE, TIMER_ARMED, TIMER_CLOSING };
@@ -188,7 +189,20 @@ static void work_drain(c10d_work *w)
     if (close_timer)
         w->timer_state = TIMER_CLOSING;
     while (w->next_callback < w->ncallbacks) {
-        struct work_callback c = w->callbacks[w->next_callback++];
+        struct work_callback c = w->callbacks[w->next_callback];
+        if (c.user && !c10d__engine_own_thread()) {
+            /* A waiter drives the loop here: user callbacks wait for the
+             * engine's thread, so a thread that waits holding its own lock
+             * never runs a callback that takes it. The drain task's reference
+             * goes with the repost. */
+            w->drain_posted = 1;
+            if (c10d__engine_post_own(&w->drain_task) == 0) {
+                uv_mutex_unlock(&w->mutex);
+                return;
+            }
+            w->drain_posted = 0; /* shutting down: nobody else will run them */
+        }
+        w->next_callback++;
         int status = w->status;
         uv_mutex_unlock(&w->mutex);
         c.cb(w, status, c.arg);
@@ -375,11 +389,8 @@ int c10d_work_create(c10d_work **out, const char *what, int64_t timeout_ms)
     return 0;
 }
 
-int c10d_work_on_complete(c10d_work *w, c10d_work_cb cb, void *arg)
+static int add_callback(c10d_work *w, c10d_work_cb cb, void *arg, int user)
 {
-    if (w == NULL || cb == NULL)
-        return c10d__fail(C10D_EINVAL, "c10d_work_on_complete: %s is NULL",
-                          w == NULL ? "work" : "callback");
     uv_mutex_lock(&w->mutex);
     if (w->ncallbacks == w->callbacks_cap) {
         size_t cap = w->callbacks_cap ? 2 * w->callbacks_cap : 2;
@@ -391,7 +402,7 @@ int c10d_work_on_complete(c10d_work *w, c10d_work_cb cb, void *arg)
         w->callbacks = grown;
         w->callbacks_cap = cap;
     }
-    w->callbacks[w->ncallbacks++] = (struct work_callback){cb, arg};
+    w->callbacks[w->ncallbacks++] = (struct work_callback){cb, arg, user};
     int rc = 0, run_inline = 0;
     if (w->done) {
         rc = schedule_drain_locked(w, &run_inline);
@@ -402,6 +413,19 @@ int c10d_work_on_complete(c10d_work *w, c10d_work_cb cb, void *arg)
     if (run_inline)
         work_drain(w);
     return rc;
+}
+
+int c10d_work_on_complete(c10d_work *w, c10d_work_cb cb, void *arg)
+{
+    if (w == NULL || cb == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_work_on_complete: %s is NULL",
+                          w == NULL ? "work" : "callback");
+    return add_callback(w, cb, arg, 1);
+}
+
+int c10d__work_on_complete(c10d_work *w, c10d_work_cb cb, void *arg)
+{
+    return add_callback(w, cb, arg, 0);
 }
 
 int c10d_work_wait(c10d_work *w, int64_t timeout_ms)

@@ -10,6 +10,11 @@
  * completed the work, 0 if it was already complete. Any thread. */
 int c10d__work_complete(c10d_work *work, int status, const char *fmt, ...) C10D_PRINTF(3, 4);
 
+/* As c10d_work_on_complete, for the library's own bookkeeping callbacks: they
+ * may run on a waiter that drives the loop, while user callbacks run on the
+ * engine's own thread only. Such a callback must take no lock a user may hold. */
+int c10d__work_on_complete(c10d_work *w, c10d_work_cb cb, void *arg);
+
 void c10d__work_set_source_rank(c10d_work *work, int rank);
 
 /* Loop thread: completes every pending work with `status` and `message`

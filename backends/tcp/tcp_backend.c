@@ -445,7 +445,7 @@ static void tcp_run(void *state, struct c10d__op *op)
     o->work = op->work;
     o->start_ms = c10d__now_ms();
     o->p2p = op->kind == C10D_OP_SEND || op->kind == C10D_OP_RECV;
-    if (c10d_work_on_complete(op->work, on_work_done, s) == 0)
+    if (c10d__work_on_complete(op->work, on_work_done, s) == 0)
         s->refs++;
     if (o->p2p) {
         run_p2p(s, o);
