@@ -21,7 +21,7 @@
 #define C10D__TAG_MONITORED_BARRIER (C10D__TAG_RESERVED + 1)
 
 /* Per-device backends a group can hold ("cpu:tcp,cuda:nccl"). */
-#define C10D__PG_NDEV 2
+#define C10D__PG_NDEV C10D__DEVICE_TYPES
 
 struct c10d__pg_backend {
     const struct c10d__backend_vtable *vt; /* NULL: no backend for this device */
@@ -93,9 +93,11 @@ int c10d__pg_check_op(const c10d_pg *pg, const char *opname, const struct c10d__
 /* The op's options: timeout >= 0, device type known. */
 int c10d__pg_check_opts(const c10d_pg *pg, const char *opname, const c10d_op_opts *opts);
 
-/* pg_ops.c: builds, numbers and posts ops. */
+/* process_group.c: op records (their lifetime is the group's business). */
 struct c10d__pg_op *c10d__pg_op_new(c10d_pg *pg, int dev, size_t extra_bytes);
 void c10d__pg_op_free(struct c10d__pg_op *po);
+
+/* pg_ops.c: numbers and hands ops to the backend. */
 /* Numbers op (unless coalescing), creates its work, posts it. On error
  * nothing was consumed and po is freed. */
 int c10d__pg_submit(c10d_pg *pg, const char *opname, struct c10d__pg_op *po,
@@ -122,14 +124,20 @@ void c10d__pg_store_retain(c10d_store *store);
 void c10d__pg_store_release(c10d_store *store);
 /* torch's _store_based_barrier on `store` for group `name`. */
 int c10d__pg_store_barrier(c10d_store *store, const char *name, int world_size, int64_t timeout_ms);
-/* The backend called `name` ("tcp", "nccl"): 0, C10D_EINVAL (unknown name)
- * or C10D_EUNSUPPORTED (not built). */
-int c10d__pg_find_backend(const char *name, const struct c10d__backend_vtable **out);
-/* Parses "tcp", "nccl", "cpu:tcp,cuda:nccl" into one backend per device. */
-int c10d__pg_parse_backend(const char *spec, const struct c10d__backend_vtable *out[C10D__PG_NDEV]);
 
+/* process_group.c: the object, its lifetime and the registry of live groups
+ * (a new group is registered by c10d__pg_alloc, forgotten at its last unref). */
+int c10d__pg_alloc(const char *name, const char *desc, int rank, int size, int global_rank,
+                   const int *global_ranks, int64_t timeout_ms, c10d_pg **out);
 void c10d__pg_ref(c10d_pg *pg);
 void c10d__pg_unref(c10d_pg *pg);
+/* Ends a group: graceful waits (bounded) for pending ops, abort fails them. */
+void c10d__pg_close(c10d_pg *pg, int graceful, const char *reason);
+/* Backend close, bounded: abort (when asked) then destroy every backend of
+ * the group, waiting at most C10D_BACKEND_CLOSE_MS for the backends. */
+void c10d__pg_close_backends(c10d_pg *pg, int abort, int status, const char *reason);
+/* pg_create.c needs these of the registry. */
+void c10d__pg_set_default(c10d_pg *pg);
 
 /* Test hook: creates a group of `size` ranks (this one `rank`) over `store`
  * (may be NULL) with the given backend, without rendezvous or barrier. */

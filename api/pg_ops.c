@@ -15,48 +15,6 @@
 
 /* ------------------------------------------------------------ op records */
 
-/* torch's OpType spelling. Weak: the backends may own the table. */
-__attribute__((weak)) const char *c10d__op_kind_name(enum c10d__op_kind kind)
-{
-    static const char *const names[C10D_OP_KIND_COUNT] = {
-        [C10D_OP_BROADCAST] = "BROADCAST",
-        [C10D_OP_ALL_REDUCE] = "ALLREDUCE",
-        [C10D_OP_REDUCE] = "REDUCE",
-        [C10D_OP_ALL_GATHER] = "ALLGATHER",
-        [C10D_OP_GATHER] = "GATHER",
-        [C10D_OP_SCATTER] = "SCATTER",
-        [C10D_OP_REDUCE_SCATTER] = "REDUCE_SCATTER",
-        [C10D_OP_ALL_TO_ALL] = "ALLTOALL",
-        [C10D_OP_BARRIER] = "BARRIER",
-        [C10D_OP_SEND] = "SEND",
-        [C10D_OP_RECV] = "RECV",
-    };
-    return (unsigned)kind < C10D_OP_KIND_COUNT ? names[kind] : "UNKNOWN";
-}
-
-struct c10d__pg_op *c10d__pg_op_new(c10d_pg *pg, int dev, size_t extra_bytes)
-{
-    struct c10d__pg_op *po = calloc(1, sizeof *po + extra_bytes);
-    if (po == NULL) {
-        c10d__fail(C10D_ENOMEM, "%s: out of memory", pg->backend_name);
-        return NULL;
-    }
-    po->pg = pg;
-    po->dev = dev;
-    po->refs = 2;
-    po->storage = po + 1;
-    return po;
-}
-
-void c10d__pg_op_free(struct c10d__pg_op *po)
-{
-    while (po != NULL) {
-        struct c10d__pg_op *next = po->next_in_list;
-        free(po);
-        po = next;
-    }
-}
-
 /* Loop thread. The last of (run task, completion) frees the record: the
  * backend may read it until it has run it, and until its work completed. */
 static void op_unref(struct c10d__pg_op *po)
@@ -136,7 +94,8 @@ void c10d__pg_poison(c10d_pg *pg, int status, const char *message)
     for (int d = 0; d < C10D__PG_NDEV; d++)
         if (pg->backends[d].state != NULL)
             pg->backends[d].vt->abort(pg->backends[d].state, status,
-                                      message != NULL ? message : c10d_strerror(status));
+                                      message != NULL ? message : c10d_strerror(status), NULL,
+                                      NULL);
 }
 
 /* ------------------------------------------------------------ submission */

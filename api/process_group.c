@@ -7,6 +7,7 @@
  * create groups in the same order, members or not. */
 #include "pg.h"
 
+#include "engine/env.h"
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/loop.h"
@@ -143,6 +144,29 @@ static void registry_remove(c10d_pg *pg)
 
 /* -------------------------------------------------------------- lifetime */
 
+struct c10d__pg_op *c10d__pg_op_new(c10d_pg *pg, int dev, size_t extra_bytes)
+{
+    struct c10d__pg_op *po = calloc(1, sizeof *po + extra_bytes);
+    if (po == NULL) {
+        c10d__fail(C10D_ENOMEM, "%s: out of memory", pg->backend_name);
+        return NULL;
+    }
+    po->pg = pg;
+    po->dev = dev;
+    po->refs = 2;
+    po->storage = po + 1;
+    return po;
+}
+
+void c10d__pg_op_free(struct c10d__pg_op *po)
+{
+    while (po != NULL) {
+        struct c10d__pg_op *next = po->next_in_list;
+        free(po);
+        po = next;
+    }
+}
+
 void c10d__pg_ref(c10d_pg *pg)
 {
     uv_mutex_lock(&pg->mutex);
@@ -264,6 +288,57 @@ static void create_call_unref(struct create_call *cc)
     }
 }
 
+/* ------------------------------------------------------ backend teardown */
+
+/* One backend's abort-then-destroy chain on the loop. `cc` (may be NULL) is
+ * told when it ends; it holds a reference on cc until then, so a backend that
+ * calls back after the group stopped waiting finds live memory. */
+struct close_call;
+struct teardown {
+    const struct c10d__backend_vtable *vt;
+    void *state;
+    struct close_call *cc;
+};
+static void close_call_backend_done(struct close_call *cc);
+
+static void teardown_destroyed(void *arg, int status)
+{
+    struct teardown *td = arg;
+    if (status != 0)
+        C10D_WARN("pg", "%s: destroying the backend failed: %s", td->vt->name,
+                  c10d_strerror(status));
+    if (td->cc != NULL)
+        close_call_backend_done(td->cc);
+    free(td);
+}
+
+static void teardown_aborted(void *arg, int status)
+{
+    struct teardown *td = arg;
+    (void)status;
+    td->vt->destroy(td->state, teardown_destroyed, td);
+}
+
+/* Loop thread. Returns 0, or ENOMEM (the state is then destroyed without
+ * waiting, best effort). */
+static int teardown_start(const struct c10d__backend_vtable *vt, void *state, int abort,
+                          int status, const char *reason, struct close_call *cc)
+{
+    struct teardown *td = malloc(sizeof *td);
+    if (td == NULL) {
+        if (abort)
+            vt->abort(state, status, reason, NULL, NULL);
+        vt->destroy(state, NULL, NULL);
+        return C10D_ENOMEM;
+    }
+    *td = (struct teardown){vt, state, cc};
+    if (abort)
+        vt->abort(state, status, reason, teardown_aborted, td);
+    else
+        teardown_aborted(td, 0);
+    return 0;
+}
+
 /* Loop thread, once both done and create's return happened: a state the
  * caller gave up waiting for is torn down, since nobody will use it. */
 static void create_settle(struct create_call *cc)
@@ -275,10 +350,8 @@ static void create_settle(struct create_call *cc)
         cc->state = NULL;
     uv_cond_signal(&cc->cond);
     uv_mutex_unlock(&cc->mutex);
-    if (orphan) {
-        cc->vt->abort(state, C10D_EABORTED, "process group creation timed out");
-        cc->vt->destroy(state);
-    }
+    if (orphan)
+        teardown_start(cc->vt, state, 1, C10D_EABORTED, "process group creation timed out", NULL);
 }
 
 static void create_done(void *arg, int status)
@@ -411,7 +484,12 @@ struct close_call {
     char *reason;
     uv_mutex_t mutex;
     uv_cond_t cond;
-    int refs, done;
+    int refs, done; /* guarded by mutex */
+    /* Loop thread only. */
+    int outstanding; /* backends whose teardown has not ended */
+    int finished;
+    uv_timer_t bound;
+    int64_t bound_ms;
 };
 
 static void close_call_unref(struct close_call *cc)
@@ -427,28 +505,80 @@ static void close_call_unref(struct close_call *cc)
     }
 }
 
-/* Loop thread: abort (when asked) and free every backend of the group. Ops
- * whose run task comes later see aborted_on_loop and fail without it. */
+static void bound_closed(uv_handle_t *h)
+{
+    close_call_unref(h->data);
+}
+
+/* Loop thread: the group is done with its backends (or stopped waiting). */
+static void close_finish(struct close_call *cc)
+{
+    if (cc->finished)
+        return;
+    cc->finished = 1;
+    if (cc->bound.data != NULL) {
+        uv_timer_stop(&cc->bound);
+        uv_close((uv_handle_t *)&cc->bound, bound_closed);
+    }
+    uv_mutex_lock(&cc->mutex);
+    cc->done = 1;
+    uv_cond_signal(&cc->cond);
+    uv_mutex_unlock(&cc->mutex);
+    c10d__pg_unref(cc->pg);
+    cc->pg = NULL;
+}
+
+static void close_call_backend_done(struct close_call *cc)
+{
+    if (--cc->outstanding == 0)
+        close_finish(cc);
+    close_call_unref(cc);
+}
+
+static void close_bound_fired(uv_timer_t *t)
+{
+    struct close_call *cc = t->data;
+    C10D_WARN("pg",
+              "process group %s: a backend did not finish closing within %lld ms "
+              "(C10D_BACKEND_CLOSE_MS); going on without it, its state is left behind",
+              cc->pg->name, (long long)cc->bound_ms);
+    close_finish(cc);
+}
+
+/* Loop thread: abort (when asked) and destroy every backend of the group,
+ * each possibly asynchronous, bounded by a timer. Ops whose run task comes
+ * later see aborted_on_loop and fail without the backend. */
 static void close_on_loop(struct close_call *cc)
 {
     c10d_pg *pg = cc->pg;
+    cc->outstanding = 1; /* this function's own, so nothing finishes mid-loop */
     if (!pg->aborted_on_loop) {
         pg->aborted_on_loop = 1;
         for (int d = 0; d < C10D__PG_NDEV; d++) {
             struct c10d__pg_backend *b = &pg->backends[d];
             if (b->state == NULL)
                 continue;
-            if (cc->abort)
-                b->vt->abort(b->state, cc->status, cc->reason);
-            b->vt->destroy(b->state);
+            void *state = b->state;
             b->state = NULL;
+            uv_mutex_lock(&cc->mutex);
+            cc->refs++;
+            uv_mutex_unlock(&cc->mutex);
+            cc->outstanding++;
+            if (teardown_start(b->vt, state, cc->abort, cc->status, cc->reason, cc) != 0)
+                close_call_backend_done(cc);
         }
     }
-    uv_mutex_lock(&cc->mutex);
-    cc->done = 1;
-    uv_cond_signal(&cc->cond);
-    uv_mutex_unlock(&cc->mutex);
-    c10d__pg_unref(pg);
+    if (cc->outstanding > 1) {
+        cc->bound_ms = c10d__env_int(C10D_ENV_BACKEND_CLOSE_MS);
+        uv_timer_init(c10d__engine_loop(), &cc->bound);
+        cc->bound.data = cc;
+        uv_mutex_lock(&cc->mutex);
+        cc->refs++; /* the timer's, dropped when its handle is closed */
+        uv_mutex_unlock(&cc->mutex);
+        uv_timer_start(&cc->bound, close_bound_fired, (uint64_t)cc->bound_ms, 0);
+    }
+    if (--cc->outstanding == 0)
+        close_finish(cc);
     close_call_unref(cc);
 }
 
@@ -495,7 +625,9 @@ static void close_backends(c10d_pg *pg, int abort, int status, const char *reaso
         close_call_unref(cc);
         return;
     }
-    uint64_t deadline = c10d__now_ns() + (uint64_t)LOOP_STEP_BOUND_MS * 1000000u;
+    uint64_t deadline =
+        c10d__now_ns() +
+        (uint64_t)(LOOP_STEP_BOUND_MS + c10d__env_int(C10D_ENV_BACKEND_CLOSE_MS)) * 1000000u;
     uv_mutex_lock(&cc->mutex);
     while (!cc->done) {
         uint64_t now = c10d__now_ns();
@@ -629,7 +761,7 @@ int c10d_pg_init(c10d_pg **out, const c10d_pg_opts *opts)
                           o.world_size);
     }
     const struct c10d__backend_vtable *vts[C10D__PG_NDEV];
-    C10D_CHECK(c10d__pg_parse_backend(o.backend, vts));
+    C10D_CHECK(c10d__backend_parse(o.backend, vts));
     int64_t timeout = o.timeout_ms > 0 ? o.timeout_ms : default_timeout(vts);
 
     uv_mutex_lock(&registry_mutex);
@@ -747,7 +879,7 @@ int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_
     for (int d = 0; d < C10D__PG_NDEV; d++)
         vts[d] = parent->backends[d].vt;
     if (rc == 0 && opts != NULL && opts->backend != NULL)
-        rc = c10d__pg_parse_backend(opts->backend, vts);
+        rc = c10d__backend_parse(opts->backend, vts);
     free(sorted);
     if (rc != 0) {
         free(global);

@@ -1,7 +1,15 @@
-/* The backend interface: what api/ (the process-group object) asks of a
- * backend, and all a backend sees of a group. Arguments reaching a backend
- * have been checked (docs/semantics.md, 2) and carry their sequence number.
- * Everything here runs on the engine's loop thread. */
+/* The backend contract: what the group layer (api/) asks of a backend, and
+ * all a backend sees of a group. Arguments reaching a backend have been
+ * checked (docs/semantics.md) and carry their sequence number.
+ *
+ * An op has two phases. `enqueue` runs on the caller's thread, under the
+ * group's lock, in sequence order: a device backend records the event on the
+ * caller's stream and launches there, so the op is ordered after exactly the
+ * work the caller had enqueued. Completion is seen on the loop: through the
+ * engine's completion poller (engine/poller.h) for device work, through
+ * sockets for host work. A backend without `enqueue` gets `run` on the loop
+ * thread instead, in the same order. Everything else runs on the loop thread
+ * unless it says otherwise. docs/architecture.md walks an op through both. */
 #ifndef C10D_BACKENDS_BACKEND_H
 #define C10D_BACKENDS_BACKEND_H
 
@@ -9,6 +17,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* Device types a group can hold a backend for, indexed by c10d_device_type. */
+#define C10D__DEVICE_TYPES 2
 
 enum c10d__op_kind {
     C10D_OP_BROADCAST,
@@ -63,35 +74,84 @@ struct c10d__backend_config {
     const char *group_desc;
     int64_t timeout_ms; /* default op timeout; also bounds connection setup */
     c10d_store *store;  /* already prefixed for this group and device */
+    c10d_device_type device_type;
+    /* >= 0: the group was created for this device (torch's device_id): the
+     * backend may set up its per-device state now. -1: on first use of each
+     * device (op->device_index), lazily. */
+    int device_index;
 };
 
+/* Called exactly once, on the loop thread, when an asynchronous entry point
+ * finished; status 0 or negative. */
+typedef void (*c10d__backend_done_fn)(void *arg, int status);
+
 struct c10d__backend_vtable {
+    /* sizeof(struct c10d__backend_vtable) as the backend was compiled: the
+     * group reads optional entries only if the table is long enough. */
+    size_t size;
     const char *name; /* "tcp", "nccl" */
-    /* Whether this backend can run `op` (dtype/redop/device); 0 or C10D_EINVAL /
-     * C10D_EUNSUPPORTED with a message such as "Cannot use ReduceOp.BAND with NCCL". */
+    /* Any thread. Whether this backend can run `op` (dtype/redop/device); 0 or
+     * C10D_EINVAL / C10D_EUNSUPPORTED with a message such as "Cannot use
+     * ReduceOp.BAND with NCCL". */
     int (*check)(const struct c10d__op *op);
     /* Creates the backend's state for a group and starts connecting; calls
-     * done(arg, status) exactly once when connected or failed. */
-    int (*create)(const struct c10d__backend_config *cfg, void (*done)(void *arg, int status),
-                  void *arg, void **state);
-    /* Runs an op (or a list of coalesced ops, one work). The backend keeps its
-     * own order: ops are started in submission order and matched across ranks
-     * by seq. */
+     * done(arg, status) exactly once when connected or failed, unless it
+     * returns an error (then never). */
+    int (*create)(const struct c10d__backend_config *cfg, c10d__backend_done_fn done, void *arg,
+                  void **state);
+    /* Phase one, optional: the caller's thread, under the group's lock, in
+     * sequence order; must not block. Returns 0 when the backend took the op
+     * (it completes op->work exactly once, from any thread), or a negative
+     * status with c10d_last_error() set: nothing was taken and the group
+     * fails the work. The op record stays valid until op->work completed. */
+    int (*enqueue)(void *state, struct c10d__op *op);
+    /* For a backend without enqueue: runs an op (or a list of coalesced ops,
+     * one work). Ops arrive in submission order; they are matched across
+     * ranks by seq. */
     void (*run)(void *state, struct c10d__op *op);
-    /* Fails every pending op with `status`/`reason` and poisons the group:
-     * later ops fail at once naming the first error. Closes transports. */
-    void (*abort)(void *state, int status, const char *reason);
-    /* Frees the state; called after abort or once idle. */
-    void (*destroy)(void *state);
+    /* Fails every pending op with `status`/`reason` and poisons the state:
+     * later ops fail at once naming the first error. It may hand blocking work
+     * (a communicator abort) to a worker (c10d__engine_offload) and call
+     * done later; done may be NULL (nobody waits). The group bounds how long
+     * it waits by a loop timer (C10D_BACKEND_CLOSE_MS); past it, the state is
+     * left to the backend and never touched again. */
+    void (*abort)(void *state, int status, const char *reason, c10d__backend_done_fn done,
+                  void *arg);
+    /* Frees the state, after abort or once idle; same rules for done. */
+    void (*destroy)(void *state, c10d__backend_done_fn done, void *arg);
     /* printf format of the key (under the backend's store, one per rank) where
      * a rank published what its peers need to connect, or NULL. Once every
      * rank destroyed the group, the group deletes them. */
     const char *published_key_fmt;
+    /* Optional (NULL: the group creates the subgroup through the store like
+     * any other group). A child state from the parent's, as ncclCommSplit:
+     * every parent rank calls it, in the same order; ranks passing a
+     * negative color get no child (*state NULL, done still called). */
+    int (*split)(void *parent, const struct c10d__backend_config *cfg, int color, int key,
+                 c10d__backend_done_fn done, void *arg, void **state);
+    /* Optional (NULL: through the store). The parent without `excluded`
+     * (group ranks), as ncclCommShrink; only surviving ranks call it. */
+    int (*shrink)(void *parent, const struct c10d__backend_config *cfg, const int *excluded,
+                  int nexcluded, c10d__backend_done_fn done, void *arg, void **state);
 };
 
+/* The backends this build has (backends/registry.c). */
 extern const struct c10d__backend_vtable c10d__tcp_backend;
-#ifdef C10D_HAVE_NCCL
+#ifdef C10D_HAVE_NCCL_BACKEND
 extern const struct c10d__backend_vtable c10d__nccl_backend;
 #endif
+
+/* The backend called `name` ("tcp", "gloo", "nccl"): 0, C10D_EINVAL
+ * (unknown name) or C10D_EUNSUPPORTED (not built into this library). */
+int c10d__backend_find(const char *name, const struct c10d__backend_vtable **out);
+/* Parses "tcp", "nccl", "cpu:tcp,cuda:nccl" into one backend per device type. */
+int c10d__backend_parse(const char *spec,
+                        const struct c10d__backend_vtable *out[C10D__DEVICE_TYPES]);
+
+/* The optional entry `field` of vt, or NULL when vt predates it. */
+#define C10D__BACKEND_ENTRY(vt, field)                                                             \
+    ((vt)->size >= offsetof(struct c10d__backend_vtable, field) + sizeof((vt)->field)              \
+         ? (vt)->field                                                                             \
+         : NULL)
 
 #endif

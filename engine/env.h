@@ -20,6 +20,9 @@
     X(LOOP_SPIN_US, "C10D_LOOP_SPIN_US", NULL, "100",                                              \
       "the loop thread polls without sleeping this long after its last activity (0: it sleeps "    \
       "in epoll at once)")                                                                         \
+    X(BACKEND_CLOSE_MS, "C10D_BACKEND_CLOSE_MS", NULL, "10000",                                   \
+      "how long ending a group (destroy, abort, a failure) waits for each backend's abort and "  \
+      "destroy, which may block in a driver, before it goes on without them")                    \
     X(TCP_LAZY_INIT, "C10D_TCP_LAZY_INIT", NULL, "0",                                              \
       "tcp backend: connect to a peer on first use instead of the full mesh at group creation")    \
     X(SOCKET_IFNAME, "C10D_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "",                               \

@@ -174,7 +174,7 @@ static struct c10d__op h_op_init(enum c10d__op_kind kind, size_t count, c10d_dty
 
 static void h_destroy_fn(void *p)
 {
-    c10d__tcp_backend.destroy(p);
+    c10d__tcp_backend.destroy(p, NULL, NULL);
 }
 
 static int h_read_line(int fd, char *buf, size_t len)

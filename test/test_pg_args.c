@@ -84,7 +84,8 @@ static void fake_run(void *state, struct c10d__op *op)
         c10d__work_complete(op->work, 0, NULL);
 }
 
-static void fake_abort(void *state, int status, const char *reason)
+static void fake_abort(void *state, int status, const char *reason, c10d__backend_done_fn done,
+                       void *arg)
 {
     (void)state;
     uv_mutex_lock(&fake.mutex);
@@ -96,16 +97,26 @@ static void fake_abort(void *state, int status, const char *reason)
     }
     fake.nheld = 0;
     uv_mutex_unlock(&fake.mutex);
+    if (done != NULL)
+        done(arg, 0);
 }
 
-static void fake_destroy(void *state)
+static void fake_destroy(void *state, c10d__backend_done_fn done, void *arg)
 {
     (void)state;
     fake.destroys++;
+    if (done != NULL)
+        done(arg, 0);
 }
 
 static const struct c10d__backend_vtable fake_backend = {
-    "tcp", fake_check, fake_create, fake_run, fake_abort, fake_destroy, NULL,
+    .size = sizeof(struct c10d__backend_vtable),
+    .name = "tcp",
+    .check = fake_check,
+    .create = fake_create,
+    .run = fake_run,
+    .abort = fake_abort,
+    .destroy = fake_destroy,
 };
 
 static void fake_reset(void)

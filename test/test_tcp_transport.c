@@ -304,7 +304,7 @@ struct abort_args {
 
 static void abort_fn(void *p)
 {
-    c10d__tcp_backend.abort(p, C10D_EABORTED, "test abort");
+    c10d__tcp_backend.abort(p, C10D_EABORTED, "test abort", NULL, NULL);
 }
 
 static int abort_body(struct h_ctx *h, void *arg)

@@ -68,14 +68,6 @@ struct tcp_state {
     void *connect_arg;
 };
 
-static const char *kind_name(int kind)
-{
-    static const char *const names[] = {
-        "BROADCAST",      "ALLREDUCE", "REDUCE",  "ALLGATHER", "GATHER", "SCATTER",
-        "REDUCE_SCATTER", "ALLTOALL",  "BARRIER", "SEND",      "RECV"};
-    return kind >= 0 && kind < (int)(sizeof names / sizeof names[0]) ? names[kind] : "UNKNOWN";
-}
-
 static void state_unref(struct tcp_state *s);
 static void group_fail(struct tcp_state *s, int status, const char *fmt, ...) C10D_PRINTF(3, 4);
 
@@ -176,7 +168,7 @@ static void op_complete(struct tcp_state *s, struct tcp_op *o, int status, const
         c10d__work_complete(o->work, 0, NULL);
     else
         c10d__work_complete(o->work, status, "tcp %s seq %llu (group %s, rank %d): %s",
-                            kind_name(o->head->kind), (unsigned long long)o->head->seq,
+                            c10d__op_kind_name(o->head->kind), (unsigned long long)o->head->seq,
                             s->group_name, s->rank, msg);
     /* o is freed by the next run or advance; the next queued op starts on a
      * later turn, outside the frames that completed this one. */
@@ -239,13 +231,13 @@ static void on_work_done(c10d_work *work, int status, void *arg)
                        "Watchdog caught collective operation timeout: Work(SeqNum=%llu, "
                        "OpType=%s, NumelIn=%zu, NumelOut=%zu, Timeout(ms)=%lld) ran for %llu "
                        "milliseconds before timing out.",
-                       (unsigned long long)found->head->seq, kind_name(found->head->kind),
+                       (unsigned long long)found->head->seq, c10d__op_kind_name(found->head->kind),
                        found->head->count, found->head->count, (long long)found->head->timeout_ms,
                        (unsigned long long)ran);
         else
             group_fail(s, status < 0 ? status : C10D_EABORTED,
                        "%s seq %llu was completed outside the backend (%s): %s",
-                       kind_name(found->head->kind), (unsigned long long)found->head->seq,
+                       c10d__op_kind_name(found->head->kind), (unsigned long long)found->head->seq,
                        c10d_status_name(status), c10d_work_message(work));
         schedule_advance(s);
     }
@@ -378,7 +370,7 @@ static void run_p2p(struct tcp_state *s, struct tcp_op *o)
         o->head->kind == C10D_OP_RECV && o->head->next == NULL && o->head->peer == C10D_ANY_SOURCE;
     for (struct c10d__op *op = o->head; op != NULL && !o->completed; op = op->next) {
         if (op->kind != C10D_OP_SEND && op->kind != C10D_OP_RECV) {
-            group_fail(s, C10D_EUNSUPPORTED, "a batch of P2P ops holds a %s", kind_name(op->kind));
+            group_fail(s, C10D_EUNSUPPORTED, "a batch of P2P ops holds a %s", c10d__op_kind_name(op->kind));
             return;
         }
         if (op->peer == s->rank) {
@@ -430,14 +422,14 @@ static void tcp_run(void *state, struct c10d__op *op)
     if (s->poisoned || s->destroyed) {
         c10d__work_complete(op->work, s->poisoned ? s->poison_status : C10D_EABORTED,
                             "tcp %s seq %llu (group %s, rank %d): the group failed earlier: %s",
-                            kind_name(op->kind), (unsigned long long)op->seq, s->group_name,
+                            c10d__op_kind_name(op->kind), (unsigned long long)op->seq, s->group_name,
                             s->rank, s->poisoned ? s->poison_msg : "destroyed");
         return;
     }
     struct tcp_op *o = calloc(1, sizeof *o);
     if (o == NULL) {
         c10d__work_complete(op->work, C10D_ENOMEM, "tcp %s seq %llu: out of memory",
-                            kind_name(op->kind), (unsigned long long)op->seq);
+                            c10d__op_kind_name(op->kind), (unsigned long long)op->seq);
         return;
     }
     o->s = s;
@@ -459,16 +451,19 @@ static void tcp_run(void *state, struct c10d__op *op)
     start_next(s);
 }
 
-static void tcp_abort(void *state, int status, const char *reason)
+/* Closing sockets never blocks: both end before they return. */
+static void tcp_abort(void *state, int status, const char *reason, c10d__backend_done_fn done,
+                      void *arg)
 {
     struct tcp_state *s = state;
     group_fail(s, status < 0 ? status : C10D_EABORTED, "%s",
                reason != NULL ? reason : "the group was aborted");
+    if (done != NULL)
+        done(arg, 0);
 }
 
-static void tcp_destroy(void *state)
+static void state_destroy(struct tcp_state *s)
 {
-    struct tcp_state *s = state;
     if (!s->poisoned && (s->active != NULL || s->queue_head != NULL || s->p2p_ops != NULL))
         group_fail(s, C10D_EABORTED, "the group was destroyed with operations pending");
     s->destroyed = 1;
@@ -476,6 +471,13 @@ static void tcp_destroy(void *state)
         c10d__tcp_transport_free(s->t);
     s->t = NULL;
     state_unref(s);
+}
+
+static void tcp_destroy(void *state, c10d__backend_done_fn done, void *arg)
+{
+    state_destroy(state);
+    if (done != NULL)
+        done(arg, 0);
 }
 
 static uint32_t fnv1a(const char *str)
@@ -650,7 +652,7 @@ static int tcp_create(const struct c10d__backend_config *cfg, void (*done)(void 
     struct exchange *x = calloc(1, sizeof *x);
     if (x == NULL || (x->keys = calloc((size_t)cfg->size, sizeof *x->keys)) == NULL) {
         free(x);
-        tcp_destroy(s);
+        state_destroy(s);
         return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
     }
     x->s = s;
@@ -664,7 +666,7 @@ static int tcp_create(const struct c10d__backend_config *cfg, void (*done)(void 
         if (asprintf(&x->keys[r], ADDR_KEY_FMT, r) < 0) {
             x->keys[r] = NULL;
             exchange_free(x);
-            tcp_destroy(s);
+            state_destroy(s);
             return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
         }
     }
@@ -672,7 +674,7 @@ static int tcp_create(const struct c10d__backend_config *cfg, void (*done)(void 
                             on_addr_published, x);
     if (rc < 0) {
         exchange_free(x);
-        tcp_destroy(s);
+        state_destroy(s);
         return rc;
     }
     *state = s;
@@ -680,6 +682,7 @@ static int tcp_create(const struct c10d__backend_config *cfg, void (*done)(void 
 }
 
 const struct c10d__backend_vtable c10d__tcp_backend = {
+    .size = sizeof(struct c10d__backend_vtable),
     .name = "tcp",
     .check = tcp_check,
     .create = tcp_create,

@@ -1,0 +1,86 @@
+/* The backend registry: which backends this build has, and the backend
+ * config strings ("tcp", "nccl", "cpu:tcp,cuda:nccl") that pick them. A
+ * backend that is not compiled in is named as missing, never linked weakly. */
+#include "backends/backend.h"
+
+#include "engine/error.h"
+
+#include <string.h>
+
+int c10d__backend_find(const char *name, const struct c10d__backend_vtable **out)
+{
+    *out = NULL;
+    if (strcmp(name, "tcp") == 0 || strcmp(name, "gloo") == 0) {
+        *out = &c10d__tcp_backend;
+        return 0;
+    }
+    if (strcmp(name, "nccl") == 0) {
+#ifdef C10D_HAVE_NCCL_BACKEND
+        *out = &c10d__nccl_backend;
+        return 0;
+#endif
+        return c10d__fail(C10D_EUNSUPPORTED, "backend \"nccl\" is not built into this library");
+    }
+    return c10d__fail(C10D_EINVAL,
+                      "unknown backend \"%s\" (expected tcp, nccl or \"cpu:tcp,cuda:nccl\")", name);
+}
+
+static int device_index(const char *dev, size_t len)
+{
+    if (len == 3 && strncmp(dev, "cpu", 3) == 0)
+        return 0;
+    if (len == 4 && strncmp(dev, "cuda", 4) == 0)
+        return 1;
+    return -1;
+}
+
+int c10d__backend_parse(const char *spec, const struct c10d__backend_vtable *out[C10D__DEVICE_TYPES])
+{
+    for (int d = 0; d < C10D__DEVICE_TYPES; d++)
+        out[d] = NULL;
+    if (spec == NULL || *spec == '\0')
+        spec = "tcp";
+    if (strchr(spec, ':') == NULL) {
+        /* A single name maps every device it supports. */
+        const struct c10d__backend_vtable *vt;
+        C10D_CHECK(c10d__backend_find(spec, &vt));
+        if (strcmp(spec, "nccl") == 0)
+            out[1] = vt;
+        else
+            out[0] = vt;
+        return 0;
+    }
+    /* Syntax and devices first, so a malformed config says so whatever is built. */
+    char names[C10D__DEVICE_TYPES][32] = {{0}};
+    int seen[C10D__DEVICE_TYPES] = {0};
+    const char *p = spec;
+    while (*p != '\0') {
+        const char *comma = strchr(p, ',');
+        size_t len = comma != NULL ? (size_t)(comma - p) : strlen(p);
+        const char *colon = memchr(p, ':', len);
+        if (colon == NULL || colon == p || colon == p + len - 1)
+            return c10d__fail(C10D_EINVAL,
+                              "malformed backend config \"%s\": expected device:backend pairs "
+                              "such as \"cpu:tcp,cuda:nccl\"",
+                              spec);
+        int d = device_index(p, (size_t)(colon - p));
+        if (d < 0)
+            return c10d__fail(C10D_EINVAL, "backend config \"%s\": unknown device \"%.*s\"", spec,
+                              (int)(colon - p), p);
+        if (seen[d])
+            return c10d__fail(C10D_EINVAL, "backend config \"%s\": device \"%.*s\" appears twice",
+                              spec, (int)(colon - p), p);
+        seen[d] = 1;
+        size_t nlen = len - (size_t)(colon + 1 - p);
+        if (nlen >= sizeof names[d])
+            return c10d__fail(C10D_EINVAL, "backend config \"%s\": backend name too long", spec);
+        memcpy(names[d], colon + 1, nlen);
+        p = comma != NULL ? comma + 1 : p + len;
+        if (comma != NULL && *p == '\0')
+            return c10d__fail(C10D_EINVAL, "malformed backend config \"%s\": trailing comma", spec);
+    }
+    for (int d = 0; d < C10D__DEVICE_TYPES; d++)
+        if (seen[d])
+            C10D_CHECK(c10d__backend_find(names[d], &out[d]));
+    return 0;
+}
