@@ -6,11 +6,10 @@
  *  - functions return 0 on success or a negative c10d_status; on failure
  *    c10d_last_error() holds a message naming what was wrong (thread-local);
  *  - an async call that fails never invokes its callback; one that succeeds
- *    invokes it exactly once, on the engine's loop thread;
- *  - "the loop thread" is whichever thread drives the engine's loop at that
- *    moment: the engine's own thread, or a thread blocked in c10d_work_wait
- *    (or a *_sync call) that polls the loop itself while it waits;
- *  - callbacks must not block: they run on the one thread that drives all I/O.
+ *    invokes it exactly once, on the engine's own thread (never on a thread
+ *    of yours, even one waiting in c10d_work_wait: holding your lock while
+ *    you wait is safe);
+ *  - callbacks must not block: they run on the thread that drives all I/O.
  *  - options structs are zero-initialisable; zero means "default".
  */
 #ifndef C10D_H
@@ -37,6 +36,7 @@ extern "C" {
 
 typedef enum c10d_status {
     C10D_OK = 0,
+    C10D_PENDING = 1,       /* not an error: the work has not completed yet */
     C10D_EINVAL = -1,       /* a bad argument; the call had no effect */
     C10D_ETIMEDOUT = -2,    /* a deadline passed */
     C10D_ECANCELED = -3,    /* cancelled by the caller */
@@ -148,24 +148,36 @@ C10D_EXPORT int c10d_work_create(c10d_work **out, const char *what, int64_t time
  * (the first completion wins), C10D_EINVAL for bad arguments. Any thread. */
 C10D_EXPORT int c10d_work_complete(c10d_work *work, int status, const char *message);
 
-/* Adds a completion callback. Callbacks run in registration order; one added
- * after completion still runs (on the loop thread, never inside this call,
- * except while c10d_shutdown runs: then the loop thread calls it at once). */
+/* Adds a completion callback. Callbacks run in registration order, on the
+ * engine's own thread; one added after completion still runs (never inside
+ * this call, except while c10d_shutdown runs: then it may run at once). */
 C10D_EXPORT int c10d_work_on_complete(c10d_work *work, c10d_work_cb cb, void *arg);
 
 /* Blocks until `work` completes or timeout_ms passes (< 0: no limit beyond
  * the work's own deadline). Returns the work's status, or C10D_ETIMEDOUT if the
  * wait itself timed out (the work stays pending), or C10D_EDEADLK on the loop
- * thread. While the loop polls, the waiting thread may drive it: callbacks (of
- * any work) may then run on this thread, before this call returns, and from
- * then on SIGPIPE is blocked on this thread (a peer's reset must not end the
- * process; docs/engine.md). */
+ * thread. While the loop polls, the waiting thread may drive it: socket I/O
+ * and the library's bookkeeping then run on this thread, never a callback of
+ * yours, and from then on SIGPIPE is blocked on this thread (a peer's reset
+ * must not end the process; docs/engine.md). */
 C10D_EXPORT int c10d_work_wait(c10d_work *work, int64_t timeout_ms);
+
+/* Makes `stream` (a cudaStream_t) wait for `work` without blocking the host,
+ * where the work's backend can (a GPU backend enqueues a wait on its end
+ * event). For a host work it is c10d_work_wait(work, -1): it blocks. The
+ * caller keeps the work's buffers alive until the work completed. */
+C10D_EXPORT int c10d_work_wait_stream(c10d_work *work, void *stream);
+
+/* Stops a pending work early where that means something: a work made by
+ * c10d_work_create completes with C10D_ECANCELED. Group ops cannot be
+ * cancelled on one rank (C10D_EUNSUPPORTED: abort the group instead).
+ * Returns 0 also when the work had already completed (it keeps its status). */
+C10D_EXPORT int c10d_work_cancel(c10d_work *work);
 
 /* 1 if complete, 0 if pending. Never blocks. */
 C10D_EXPORT int c10d_work_test(c10d_work *work);
 
-/* The final status (only meaningful once complete; 0 while pending). */
+/* The final status once complete; C10D_PENDING (positive) while pending. */
 C10D_EXPORT int c10d_work_status(c10d_work *work);
 
 /* The failure message ("" on success or while pending). Valid while the caller

@@ -92,7 +92,7 @@ static int post_p2p(struct mb *mb, struct mb_slot *slot, enum c10d__op_kind kind
     snprintf(what, sizeof what, "[PG %s Rank %d] monitoredBarrier %s rank %d (SeqNum=%llu)",
              mb->pg->name, mb->pg->rank, kind == C10D_OP_SEND ? "send to" : "recv from", slot->peer,
              (unsigned long long)mb->seq);
-    if (po == NULL || c10d_work_create(&w, what, mb->timeout_ms) != 0 ||
+    if (po == NULL || c10d__work_create(&w, what, mb->timeout_ms) != 0 ||
         c10d__work_on_complete(w, slot_done, slot) != 0) {
         c10d__pg_op_free(po);
         if (w != NULL) {
@@ -297,7 +297,7 @@ int c10d_monitored_barrier(c10d_pg *pg, int64_t timeout_ms, int wait_all_ranks, 
                  "NumelOut=0, Timeout(ms)=%lld)",
                  pg->name, pg->desc, pg->rank, (unsigned long long)mb->seq,
                  (long long)mb->timeout_ms);
-        rc = c10d_work_create(&w, what, 2 * mb->timeout_ms + BACKSTOP_MS);
+        rc = c10d__work_create(&w, what, 2 * mb->timeout_ms + BACKSTOP_MS);
         if (rc != 0)
             pg->coll_seq--;
     }

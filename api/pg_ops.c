@@ -170,7 +170,7 @@ static int post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *optype
     char what[256];
     describe(pg, optype, seq, in, out, timeout, what, sizeof what);
     c10d_work *w;
-    C10D_CHECK(c10d_work_create(&w, what, timeout));
+    C10D_CHECK(c10d__work_create(&w, what, timeout));
     for (struct c10d__pg_op *po = head; po != NULL; po = po->next_in_list) {
         po->op.seq = seq;
         po->op.timeout_ms = timeout;
@@ -188,7 +188,22 @@ static int post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *optype
     pg->pending++;
     pg->refs++;
     *handed_over = 1;
-    rc = c10d__engine_post(&head->task);
+    struct c10d__pg_backend *b = &pg->backends[head->dev];
+    int (*enqueue)(void *, struct c10d__op *) =
+        b->vt != NULL && b->state != NULL ? C10D__BACKEND_ENTRY(b->vt, enqueue) : NULL;
+    if (enqueue != NULL) {
+        /* Phase one here, on the caller's thread and under the group's lock:
+         * the backend orders the op after what the caller enqueued before.
+         * The record lives until the work completes (op_final). */
+        head->refs = 1;
+        rc = enqueue(b->state, &head->op);
+        if (rc != 0) {
+            c10d__work_complete(w, rc, "%s", c10d_last_error());
+            return rc;
+        }
+    } else {
+        rc = c10d__engine_post(&head->task);
+    }
     if (rc != 0) {
         /* c10d_shutdown closed posting after the work was created: its last
          * sweep completes the (pending) work, and op_done then cleans up as
@@ -315,7 +330,7 @@ int c10d__pg_noop(const c10d_pg *pg, const char *opname, const c10d_op_opts *opt
 {
     noop_warn(pg, opname);
     c10d_work *w;
-    C10D_CHECK(c10d_work_create(&w, "no-op (not a member)", 0));
+    C10D_CHECK(c10d__work_create(&w, "no-op (not a member)", 0));
     c10d__work_complete(w, 0, NULL);
     if (opts != NULL && opts->cb != NULL) {
         int rc = c10d_work_on_complete(w, opts->cb, opts->cb_arg);
@@ -681,7 +696,7 @@ int c10d_coalesce_end(c10d_pg *pg, const c10d_op_opts *opts, c10d_work **work)
             return rc;
         /* Nothing was issued: complete at once, consuming no number. */
         c10d_work *w;
-        C10D_CHECK(c10d_work_create(&w, "empty coalesced group", 0));
+        C10D_CHECK(c10d__work_create(&w, "empty coalesced group", 0));
         c10d__work_complete(w, 0, NULL);
         if (opts != NULL && opts->cb != NULL &&
             (rc = c10d_work_on_complete(w, opts->cb, opts->cb_arg)) != 0) {

@@ -418,6 +418,8 @@ static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtabl
     cc->cfg.group_desc = cc->desc;
     cc->cfg.timeout_ms = pg->timeout_ms;
     cc->cfg.store = b->store;
+    cc->cfg.device_type = (c10d_device_type)dev;
+    cc->cfg.device_index = -1;
     int rc = c10d__engine_post(&cc->task);
     if (rc != 0) {
         cc->refs = 1;

@@ -13,6 +13,7 @@ static const struct {
     const char *text;
 } status_table[] = {
     {C10D_OK, "C10D_OK", "success"},
+    {C10D_PENDING, "C10D_PENDING", "pending"},
     {C10D_EINVAL, "C10D_EINVAL", "invalid argument"},
     {C10D_ETIMEDOUT, "C10D_ETIMEDOUT", "timed out"},
     {C10D_ECANCELED, "C10D_ECANCELED", "canceled"},

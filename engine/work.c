@@ -60,6 +60,14 @@ struct c10d_work {
     struct work_callback *callbacks;
     size_t ncallbacks, callbacks_cap, next_callback;
     int drain_posted;
+    /* A backend's way to make a stream wait for this work (NULL: host wait). */
+    int (*stream_wait)(c10d_work *w, void *stream, void *arg);
+    void *stream_wait_arg;
+    /* How its producer stops it early; created by c10d_work_create: completes
+     * it with C10D_ECANCELED. NULL: it cannot be cancelled. */
+    int (*cancel)(c10d_work *w, void *arg);
+    void *cancel_arg;
+    int user_created;
     /* Set at creation. */
     char *what;
     int64_t timeout_ms;
@@ -346,6 +354,14 @@ static void abandon_created(c10d_work *w)
 
 int c10d_work_create(c10d_work **out, const char *what, int64_t timeout_ms)
 {
+    int rc = c10d__work_create(out, what, timeout_ms);
+    if (rc == 0)
+        (*out)->user_created = 1;
+    return rc;
+}
+
+int c10d__work_create(c10d_work **out, const char *what, int64_t timeout_ms)
+{
     if (out == NULL)
         return c10d__fail(C10D_EINVAL, "c10d_work_create: out is NULL");
     *out = NULL;
@@ -480,6 +496,59 @@ int c10d_work_wait(c10d_work *w, int64_t timeout_ms)
     return status;
 }
 
+void c10d__work_set_stream_wait(c10d_work *w, int (*fn)(c10d_work *w, void *stream, void *arg),
+                                void *arg)
+{
+    uv_mutex_lock(&w->mutex);
+    w->stream_wait = fn;
+    w->stream_wait_arg = arg;
+    uv_mutex_unlock(&w->mutex);
+}
+
+int c10d_work_wait_stream(c10d_work *w, void *stream)
+{
+    if (w == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_work_wait_stream: work is NULL");
+    uv_mutex_lock(&w->mutex);
+    int (*fn)(c10d_work *, void *, void *) = w->stream_wait;
+    void *arg = w->stream_wait_arg;
+    uv_mutex_unlock(&w->mutex);
+    if (fn != NULL)
+        return fn(w, stream, arg);
+    return c10d_work_wait(w, -1);
+}
+
+void c10d__work_set_cancel(c10d_work *w, int (*fn)(c10d_work *w, void *arg), void *arg)
+{
+    uv_mutex_lock(&w->mutex);
+    w->cancel = fn;
+    w->cancel_arg = arg;
+    uv_mutex_unlock(&w->mutex);
+}
+
+int c10d_work_cancel(c10d_work *w)
+{
+    if (w == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_work_cancel: work is NULL");
+    uv_mutex_lock(&w->mutex);
+    int done = w->done, user = w->user_created;
+    int (*fn)(c10d_work *, void *) = w->cancel;
+    void *arg = w->cancel_arg;
+    uv_mutex_unlock(&w->mutex);
+    if (done)
+        return 0;
+    if (fn != NULL)
+        return fn(w, arg);
+    if (user) {
+        c10d__work_complete(w, C10D_ECANCELED, "%s was cancelled (c10d_work_cancel)", w->what);
+        return 0;
+    }
+    /* A collective half run on some ranks cannot be taken back on one. */
+    return c10d__fail(C10D_EUNSUPPORTED,
+                      "c10d_work_cancel: '%s' cannot be cancelled (abort its group instead)",
+                      w->what);
+}
+
 int c10d_work_test(c10d_work *w)
 {
     if (w == NULL)
@@ -495,7 +564,7 @@ int c10d_work_status(c10d_work *w)
     if (w == NULL)
         return C10D_EINVAL;
     uv_mutex_lock(&w->mutex);
-    int status = w->done ? w->status : 0;
+    int status = w->done ? w->status : C10D_PENDING;
     uv_mutex_unlock(&w->mutex);
     return status;
 }

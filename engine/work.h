@@ -10,10 +10,23 @@
  * completed the work, 0 if it was already complete. Any thread. */
 int c10d__work_complete(c10d_work *work, int status, const char *fmt, ...) C10D_PRINTF(3, 4);
 
+/* As c10d_work_create, for the library's own works: c10d_work_cancel refuses
+ * them unless their producer set a cancel hook. */
+int c10d__work_create(c10d_work **out, const char *what, int64_t timeout_ms);
+
 /* As c10d_work_on_complete, for the library's own bookkeeping callbacks: they
  * may run on a waiter that drives the loop, while user callbacks run on the
  * engine's own thread only. Such a callback must take no lock a user may hold. */
 int c10d__work_on_complete(c10d_work *w, c10d_work_cb cb, void *arg);
+
+/* A device backend's c10d_work_wait_stream for this work: returns 0 once the
+ * stream waits (never blocks the host), or a negative status. */
+void c10d__work_set_stream_wait(c10d_work *w, int (*fn)(c10d_work *w, void *stream, void *arg),
+                                void *arg);
+
+/* How c10d_work_cancel stops this work (a store WAIT, a pending receive):
+ * fn completes it with C10D_ECANCELED and returns 0, or fails. */
+void c10d__work_set_cancel(c10d_work *w, int (*fn)(c10d_work *w, void *arg), void *arg);
 
 void c10d__work_set_source_rank(c10d_work *work, int rank);
 
