@@ -1,0 +1,539 @@
+/* Posting and matching. A transfer posted before its peer's frame arrives
+ * waits on a list; a frame that arrives before its transfer is posted waits in
+ * the peer's unexpected queue. Both halves of every rule, the posting side and
+ * the arriving side, are in this file because they must agree: one changed
+ * without the other loses or duplicates messages.
+ *
+ * Small collective messages go eagerly; a large one waits for the receiver's
+ * clear-to-send (CTS), which the receiver sends as soon as it posts the
+ * receive, so on the hot path nobody waits for a round trip the other side
+ * could have started earlier. A P2P message asks first (RTS) unless it is
+ * small and within its peer's credit; then it goes eagerly and its send
+ * completes when the receiver acknowledges (ACK) that it met a posted receive.
+ * Either way a P2P send completes only once its receiver has posted, and a
+ * receive from any source picks its sender among the messages announced so
+ * far. A size or op kind that differs from the other side's fails the
+ * transport: the collective was called differently on the two ranks. */
+#include "transport_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Eager P2P bytes a sender may have unacknowledged per peer: what a receiver
+ * may have to hold for sends it has not posted receives for. */
+#define P2P_CREDIT ((size_t)1 << 20)
+
+const char *c10d__tcp_kind_name(int kind)
+{
+    static const char *const names[] = {
+        "BROADCAST",      "ALLREDUCE", "REDUCE",  "ALLGATHER", "GATHER", "SCATTER",
+        "REDUCE_SCATTER", "ALLTOALL",  "BARRIER", "SEND",      "RECV"};
+    return kind >= 0 && kind < (int)(sizeof names / sizeof names[0]) ? names[kind] : "UNKNOWN";
+}
+
+/* ------------------------------------------------------------- lists */
+
+static void xlist_push(struct xlist *l, int id, struct c10d__tcp_xfer *x)
+{
+    x->list = id;
+    x->next = NULL;
+    x->prev = l->tail;
+    if (l->tail != NULL)
+        l->tail->next = x;
+    else
+        l->head = x;
+    l->tail = x;
+}
+
+static void xlist_remove(struct xlist *l, struct c10d__tcp_xfer *x)
+{
+    if (x->prev != NULL)
+        x->prev->next = x->next;
+    else
+        l->head = x->next;
+    if (x->next != NULL)
+        x->next->prev = x->prev;
+    else
+        l->tail = x->prev;
+    x->next = x->prev = NULL;
+    x->list = L_NONE;
+}
+
+static struct c10d__tcp_xfer *xlist_find(struct xlist *l, int p2p, uint64_t tag, uint32_t sub)
+{
+    for (struct c10d__tcp_xfer *x = l->head; x != NULL; x = x->next)
+        if (x->p2p == p2p && x->tag == tag && c10d__tcp_xfer_key_sub(x) == sub)
+            return x;
+    return NULL;
+}
+
+static struct c10d__tcp_xfer *xlist_find_tag(struct xlist *l, uint64_t tag)
+{
+    for (struct c10d__tcp_xfer *x = l->head; x != NULL; x = x->next)
+        if (x->tag == tag)
+            return x;
+    return NULL;
+}
+
+/* ----------------------------------------------- unexpected messages */
+
+static struct unexp *unexp_new(struct c10d__tcp_transport *t, const struct wire *w, size_t data)
+{
+    struct unexp *u = t->unexp_pool;
+    if (u != NULL)
+        t->unexp_pool = u->next;
+    else if ((u = calloc(1, sizeof *u)) == NULL)
+        return NULL;
+    if (data > u->cap) {
+        char *grown = realloc(u->data, data);
+        if (grown == NULL) {
+            u->next = t->unexp_pool;
+            t->unexp_pool = u;
+            return NULL;
+        }
+        u->data = grown;
+        u->cap = data;
+    }
+    u->next = NULL;
+    u->w = *w;
+    u->order = t->next_order++;
+    u->complete = 0;
+    u->claimed = NULL;
+    return u;
+}
+
+static void unexp_free(struct c10d__tcp_transport *t, struct unexp *u)
+{
+    /* Keep modest buffers for reuse; give big ones back. */
+    if (u->cap > (1u << 20)) {
+        free(u->data);
+        u->data = NULL;
+        u->cap = 0;
+    }
+    u->next = t->unexp_pool;
+    t->unexp_pool = u;
+}
+
+static void unexp_append(struct peer *pe, struct unexp *u)
+{
+    if (pe->unexp_tail != NULL)
+        pe->unexp_tail->next = u;
+    else
+        pe->unexp_head = u;
+    pe->unexp_tail = u;
+}
+
+static void unexp_unlink(struct peer *pe, struct unexp *u)
+{
+    struct unexp **pp = &pe->unexp_head, *prev = NULL;
+    while (*pp != NULL && *pp != u) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    if (*pp == NULL)
+        return;
+    *pp = u->next;
+    if (pe->unexp_tail == u)
+        pe->unexp_tail = prev;
+    u->next = NULL;
+}
+
+/* ----------------------------------------------------------- posting */
+
+static void mismatch(struct c10d__tcp_transport *t, const struct c10d__tcp_xfer *x, int from,
+                     uint64_t sent, size_t posted)
+{
+    if (x->p2p)
+        c10d__tcp_error(
+            t, C10D_EINVAL,
+            "tcp recv (tag %llu): rank %d sent %llu bytes but the posted buffer holds %zu",
+            (unsigned long long)x->tag, from, (unsigned long long)sent, posted);
+    else
+        c10d__tcp_error(t, C10D_EINVAL,
+                        "tcp %s seq %llu: rank %d sent %llu bytes but this rank posted %zu bytes "
+                        "(collective mismatch?)",
+                        c10d__tcp_kind_name(x->kind), (unsigned long long)x->tag, from,
+                        (unsigned long long)sent, posted);
+}
+
+/* A P2P receive matched an RTS: from now on it waits for that sender's data. */
+static void p2p_accept(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x, int from,
+                       const struct wire *w)
+{
+    if (w->len > x->len) {
+        mismatch(t, x, from, w->len, x->len);
+        return;
+    }
+    x->peer_sub = w->sub;
+    x->source = from;
+    xlist_push(&t->peers[from].recvs, L_RECVS, x);
+    c10d__tcp_send_cts(t, x);
+}
+
+void c10d__tcp_send(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
+{
+    if (t->failed)
+        return;
+    struct peer *pe = &t->peers[x->peer];
+    if (!x->p2p && x->len <= t->cfg.eager_max) {
+        c10d__tcp_wire_encode(x->data_hdr, F_EAGER, x->kind, 0, x->sub, x->tag, x->len);
+        c10d__tcp_peer_write(t, pe, x, W_DATA);
+        return;
+    }
+    if (x->p2p && x->len <= t->cfg.eager_max && pe->eager_out + x->len <= P2P_CREDIT) {
+        /* Small P2P: the data goes now; the send completes when the receiver
+         * acknowledges having matched it to a posted receive. */
+        x->peer_sub = pe->next_send_id++;
+        x->await_ack = 1;
+        pe->eager_out += x->len;
+        xlist_push(&pe->sends, L_SENDS, x);
+        c10d__tcp_wire_encode(x->data_hdr, F_EAGER, x->kind, FLAG_P2P, x->peer_sub, x->tag, x->len);
+        c10d__tcp_peer_write(t, pe, x, W_DATA);
+        return;
+    }
+    if (x->p2p) {
+        x->peer_sub = pe->next_send_id++;
+    } else {
+        for (struct unexp *u = pe->unexp_head; u != NULL; u = u->next) {
+            if (u->w.type == F_CTS && !(u->w.flags & FLAG_P2P) && u->w.tag == x->tag &&
+                u->w.sub == x->sub) {
+                uint64_t cap = u->w.len;
+                unexp_unlink(pe, u);
+                unexp_free(t, u);
+                c10d__tcp_send_data(t, x, cap);
+                return;
+            }
+        }
+    }
+    xlist_push(&pe->sends, L_SENDS, x);
+    c10d__tcp_wire_encode(x->ctl_hdr, F_RTS, x->kind, x->p2p ? FLAG_P2P : 0,
+                          c10d__tcp_xfer_key_sub(x), x->tag, x->len);
+    c10d__tcp_peer_write(t, pe, x, W_CTL);
+}
+
+static void recv_finish(struct c10d__tcp_xfer *x, int from, size_t len)
+{
+    x->received = len;
+    x->source = from;
+    x->done(x);
+}
+
+static void recv_p2p(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
+{
+    struct unexp *best = NULL;
+    int best_rank = -1;
+    int lo = x->peer == C10D_ANY_SOURCE ? 0 : x->peer;
+    int hi = x->peer == C10D_ANY_SOURCE ? t->cfg.size : x->peer + 1;
+    for (int r = lo; r < hi; r++) {
+        if (r == t->cfg.rank)
+            continue;
+        if (x->peer == C10D_ANY_SOURCE && t->cfg.lazy && t->peers[r].conn == NULL)
+            c10d__tcp_peer_connect(t, r);
+        for (struct unexp *u = t->peers[r].unexp_head; u != NULL; u = u->next) {
+            if ((u->w.type == F_RTS || u->w.type == F_EAGER) && (u->w.flags & FLAG_P2P) &&
+                u->w.tag == x->tag) {
+                if (best == NULL || u->order < best->order) {
+                    best = u;
+                    best_rank = r;
+                }
+                break;
+            }
+        }
+    }
+    if (best != NULL && best->w.type == F_EAGER) {
+        if (best->w.len > x->len) {
+            mismatch(t, x, best_rank, best->w.len, x->len);
+            return;
+        }
+        x->peer_sub = best->w.sub;
+        x->source = best_rank;
+        x->ack_needed = 1;
+        if (!best->complete) {
+            best->claimed = x; /* still arriving: finished by c10d__tcp_body_done */
+            return;
+        }
+        size_t len = best->w.len;
+        if (len > 0)
+            memcpy(x->buf, best->data, len);
+        unexp_unlink(&t->peers[best_rank], best);
+        unexp_free(t, best);
+        x->received = len;
+        c10d__tcp_send_ack(t, x);
+        recv_finish(x, best_rank, len);
+        return;
+    }
+    if (best != NULL) {
+        struct wire w = best->w;
+        unexp_unlink(&t->peers[best_rank], best);
+        unexp_free(t, best);
+        p2p_accept(t, x, best_rank, &w);
+        return;
+    }
+    if (x->peer != C10D_ANY_SOURCE && t->peers[x->peer].gone) {
+        c10d__tcp_error(t, C10D_ECLOSED, "tcp: rank %d has left the group (it destroyed it)",
+                        x->peer);
+        return;
+    }
+    x->order = t->next_order++;
+    if (x->peer == C10D_ANY_SOURCE) {
+        xlist_push(&t->any_recvs, L_ANY_RECVS, x);
+    } else {
+        xlist_push(&t->peers[x->peer].p2p_recvs, L_P2P_RECVS, x);
+        if (t->cfg.lazy && t->peers[x->peer].conn == NULL)
+            c10d__tcp_peer_connect(t, x->peer);
+    }
+}
+
+void c10d__tcp_recv(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
+{
+    if (t->failed)
+        return;
+    if (x->p2p) {
+        recv_p2p(t, x);
+        return;
+    }
+    struct peer *pe = &t->peers[x->peer];
+    x->source = x->peer;
+    for (struct unexp *u = pe->unexp_head; u != NULL; u = u->next) {
+        if ((u->w.flags & FLAG_P2P) || u->w.tag != x->tag || u->w.sub != x->sub ||
+            (u->w.type != F_EAGER && u->w.type != F_RTS))
+            continue;
+        if (u->w.kind != x->kind) {
+            c10d__tcp_error(t, C10D_EINVAL,
+                            "tcp %s seq %llu: rank %d runs %s with the same sequence number "
+                            "(collective mismatch?)",
+                            c10d__tcp_kind_name(x->kind), (unsigned long long)x->tag, x->peer,
+                            c10d__tcp_kind_name(u->w.kind));
+            return;
+        }
+        if (u->w.len != x->len) {
+            mismatch(t, x, x->peer, u->w.len, x->len);
+            return;
+        }
+        if (u->w.type == F_RTS) {
+            unexp_unlink(pe, u);
+            unexp_free(t, u);
+            xlist_push(&pe->recvs, L_RECVS, x);
+            c10d__tcp_send_cts(t, x);
+            return;
+        }
+        if (!u->complete) {
+            u->claimed = x; /* the body is arriving: finish when it has */
+            return;
+        }
+        size_t len = u->w.len;
+        if (len > 0)
+            memcpy(x->buf, u->data, len);
+        unexp_unlink(pe, u);
+        unexp_free(t, u);
+        recv_finish(x, x->peer, len);
+        return;
+    }
+    if (pe->gone) {
+        c10d__tcp_error(t, C10D_ECLOSED, "tcp: rank %d has left the group (it destroyed it)",
+                        x->peer);
+        return;
+    }
+    xlist_push(&pe->recvs, L_RECVS, x);
+    if (x->len > t->cfg.eager_max)
+        c10d__tcp_send_cts(t, x);
+    else if (t->cfg.lazy && pe->conn == NULL)
+        c10d__tcp_peer_connect(t, x->peer);
+}
+
+/* ---------------------------------------------------------- arriving */
+
+static void body_start(struct conn *c, const struct wire *w, char *dst, struct c10d__tcp_xfer *x,
+                       struct unexp *u)
+{
+    c->in_body = 1;
+    c->body_w = *w;
+    c->dst = dst;
+    c->remaining = w->len;
+    c->body_x = x;
+    c->body_u = u;
+    if (x != NULL && c10d__tcp_work_gone(x))
+        c->dst = NULL; /* its op timed out: the buffer may be gone */
+}
+
+void c10d__tcp_body_done(struct conn *c)
+{
+    struct c10d__tcp_transport *t = c->t;
+    struct peer *pe = &t->peers[c->rank];
+    c->in_body = 0;
+    struct c10d__tcp_xfer *x = c->body_x;
+    struct unexp *u = c->body_u;
+    c->body_x = NULL;
+    c->body_u = NULL;
+    if (c->body_w.type == F_ABORT) {
+        c->abort_msg[c->body_w.len] = '\0';
+        c10d__tcp_error(t, (int)(int64_t)c->body_w.tag, "rank %d failed: %s", c->rank,
+                        c->abort_msg);
+        return;
+    }
+    if (x != NULL) {
+        xlist_remove(&pe->recvs, x);
+        if (c->dst != NULL || c->body_w.len == 0) {
+            if (x->ack_needed) {
+                x->received = c->body_w.len;
+                c10d__tcp_send_ack(t, x);
+            }
+            recv_finish(x, c->rank, c->body_w.len);
+        }
+        return;
+    }
+    if (u != NULL) {
+        u->complete = 1;
+        if (u->claimed != NULL) {
+            struct c10d__tcp_xfer *cx = u->claimed;
+            size_t len = u->w.len;
+            if (!c10d__tcp_work_gone(cx) && len > 0)
+                memcpy(cx->buf, u->data, len);
+            unexp_unlink(pe, u);
+            unexp_free(t, u);
+            if (cx->ack_needed) {
+                cx->received = len;
+                c10d__tcp_send_ack(t, cx);
+            }
+            recv_finish(cx, c->rank, len);
+        }
+    }
+}
+
+void c10d__tcp_handle_frame(struct conn *c, const struct wire *w)
+{
+    struct c10d__tcp_transport *t = c->t;
+    struct peer *pe = &t->peers[c->rank];
+    int p2p = (w->flags & FLAG_P2P) != 0;
+    struct c10d__tcp_xfer *x;
+    switch (w->type) {
+    case F_EAGER:
+        if (p2p) {
+            struct c10d__tcp_xfer *a = xlist_find_tag(&pe->p2p_recvs, w->tag);
+            struct c10d__tcp_xfer *b = xlist_find_tag(&t->any_recvs, w->tag);
+            x = a != NULL && (b == NULL || a->order < b->order) ? a : b;
+            if (x != NULL) {
+                if (w->len > x->len) {
+                    mismatch(t, x, c->rank, w->len, x->len);
+                    return;
+                }
+                xlist_remove(x == a ? &pe->p2p_recvs : &t->any_recvs, x);
+                x->peer_sub = w->sub;
+                x->source = c->rank;
+                x->ack_needed = 1;
+                xlist_push(&pe->recvs, L_RECVS, x);
+                body_start(c, w, x->buf, x, NULL);
+                break;
+            }
+            x = NULL;
+        } else {
+            x = xlist_find(&pe->recvs, 0, w->tag, w->sub);
+        }
+        if (x != NULL) {
+            if (x->kind != w->kind) {
+                c10d__tcp_error(t, C10D_EINVAL,
+                                "tcp %s seq %llu: rank %d runs %s with the same sequence number "
+                                "(collective mismatch?)",
+                                c10d__tcp_kind_name(x->kind), (unsigned long long)x->tag, c->rank,
+                                c10d__tcp_kind_name(w->kind));
+                return;
+            }
+            if (w->len != x->len) {
+                mismatch(t, x, c->rank, w->len, x->len);
+                return;
+            }
+            body_start(c, w, x->buf, x, NULL);
+        } else {
+            struct unexp *u = unexp_new(t, w, w->len);
+            if (u == NULL) {
+                c10d__tcp_error(t, C10D_ENOMEM,
+                                "tcp: out of memory buffering %llu bytes from rank %d",
+                                (unsigned long long)w->len, c->rank);
+                return;
+            }
+            unexp_append(pe, u);
+            body_start(c, w, u->data, NULL, u);
+        }
+        break;
+    case F_RTS:
+        if (p2p) {
+            struct c10d__tcp_xfer *a = xlist_find_tag(&pe->p2p_recvs, w->tag);
+            struct c10d__tcp_xfer *b = xlist_find_tag(&t->any_recvs, w->tag);
+            x = a != NULL && (b == NULL || a->order < b->order) ? a : b;
+            if (x != NULL) {
+                xlist_remove(x == a ? &pe->p2p_recvs : &t->any_recvs, x);
+                p2p_accept(t, x, c->rank, w);
+                return;
+            }
+        } else if ((x = xlist_find(&pe->recvs, 0, w->tag, w->sub)) != NULL) {
+            if (w->len != x->len)
+                mismatch(t, x, c->rank, w->len, x->len);
+            else if (!x->cts_sent)
+                c10d__tcp_send_cts(t, x);
+            return;
+        }
+        goto keep;
+    case F_CTS:
+        x = xlist_find(&pe->sends, p2p, w->tag, w->sub);
+        if (x != NULL) {
+            xlist_remove(&pe->sends, x);
+            c10d__tcp_send_data(t, x, w->len);
+            return;
+        }
+        goto keep;
+    case F_DATA:
+        x = xlist_find(&pe->recvs, p2p, w->tag, w->sub);
+        if (x == NULL) {
+            c10d__tcp_error(t, C10D_EPROTO, "tcp: rank %d sent data (tag %llu) nobody asked for",
+                            c->rank, (unsigned long long)w->tag);
+            return;
+        }
+        if (x->p2p ? w->len > x->len : w->len != x->len) {
+            mismatch(t, x, c->rank, w->len, x->len);
+            return;
+        }
+        body_start(c, w, x->buf, x, NULL);
+        break;
+    case F_ACK:
+        x = xlist_find(&pe->sends, 1, w->tag, w->sub);
+        if (x == NULL || !x->await_ack) {
+            c10d__tcp_error(t, C10D_EPROTO,
+                            "tcp: rank %d acknowledged a message (tag %llu) never sent", c->rank,
+                            (unsigned long long)w->tag);
+            return;
+        }
+        xlist_remove(&pe->sends, x);
+        pe->eager_out -= x->len;
+        x->await_ack = 0;
+        if (!c10d__tcp_work_gone(x))
+            x->done(x);
+        return;
+    case F_BYE:
+        c->bye = 1;
+        pe->gone = 1;
+        return;
+    case F_ABORT:
+        if (w->len > ABORT_MSG_MAX) {
+            c10d__tcp_error(t, C10D_EPROTO, "tcp: rank %d sent a malformed abort frame", c->rank);
+            return;
+        }
+        body_start(c, w, c->abort_msg, NULL, NULL);
+        break;
+    default:
+        c10d__tcp_error(t, C10D_EPROTO, "tcp: rank %d sent an unknown frame type %d", c->rank,
+                        w->type);
+        return;
+    }
+    if (c->in_body && c->remaining == 0)
+        c10d__tcp_body_done(c);
+    return;
+keep : {
+    struct unexp *u = unexp_new(t, w, 0);
+    if (u == NULL) {
+        c10d__tcp_error(t, C10D_ENOMEM, "tcp: out of memory");
+        return;
+    }
+    u->complete = 1;
+    unexp_append(pe, u);
+}
+}

@@ -1,0 +1,211 @@
+/* The tcp transport's private header: the state its parts share (frames,
+ * peers, connections, the transport itself) and the functions one part calls
+ * in another. The transport is split by concern so that each part reads on its
+ * own (transport.c lists them); only those files include this one, everything
+ * else goes through transport.h. */
+#ifndef C10D_BACKENDS_TCP_TRANSPORT_IMPL_H
+#define C10D_BACKENDS_TCP_TRANSPORT_IMPL_H
+
+#include "transport.h"
+
+#include "engine/error.h"
+#include "engine/token.h"
+
+#include <netinet/in.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#define HDR_LEN     24
+#define HELLO_FIXED 32
+#define HELLO_MAX   (HELLO_FIXED + C10D_TOKEN_MAX)
+/* An inbound connection that has not completed its hello by then is closed:
+ * a stranger (or a half-open socket) costs one descriptor for this long at
+ * most, and never more than PENDING_MAX of them at once. */
+#define PENDING_HELLO_MS 10000
+#define PENDING_MAX      64
+#define PENDING_TICK_MS  1000
+#define STAGING_LEN      (256 * 1024)
+#define ABORT_MSG_MAX    1000
+
+enum frame_type { F_EAGER = 1, F_RTS, F_CTS, F_DATA, F_ABORT, F_BYE, F_ACK };
+enum { FLAG_P2P = 1 };
+enum xlist_id { L_NONE, L_RECVS, L_P2P_RECVS, L_ANY_RECVS, L_SENDS };
+enum { W_CTL, W_DATA };
+enum conn_state { C_CONNECTING, C_HELLO, C_READY, C_CLOSED };
+
+/* A frame's header, sent as it is in memory (host byte order, as the hello),
+ * then `len` bytes of payload; docs/tcp_backend.md has what each type means. */
+struct wire {
+    uint8_t type, kind, flags, pad;
+    uint32_t sub;
+    uint64_t tag;
+    uint64_t len;
+};
+
+struct xlist {
+    struct c10d__tcp_xfer *head, *tail;
+};
+
+/* A message that arrived before its transfer was posted: eager data (kept),
+ * an RTS or a CTS (just the header). */
+struct unexp {
+    struct unexp *next;
+    struct wire w;
+    uint64_t order;
+    char *data;
+    size_t cap;
+    int complete;
+    struct c10d__tcp_xfer *claimed;
+};
+
+struct conn;
+
+struct peer {
+    int rank;
+    struct conn *conn;       /* ready connection */
+    struct conn *connecting; /* our own attempt in progress (lazy/eager) */
+    struct xlist recvs;      /* posted, matched: waiting for data */
+    struct xlist p2p_recvs;  /* P2P receives not matched to an RTS yet */
+    struct xlist sends;      /* waiting for CTS */
+    struct unexp *unexp_head, *unexp_tail;
+    struct c10d__tcp_xfer *out_head, *out_tail; /* writes waiting for the connection */
+    uint32_t next_send_id;
+    uint64_t retry_at;
+    uint64_t connect_fail_since; /* first failed attempt of the current streak (0: none) */
+    uint64_t connect_warned_at;
+    char connect_error[96]; /* why the last attempt failed */
+    int gone;               /* said goodbye (destroyed its group cleanly) */
+    int lost;               /* its connection broke: the transport fails after the grace period */
+    size_t eager_out;       /* P2P eager bytes sent, not yet acknowledged */
+};
+
+struct conn {
+    uv_tcp_t tcp;
+    uv_connect_t connect_req;
+    uv_write_t hello_req;
+    unsigned char hello_out[HELLO_MAX];
+    unsigned char hello_in[HELLO_MAX];
+    size_t hello_have;
+    uint64_t accepted_ms;             /* inbound: when accepted (pending-hello deadline) */
+    char peer[INET6_ADDRSTRLEN + 16]; /* inbound: who connected, for log lines */
+    int parked;                       /* inbound hello complete, waiting for the job id */
+    struct c10d__tcp_transport *t;
+    struct conn *all_next, *all_prev;
+    int rank; /* -1 until the handshake named it */
+    int initiator;
+    int bye; /* the peer said goodbye: its EOF is no failure by itself */
+    enum conn_state state;
+    /* reading */
+    unsigned char hdr[HDR_LEN];
+    size_t hdr_have;
+    int in_body;
+    struct wire body_w;
+    char *dst; /* NULL: discard */
+    size_t remaining;
+    struct c10d__tcp_xfer *body_x;
+    struct unexp *body_u;
+    char abort_msg[ABORT_MSG_MAX + 1];
+    char *staging;
+};
+
+struct c10d__tcp_transport {
+    struct c10d__tcp_transport_config cfg;
+    uv_loop_t *loop;
+    uv_tcp_t listener;
+    uv_timer_t deadline;
+    uv_timer_t grace;
+    uv_timer_t pending; /* closes inbound connections stuck before their hello */
+    int listening, deadline_open, grace_open, grace_armed, pending_open;
+    /* The job's identity: rank 0 draws it, the others learn it from rank 0's
+     * published address; hellos of any other job are dropped. */
+    uint64_t job_id;
+    int job_known;
+    char published[INET6_ADDRSTRLEN + 40]; /* address, and the job id on rank 0 */
+    uint8_t token[C10D_TOKEN_MAX];
+    size_t token_len;
+    uint64_t stranger_log_ms, strangers_unlogged;
+    int first_lost; /* the first peer whose connection broke */
+    int handles;    /* open uv handles; freed once 0 after free was asked */
+    int freeing;
+    int failed;
+    char address[INET6_ADDRSTRLEN + 16];
+    struct sockaddr_storage bind_addr;
+    struct peer *peers;
+    char **addrs;
+    struct conn *conns; /* every connection, for closing */
+    struct xlist any_recvs;
+    struct c10d__tcp_xfer *pool, *all_xfers;
+    struct unexp *unexp_pool;
+    uint64_t next_order;
+    void (*ready)(void *arg, int status);
+    void *ready_arg;
+    int nready;
+    int ready_called;
+};
+
+/* Helpers small and hot enough that every part gets its own inlined copy. */
+
+static inline void c10d__tcp_wire_encode(unsigned char *out, int type, int kind, int flags,
+                                         uint32_t sub, uint64_t tag, uint64_t len)
+{
+    struct wire w = {(uint8_t)type, (uint8_t)kind, (uint8_t)flags, 0, sub, tag, len};
+    memcpy(out, &w, HDR_LEN);
+}
+
+static inline uint32_t c10d__tcp_xfer_key_sub(const struct c10d__tcp_xfer *x)
+{
+    return x->p2p ? x->peer_sub : x->sub;
+}
+
+static inline int c10d__tcp_work_gone(const struct c10d__tcp_xfer *x)
+{
+    return x->work != NULL && c10d_work_test(x->work);
+}
+
+/* transport.c: the first error fails the transport and says why (later ones
+ * are dropped); a transfer given back while its writes were in flight is
+ * recycled once the last one completes. */
+void c10d__tcp_error(struct c10d__tcp_transport *t, int status, const char *fmt, ...)
+    C10D_PRINTF(3, 4);
+void c10d__tcp_pool_push(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x);
+
+/* wire.c: writing frames and reading the stream. */
+void c10d__tcp_peer_write(struct c10d__tcp_transport *t, struct peer *pe, struct c10d__tcp_xfer *x,
+                          int which);
+void c10d__tcp_peer_flush(struct c10d__tcp_transport *t, struct peer *pe);
+void c10d__tcp_send_cts(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x);
+void c10d__tcp_send_data(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x, uint64_t cap);
+void c10d__tcp_send_ack(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x);
+void c10d__tcp_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+void c10d__tcp_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+/* match.c: what an arriving frame means, and where its body goes. */
+const char *c10d__tcp_kind_name(int kind);
+void c10d__tcp_handle_frame(struct conn *c, const struct wire *w);
+void c10d__tcp_body_done(struct conn *c);
+
+/* hello.c: the handshake; strangers are dropped here without failing anything. */
+size_t c10d__tcp_hello_encode(const struct c10d__tcp_transport *t, unsigned char *out,
+                              uint16_t flags);
+size_t c10d__tcp_hello_bytes(struct conn *c, const char *p, size_t n);
+void c10d__tcp_accept_hello(struct conn *c);
+void c10d__tcp_drop_stranger(struct conn *c, const char *fmt, ...) C10D_PRINTF(2, 3);
+
+/* conn.c: connections and the timers that bound them. */
+void c10d__tcp_conn_close(struct conn *c);
+void c10d__tcp_conn_lost(struct conn *c, ssize_t err);
+void c10d__tcp_peer_lost(struct c10d__tcp_transport *t, int rank, int err);
+void c10d__tcp_peer_connect(struct c10d__tcp_transport *t, int rank);
+void c10d__tcp_connect_failed(struct c10d__tcp_transport *t, int rank, const char *why);
+int c10d__tcp_parse_addr(const char *text, struct sockaddr_storage *ss);
+void c10d__tcp_on_connection(uv_stream_t *server, int status);
+void c10d__tcp_on_pending_tick(uv_timer_t *tm);
+void c10d__tcp_on_deadline(uv_timer_t *tm);
+
+/* iface.c: the listening socket and the address published for it. */
+int c10d__tcp_start_listening(struct c10d__tcp_transport *t);
+int c10d__tcp_format_address(struct c10d__tcp_transport *t);
+
+#endif

@@ -1,0 +1,267 @@
+/* Frames on the socket, both ways (the frame format is in transport_impl.h).
+ *
+ * Writing: a frame goes out as one writev of its header and the caller's
+ * buffer, tried at once when nothing is queued, so a send often completes
+ * inside the call that posted it; a frame for a peer not connected yet waits
+ * on that peer's queue. The flow-control frames (CTS, DATA after a CTS, the
+ * ACK of a P2P eager message) are here because they are plain writes: which
+ * transfer they answer was decided by match.c.
+ *
+ * Reading: the bytes are cut into hellos (hello.c), frame headers (match.c
+ * says what they mean) and bodies. While a body is being received and enough
+ * of it is left, the alloc callback hands libuv the destination itself, so
+ * bulk data goes from the kernel straight into the user's buffer; headers,
+ * small payloads and everything between land in a per-connection staging
+ * buffer first. This file is where the bytes and the time go; which transfer a
+ * frame belongs to is decided in match.c. */
+#include "transport_impl.h"
+
+#include "engine/loop.h"
+
+#include <limits.h>
+#include <string.h>
+
+#define DIRECT_MIN (16 * 1024)
+#define IOV_PIECE  ((size_t)1 << 30)
+#define MAX_IOV    17
+
+/* ----------------------------------------------------------- writing */
+
+static void xfer_written(uv_write_t *req, int status, int which)
+{
+    struct c10d__tcp_xfer *x = req->data;
+    struct c10d__tcp_transport *t = ((struct conn *)req->handle->data)->t;
+    x->writes--;
+    if (status < 0 || x->released || t->failed) {
+        struct conn *c = req->handle->data;
+        if (status < 0 && status != UV_ECANCELED && c->rank >= 0)
+            c10d__tcp_peer_lost(t, c->rank, status);
+        if (x->released && x->writes == 0)
+            c10d__tcp_pool_push(t, x);
+        return;
+    }
+    if (which == W_DATA && !x->await_ack)
+        x->done(x);
+}
+
+static void on_ctl_written(uv_write_t *req, int status)
+{
+    xfer_written(req, status, W_CTL);
+}
+
+static void on_data_written(uv_write_t *req, int status)
+{
+    xfer_written(req, status, W_DATA);
+}
+
+void c10d__tcp_peer_write(struct c10d__tcp_transport *t, struct peer *pe, struct c10d__tcp_xfer *x,
+                          int which)
+{
+    if (t->failed)
+        return;
+    if (pe->conn == NULL && pe->lost)
+        return; /* the transport is about to fail */
+    if (pe->conn == NULL && pe->gone) {
+        c10d__tcp_error(t, C10D_ECLOSED, "tcp: rank %d has left the group (it destroyed it)",
+                        pe->rank);
+        return;
+    }
+    if (pe->conn == NULL) {
+        x->out_which = which;
+        x->out_next = NULL;
+        if (pe->out_tail != NULL)
+            pe->out_tail->out_next = x;
+        else
+            pe->out_head = x;
+        pe->out_tail = x;
+        c10d__tcp_peer_connect(t, pe->rank);
+        return;
+    }
+    uv_buf_t b[MAX_IOV];
+    unsigned n = 1;
+    size_t total = HDR_LEN;
+    uv_write_t *req;
+    if (which == W_CTL) {
+        b[0] = uv_buf_init((char *)x->ctl_hdr, HDR_LEN);
+        req = &x->ctl_req;
+    } else {
+        b[0] = uv_buf_init((char *)x->data_hdr, HDR_LEN);
+        /* uv_buf_t lengths are 32-bit: big payloads go as several pieces. */
+        for (size_t off = 0; off < x->len;) {
+            size_t piece = x->len - off < IOV_PIECE ? x->len - off : IOV_PIECE;
+            if (n == MAX_IOV) {
+                c10d__tcp_error(t, C10D_EUNSUPPORTED, "tcp: a message of %zu bytes is too large",
+                                x->len);
+                return;
+            }
+            b[n++] = uv_buf_init((char *)x->buf + off, (unsigned)piece);
+            off += piece;
+        }
+        total += x->len;
+        req = &x->data_req;
+    }
+    uv_stream_t *stream = (uv_stream_t *)&pe->conn->tcp;
+    /* Nothing queued: write now, and if it all went out, the send is done
+     * without waiting for a write callback on a later loop turn. */
+    if (uv_stream_get_write_queue_size(stream) == 0) {
+        int w = uv_try_write(stream, b, n);
+        if (w < 0 && w != UV_EAGAIN) {
+            c10d__tcp_peer_lost(t, pe->rank, w);
+            return;
+        }
+        size_t done = w > 0 ? (size_t)w : 0;
+        if (done == total) {
+            if (which == W_DATA && !x->await_ack)
+                x->done(x);
+            return;
+        }
+        unsigned skip = 0;
+        while (done >= b[skip].len) {
+            done -= b[skip].len;
+            skip++;
+        }
+        b[skip].base += done;
+        b[skip].len -= (unsigned)done;
+        memmove(b, b + skip, (n - skip) * sizeof b[0]);
+        n -= skip;
+    }
+    req->data = x;
+    x->writes++;
+    int rc = uv_write(req, stream, b, n, which == W_CTL ? on_ctl_written : on_data_written);
+    if (rc < 0) {
+        x->writes--;
+        c10d__tcp_peer_lost(t, pe->rank, rc);
+    }
+}
+
+void c10d__tcp_peer_flush(struct c10d__tcp_transport *t, struct peer *pe)
+{
+    struct c10d__tcp_xfer *x = pe->out_head;
+    pe->out_head = pe->out_tail = NULL;
+    while (x != NULL && !t->failed) {
+        struct c10d__tcp_xfer *next = x->out_next;
+        x->out_next = NULL;
+        c10d__tcp_peer_write(t, pe, x, x->out_which);
+        x = next;
+    }
+}
+
+/* ------------------------------------------------------ flow control */
+
+void c10d__tcp_send_cts(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
+{
+    x->cts_sent = 1;
+    c10d__tcp_wire_encode(x->ctl_hdr, F_CTS, x->kind, x->p2p ? FLAG_P2P : 0,
+                          c10d__tcp_xfer_key_sub(x), x->tag, x->len);
+    c10d__tcp_peer_write(t, &t->peers[x->source], x, W_CTL);
+}
+
+/* The CTS arrived for a send: send the payload. */
+void c10d__tcp_send_data(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x, uint64_t cap)
+{
+    if (x->p2p ? x->len > cap : x->len != cap) {
+        if (x->p2p)
+            c10d__tcp_error(
+                t, C10D_EINVAL,
+                "tcp send (tag %llu): %zu bytes to rank %d, which posted a buffer of %llu",
+                (unsigned long long)x->tag, x->len, x->peer, (unsigned long long)cap);
+        else
+            c10d__tcp_error(
+                t, C10D_EINVAL,
+                "tcp %s seq %llu: sending %zu bytes to rank %d, which posted %llu bytes "
+                "(collective mismatch?)",
+                c10d__tcp_kind_name(x->kind), (unsigned long long)x->tag, x->len, x->peer,
+                (unsigned long long)cap);
+        return;
+    }
+    if (c10d__tcp_work_gone(x))
+        return;
+    c10d__tcp_wire_encode(x->data_hdr, F_DATA, x->kind, x->p2p ? FLAG_P2P : 0,
+                          c10d__tcp_xfer_key_sub(x), x->tag, x->len);
+    c10d__tcp_peer_write(t, &t->peers[x->peer], x, W_DATA);
+}
+
+void c10d__tcp_send_ack(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
+{
+    c10d__tcp_wire_encode(x->ctl_hdr, F_ACK, x->kind, FLAG_P2P, x->peer_sub, x->tag, x->received);
+    c10d__tcp_peer_write(t, &t->peers[x->source], x, W_CTL);
+}
+
+/* ----------------------------------------------------------- reading */
+
+static void parse(struct conn *c, const char *p, size_t n)
+{
+    struct c10d__tcp_transport *t = c->t;
+    while (n > 0 && !t->failed && c->state != C_CLOSED) {
+        if (c->state == C_HELLO) {
+            if (c->parked)
+                return; /* nothing may follow a hello before its answer */
+            size_t k = c10d__tcp_hello_bytes(c, p, n);
+            p += k;
+            n -= k;
+            continue;
+        }
+        if (!c->in_body) {
+            size_t k = HDR_LEN - c->hdr_have < n ? HDR_LEN - c->hdr_have : n;
+            memcpy(c->hdr + c->hdr_have, p, k);
+            c->hdr_have += k;
+            p += k;
+            n -= k;
+            if (c->hdr_have == HDR_LEN) {
+                struct wire w;
+                memcpy(&w, c->hdr, HDR_LEN);
+                c->hdr_have = 0;
+                c10d__tcp_handle_frame(c, &w);
+            }
+            continue;
+        }
+        size_t k = c->remaining < n ? c->remaining : n;
+        if (c->dst != NULL && c->body_x != NULL && c10d__tcp_work_gone(c->body_x))
+            c->dst = NULL;
+        if (c->dst != NULL) {
+            memcpy(c->dst, p, k);
+            c->dst += k;
+        }
+        c->remaining -= k;
+        p += k;
+        n -= k;
+        if (c->remaining == 0)
+            c10d__tcp_body_done(c);
+    }
+}
+
+void c10d__tcp_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)suggested;
+    struct conn *c = h->data;
+    if (c->in_body && c->dst != NULL && c->remaining >= DIRECT_MIN) {
+        if (c->body_x != NULL && c10d__tcp_work_gone(c->body_x)) {
+            c->dst = NULL;
+        } else {
+            size_t len = c->remaining < (size_t)INT_MAX ? c->remaining : (size_t)INT_MAX;
+            *buf = uv_buf_init(c->dst, (unsigned)len);
+            return;
+        }
+    }
+    *buf = uv_buf_init(c->staging, STAGING_LEN);
+}
+
+void c10d__tcp_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    struct conn *c = s->data;
+    if (nread < 0) {
+        c10d__tcp_conn_lost(c, nread);
+        return;
+    }
+    if (nread == 0 || c->state == C_CLOSED)
+        return;
+    c10d__engine_busy();
+    if (buf->base != c->staging) {
+        c->dst += nread;
+        c->remaining -= (size_t)nread;
+        if (c->remaining == 0)
+            c10d__tcp_body_done(c);
+        return;
+    }
+    parse(c, buf->base, (size_t)nread);
+}
