@@ -196,17 +196,21 @@ static void work_drain(c10d_work *w)
     int close_timer = w->timer_state == TIMER_ARMED;
     if (close_timer)
         w->timer_state = TIMER_CLOSING;
+    int handed_off = 0;
     while (w->next_callback < w->ncallbacks) {
         struct work_callback c = w->callbacks[w->next_callback];
         if (c.user && !c10d__engine_own_thread()) {
             /* A waiter drives the loop here: user callbacks wait for the
              * engine's thread, so a thread that waits holding its own lock
-             * never runs a callback that takes it. The drain task's reference
-             * goes with the repost. */
+             * never runs a callback that takes it. A drain posted meanwhile
+             * (a callback added while ours ran unlocked) will hand them over
+             * itself: the task must never sit in two queues at once. */
+            if (w->drain_posted)
+                break;
             w->drain_posted = 1;
             if (c10d__engine_post_own(&w->drain_task) == 0) {
-                uv_mutex_unlock(&w->mutex);
-                return;
+                handed_off = 1; /* the repost keeps this drain's reference */
+                break;
             }
             w->drain_posted = 0; /* shutting down: nobody else will run them */
         }
@@ -221,7 +225,8 @@ static void work_drain(c10d_work *w)
         uv_timer_stop(&w->timer);
         uv_close((uv_handle_t *)&w->timer, timer_closed);
     }
-    c10d_work_release(w);
+    if (!handed_off)
+        c10d_work_release(w);
 }
 
 static void drain_task_fn(struct c10d__task *t)

@@ -16,6 +16,9 @@ import subprocess
 import sys
 
 ROOTS = ("api", "backends", "engine", "store_server", "tools")
+# Folders whose object files must not call each other around a loop.
+CYCLE_FREE = ("engine/", "api/", "backends/op_kind", "backends/registry", "store_server/wire/",
+              "store_server/table/")
 
 
 def allowed_arrows(doc_path):
@@ -131,7 +134,14 @@ def check_objects(paths):
                 needed[o].add(parts[1])
             elif len(parts) == 3 and parts[1] in "TDBRV":
                 defined[parts[2]] = o
-    graph = {o: {defined[s] for s in needed[o] if s in defined and defined[s] != o} for o in objs}
+    # The files of one transport or one store may call each other; the engine
+    # base and the group layer must stay one-way inside too.
+    def checked(o):
+        rel = os.path.relpath(o, objdir)
+        return rel.startswith(CYCLE_FREE)
+
+    graph = {o: {defined[s] for s in needed[o] if s in defined and defined[s] != o and checked(defined[s])}
+             for o in objs if checked(o)}
     cycle = find_cycle(graph)
     if cycle is None:
         return [], len(objs)

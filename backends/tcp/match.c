@@ -23,14 +23,6 @@
  * may have to hold for sends it has not posted receives for. */
 #define P2P_CREDIT ((size_t)1 << 20)
 
-const char *c10d__tcp_kind_name(int kind)
-{
-    static const char *const names[] = {
-        "BROADCAST",      "ALLREDUCE", "REDUCE",  "ALLGATHER", "GATHER", "SCATTER",
-        "REDUCE_SCATTER", "ALLTOALL",  "BARRIER", "SEND",      "RECV"};
-    return kind >= 0 && kind < (int)(sizeof names / sizeof names[0]) ? names[kind] : "UNKNOWN";
-}
-
 /* ------------------------------------------------------------- lists */
 
 static void xlist_push(struct xlist *l, int id, struct c10d__tcp_xfer *x)
@@ -152,7 +144,7 @@ static void mismatch(struct c10d__tcp_transport *t, const struct c10d__tcp_xfer 
         c10d__tcp_error(t, C10D_EINVAL,
                         "tcp %s seq %llu: rank %d sent %llu bytes but this rank posted %zu bytes "
                         "(collective mismatch?)",
-                        c10d__tcp_kind_name(x->kind), (unsigned long long)x->tag, from,
+                        c10d__op_kind_name((enum c10d__op_kind)x->kind), (unsigned long long)x->tag, from,
                         (unsigned long long)sent, posted);
 }
 
@@ -302,8 +294,8 @@ void c10d__tcp_recv(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
             c10d__tcp_error(t, C10D_EINVAL,
                             "tcp %s seq %llu: rank %d runs %s with the same sequence number "
                             "(collective mismatch?)",
-                            c10d__tcp_kind_name(x->kind), (unsigned long long)x->tag, x->peer,
-                            c10d__tcp_kind_name(u->w.kind));
+                            c10d__op_kind_name((enum c10d__op_kind)x->kind), (unsigned long long)x->tag, x->peer,
+                            c10d__op_kind_name((enum c10d__op_kind)u->w.kind));
             return;
         }
         if (u->w.len != x->len) {
@@ -434,8 +426,8 @@ void c10d__tcp_handle_frame(struct conn *c, const struct wire *w)
                 c10d__tcp_error(t, C10D_EINVAL,
                                 "tcp %s seq %llu: rank %d runs %s with the same sequence number "
                                 "(collective mismatch?)",
-                                c10d__tcp_kind_name(x->kind), (unsigned long long)x->tag, c->rank,
-                                c10d__tcp_kind_name(w->kind));
+                                c10d__op_kind_name((enum c10d__op_kind)x->kind), (unsigned long long)x->tag, c->rank,
+                                c10d__op_kind_name((enum c10d__op_kind)w->kind));
                 return;
             }
             if (w->len != x->len) {

@@ -6,6 +6,7 @@
 #ifndef C10D_BACKENDS_TCP_TRANSPORT_IMPL_H
 #define C10D_BACKENDS_TCP_TRANSPORT_IMPL_H
 
+#include "backends/backend.h"
 #include "transport.h"
 
 #include "engine/error.h"
@@ -182,7 +183,6 @@ void c10d__tcp_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 void c10d__tcp_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
 /* match.c: what an arriving frame means, and where its body goes. */
-const char *c10d__tcp_kind_name(int kind);
 void c10d__tcp_handle_frame(struct conn *c, const struct wire *w);
 void c10d__tcp_body_done(struct conn *c);
 

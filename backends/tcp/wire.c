@@ -170,7 +170,7 @@ void c10d__tcp_send_data(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x
                 t, C10D_EINVAL,
                 "tcp %s seq %llu: sending %zu bytes to rank %d, which posted %llu bytes "
                 "(collective mismatch?)",
-                c10d__tcp_kind_name(x->kind), (unsigned long long)x->tag, x->len, x->peer,
+                c10d__op_kind_name((enum c10d__op_kind)x->kind), (unsigned long long)x->tag, x->len, x->peer,
                 (unsigned long long)cap);
         return;
     }
