@@ -25,6 +25,12 @@ static int finish(int rc, c10d_work *w)
 int c10d_all_reduce_sync(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype,
                          c10d_reduce_op op)
 {
+    /* The blocking form has no options, so no factor: refuse rather than
+     * scale by zero. */
+    if (op == C10D_PREMUL_SUM)
+        return c10d__fail(C10D_EINVAL,
+                          "c10d_all_reduce_sync: C10D_PREMUL_SUM needs a factor "
+                          "(c10d_op_opts.premul_factor); use c10d_all_reduce");
     c10d_work *w = NULL;
     int rc = c10d_all_reduce(pg, send, recv, count, dtype, op, NULL, &w);
     return finish(rc, w);

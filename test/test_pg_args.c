@@ -293,6 +293,9 @@ static void test_collective_rules(void **state)
     o.premul_factor = 1.0 / 0.0;
     EXPECT_ERR(c10d_all_reduce(pg, buf, buf, 16, C10D_FLOAT32, C10D_PREMUL_SUM, &o, NULL),
                C10D_EINVAL, "tcp all_reduce: PREMUL_SUM factor must be finite (got inf)");
+    EXPECT_ERR(c10d_all_reduce_sync(pg, buf, buf, 16, C10D_FLOAT32, C10D_PREMUL_SUM), C10D_EINVAL,
+               "c10d_all_reduce_sync: C10D_PREMUL_SUM needs a factor (c10d_op_opts.premul_factor); "
+               "use c10d_all_reduce");
     EXPECT_ERR(c10d_all_reduce(NULL, buf, buf, 16, C10D_FLOAT32, C10D_SUM, NULL, NULL), C10D_EINVAL,
                "c10d all_reduce: pg is NULL");
     /* Not one of these consumed a number. */
