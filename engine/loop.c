@@ -143,6 +143,12 @@ static void close_any_handle(uv_handle_t *h, void *arg)
     }
 }
 
+static void count_open_handle(uv_handle_t *h, void *arg)
+{
+    if (!uv_is_closing(h))
+        ++*(int *)arg;
+}
+
 void c10d__engine_add_sweep(struct c10d__shutdown_sweep *sweep)
 {
     uv_once(&engine_once, engine_init_once);
@@ -187,6 +193,22 @@ static void engine_stop_on_loop(struct engine *e)
     run_sweeps();
     run_tasks(take_all_tasks(e));
     run_tasks(take_own_tasks(e));
+    uv_walk(&e->loop, close_any_handle, NULL);
+}
+
+/* Loop thread, after the shutdown walk: a handle opened since (by a close
+ * callback, or a task queued before the stop that started an operation) would
+ * keep uv_run alive and c10d_shutdown waiting for ever. Each is a bug in its
+ * module; shutdown still returns, and says so. */
+static void close_late_handles(struct engine *e)
+{
+    static atomic_int said;
+    int open = 0;
+    uv_walk(&e->loop, count_open_handle, &open);
+    if (open == 0)
+        return;
+    if (atomic_exchange(&said, 1) == 0)
+        C10D_WARN("engine", "%d handle(s) opened after shutdown began; closing them", open);
     uv_walk(&e->loop, close_any_handle, NULL);
 }
 
@@ -378,6 +400,8 @@ static void loop_thread_main(void *arg)
             uv_mutex_unlock(&drive_mutex);
             break;
         }
+        if (alive && e->stopping)
+            close_late_handles(e);
         uv_mutex_unlock(&drive_mutex);
         if (!polling) {
             uv_mutex_lock(&drive_mutex);
@@ -562,6 +586,11 @@ int c10d__engine_stopping(void)
     int stopping = engine != NULL && engine->stopping;
     uv_mutex_unlock(&engine_mutex);
     return stopping;
+}
+
+int c10d__engine_stop_begun(void)
+{
+    return loop_engine != NULL && loop_engine->stop_requested;
 }
 
 uv_loop_t *c10d__engine_loop(void)

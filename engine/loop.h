@@ -34,6 +34,11 @@ int c10d__engine_post_own(struct c10d__task *task);
 int c10d__engine_own_thread(void);
 
 /* 1 while c10d_shutdown has closed posting and not yet finished. */
+/* Loop thread: whether the engine this thread drives has begun to stop (its
+ * shutdown hooks may have run already). Code that would open a handle or start
+ * an operation from a task queued before the stop checks it, or the loop would
+ * stay alive past the shutdown sweep. */
+int c10d__engine_stop_begun(void);
 int c10d__engine_stopping(void);
 
 /* Convenience: allocates a task that calls fn(arg) on the loop thread. */

@@ -163,6 +163,13 @@ static void on_shutdown(struct c10d__shutdown_hook *h)
 static void arm_task_fn(struct c10d__task *t)
 {
     (void)t;
+    if (c10d__engine_stop_begun()) {
+        /* Our hook has run: the owners' aborts cancel their queues. */
+        uv_mutex_lock(&poll_mutex);
+        arm_posted = 0;
+        uv_mutex_unlock(&poll_mutex);
+        return;
+    }
     if (!handles_open) {
         uv_prepare_init(c10d__engine_loop(), &prepare);
         uv_timer_init(c10d__engine_loop(), &backoff);

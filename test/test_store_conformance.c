@@ -536,6 +536,58 @@ static void test_concurrent_processes(void **state)
     c10d_store_release(s);
 }
 
+/* A callback that runs while the engine stops (user callbacks run after the
+ * stores' shutdown hooks) and starts more store ops, as c10d_pg_destroy's key
+ * sweep does: c10d_shutdown must still return, the late ops failing. Once it
+ * kept the loop alive for ever (a tcp store reconnecting). */
+static void late_noop(const c10d_store_result *res, void *arg)
+{
+    (void)res;
+    (void)arg;
+}
+
+static void late_more_ops(const c10d_store_result *res, void *arg)
+{
+    (void)res;
+    c10d_store *s = arg;
+    const char *never[] = {"never_set"};
+    c10d_store_delete_key(s, "late", late_noop, NULL);
+    c10d_store_wait(s, never, 1, 20000, late_noop, NULL);
+}
+
+static void test_shutdown_with_late_ops(void **state)
+{
+    struct kind *k = *state;
+    begin_test();
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(60); /* a hang ends the child with SIGALRM */
+        for (int i = 0; i < 40; i++) {
+            c10d_store *base = NULL, *s = NULL;
+            if (k->open(k, &base) != 0 || c10d_store_prefix(base, test_prefix, &s) != 0) {
+                fprintf(stderr, "child: open: %s\n", c10d_last_error());
+                _exit(2);
+            }
+            c10d_store_add(s, "late", 1, late_more_ops, s);
+            /* Let the add's reply land at different points of the stop. */
+            usleep((useconds_t)(i % 8) * 100);
+            if (c10d_shutdown() != 0)
+                _exit(3);
+            c10d_store_release(s);
+            c10d_store_release(base);
+        }
+        _exit(0);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    if (WIFSIGNALED(st))
+        fail_msg("%s: c10d_shutdown hung (child killed by signal %d)", k->name, WTERMSIG(st));
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 /* File store: an op parked in the very loop turn in which the store's retry
  * timer found nothing parked must still be retried. A stands in for "the
  * last parked op"; its callback (inside the retry tick) arms our timer for
@@ -853,7 +905,8 @@ static void test_server_stats(void **state)
         cmocka_unit_test_prestate(test_prefix_isolation_list_keys, &k),                            \
         cmocka_unit_test_prestate(test_async_callbacks, &k),                                       \
         cmocka_unit_test_prestate(test_concurrent_clients, &k),                                    \
-        cmocka_unit_test_prestate(test_concurrent_processes, &k)
+        cmocka_unit_test_prestate(test_concurrent_processes, &k),                                 \
+        cmocka_unit_test_prestate(test_shutdown_with_late_ops, &k)
 
 static struct kind hash_kind = {.name = "hash", .open = open_hash};
 static struct kind prefix_kind = {.name = "prefix", .open = open_prefix};

@@ -909,6 +909,14 @@ static void tcp_submit(c10d_store *s, struct c10d__store_op *op)
         c10d__store_op_finish(op, C10D_ECLOSED, "store tcp %s: released", ts->name);
         return;
     }
+    /* A request queued before the engine began to stop, run after this
+     * store's shutdown hook: connecting now would retry for ever on a loop
+     * that must end. */
+    if (c10d__engine_stop_begun()) {
+        c10d__store_op_finish(op, C10D_EABORTED, "store tcp %s %s: the engine was shut down",
+                              ts->name, op_name(op));
+        return;
+    }
     if (!ts->hook_registered) {
         ts->hook.fn = on_engine_shutdown;
         c10d__engine_on_shutdown(&ts->hook);
