@@ -77,6 +77,14 @@ void c10d__store_op_free(struct c10d__store_op *op);
 /* Posts op to `s` (takes a reference on s). On failure the op is freed and
  * nothing calls back. */
 int c10d__store_op_submit(c10d_store *s, struct c10d__store_op *op);
+/* Submits op and blocks the calling thread (never the loop thread) until it
+ * finishes, or until its deadline plus a margin if the loop never answers.
+ * timeout_ms > 0 sets the op's deadline (else the store's timeout). Takes op
+ * on every path; sets op's callback. Returns the op's status, with
+ * c10d_last_error() set on failure; *value (if not NULL) gets the result's
+ * value on success. */
+int c10d__store_op_run_sync(c10d_store *s, struct c10d__store_op *op, int64_t timeout_ms,
+                            int64_t *value);
 /* Hands `op` to `s` right now (loop thread): how a prefix store forwards to
  * its base (the op's reference moves from the old store to s). */
 void c10d__store_op_forward(c10d_store *s, struct c10d__store_op *op);

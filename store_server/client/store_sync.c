@@ -1,5 +1,8 @@
-/* Sync wrappers: the async op plus a condition variable. The results are
- * copied (malloc) in the callback, since the op's buffers die with it. */
+/* Blocking store calls: the async op plus a condition variable, the one
+ * waiter every blocking store call goes through (the public _sync wrappers and
+ * the stores' own ops, such as the TCP store's connect), so that no caller can
+ * block past an op's deadline plus a margin. The results are copied (malloc)
+ * in the callback, since the op's buffers die with it. */
 #include "store.h"
 
 #include <stdatomic.h>
@@ -129,6 +132,40 @@ static int sync_wait(struct sync_call *c, int64_t timeout_ms, const char *what, 
     int rc = c->status;
     if (rc < 0)
         c10d__fail(rc, "%s", c->message);
+    return rc;
+}
+
+int c10d__store_op_run_sync(c10d_store *s, struct c10d__store_op *op, int64_t timeout_ms,
+                            int64_t *value)
+{
+    /* Named now: once submitted, the op is the loop's to free. */
+    const char *what = c10d__store_cmd_name(op->req.cmd);
+    if (c10d__on_loop_thread()) {
+        c10d__store_op_free(op);
+        return c10d__fail(C10D_EDEADLK, "store %s: a blocking op on the loop thread", what);
+    }
+    struct sync_call *c = sync_new(WANT_NONE);
+    if (!c) {
+        c10d__store_op_free(op);
+        return c10d__fail(C10D_ENOMEM, "store %s: out of memory", what);
+    }
+    int64_t tmo = timeout_ms > 0 ? timeout_ms : c10d_store_timeout(s);
+    op->cb = sync_cb;
+    op->arg = c;
+    op->timeout_ms = timeout_ms;
+    int rc = c10d__store_op_submit(s, op);
+    if (rc < 0) {
+        sync_unref(c);
+        sync_unref(c);
+        return rc;
+    }
+    int abandoned;
+    rc = sync_wait(c, tmo, what, &abandoned);
+    if (abandoned)
+        return rc;
+    if (rc >= 0 && value)
+        *value = c->value;
+    sync_unref(c);
     return rc;
 }
 
