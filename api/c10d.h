@@ -10,7 +10,10 @@
  *    of yours, even one waiting in c10d_work_wait: holding your lock while
  *    you wait is safe);
  *  - callbacks must not block: they run on the thread that drives all I/O.
- *  - options structs are zero-initialisable; zero means "default".
+ *  - options structs start with `struct_size`: initialise them with their
+ *    C10D_*_OPTS_INIT macro (or `= {0}`, read as version 0.1's layout); a
+ *    zero field means "default";
+ *  - out-parameters come last.
  */
 #ifndef C10D_H
 #define C10D_H
@@ -141,7 +144,7 @@ typedef void (*c10d_work_cb)(c10d_work *work, int status, void *arg);
  * c10d_work_complete(). timeout_ms > 0 gives it a deadline after which it
  * fails with C10D_ETIMEDOUT; 0 means no deadline. `what` names it in
  * messages (copied; may be NULL). The caller holds one reference. */
-C10D_EXPORT int c10d_work_create(c10d_work **out, const char *what, int64_t timeout_ms);
+C10D_EXPORT int c10d_work_create(const char *what, int64_t timeout_ms, c10d_work **out);
 
 /* Completes `work` with `status` (0 or a negative c10d_status) and an optional
  * message. Returns 1 if this call completed it, 0 if it was already complete
@@ -203,6 +206,7 @@ typedef enum c10d_device_type { C10D_DEVICE_CPU = 0, C10D_DEVICE_CUDA = 1 } c10d
 #define C10D_ANY_SOURCE (-1)
 
 typedef struct c10d_pg_opts {
+    size_t struct_size;      /* sizeof(c10d_pg_opts): C10D_PG_OPTS_INIT */
     const char *backend;     /* "tcp"; NULL: "tcp" ("nccl" is parsed but not built yet:
                                 C10D_EUNSUPPORTED) */
     const char *init_method; /* rendezvous URL (env://, tcp://, file://); NULL: env:// */
@@ -212,9 +216,11 @@ typedef struct c10d_pg_opts {
     int64_t timeout_ms;      /* default per-op timeout; 0: 30 min (tcp), 10 min (nccl) */
     const char *group_desc;  /* free text shown in messages and the flight recorder */
 } c10d_pg_opts;
+#define C10D_PG_OPTS_INIT {.struct_size = sizeof(c10d_pg_opts)}
 
 /* Per-call options; zero-initialised means defaults. */
 typedef struct c10d_op_opts {
+    size_t struct_size; /* sizeof(c10d_op_opts): C10D_OP_OPTS_INIT */
     int64_t timeout_ms; /* 0: the group's default */
     c10d_work_cb cb;    /* optional completion callback (loop thread, exactly once) */
     void *cb_arg;
@@ -223,10 +229,11 @@ typedef struct c10d_op_opts {
     int device_index; /* CUDA device of the buffers */
     void *stream;     /* CUDA: the caller's cudaStream_t (NULL: the default stream) */
 } c10d_op_opts;
+#define C10D_OP_OPTS_INIT {.struct_size = sizeof(c10d_op_opts)}
 
 /* Creates the default group: rendezvous, then connects the backend. Blocks
  * until ready or failed (bounded by opts->timeout_ms). */
-C10D_EXPORT int c10d_pg_init(c10d_pg **out, const c10d_pg_opts *opts);
+C10D_EXPORT int c10d_pg_init(const c10d_pg_opts *opts, c10d_pg **out);
 /* A subgroup of `parent` made of `ranks` (sorted; every rank of the parent calls
  * it, in the same order). Non-members get a handle for which c10d_pg_is_member
  * is 0 and whose collectives are no-ops with a warning. */
@@ -288,8 +295,10 @@ C10D_EXPORT int c10d_all_to_all(c10d_pg *pg, const void *const *sends, const siz
                                 const c10d_op_opts *opts, c10d_work **work);
 /* Completes once every rank has entered it and every earlier op of this rank's group is done. */
 C10D_EXPORT int c10d_barrier(c10d_pg *pg, const c10d_op_opts *opts, c10d_work **work);
-/* torch's monitored_barrier: rank 0 names the ranks that did not arrive in time. */
-C10D_EXPORT int c10d_monitored_barrier(c10d_pg *pg, int64_t timeout_ms, int wait_all_ranks,
+/* torch's monitored_barrier: rank 0 names the ranks that did not arrive in
+ * time (opts->timeout_ms, 0: the group's); with wait_all_ranks it names all of
+ * them, else the first. Host backend only. */
+C10D_EXPORT int c10d_monitored_barrier(c10d_pg *pg, int wait_all_ranks, const c10d_op_opts *opts,
                                        c10d_work **work);
 
 /* Point to point. tag >= 0. recv with peer C10D_ANY_SOURCE reports the sender
@@ -375,6 +384,7 @@ typedef enum c10d_store_dialect {
 } c10d_store_dialect;
 
 typedef struct c10d_store_tcp_opts {
+    size_t struct_size; /* sizeof(c10d_store_tcp_opts): C10D_STORE_TCP_OPTS_INIT */
     int64_t timeout_ms; /* connect and per-operation deadline [300000, torch's default] */
     int dialect;        /* c10d_store_dialect [AUTO] */
     /* > 0: register as a worker (ADD init/ 1), as torch's TCPStore does when
@@ -384,6 +394,7 @@ typedef struct c10d_store_tcp_opts {
      * master waits for its workers) before returning. */
     int wait_for_workers;
 } c10d_store_tcp_opts;
+#define C10D_STORE_TCP_OPTS_INIT {.struct_size = sizeof(c10d_store_tcp_opts)}
 
 /* Connects (retrying with exponential backoff until the timeout) and returns
  * a connected store. opts may be NULL. */
@@ -482,6 +493,7 @@ C10D_EXPORT int c10d_store_ping_sync(c10d_store *s, int64_t *rtt_us);
  * (section owned by the store client; see docs/store_client.md) */
 
 typedef struct c10d_rendezvous_opts {
+    size_t struct_size; /* sizeof(c10d_rendezvous_opts): C10D_RENDEZVOUS_OPTS_INIT */
     int64_t timeout_ms; /* store deadline and barrier timeout [300000] */
     /* The URL's host:port is an external server (c10d-store or torchrun's
      * agent): rank 0 connects instead of hosting one. */
@@ -494,6 +506,7 @@ typedef struct c10d_rendezvous_opts {
     int world_size;
     int dialect; /* c10d_store_dialect for TCP [AUTO] */
 } c10d_rendezvous_opts;
+#define C10D_RENDEZVOUS_OPTS_INIT {.struct_size = sizeof(c10d_rendezvous_opts)}
 
 typedef struct c10d_rendezvous_result {
     c10d_store *store; /* PrefixStore("default_pg") over the rendezvous store; release it */

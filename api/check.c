@@ -5,8 +5,10 @@
 #include "pg.h"
 
 #include "engine/error.h"
+#include "engine/opts.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -25,10 +27,13 @@ static int check_fail(const c10d_pg *pg, const char *opname, const char *fmt, ..
     return c10d__fail(C10D_EINVAL, "%s %s: %s", pg->backend_name, opname, what);
 }
 
-int c10d__pg_check_opts(const c10d_pg *pg, const char *opname, const c10d_op_opts *opts)
+int c10d__pg_read_op_opts(const c10d_pg *pg, const char *opname, const c10d_op_opts *user,
+                          c10d_op_opts *out)
 {
-    if (opts == NULL)
-        return 0;
+    char what[128];
+    snprintf(what, sizeof what, "%s %s", pg->backend_name, opname);
+    C10D_CHECK(c10d__opts_read(out, sizeof *out, C10D__OP_OPTS_V1_SIZE, user, what));
+    const c10d_op_opts *opts = out;
     if (opts->timeout_ms < 0)
         return FAIL(pg, opname, "invalid timeout %lld ms (must be >= 0; 0 = the group's)",
                     (long long)opts->timeout_ms);

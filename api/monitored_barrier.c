@@ -247,20 +247,23 @@ static void mb_start(struct c10d__task *t)
         all_done(mb);
 }
 
-int c10d_monitored_barrier(c10d_pg *pg, int64_t timeout_ms, int wait_all_ranks, c10d_work **work)
+int c10d_monitored_barrier(c10d_pg *pg, int wait_all_ranks, const c10d_op_opts *user_opts,
+                           c10d_work **work)
 {
     const char *opname = "monitored_barrier";
     if (work != NULL)
         *work = NULL;
     if (pg == NULL)
         return c10d__fail(C10D_EINVAL, "c10d %s: pg is NULL", opname);
+    c10d_op_opts opts;
+    C10D_CHECK(c10d__pg_read_op_opts(pg, opname, user_opts, &opts));
     if (pg->rank < 0)
-        return c10d__pg_noop(pg, opname, NULL, work);
-    if (timeout_ms < 0)
-        return c10d__fail(C10D_EINVAL,
-                          "%s %s: invalid timeout %lld ms (must be >= 0; 0 = the "
-                          "group's)",
-                          pg->backend_name, opname, (long long)timeout_ms);
+        return c10d__pg_noop(pg, opname, &opts, work);
+    if (opts.device_type != C10D_DEVICE_CPU)
+        return c10d__fail(C10D_EUNSUPPORTED,
+                          "%s %s: runs on the host backend only (no device buffers)",
+                          pg->backend_name, opname);
+    int64_t timeout_ms = opts.timeout_ms;
     /* The host path: a GPU-only group has none. */
     if (pg->backends[0].vt == NULL)
         return c10d__fail(C10D_EUNSUPPORTED, "%s %s: needs a host (cpu) backend in the group",
@@ -303,6 +306,9 @@ int c10d_monitored_barrier(c10d_pg *pg, int64_t timeout_ms, int wait_all_ranks, 
     }
     if (rc == 0) {
         mb->work = w;
+        /* The call's own reference: the barrier may end and drop mb's before
+         * this function returns. */
+        c10d_work_retain(w);
         pg->pending++;
         pg->refs++;
         rc = c10d__engine_post(&mb->task);
@@ -310,6 +316,7 @@ int c10d_monitored_barrier(c10d_pg *pg, int64_t timeout_ms, int wait_all_ranks, 
             pg->pending--;
             pg->refs--;
             pg->coll_seq--;
+            c10d_work_release(w);
         }
     }
     uv_mutex_unlock(&pg->mutex);
@@ -322,9 +329,15 @@ int c10d_monitored_barrier(c10d_pg *pg, int64_t timeout_ms, int wait_all_ranks, 
         free(mb);
         return rc;
     }
-    if (work != NULL) {
-        c10d_work_retain(w);
-        *work = w;
+    /* The callback is registered after the post, as for every op: one that
+     * already completed still calls back. Only shutdown makes this fail. */
+    if (opts.cb != NULL && (rc = c10d_work_on_complete(w, opts.cb, opts.cb_arg)) != 0) {
+        c10d_work_release(w);
+        return rc;
     }
+    if (work != NULL)
+        *work = w;
+    else
+        c10d_work_release(w);
     return 0;
 }

@@ -90,8 +90,14 @@ struct c10d__pg_op {
  * call's arguments (group ranks); rank/size are the group's. */
 int c10d__pg_check_op(const c10d_pg *pg, const char *opname, const struct c10d__op *op,
                       int list_form);
-/* The op's options: timeout >= 0, device type known. */
-int c10d__pg_check_opts(const c10d_pg *pg, const char *opname, const c10d_op_opts *opts);
+/* Reads the caller's op options (may be NULL) into `out` (engine/opts.h's
+ * size rule) and checks them: timeout >= 0, device type known. */
+int c10d__pg_read_op_opts(const c10d_pg *pg, const char *opname, const c10d_op_opts *user,
+                          c10d_op_opts *out);
+
+/* The 0.1 layouts (what struct_size 0 means): they end with these fields. */
+#define C10D__PG_OPTS_V1_SIZE (offsetof(c10d_pg_opts, group_desc) + sizeof(const char *))
+#define C10D__OP_OPTS_V1_SIZE (offsetof(c10d_op_opts, stream) + sizeof(void *))
 
 /* process_group.c: op records (their lifetime is the group's business). */
 struct c10d__pg_op *c10d__pg_op_new(c10d_pg *pg, int dev, size_t extra_bytes);

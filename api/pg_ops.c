@@ -349,15 +349,17 @@ int c10d__pg_noop(const c10d_pg *pg, const char *opname, const c10d_op_opts *opt
 /* Copies what the op points to that the caller may free after the call: the
  * count arrays and the buffer lists (the buffers stay the caller's). */
 static int dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args, int list_form,
-                    const c10d_op_opts *opts, c10d_work **work)
+                    const c10d_op_opts *user_opts, c10d_work **work)
 {
     if (work != NULL)
         *work = NULL;
     if (pg == NULL)
         return c10d__fail(C10D_EINVAL, "c10d %s: pg is NULL", opname);
+    c10d_op_opts opts_copy;
+    C10D_CHECK(c10d__pg_read_op_opts(pg, opname, user_opts, &opts_copy));
+    const c10d_op_opts *opts = &opts_copy;
     if (pg->rank < 0)
         return c10d__pg_noop(pg, opname, opts, work);
-    C10D_CHECK(c10d__pg_check_opts(pg, opname, opts));
     int dev = c10d__pg_device(pg, opname, opts);
     if (dev < 0)
         return dev;
@@ -564,7 +566,7 @@ int c10d_recv(c10d_pg *pg, void *buf, size_t count, c10d_dtype dtype, int peer, 
 
 /* ------------------------------------------------- batches and coalescing */
 
-int c10d_batch_isend_irecv(c10d_pg *pg, const c10d_p2p_op *ops, int nops, const c10d_op_opts *opts,
+int c10d_batch_isend_irecv(c10d_pg *pg, const c10d_p2p_op *ops, int nops, const c10d_op_opts *user_opts,
                            c10d_work **work)
 {
     const char *opname = "batch_isend_irecv";
@@ -572,9 +574,11 @@ int c10d_batch_isend_irecv(c10d_pg *pg, const c10d_p2p_op *ops, int nops, const 
         *work = NULL;
     if (pg == NULL)
         return c10d__fail(C10D_EINVAL, "c10d %s: pg is NULL", opname);
+    c10d_op_opts opts_copy;
+    C10D_CHECK(c10d__pg_read_op_opts(pg, opname, user_opts, &opts_copy));
+    const c10d_op_opts *opts = &opts_copy;
     if (pg->rank < 0)
         return c10d__pg_noop(pg, opname, opts, work);
-    C10D_CHECK(c10d__pg_check_opts(pg, opname, opts));
     if (ops == NULL || nops <= 0)
         return c10d__fail(C10D_EINVAL, "%s %s: empty list of ops (%s, nops %d)", pg->backend_name,
                           opname, ops == NULL ? "ops is NULL" : "ops given", nops);
@@ -668,16 +672,18 @@ int c10d_coalesce_begin(c10d_pg *pg)
     return rc;
 }
 
-int c10d_coalesce_end(c10d_pg *pg, const c10d_op_opts *opts, c10d_work **work)
+int c10d_coalesce_end(c10d_pg *pg, const c10d_op_opts *user_opts, c10d_work **work)
 {
     const char *opname = "coalesce_end";
     if (work != NULL)
         *work = NULL;
     if (pg == NULL)
         return c10d__fail(C10D_EINVAL, "c10d %s: pg is NULL", opname);
+    c10d_op_opts opts_copy;
+    C10D_CHECK(c10d__pg_read_op_opts(pg, opname, user_opts, &opts_copy));
+    const c10d_op_opts *opts = &opts_copy;
     if (pg->rank < 0)
         return c10d__pg_noop(pg, opname, opts, work);
-    C10D_CHECK(c10d__pg_check_opts(pg, opname, opts));
     uv_mutex_lock(&pg->mutex);
     if (!pg->coalescing) {
         uv_mutex_unlock(&pg->mutex);

@@ -11,6 +11,7 @@
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/loop.h"
+#include "engine/opts.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -729,7 +730,7 @@ int c10d__pg_create_with_backend(const struct c10d__backend_vtable *vt, c10d_sto
     return 0;
 }
 
-int c10d_pg_init(c10d_pg **out, const c10d_pg_opts *opts)
+int c10d_pg_init(const c10d_pg_opts *opts, c10d_pg **out)
 {
     uv_once(&registry_once, registry_init);
     if (out == NULL)
@@ -738,9 +739,7 @@ int c10d_pg_init(c10d_pg **out, const c10d_pg_opts *opts)
     if (c10d__on_loop_thread())
         return c10d__fail(C10D_EDEADLK, "c10d_pg_init blocks: it cannot run inside a callback");
     c10d_pg_opts o;
-    memset(&o, 0, sizeof o);
-    if (opts != NULL)
-        o = *opts;
+    C10D_CHECK(c10d__opts_read(&o, sizeof o, C10D__PG_OPTS_V1_SIZE, opts, "c10d_pg_init"));
     if (o.store != NULL && o.init_method != NULL)
         return c10d__fail(C10D_EINVAL,
                           "c10d_pg_init: both a store and an init_method (\"%s\") were given; "
@@ -834,6 +833,9 @@ int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_
     *out = NULL;
     if (parent == NULL)
         return c10d__fail(C10D_EINVAL, "c10d_pg_new_group: parent is NULL");
+    c10d_pg_opts o;
+    C10D_CHECK(c10d__opts_read(&o, sizeof o, C10D__PG_OPTS_V1_SIZE, opts, "c10d_pg_new_group"));
+    opts = &o;
     if (c10d__on_loop_thread())
         return c10d__fail(C10D_EDEADLK,
                           "c10d_pg_new_group blocks: it cannot run inside a callback");

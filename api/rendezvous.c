@@ -7,6 +7,7 @@
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/loop.h"
+#include "engine/opts.h"
 #include "engine/token.h"
 #include "store_server/server/server.h"
 
@@ -15,6 +16,7 @@
 #include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -349,9 +351,9 @@ int c10d_store_barrier(c10d_store *store, const char *name, int world_size, int6
 int c10d_rendezvous(const char *url, const c10d_rendezvous_opts *opts, c10d_rendezvous_result *out)
 {
     c10d_rendezvous_opts o;
-    memset(&o, 0, sizeof o);
-    if (opts)
-        o = *opts;
+    /* The 0.1 layout ends with dialect. */
+    C10D_CHECK(c10d__opts_read(&o, sizeof o, offsetof(c10d_rendezvous_opts, dialect) + sizeof(int),
+                               opts, "rendezvous"));
     if (!out)
         return c10d__fail(C10D_EINVAL, "rendezvous: out is NULL");
     memset(out, 0, sizeof *out);

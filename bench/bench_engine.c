@@ -73,7 +73,7 @@ int main(int argc, char **argv)
 
     for (int i = 0; i < n + 1000; i++) {
         c10d_work *w;
-        c10d_work_create(&w, "bench", 0);
+        c10d_work_create("bench", 0, &w);
         c10d_work_on_complete(w, stamp_cb, NULL);
         atomic_store(&stamp_ns, 0);
         uint64_t t0 = c10d__now_ns();
@@ -90,7 +90,7 @@ int main(int argc, char **argv)
     uint64_t t0 = c10d__now_ns();
     for (int i = 0; i < total; i++) {
         c10d_work *w;
-        c10d_work_create(&w, "bench", i % 2 ? 60000 : 0); /* half with a deadline timer */
+        c10d_work_create("bench", i % 2 ? 60000 : 0, &w); /* half with a deadline timer */
         c10d_work_on_complete(w, count_cb, &done);
         c10d_work_complete(w, C10D_OK, NULL);
     }

@@ -433,7 +433,7 @@ int main(int argc, char **argv)
     c10d_pg_opts po = {0};
     po.backend = o.backend;
     c10d_pg *pg;
-    int rc = c10d_pg_init(&pg, &po);
+    int rc = c10d_pg_init(&po, &pg);
     if (rc != 0) {
         fprintf(stderr, "c10d-bench: init failed: %s: %s\n", c10d_status_name(rc),
                 c10d_last_error());

@@ -357,7 +357,7 @@ static void abandon_created(c10d_work *w)
     c10d_work_release(w);
 }
 
-int c10d_work_create(c10d_work **out, const char *what, int64_t timeout_ms)
+int c10d_work_create(const char *what, int64_t timeout_ms, c10d_work **out)
 {
     int rc = c10d__work_create(out, what, timeout_ms);
     if (rc == 0)

@@ -115,7 +115,7 @@ int main(int argc, char **argv)
     }
     c10d_pg *pg;
     /* Zero options: env:// rendezvous (c10drun sets MASTER_ADDR, RANK, ...), tcp backend. */
-    CHECK(c10d_pg_init(&pg, NULL));
+    CHECK(c10d_pg_init(NULL, &pg));
     int rank = c10d_pg_rank(pg), world = c10d_pg_size(pg);
 
     static float params[NPARAM], grad[NPARAM], x[SHARD * IN], y[SHARD];

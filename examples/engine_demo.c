@@ -41,7 +41,7 @@ int main(void)
         char what[64];
         snprintf(what, sizeof what, "demo work %d", i);
         /* The last one is never completed by a thread: its 200 ms deadline fires. */
-        if (c10d_work_create(&works[i], what, i == NWORKS - 1 ? 200 : 5000) != 0) {
+        if (c10d_work_create(what, i == NWORKS - 1 ? 200 : 5000, &works[i]) != 0) {
             fprintf(stderr, "c10d_work_create: %s\n", c10d_last_error());
             return 1;
         }

@@ -131,7 +131,7 @@ static void h_run_async_fn(void *p)
 static c10d_work *h_submit(struct h_ctx *h, struct c10d__op *op)
 {
     c10d_work *w = NULL;
-    if (c10d_work_create(&w, "tcp test op", h->timeout_ms) != 0)
+    if (c10d_work_create("tcp test op", h->timeout_ms, &w) != 0)
         return NULL;
     op->work = w;
     op->timeout_ms = h->timeout_ms;

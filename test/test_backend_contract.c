@@ -198,7 +198,7 @@ static void test_wait_stream_and_cancel_on_host_works(void **state)
 {
     (void)state;
     c10d_work *w;
-    assert_int_equal(c10d_work_create(&w, "host", 0), 0);
+    assert_int_equal(c10d_work_create("host", 0, &w), 0);
     assert_int_equal(c10d_work_status(w), C10D_PENDING);
     assert_int_equal(c10d_work_cancel(w), 0);
     /* A host work: the "stream" wait is a plain wait. */

@@ -15,7 +15,7 @@ cat >"$tmp/user.c" <<'C'
 int main(void)
 {
     c10d_work *w;
-    if (c10d_work_create(&w, "user", 10) != 0)
+    if (c10d_work_create("user", 10, &w) != 0)
         return 1;
     int rc = c10d_work_wait(w, 5000);
     c10d_work_release(w);

@@ -157,7 +157,7 @@ static void test_shutdown_with_pending_work(void **state)
     atomic_int aborted = 0;
     c10d_work *w[10];
     for (int i = 0; i < 10; i++) {
-        assert_int_equal(c10d_work_create(&w[i], "pending", i % 2 ? 600000 : 0), 0);
+        assert_int_equal(c10d_work_create("pending", i % 2 ? 600000 : 0, &w[i]), 0);
         c10d_work_on_complete(w[i], count_status, &aborted);
     }
     assert_int_equal(c10d__work_pending_count(), 10);
@@ -172,7 +172,7 @@ static void test_shutdown_with_pending_work(void **state)
     }
     /* The engine starts again on the next use. */
     c10d_work *again;
-    assert_int_equal(c10d_work_create(&again, "after restart", 20), 0);
+    assert_int_equal(c10d_work_create("after restart", 20, &again), 0);
     assert_int_equal(c10d_work_wait(again, 5000), C10D_ETIMEDOUT);
     c10d_work_release(again);
     assert_int_equal(c10d_shutdown(), 0);
@@ -191,7 +191,7 @@ static void create_late(c10d_work *w, int status, void *arg)
     (void)status;
     (void)arg;
     c10d_work *late = NULL;
-    atomic_store(&late_create_rc, c10d_work_create(&late, "too late", 0));
+    atomic_store(&late_create_rc, c10d_work_create("too late", 0, &late));
     if (late != NULL) {
         c10d_work_complete(late, C10D_OK, NULL);
         c10d_work_release(late);
@@ -203,7 +203,7 @@ static void create_during_shutdown(c10d_work *w, int status, void *arg)
     (void)w;
     (void)status;
     (void)arg;
-    if (c10d_work_create(&created_in_cb, "created by a callback", 0) == 0)
+    if (c10d_work_create("created by a callback", 0, &created_in_cb) == 0)
         c10d_work_on_complete(created_in_cb, create_late, NULL);
 }
 
@@ -211,7 +211,7 @@ static void test_works_created_during_shutdown(void **state)
 {
     (void)state;
     c10d_work *w;
-    assert_int_equal(c10d_work_create(&w, "pending at shutdown", 0), 0);
+    assert_int_equal(c10d_work_create("pending at shutdown", 0, &w), 0);
     c10d_work_on_complete(w, create_during_shutdown, NULL);
     atomic_store(&late_create_rc, 1);
     assert_int_equal(c10d_shutdown(), 0);
@@ -238,7 +238,7 @@ static void test_shutdown_from_callback_fails(void **state)
     (void)state;
     atomic_int done = 0;
     c10d_work *w;
-    assert_int_equal(c10d_work_create(&w, "t", 0), 0);
+    assert_int_equal(c10d_work_create("t", 0, &w), 0);
     c10d_work_on_complete(w, shutdown_inside_callback, &done);
     c10d_work_complete(w, C10D_OK, NULL);
     for (int i = 0; i < 5000 && !atomic_load(&done); i++)
@@ -258,7 +258,7 @@ static void test_concurrent_shutdown(void **state)
     (void)state;
     for (int round = 0; round < 20; round++) {
         c10d_work *w;
-        assert_int_equal(c10d_work_create(&w, "t", 1000), 0);
+        assert_int_equal(c10d_work_create("t", 1000, &w), 0);
         pthread_t t[3];
         for (int i = 0; i < 3; i++)
             pthread_create(&t[i], NULL, shutdown_thread, NULL);
@@ -283,11 +283,11 @@ static void *complete_soon(void *arg)
 static int child_uses_engine(void)
 {
     c10d_work *a, *b;
-    if (c10d_work_create(&a, "child deadline", 20) != 0)
+    if (c10d_work_create("child deadline", 20, &a) != 0)
         return 10;
     if (c10d_work_wait(a, 5000) != C10D_ETIMEDOUT)
         return 11;
-    if (c10d_work_create(&b, "child completion", 5000) != 0)
+    if (c10d_work_create("child completion", 5000, &b) != 0)
         return 12;
     pthread_t t;
     pthread_create(&t, NULL, complete_soon, b);
@@ -311,7 +311,7 @@ static void test_fork(void **state)
 #endif
     /* Parent has a running engine with a pending work when it forks. */
     c10d_work *pending;
-    assert_int_equal(c10d_work_create(&pending, "parent pending", 600000), 0);
+    assert_int_equal(c10d_work_create("parent pending", 600000, &pending), 0);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {

@@ -559,32 +559,69 @@ static void test_init_rules(void **state)
     c10d_pg_opts o = {0};
     o.store = (c10d_store *)0x1; /* never touched: the checks come first */
     o.init_method = "env://";
-    EXPECT_ERR(c10d_pg_init(&pg, &o), C10D_EINVAL,
+    EXPECT_ERR(c10d_pg_init(&o, &pg), C10D_EINVAL,
                "c10d_pg_init: both a store and an init_method (\"env://\") were given; pass one "
                "of them");
     assert_null(pg);
     o.init_method = NULL;
-    EXPECT_ERR(c10d_pg_init(&pg, &o), C10D_EINVAL,
+    EXPECT_ERR(c10d_pg_init(&o, &pg), C10D_EINVAL,
                "c10d_pg_init: world_size must be > 0 with a store (got 0)");
     o.world_size = 2;
     o.rank = 2;
-    EXPECT_ERR(c10d_pg_init(&pg, &o), C10D_EINVAL,
+    EXPECT_ERR(c10d_pg_init(&o, &pg), C10D_EINVAL,
                "c10d_pg_init: rank must be in [0, 2) with a store (got 2)");
     o.rank = 0;
     o.backend = "mpi";
-    EXPECT_ERR(c10d_pg_init(&pg, &o), C10D_EINVAL,
+    EXPECT_ERR(c10d_pg_init(&o, &pg), C10D_EINVAL,
                "unknown backend \"mpi\" (expected tcp, nccl or \"cpu:tcp,cuda:nccl\")");
     o.backend = "cpu:tcp,cpu:tcp";
-    EXPECT_ERR(c10d_pg_init(&pg, &o), C10D_EINVAL,
+    EXPECT_ERR(c10d_pg_init(&o, &pg), C10D_EINVAL,
                "backend config \"cpu:tcp,cpu:tcp\": device \"cpu\" appears twice");
     o.backend = "cpu=tcp";
-    assert_int_equal(c10d_pg_init(&pg, &o), C10D_EINVAL);
+    assert_int_equal(c10d_pg_init(&o, &pg), C10D_EINVAL);
     o.backend = "cpu:tcp,";
-    EXPECT_ERR(c10d_pg_init(&pg, &o), C10D_EINVAL,
+    EXPECT_ERR(c10d_pg_init(&o, &pg), C10D_EINVAL,
                "malformed backend config \"cpu:tcp,\": trailing comma");
     o.backend = "tpu:tcp";
-    EXPECT_ERR(c10d_pg_init(&pg, &o), C10D_EINVAL,
+    EXPECT_ERR(c10d_pg_init(&o, &pg), C10D_EINVAL,
                "backend config \"tpu:tcp\": unknown device \"tpu\"");
+}
+
+/* Options carry their size: an older caller's shorter struct is read only as
+ * far as it goes, a newer caller's unknown fields must be zero. */
+static void test_opts_struct_size(void **state)
+{
+    (void)state;
+    c10d_pg *pg = make_pg(0, 1, 0);
+    float x[4] = {1, 2, 3, 4};
+    c10d_work *w = NULL;
+    /* Knows only timeout_ms: the garbage callback after it is never read. */
+    c10d_op_opts old = C10D_OP_OPTS_INIT;
+    old.struct_size = offsetof(c10d_op_opts, cb);
+    old.timeout_ms = 5000;
+    old.cb = (c10d_work_cb)(uintptr_t)0x1;
+    assert_int_equal(c10d_all_reduce(pg, x, x, 4, C10D_FLOAT32, C10D_SUM, &old, &w), 0);
+    assert_int_equal(c10d_work_wait_release(w), 0);
+    /* A newer header's struct: zero extra fields are fine, a set one is not. */
+    struct {
+        c10d_op_opts o;
+        uint64_t extra;
+    } newer;
+    memset(&newer, 0, sizeof newer);
+    newer.o.struct_size = sizeof newer;
+    assert_int_equal(c10d_all_reduce(pg, x, x, 4, C10D_FLOAT32, C10D_SUM, &newer.o, &w), 0);
+    assert_int_equal(c10d_work_wait_release(w), 0);
+    newer.extra = 7;
+    assert_int_equal(c10d_all_reduce(pg, x, x, 4, C10D_FLOAT32, C10D_SUM, &newer.o, &w),
+                     C10D_EINVAL);
+    assert_non_null(strstr(c10d_last_error(), "tcp all_reduce: the options set a field at byte"));
+    c10d_op_opts tiny = C10D_OP_OPTS_INIT;
+    tiny.struct_size = 4;
+    assert_int_equal(c10d_barrier(pg, &tiny, &w), C10D_EINVAL);
+    assert_non_null(strstr(c10d_last_error(), "struct_size 4 is too small"));
+    /* Rejected calls took no sequence number. */
+    expect_next_seq(pg, 3);
+    c10d_pg_destroy(pg);
 }
 
 static void test_monitored_barrier_single(void **state)
@@ -592,9 +629,9 @@ static void test_monitored_barrier_single(void **state)
     (void)state;
     c10d_pg *pg = make_pg(0, 1, 0);
     c10d_work *w;
-    EXPECT_ERR(c10d_monitored_barrier(pg, -1, 0, &w), C10D_EINVAL,
+    EXPECT_ERR(c10d_monitored_barrier(pg, 0, &(c10d_op_opts){.timeout_ms = -1}, &w), C10D_EINVAL,
                "tcp monitored_barrier: invalid timeout -1 ms (must be >= 0; 0 = the group's)");
-    assert_int_equal(c10d_monitored_barrier(pg, 1000, 1, &w), 0);
+    assert_int_equal(c10d_monitored_barrier(pg, 1, &(c10d_op_opts){.timeout_ms = 1000}, &w), 0);
     assert_int_equal(c10d_work_wait_release(w), 0);
     expect_next_seq(pg, 2); /* the barrier took number 1 */
     c10d_pg_destroy(pg);
@@ -608,7 +645,7 @@ int main(void)
         cmocka_unit_test(test_coalescing),       cmocka_unit_test(test_callbacks_and_poison),
         cmocka_unit_test(test_timeout_message),  cmocka_unit_test(test_destroy_and_abort_bounded),
         cmocka_unit_test(test_new_group),        cmocka_unit_test(test_submit_races_shutdown),
-        cmocka_unit_test(test_init_rules),       cmocka_unit_test(test_monitored_barrier_single),
+        cmocka_unit_test(test_init_rules), cmocka_unit_test(test_opts_struct_size),       cmocka_unit_test(test_monitored_barrier_single),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     c10d_shutdown();

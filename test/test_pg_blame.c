@@ -28,7 +28,7 @@ static int mb_blame_main(int rank, int n, void *arg)
     c10d_pg_opts po = {0};
     po.timeout_ms = 20000;
     c10d_pg *pg = NULL;
-    MP_CHECK(c10d_pg_init(&pg, &po) == 0, "init: %s", c10d_last_error());
+    MP_CHECK(c10d_pg_init(&po, &pg) == 0, "init: %s", c10d_last_error());
     int32_t v = rank;
     c10d_work *w = NULL;
     if (rank == 2) {
@@ -41,7 +41,7 @@ static int mb_blame_main(int rank, int n, void *arg)
     if (rank == 1) {
         usleep(2000000);
         /* Whatever happens to it: its peer 0 has failed by now. */
-        if (c10d_monitored_barrier(pg, 5000, 1, &w) == 0)
+        if (c10d_monitored_barrier(pg, 1, &(c10d_op_opts){.timeout_ms = 5000}, &w) == 0)
             c10d_work_wait_release(w);
         c10d_pg_abort(pg, "test over");
         c10d_shutdown();
@@ -49,7 +49,7 @@ static int mb_blame_main(int rank, int n, void *arg)
     }
     MP_CHECK(c10d_recv(pg, &v, 1, C10D_INT32, 2, 7, NULL, &w) == 0, "recv: %s", c10d_last_error());
     MP_CHECK(c10d_work_wait_release(w) == 0 && v == 2, "recv: %s", c10d_last_error());
-    MP_CHECK(c10d_monitored_barrier(pg, 10000, 1, &w) == 0, "monitored_barrier: %s",
+    MP_CHECK(c10d_monitored_barrier(pg, 1, &(c10d_op_opts){.timeout_ms = 10000}, &w) == 0, "monitored_barrier: %s",
              c10d_last_error());
     int rc = c10d_work_wait_release(w);
     const char *why = c10d_last_error();

@@ -23,7 +23,7 @@ static c10d_pg *init_or_die(int64_t timeout_ms)
     c10d_pg_opts po = {0};
     po.timeout_ms = timeout_ms;
     c10d_pg *pg = NULL;
-    if (c10d_pg_init(&pg, &po) != 0) {
+    if (c10d_pg_init(&po, &pg) != 0) {
         fprintf(stderr, "init: %s\n", c10d_last_error());
         _exit(3);
     }

@@ -32,7 +32,7 @@ static c10d_pg *solo_group(void)
     c10d_pg_opts po = {0};
     po.timeout_ms = 10000;
     c10d_pg *pg = NULL;
-    int rc = c10d_pg_init(&pg, &po);
+    int rc = c10d_pg_init(&po, &pg);
     if (rc != 0)
         fprintf(stderr, "init: %s\n", c10d_last_error());
     return rc == 0 ? pg : NULL;
@@ -120,7 +120,7 @@ static int churn_main(int rank, int n, void *arg)
     c10d_pg_opts po = {0};
     po.timeout_ms = 30000;
     c10d_pg *pg = NULL;
-    MP_CHECK(c10d_pg_init(&pg, &po) == 0, "init: %s", c10d_last_error());
+    MP_CHECK(c10d_pg_init(&po, &pg) == 0, "init: %s", c10d_last_error());
     int ranks[2] = {0, 1};
     for (int i = 0; i < GROUPS; i++) {
         c10d_pg *sub = NULL;
@@ -180,7 +180,7 @@ static int store_gone_main(int rank, int n, void *arg)
     c10d_pg_opts po = {0};
     po.timeout_ms = 5000;
     c10d_pg *pg = NULL;
-    MP_CHECK(c10d_pg_init(&pg, &po) == 0, "init: %s", c10d_last_error());
+    MP_CHECK(c10d_pg_init(&po, &pg) == 0, "init: %s", c10d_last_error());
     MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
     if (rank == 0)
         kill(store, SIGKILL);

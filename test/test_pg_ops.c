@@ -409,11 +409,11 @@ static int rank_main(int rank, int n, void *arg)
     c10d_pg_opts po = {0};
     po.timeout_ms = 60000;
     c10d_pg *pg;
-    int rc = c10d_pg_init(&pg, &po);
+    int rc = c10d_pg_init(&po, &pg);
     MP_CHECK(rc == 0, "init: %s", c10d_last_error());
     MP_CHECK(c10d_pg_rank(pg) == rank && c10d_pg_size(pg) == n, "rank/size");
     c10d_pg *again = NULL;
-    MP_CHECK(c10d_pg_init(&again, &po) == C10D_EINVAL &&
+    MP_CHECK(c10d_pg_init(&po, &again) == C10D_EINVAL &&
                  strcmp(c10d_last_error(), "c10d_pg_init: the default process group is already "
                                            "initialised (destroy it first)") == 0,
              "second init: %s", c10d_last_error());
@@ -455,7 +455,7 @@ static int rank_main(int rank, int n, void *arg)
     if (check_p2p(pg, rank, n) || check_coalesced(pg, rank, n))
         return 1;
     c10d_work *w;
-    rc = c10d_monitored_barrier(pg, 20000, 1, &w);
+    rc = c10d_monitored_barrier(pg, 1, &(c10d_op_opts){.timeout_ms = 20000}, &w);
     MP_CHECK(rc == 0 && c10d_work_wait_release(w) == 0, "monitored_barrier: %s", c10d_last_error());
     MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
     MP_CHECK(c10d_pg_destroy(sub) == 0, "destroy sub: %s", c10d_last_error());
@@ -499,16 +499,16 @@ static int mb_main(int rank, int n, void *arg)
     c10d_pg_opts po = {0};
     po.timeout_ms = 30000;
     c10d_pg *pg;
-    MP_CHECK(c10d_pg_init(&pg, &po) == 0, "init: %s", c10d_last_error());
+    MP_CHECK(c10d_pg_init(&po, &pg) == 0, "init: %s", c10d_last_error());
     c10d_work *w;
-    MP_CHECK(c10d_monitored_barrier(pg, 20000, wait_all, &w) == 0 && c10d_work_wait_release(w) == 0,
+    MP_CHECK(c10d_monitored_barrier(pg, wait_all, &(c10d_op_opts){.timeout_ms = 20000}, &w) == 0 && c10d_work_wait_release(w) == 0,
              "first barrier: %s", c10d_last_error());
     if (rank >= n - 2 && (wait_all || rank == n - 1)) {
         /* Never arrives; stays alive until the others are done. */
         sleep(30);
         return 0;
     }
-    int rc = c10d_monitored_barrier(pg, 1500, wait_all, &w);
+    int rc = c10d_monitored_barrier(pg, wait_all, &(c10d_op_opts){.timeout_ms = 1500}, &w);
     MP_CHECK(rc == 0, "post: %s", c10d_last_error());
     rc = c10d_work_wait_release(w);
     MP_CHECK(rc == C10D_ETIMEDOUT, "status %d: %s", rc, c10d_last_error());

@@ -46,7 +46,7 @@ static int rounds_of_broken_writes(struct broken_write *b, int rounds)
     b->fd = sv[0];
     b->waiter = pthread_self();
     for (int i = 0; i < rounds; i++) {
-        assert_int_equal(c10d_work_create(&b->w, "broken write", 0), 0);
+        assert_int_equal(c10d_work_create("broken write", 0, &b->w), 0);
         assert_int_equal(c10d__engine_call(write_to_closed_peer, b), 0);
         assert_int_equal(c10d_work_wait(b->w, 10000), 0);
         c10d_work_release(b->w);

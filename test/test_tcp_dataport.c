@@ -104,7 +104,7 @@ static int rank_main(int rank, int n, void *arg)
     c10d_pg_opts po = {0};
     po.timeout_ms = GROUP_TIMEOUT_MS;
     c10d_pg *pg = NULL;
-    MP_CHECK(c10d_pg_init(&pg, &po) == 0, "init: %s", c10d_last_error());
+    MP_CHECK(c10d_pg_init(&po, &pg) == 0, "init: %s", c10d_last_error());
     /* Tell the stranger where to knock. */
     char path[128], tmp[140];
     snprintf(path, sizeof path, "%s/%d", port_dir, rank);

@@ -63,8 +63,8 @@ static void test_waiting_with_a_lock_held(void **state)
     enum { ROUNDS = 300 };
     for (int i = 0; i < ROUNDS; i++) {
         struct pair p;
-        assert_int_equal(c10d_work_create(&p.other, "unrelated", 0), 0);
-        assert_int_equal(c10d_work_create(&p.waited, "waited", 0), 0);
+        assert_int_equal(c10d_work_create("unrelated", 0, &p.other), 0);
+        assert_int_equal(c10d_work_create("waited", 0, &p.waited), 0);
         assert_int_equal(c10d_work_on_complete(p.other, locking_cb, NULL), 0);
         pthread_mutex_lock(&user_lock);
         pthread_t t;

@@ -59,7 +59,7 @@ static void test_callback_once_on_loop(void **state)
     (void)state;
     struct record r = {0};
     c10d_work *w;
-    assert_int_equal(c10d_work_create(&w, "t", 0), 0);
+    assert_int_equal(c10d_work_create("t", 0, &w), 0);
     assert_int_equal(c10d_work_test(w), 0);
     assert_int_equal(c10d_work_on_complete(w, record_cb, &r), 0);
     assert_int_equal(c10d_work_complete(w, C10D_ECLOSED, "peer 3 went away"), 1);
@@ -82,7 +82,7 @@ static void test_order_before_and_after_completion(void **state)
     struct record r = {0};
     struct ordered o[20];
     c10d_work *w;
-    assert_int_equal(c10d_work_create(&w, "t", 0), 0);
+    assert_int_equal(c10d_work_create("t", 0, &w), 0);
     for (int i = 0; i < 10; i++) {
         o[i] = (struct ordered){&r, i};
         assert_int_equal(c10d_work_on_complete(w, ordered_cb, &o[i]), 0);
@@ -105,7 +105,7 @@ static void test_deadline(void **state)
     (void)state;
     struct record r = {0};
     c10d_work *w;
-    assert_int_equal(c10d_work_create(&w, "all_reduce seq 7", 50), 0);
+    assert_int_equal(c10d_work_create("all_reduce seq 7", 50, &w), 0);
     c10d_work_on_complete(w, record_cb, &r);
     assert_int_equal(c10d_work_wait(w, 10000), C10D_ETIMEDOUT);
     assert_string_equal(c10d_work_message(w), "all_reduce seq 7 timed out after 50 ms");
@@ -120,7 +120,7 @@ static void test_completion_beats_deadline(void **state)
 {
     (void)state;
     c10d_work *w;
-    assert_int_equal(c10d_work_create(&w, "t", 100), 0);
+    assert_int_equal(c10d_work_create("t", 100, &w), 0);
     c10d_work_complete(w, C10D_OK, NULL);
     usleep(200000);
     assert_int_equal(c10d_work_wait(w, 0), C10D_OK);
@@ -131,7 +131,7 @@ static void test_wait_timeout_leaves_work_pending(void **state)
 {
     (void)state;
     c10d_work *w;
-    assert_int_equal(c10d_work_create(&w, "slow op", 0), 0);
+    assert_int_equal(c10d_work_create("slow op", 0, &w), 0);
     assert_int_equal(c10d_work_wait(w, 30), C10D_ETIMEDOUT);
     assert_non_null(strstr(c10d_last_error(), "still pending"));
     assert_int_equal(c10d_work_test(w), 0);
@@ -165,7 +165,7 @@ static void test_sleeping_waiters_all_woken(void **state)
     setenv("C10D_WAIT_SPIN_US", "0", 1);
     c10d__env_reload();
     c10d_work *w;
-    assert_int_equal(c10d_work_create(&w, "shared op", 0), 0);
+    assert_int_equal(c10d_work_create("shared op", 0, &w), 0);
     struct sleeper s[SLEEPERS + 1];
     pthread_t t[SLEEPERS + 1];
     for (int i = 0; i <= SLEEPERS; i++) {
@@ -206,7 +206,7 @@ static void test_wait_on_loop_thread_fails(void **state)
     (void)state;
     struct loop_wait lw = {0};
     c10d_work *w;
-    assert_int_equal(c10d_work_create(&w, "t", 0), 0);
+    assert_int_equal(c10d_work_create("t", 0, &w), 0);
     c10d_work_on_complete(w, wait_inside_callback, &lw);
     c10d_work_complete(w, C10D_OK, NULL);
     for (int i = 0; i < 5000 && !atomic_load(&lw.done); i++)
@@ -228,7 +228,7 @@ static void test_callback_releases_last_reference(void **state)
     atomic_int n = 0;
     for (int i = 0; i < 100; i++) {
         c10d_work *w;
-        assert_int_equal(c10d_work_create(&w, "t", i % 2 ? 1000 : 0), 0);
+        assert_int_equal(c10d_work_create("t", i % 2 ? 1000 : 0, &w), 0);
         c10d_work_on_complete(w, release_in_callback, &n);
         c10d_work_complete(w, C10D_OK, NULL); /* the callback owns the only reference now */
     }
@@ -241,10 +241,10 @@ static void test_bad_arguments(void **state)
 {
     (void)state;
     c10d_work *w;
-    assert_int_equal(c10d_work_create(NULL, "t", 0), C10D_EINVAL);
-    assert_int_equal(c10d_work_create(&w, "t", -5), C10D_EINVAL);
+    assert_int_equal(c10d_work_create("t", 0, NULL), C10D_EINVAL);
+    assert_int_equal(c10d_work_create("t", -5, &w), C10D_EINVAL);
     assert_non_null(strstr(c10d_last_error(), "timeout_ms"));
-    assert_int_equal(c10d_work_create(&w, "t", 0), 0);
+    assert_int_equal(c10d_work_create("t", 0, &w), 0);
     assert_int_equal(c10d_work_complete(w, 3, NULL), C10D_EINVAL);
     assert_int_equal(c10d_work_on_complete(w, NULL, NULL), C10D_EINVAL);
     assert_int_equal(c10d_work_test(w), 0);
@@ -303,7 +303,7 @@ static void test_exactly_once_under_races(void **state)
     (void)state;
     struct race *r = calloc(1, sizeof *r);
     for (int i = 0; i < RACE_WORKS; i++)
-        assert_int_equal(c10d_work_create(&r->works[i], "race", i % 5 == 0 ? 1 : 0), 0);
+        assert_int_equal(c10d_work_create("race", i % 5 == 0 ? 1 : 0, &r->works[i]), 0);
     pthread_barrier_init(&r->start, NULL, RACE_THREADS);
     pthread_t t[RACE_THREADS];
     struct race_arg args[RACE_THREADS];
@@ -359,7 +359,7 @@ static int drive_rounds(int rounds)
 {
     struct drive_probe p = {.waiter = pthread_self()};
     for (int i = 0; i < rounds; i++) {
-        assert_int_equal(c10d_work_create(&p.w, "driven", 0), 0);
+        assert_int_equal(c10d_work_create("driven", 0, &p.w), 0);
         assert_int_equal(c10d__engine_call(complete_task, &p), 0);
         assert_int_equal(c10d_work_wait(p.w, 10000), 0);
         c10d_work_release(p.w);
@@ -409,7 +409,7 @@ static void *busy_waiter_main(void *arg)
     struct busy_waiter *b = arg;
     while (!atomic_load(&b->stop)) {
         c10d_work *w;
-        if (c10d_work_create(&w, "busy", 0) != 0)
+        if (c10d_work_create("busy", 0, &w) != 0)
             continue;
         c10d_work_retain(w); /* the task's reference */
         if (c10d__engine_call(complete_from_loop, w) != 0) {

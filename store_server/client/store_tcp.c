@@ -8,6 +8,9 @@
  */
 #include "store_tcp_impl.h"
 
+#include "engine/opts.h"
+
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +45,7 @@ static void tcp_submit(c10d_store *s, struct c10d__store_op *op)
      * that must end. */
     if (c10d__engine_stop_begun()) {
         c10d__store_op_finish(op, C10D_EABORTED, "store tcp %s %s: the engine was shut down",
-                              ts->name, op_name(op));
+                              ts->name, c10d__store_tcp_op_name(op));
         return;
     }
     if (!ts->hook_registered) {
@@ -142,9 +145,11 @@ static int register_worker(struct tcp_store *ts, const c10d_store_tcp_opts *o, u
 int c10d_store_tcp_connect(const char *host, int port, const c10d_store_tcp_opts *opts,
                            c10d_store **out)
 {
-    c10d_store_tcp_opts o = {0};
-    if (opts)
-        o = *opts;
+    c10d_store_tcp_opts o;
+    /* The 0.1 layout ends with wait_for_workers. */
+    C10D_CHECK(c10d__opts_read(&o, sizeof o,
+                               offsetof(c10d_store_tcp_opts, wait_for_workers) + sizeof(int), opts,
+                               "store tcp_connect"));
     if (!host || !*host)
         return c10d__fail(C10D_EINVAL, "store tcp_connect: host is empty or NULL");
     if (!out)

@@ -161,7 +161,7 @@ static int rank_main(const struct rank_cfg *c)
     po.timeout_ms = c->timeout_ms;
     po.group_desc = "chaos";
     c10d_pg *pg = NULL;
-    int rc = c10d_pg_init(&pg, &po);
+    int rc = c10d_pg_init(&po, &pg);
     if (rc == 0) {
         rank = c10d_pg_rank(pg);
         rc = c10d_barrier_sync(pg);
