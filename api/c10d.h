@@ -455,6 +455,56 @@ C10D_EXPORT int c10d_store_list_keys(c10d_store *s, c10d_store_cb cb, void *arg)
 C10D_EXPORT int c10d_store_server_stats(c10d_store *s, c10d_store_cb cb, void *arg);
 C10D_EXPORT int c10d_store_ping(c10d_store *s, c10d_store_cb cb, void *arg);
 
+/* The same operations as works, like group ops: one request struct, one
+ * call, a work to wait on, test, attach callbacks to and release. The
+ * callback forms above remain for code that wants no work object. */
+typedef enum c10d_store_op {
+    C10D_STORE_OP_SET = 0,
+    C10D_STORE_OP_GET,
+    C10D_STORE_OP_ADD,
+    C10D_STORE_OP_COMPARE_SET,
+    C10D_STORE_OP_WAIT,
+    C10D_STORE_OP_CHECK,
+    C10D_STORE_OP_DELETE_KEY,
+    C10D_STORE_OP_NUM_KEYS,
+    C10D_STORE_OP_APPEND,
+    C10D_STORE_OP_MULTI_GET,
+    C10D_STORE_OP_MULTI_SET,
+    C10D_STORE_OP_QUEUE_PUSH,
+    C10D_STORE_OP_QUEUE_POP,
+    C10D_STORE_OP_QUEUE_LEN,
+    C10D_STORE_OP_LIST_KEYS,
+    C10D_STORE_OP_SERVER_STATS,
+    C10D_STORE_OP_PING,
+} c10d_store_op;
+
+typedef struct c10d_store_request {
+    size_t struct_size; /* sizeof(c10d_store_request): C10D_STORE_REQUEST_INIT */
+    c10d_store_op op;
+    const char *key;    /* single-key ops */
+    const void *value;  /* SET, APPEND, QUEUE_PUSH; COMPARE_SET: the desired value */
+    size_t len;
+    const void *expected; /* COMPARE_SET */
+    size_t expected_len;
+    int64_t delta;            /* ADD */
+    const char *const *keys;  /* WAIT, CHECK, MULTI_GET, MULTI_SET */
+    size_t nkeys;
+    const void *const *values; /* MULTI_SET */
+    const size_t *lens;
+    int64_t timeout_ms; /* WAIT; <= 0: the store's timeout */
+    int block;          /* QUEUE_POP: wait for an item */
+} c10d_store_request;
+#define C10D_STORE_REQUEST_INIT {.struct_size = sizeof(c10d_store_request)}
+
+/* Checks and starts `req` on `s`; *work (not NULL) completes with the op's
+ * status and message, bounded by the store's deadline. The arguments are
+ * copied: they may be freed when the call returns. A rejected call returns
+ * the error and makes no work. */
+C10D_EXPORT int c10d_store_submit(c10d_store *s, const c10d_store_request *req, c10d_work **work);
+/* The result of a completed store work (NULL while pending or for another
+ * kind of work); valid while the caller holds the work. */
+C10D_EXPORT const c10d_store_result *c10d_store_work_result(c10d_work *work);
+
 /* Sync wrappers: same semantics; outputs are malloc'd (free() them). */
 C10D_EXPORT int c10d_store_set_sync(c10d_store *s, const char *key, const void *value, size_t len);
 C10D_EXPORT int c10d_store_get_sync(c10d_store *s, const char *key, void **value, size_t *len);

@@ -68,6 +68,11 @@ struct c10d_work {
     int (*cancel)(c10d_work *w, void *arg);
     void *cancel_arg;
     int user_created;
+    /* What its producer hands back with it (a store op's result), freed with
+     * the work; `payload_kind` tells producers' payloads apart. */
+    const void *payload_kind;
+    void *payload;
+    void (*payload_free)(void *payload);
     /* Set at creation. */
     char *what;
     int64_t timeout_ms;
@@ -163,11 +168,26 @@ size_t c10d__work_pending_count(void)
 
 static void work_free(c10d_work *w)
 {
+    if (w->payload_free != NULL)
+        w->payload_free(w->payload);
     uv_mutex_destroy(&w->mutex);
     free(w->message);
     free(w->what);
     free(w->callbacks);
     free(w);
+}
+
+void c10d__work_set_payload(c10d_work *w, const void *kind, void *payload,
+                            void (*free_fn)(void *payload))
+{
+    w->payload_kind = kind;
+    w->payload = payload;
+    w->payload_free = free_fn;
+}
+
+void *c10d__work_payload(c10d_work *w, const void *kind)
+{
+    return w != NULL && w->payload_kind == kind ? w->payload : NULL;
 }
 
 void c10d_work_retain(c10d_work *w)

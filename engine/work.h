@@ -30,6 +30,14 @@ void c10d__work_set_cancel(c10d_work *w, int (*fn)(c10d_work *w, void *arg), voi
 
 void c10d__work_set_source_rank(c10d_work *work, int rank);
 
+/* A producer's result carried by the work (set before anyone else sees the
+ * work; read after it completed), freed by free_fn with the work. `kind` is
+ * any address unique to the producer; c10d__work_payload returns NULL for
+ * another kind. */
+void c10d__work_set_payload(c10d_work *w, const void *kind, void *payload,
+                            void (*free_fn)(void *payload));
+void *c10d__work_payload(c10d_work *w, const void *kind);
+
 /* Loop thread: completes every pending work with `status` and `message`
  * (engine shutdown). Callbacks run; inline when posting is already closed. */
 void c10d__work_abort_all(int status, const char *message);

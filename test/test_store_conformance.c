@@ -536,6 +536,64 @@ static void test_concurrent_processes(void **state)
     c10d_store_release(s);
 }
 
+/* The work form: the same ops through c10d_store_submit, waited on and read
+ * back like group works; a rejected request makes no work. */
+static void test_submit_works(void **state)
+{
+    struct kind *k = *state;
+    begin_test();
+    c10d_store *s = open_store(k);
+    c10d_store_request q = C10D_STORE_REQUEST_INIT;
+    c10d_work *w = NULL;
+    q.op = C10D_STORE_OP_SET;
+    q.key = "wk";
+    q.value = "hello";
+    q.len = 5;
+    assert_int_equal(c10d_store_submit(s, &q, &w), 0);
+    assert_int_equal(c10d_work_wait(w, -1), 0);
+    c10d_work_release(w);
+    q = (c10d_store_request)C10D_STORE_REQUEST_INIT;
+    q.op = C10D_STORE_OP_GET;
+    q.key = "wk";
+    assert_int_equal(c10d_store_submit(s, &q, &w), 0);
+    assert_int_equal(c10d_work_wait(w, -1), 0);
+    const c10d_store_result *r = c10d_store_work_result(w);
+    assert_non_null(r);
+    assert_int_equal(r->data.len, 5);
+    assert_memory_equal(r->data.data, "hello", 5);
+    c10d_work_release(w);
+    q = (c10d_store_request)C10D_STORE_REQUEST_INIT;
+    q.op = C10D_STORE_OP_ADD;
+    q.key = "wcount";
+    q.delta = 41;
+    assert_int_equal(c10d_store_submit(s, &q, &w), 0);
+    assert_int_equal(c10d_work_wait(w, -1), 0);
+    assert_int_equal(c10d_store_work_result(w)->value, 41);
+    c10d_work_release(w);
+    /* A failing op: its status and message are the work's. */
+    const char *missing[] = {"never_set"};
+    q = (c10d_store_request)C10D_STORE_REQUEST_INIT;
+    q.op = C10D_STORE_OP_WAIT;
+    q.keys = missing;
+    q.nkeys = 1;
+    q.timeout_ms = 200;
+    assert_int_equal(c10d_store_submit(s, &q, &w), 0);
+    assert_int_equal(c10d_work_wait(w, -1), C10D_ETIMEDOUT);
+    assert_int_equal(c10d_store_work_result(w)->status, C10D_ETIMEDOUT);
+    assert_non_null(strstr(c10d_work_message(w), "never_set"));
+    c10d_work_release(w);
+    /* Rejected at once: no work. */
+    q = (c10d_store_request)C10D_STORE_REQUEST_INIT;
+    q.op = C10D_STORE_OP_GET;
+    w = (c10d_work *)0x1;
+    assert_int_equal(c10d_store_submit(s, &q, &w), C10D_EINVAL);
+    assert_null(w);
+    q.op = (c10d_store_op)99;
+    assert_int_equal(c10d_store_submit(s, &q, &w), C10D_EINVAL);
+    assert_non_null(strstr(c10d_last_error(), "unknown op 99"));
+    c10d_store_release(s);
+}
+
 /* A callback that runs while the engine stops (user callbacks run after the
  * stores' shutdown hooks) and starts more store ops, as c10d_pg_destroy's key
  * sweep does: c10d_shutdown must still return, the late ops failing. Once it
@@ -906,6 +964,7 @@ static void test_server_stats(void **state)
         cmocka_unit_test_prestate(test_async_callbacks, &k),                                       \
         cmocka_unit_test_prestate(test_concurrent_clients, &k),                                    \
         cmocka_unit_test_prestate(test_concurrent_processes, &k),                                 \
+        cmocka_unit_test_prestate(test_submit_works, &k),                                         \
         cmocka_unit_test_prestate(test_shutdown_with_late_ops, &k)
 
 static struct kind hash_kind = {.name = "hash", .open = open_hash};
