@@ -11,6 +11,7 @@
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/loop.h"
+#include "engine/loop_call.h"
 #include "engine/opts.h"
 
 #include <pthread.h>
@@ -254,11 +255,8 @@ static void set_backend_name(c10d_pg *pg, const struct c10d__backend_vtable *vts
 /* ------------------------------------------------- backend creation (sync) */
 
 struct create_call {
-    struct c10d__task task;
-    uv_mutex_t mutex;
-    uv_cond_t cond;
-    int refs; /* the waiter, the create task, the done callback; guarded by mutex */
-    int returned, done, abandoned;
+    struct c10d__loop_call *call;
+    int returned, done; /* loop thread only */
     int status;
     /* Why it failed, taken on the loop thread: the error text is per thread,
      * and the waiter would otherwise report whatever its own last error was. */
@@ -272,21 +270,14 @@ struct create_call {
     int *global_ranks;
 };
 
-static void create_call_unref(struct create_call *cc)
+static void create_call_free(struct create_call *cc)
 {
-    uv_mutex_lock(&cc->mutex);
-    int last = --cc->refs == 0;
-    uv_mutex_unlock(&cc->mutex);
-    if (last) {
-        uv_cond_destroy(&cc->cond);
-        uv_mutex_destroy(&cc->mutex);
-        free(cc->name);
-        free(cc->desc);
-        free(cc->global_ranks);
-        if (cc->cfg.store != NULL)
-            c10d_store_release(cc->cfg.store);
-        free(cc);
-    }
+    free(cc->name);
+    free(cc->desc);
+    free(cc->global_ranks);
+    if (cc->cfg.store != NULL)
+        c10d_store_release(cc->cfg.store);
+    free(cc);
 }
 
 /* ------------------------------------------------------ backend teardown */
@@ -340,40 +331,30 @@ static int teardown_start(const struct c10d__backend_vtable *vt, void *state, in
     return 0;
 }
 
-/* Loop thread, once both done and create's return happened: a state the
- * caller gave up waiting for is torn down, since nobody will use it. */
+/* Loop thread: the answer goes back once create both called done and
+ * returned (a backend may call done inside create). */
 static void create_settle(struct create_call *cc)
 {
-    uv_mutex_lock(&cc->mutex);
-    int orphan = cc->abandoned && cc->done && cc->returned && cc->state != NULL;
-    void *state = cc->state;
-    if (orphan)
-        cc->state = NULL;
-    uv_cond_signal(&cc->cond);
-    uv_mutex_unlock(&cc->mutex);
-    if (orphan)
-        teardown_start(cc->vt, state, 1, C10D_EABORTED, "process group creation timed out", NULL);
+    if (cc->done && cc->returned)
+        c10d__loop_call_done(cc->call, cc->status, cc->message);
 }
 
 static void create_done(void *arg, int status)
 {
     struct create_call *cc = arg;
-    uv_mutex_lock(&cc->mutex);
     cc->done = 1;
     cc->status = status;
     if (status != 0)
         snprintf(cc->message, sizeof cc->message, "%s", c10d_last_error());
-    uv_mutex_unlock(&cc->mutex);
     create_settle(cc);
-    create_call_unref(cc);
 }
 
-static void create_task(struct c10d__task *t)
+static void create_on_loop(struct c10d__loop_call *call, void *arg)
 {
-    struct create_call *cc = (struct create_call *)t;
+    struct create_call *cc = arg;
+    cc->call = call;
     void *state = NULL;
     int rc = cc->vt->create(&cc->cfg, create_done, cc, &state);
-    uv_mutex_lock(&cc->mutex);
     cc->returned = 1;
     cc->state = rc == 0 ? state : NULL;
     if (rc != 0) {
@@ -381,11 +362,19 @@ static void create_task(struct c10d__task *t)
         cc->done = 1;
         cc->status = rc;
         snprintf(cc->message, sizeof cc->message, "%s", c10d_last_error());
-        cc->refs--;
     }
-    uv_mutex_unlock(&cc->mutex);
     create_settle(cc);
-    create_call_unref(cc);
+}
+
+/* Loop thread, when the waiter had given up: a state nobody will use is torn
+ * down. */
+static void create_abandoned(void *arg)
+{
+    struct create_call *cc = arg;
+    if (cc->state != NULL)
+        teardown_start(cc->vt, cc->state, 1, C10D_EABORTED, "process group creation timed out",
+                       NULL);
+    create_call_free(cc);
 }
 
 static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtable *vt)
@@ -397,17 +386,12 @@ static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtabl
     struct create_call *cc = calloc(1, sizeof *cc);
     if (cc == NULL)
         return c10d__fail(C10D_ENOMEM, "process group: out of memory");
-    uv_mutex_init(&cc->mutex);
-    uv_cond_init(&cc->cond);
-    cc->refs = 3;
     cc->vt = vt;
-    cc->task.fn = create_task;
     cc->name = strdup(pg->name);
     cc->desc = pg->desc != NULL ? strdup(pg->desc) : NULL;
     cc->global_ranks = malloc((size_t)pg->size * sizeof *cc->global_ranks);
     if (cc->name == NULL || (pg->desc != NULL && cc->desc == NULL) || cc->global_ranks == NULL) {
-        cc->refs = 1;
-        create_call_unref(cc);
+        create_call_free(cc);
         return c10d__fail(C10D_ENOMEM, "process group: out of memory");
     }
     memcpy(cc->global_ranks, pg->global_ranks, (size_t)pg->size * sizeof *cc->global_ranks);
@@ -421,47 +405,34 @@ static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtabl
     cc->cfg.store = b->store;
     cc->cfg.device_type = (c10d_device_type)dev;
     cc->cfg.device_index = -1;
-    int rc = c10d__engine_post(&cc->task);
-    if (rc != 0) {
-        cc->refs = 1;
-        create_call_unref(cc);
+    char late[256];
+    snprintf(late, sizeof late, "%s: process group %s: rank %d could not connect within %lld ms",
+             vt->name, pg->name, pg->rank, (long long)pg->timeout_ms);
+    int abandoned;
+    int rc = c10d__loop_call_run(create_on_loop, cc, create_abandoned,
+                                 pg->timeout_ms + CREATE_MARGIN_MS, late, &abandoned);
+    if (abandoned)
         return rc;
-    }
-    /* The state is read under the mutex: create may call done before it returns. */
-    uint64_t deadline = c10d__now_ns() + (uint64_t)(pg->timeout_ms + CREATE_MARGIN_MS) * 1000000u;
-    uv_mutex_lock(&cc->mutex);
-    while (!(cc->done && cc->returned)) {
-        uint64_t now = c10d__now_ns();
-        if (now >= deadline)
-            break;
-        uv_cond_timedwait(&cc->cond, &cc->mutex, deadline - now);
-    }
-    int done = cc->done && cc->returned, status = cc->status;
-    void *state = cc->state;
-    char why[512];
-    snprintf(why, sizeof why, "%s", cc->message);
-    if (!done)
-        cc->abandoned = 1;
-    uv_mutex_unlock(&cc->mutex);
-    if (!done) {
-        create_call_unref(cc);
-        return c10d__fail(C10D_ETIMEDOUT,
-                          "%s: process group %s: rank %d could not connect within %lld ms",
-                          vt->name, pg->name, pg->rank, (long long)pg->timeout_ms);
-    }
-    if (status != 0) {
-        if (state != NULL) {
+    if (cc->returned && rc != 0) {
+        if (cc->state != NULL) {
             /* Connected part way: tear it down on the loop. */
             b->vt = vt;
-            b->state = state;
+            b->state = cc->state;
         }
-        create_call_unref(cc);
-        return c10d__fail(status, "%s: process group %s: rank %d failed to connect: %s", vt->name,
-                          pg->name, pg->rank, why[0] ? why : c10d_strerror(status));
+        char why[512];
+        snprintf(why, sizeof why, "%s", cc->message[0] ? cc->message : c10d_strerror(rc));
+        create_call_free(cc);
+        return c10d__fail(rc, "%s: process group %s: rank %d failed to connect: %s", vt->name,
+                          pg->name, pg->rank, why);
+    }
+    if (rc != 0) {
+        /* Never ran: the engine is shutting down. */
+        create_call_free(cc);
+        return rc;
     }
     b->vt = vt;
-    b->state = state;
-    create_call_unref(cc);
+    b->state = cc->state;
+    create_call_free(cc);
     return 0;
 }
 
@@ -480,14 +451,13 @@ static int create_backends(c10d_pg *pg, const struct c10d__backend_vtable *vts[C
 /* ----------------------------------------------------------------- close */
 
 struct close_call {
-    struct c10d__task task;
+    struct c10d__loop_call *call; /* NULL when run inline on the loop thread */
     c10d_pg *pg;
     int abort;
     int status;
     char *reason;
     uv_mutex_t mutex;
-    uv_cond_t cond;
-    int refs, done; /* guarded by mutex */
+    int refs; /* the loop side's, one per teardown and the timer's; guarded by mutex */
     /* Loop thread only. */
     int outstanding; /* backends whose teardown has not ended */
     int finished;
@@ -502,7 +472,6 @@ static void close_call_unref(struct close_call *cc)
     uv_mutex_unlock(&cc->mutex);
     if (last) {
         free(cc->reason);
-        uv_cond_destroy(&cc->cond);
         uv_mutex_destroy(&cc->mutex);
         free(cc);
     }
@@ -519,14 +488,14 @@ static void close_finish(struct close_call *cc)
     if (cc->finished)
         return;
     cc->finished = 1;
-    if (cc->bound.data != NULL) {
+    /* A timer the shutdown walk already closed keeps its reference: cc then
+     * stays allocated (the loop's closing list points into it). */
+    if (cc->bound.data != NULL && !uv_is_closing((uv_handle_t *)&cc->bound)) {
         uv_timer_stop(&cc->bound);
         uv_close((uv_handle_t *)&cc->bound, bound_closed);
     }
-    uv_mutex_lock(&cc->mutex);
-    cc->done = 1;
-    uv_cond_signal(&cc->cond);
-    uv_mutex_unlock(&cc->mutex);
+    if (cc->call != NULL)
+        c10d__loop_call_done(cc->call, 0, NULL);
     c10d__pg_unref(cc->pg);
     cc->pg = NULL;
 }
@@ -585,9 +554,11 @@ static void close_on_loop(struct close_call *cc)
     close_call_unref(cc);
 }
 
-static void close_task(struct c10d__task *t)
+static void close_call_fn(struct c10d__loop_call *call, void *arg)
 {
-    close_on_loop((struct close_call *)t);
+    struct close_call *cc = arg;
+    cc->call = call;
+    close_on_loop(cc);
 }
 
 static int has_backend(const c10d_pg *pg)
@@ -612,40 +583,28 @@ static void close_backends(c10d_pg *pg, int abort, int status, const char *reaso
     cc->status = status;
     cc->reason = strdup(reason != NULL ? reason : "aborted");
     uv_mutex_init(&cc->mutex);
-    uv_cond_init(&cc->cond);
-    cc->refs = 2;
-    cc->task.fn = close_task;
+    cc->refs = 1; /* the loop side's: the caller reads nothing back */
     c10d__pg_ref(pg);
     if (c10d__on_loop_thread()) {
-        cc->refs = 1;
         close_on_loop(cc);
         return;
     }
-    if (c10d__engine_post(&cc->task) != 0) {
-        /* The engine is gone, and every handle with it. */
+    char late[256];
+    snprintf(late, sizeof late,
+             "process group %s: the loop thread did not close the backend within %d ms (is a "
+             "callback blocking it?); it will when it gets there",
+             pg->name, LOOP_STEP_BOUND_MS);
+    int abandoned;
+    int rc = c10d__loop_call_run(close_call_fn, cc, NULL,
+                                 LOOP_STEP_BOUND_MS + c10d__env_int(C10D_ENV_BACKEND_CLOSE_MS),
+                                 late, &abandoned);
+    if (abandoned) {
+        C10D_WARN("pg", "%s", late);
+    } else if (rc != 0) {
+        /* Never ran: the engine is gone, and every handle with it. */
         c10d__pg_unref(pg);
-        cc->refs = 1;
         close_call_unref(cc);
-        return;
     }
-    uint64_t deadline =
-        c10d__now_ns() +
-        (uint64_t)(LOOP_STEP_BOUND_MS + c10d__env_int(C10D_ENV_BACKEND_CLOSE_MS)) * 1000000u;
-    uv_mutex_lock(&cc->mutex);
-    while (!cc->done) {
-        uint64_t now = c10d__now_ns();
-        if (now >= deadline)
-            break;
-        uv_cond_timedwait(&cc->cond, &cc->mutex, deadline - now);
-    }
-    int done = cc->done;
-    uv_mutex_unlock(&cc->mutex);
-    if (!done)
-        C10D_WARN("pg",
-                  "process group %s: the loop thread did not close the backend within %d ms "
-                  "(is a callback blocking it?); it will when it gets there",
-                  pg->name, LOOP_STEP_BOUND_MS);
-    close_call_unref(cc);
 }
 
 /* Ends a group: graceful waits (bounded by the group's timeout) for pending

@@ -7,6 +7,7 @@
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/loop.h"
+#include "engine/loop_call.h"
 #include "engine/opts.h"
 #include "engine/token.h"
 #include "store_server/server/server.h"
@@ -50,19 +51,16 @@ static void stop_hosted(struct c10d__shutdown_hook *hook)
     }
 }
 
+/* Heap-allocated: a caller that gave up waiting leaves it to the loop. */
 struct host_call {
-    uv_mutex_t mutex;
-    uv_cond_t cond;
-    int done;
-    const char *host; /* NULL: every address */
+    char host_buf[256];
+    const char *host; /* NULL: every address; else host_buf */
     int any_if_not_local;
     int port;
     int world_size;
-    int rc;
-    char message[512];
 };
 
-static void host_on_loop(void *arg)
+static void host_on_loop(struct c10d__loop_call *call, void *arg)
 {
     struct host_call *c = arg;
     int rc = 0;
@@ -95,13 +93,7 @@ static void host_on_loop(void *arg)
         hosted_hook_registered = 1;
     }
 out:
-    uv_mutex_lock(&c->mutex);
-    c->rc = rc;
-    if (rc < 0)
-        snprintf(c->message, sizeof c->message, "%s", c10d_last_error());
-    c->done = 1;
-    uv_cond_signal(&c->cond);
-    uv_mutex_unlock(&c->mutex);
+    c10d__loop_call_done(call, rc, rc < 0 ? c10d_last_error() : NULL);
 }
 
 /* 1 if every address `name` resolves to is a loopback address. */
@@ -148,26 +140,37 @@ static const char *store_bind_host(const char *master, int *any_if_not_local)
     return master;
 }
 
+/* Starting a server does not block the loop: anything slower than this is a
+ * loop held up by someone else, reported instead of waited for. */
+#define HOST_BOUND_MS 30000
+
 static int host_store(const char *master, int port, int world_size)
 {
-    struct host_call c = {.port = port, .world_size = world_size};
-    c.host = store_bind_host(master, &c.any_if_not_local);
-    uv_mutex_init(&c.mutex);
-    uv_cond_init(&c.cond);
-    int rc = c10d__engine_call(host_on_loop, &c);
-    if (rc == 0) {
-        /* The task runs promptly: starting a server does not block. */
-        uv_mutex_lock(&c.mutex);
-        while (!c.done)
-            uv_cond_wait(&c.cond, &c.mutex);
-        uv_mutex_unlock(&c.mutex);
-        rc = c.rc;
+    struct host_call *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return c10d__fail(C10D_ENOMEM, "rendezvous: out of memory");
+    c->port = port;
+    c->world_size = world_size;
+    const char *host = store_bind_host(master, &c->any_if_not_local);
+    if (host != NULL) {
+        snprintf(c->host_buf, sizeof c->host_buf, "%s", host);
+        c->host = c->host_buf;
     }
-    uv_mutex_destroy(&c.mutex);
-    uv_cond_destroy(&c.cond);
-    if (rc < 0)
+    char late[128];
+    snprintf(late, sizeof late,
+             "the loop thread did not start the store server within %d ms (is a callback "
+             "blocking it?)",
+             HOST_BOUND_MS);
+    int abandoned;
+    int rc = c10d__loop_call_run(host_on_loop, c, free, HOST_BOUND_MS, late, &abandoned);
+    if (!abandoned)
+        free(c);
+    if (rc < 0) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", c10d_last_error());
         return c10d__fail(rc, "rendezvous: rank 0 cannot host the store on port %d: %s", port,
-                          c.message);
+                          why);
+    }
     return 0;
 }
 

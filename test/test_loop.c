@@ -8,6 +8,7 @@
 #include "c10d.h"
 #include "engine/env.h"
 #include "engine/loop.h"
+#include "engine/loop_call.h"
 #include "engine/work.h"
 
 #include <pthread.h>
@@ -329,6 +330,72 @@ static void test_fork(void **state)
     c10d_work_release(pending);
 }
 
+/* ------------------------------------------------ run on the loop and wait */
+
+static void answer_at_once(struct c10d__loop_call *call, void *arg)
+{
+    *(int *)arg = c10d_on_loop_thread();
+    c10d__loop_call_done(call, C10D_ESTORE, "the loop side's reason");
+}
+
+static struct c10d__loop_call *parked_call;
+static atomic_int released;
+
+static void answer_later(struct c10d__loop_call *call, void *arg)
+{
+    (void)arg;
+    parked_call = call;
+}
+
+static void release_flag(void *arg)
+{
+    (void)arg;
+    atomic_store(&released, 1);
+}
+
+static void answer_parked(void *arg)
+{
+    (void)arg;
+    c10d__loop_call_done(parked_call, 0, NULL);
+}
+
+static void try_from_loop(struct c10d__loop_call *call, void *arg)
+{
+    int abandoned;
+    int *rc = arg;
+    *rc = c10d__loop_call_run(answer_at_once, NULL, NULL, 1000, "nested", &abandoned);
+    c10d__loop_call_done(call, 0, NULL);
+}
+
+static void test_loop_call(void **state)
+{
+    (void)state;
+    int on_loop = 0, abandoned = 1;
+    /* The answer and its message come back; fn ran on the loop thread. */
+    assert_int_equal(c10d__loop_call_run(answer_at_once, &on_loop, NULL, 5000, "late", &abandoned),
+                     C10D_ESTORE);
+    assert_false(abandoned);
+    assert_true(on_loop);
+    assert_string_equal(c10d_last_error(), "the loop side's reason");
+    /* A loop side that answers after the deadline: the caller returns, and
+     * release runs in its stead when the answer comes. */
+    atomic_store(&released, 0);
+    assert_int_equal(c10d__loop_call_run(answer_later, NULL, release_flag, 50, "gave up", &abandoned),
+                     C10D_ETIMEDOUT);
+    assert_true(abandoned);
+    assert_string_equal(c10d_last_error(), "gave up");
+    assert_false(atomic_load(&released));
+    assert_int_equal(c10d__engine_call(answer_parked, NULL), 0);
+    for (int i = 0; i < 5000 && !atomic_load(&released); i++)
+        usleep(1000);
+    assert_true(atomic_load(&released));
+    /* On the loop thread it would wait for itself. */
+    int nested = 0;
+    assert_int_equal(c10d__loop_call_run(try_from_loop, &nested, NULL, 5000, "late", &abandoned), 0);
+    assert_int_equal(nested, C10D_EDEADLK);
+    c10d_shutdown();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -340,6 +407,7 @@ int main(void)
         cmocka_unit_test(test_shutdown_from_callback_fails),
         cmocka_unit_test(test_concurrent_shutdown),
         cmocka_unit_test(test_fork),
+        cmocka_unit_test(test_loop_call),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     c10d_shutdown();
