@@ -8,6 +8,7 @@
 #include "work.h"
 
 #include "env.h"
+#include "list.h"
 #include "log.h"
 #include "loop.h"
 
@@ -89,7 +90,7 @@ struct c10d_work {
 };
 
 static uv_mutex_t pending_mutex;
-static struct c10d_work *pending_head;
+static struct c10d_work *pending_head, *pending_tail;
 static size_t pending_count;
 static uv_once_t work_once = UV_ONCE_INIT;
 
@@ -107,7 +108,7 @@ static void pending_fork_parent(void)
 static void pending_fork_child(void)
 {
     uv_mutex_init(&pending_mutex);
-    pending_head = NULL;
+    pending_head = pending_tail = NULL;
     pending_count = 0;
 }
 
@@ -128,11 +129,7 @@ static void work_init_once(void)
 static void pending_add(c10d_work *w)
 {
     uv_mutex_lock(&pending_mutex);
-    w->pending_prev = NULL;
-    w->pending_next = pending_head;
-    if (pending_head != NULL)
-        pending_head->pending_prev = w;
-    pending_head = w;
+    C10D__LIST_PUSH_FRONT(pending_head, pending_tail, w, pending_prev, pending_next);
     w->in_pending = 1;
     pending_count++;
     uv_mutex_unlock(&pending_mutex);
@@ -144,12 +141,7 @@ static int pending_remove(c10d_work *w)
     uv_mutex_lock(&pending_mutex);
     int was_in = w->in_pending;
     if (was_in) {
-        if (w->pending_prev != NULL)
-            w->pending_prev->pending_next = w->pending_next;
-        else
-            pending_head = w->pending_next;
-        if (w->pending_next != NULL)
-            w->pending_next->pending_prev = w->pending_prev;
+        C10D__LIST_REMOVE(pending_head, pending_tail, w, pending_prev, pending_next);
         w->in_pending = 0;
         pending_count--;
     }

@@ -16,6 +16,8 @@
  * transport: the collective was called differently on the two ranks. */
 #include "transport_impl.h"
 
+#include "engine/list.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,26 +30,12 @@
 static void xlist_push(struct xlist *l, int id, struct c10d__tcp_xfer *x)
 {
     x->list = id;
-    x->next = NULL;
-    x->prev = l->tail;
-    if (l->tail != NULL)
-        l->tail->next = x;
-    else
-        l->head = x;
-    l->tail = x;
+    C10D__LIST_PUSH_BACK(l->head, l->tail, x, prev, next);
 }
 
 static void xlist_remove(struct xlist *l, struct c10d__tcp_xfer *x)
 {
-    if (x->prev != NULL)
-        x->prev->next = x->next;
-    else
-        l->head = x->next;
-    if (x->next != NULL)
-        x->next->prev = x->prev;
-    else
-        l->tail = x->prev;
-    x->next = x->prev = NULL;
+    C10D__LIST_REMOVE(l->head, l->tail, x, prev, next);
     x->list = L_NONE;
 }
 

@@ -2,6 +2,7 @@
  * table, parked waits, deadlines. Everything here runs on the loop thread. */
 #include "store_local.h"
 
+#include "engine/list.h"
 #include "engine/log.h"
 #include "store_server/table/table.h"
 
@@ -274,14 +275,7 @@ static void on_waiter_closed(uv_handle_t *h)
 static void unlink_waiter(struct c10d__local_waiter *w)
 {
     struct c10d__local_store *ls = w->ls;
-    if (w->prev)
-        w->prev->next = w->next;
-    else
-        ls->head = w->next;
-    if (w->next)
-        w->next->prev = w->prev;
-    else
-        ls->tail = w->prev;
+    C10D__LIST_REMOVE(ls->head, ls->tail, w, prev, next);
     uv_timer_stop(&w->timer);
     uv_close((uv_handle_t *)&w->timer, on_waiter_closed);
 }
@@ -358,12 +352,7 @@ static void park(struct c10d__local_store *ls, struct c10d__store_op *op, int ra
     w->op = op;
     w->ls = ls;
     w->ran = ran;
-    w->prev = ls->tail;
-    if (ls->tail)
-        ls->tail->next = w;
-    else
-        ls->head = w;
-    ls->tail = w;
+    C10D__LIST_PUSH_BACK(ls->head, ls->tail, w, prev, next);
     uv_timer_init(c10d__engine_loop(), &w->timer);
     w->timer.data = w;
     ls->handles++;
