@@ -99,7 +99,26 @@ int c10d__pg_read_op_opts(const c10d_pg *pg, const char *opname, const c10d_op_o
 #define C10D__PG_OPTS_V1_SIZE (offsetof(c10d_pg_opts, group_desc) + sizeof(const char *))
 #define C10D__OP_OPTS_V1_SIZE (offsetof(c10d_op_opts, stream) + sizeof(void *))
 
-/* process_group.c: op records (their lifetime is the group's business). */
+/* pg_store.c: once every rank destroyed the group, the last one deletes its
+ * store keys (asynchronous, best effort). */
+void c10d__pg_sweep_keys(c10d_pg *pg);
+
+/* pg_backends.c: creates the backends named in vts (blocking, bounded by the
+ * group's timeout), and aborts (when `abort`) and destroys them (bounded). */
+int c10d__pg_create_backends(c10d_pg *pg, const struct c10d__backend_vtable *vts[C10D__PG_NDEV]);
+void c10d__pg_close_backends(c10d_pg *pg, int abort, int status, const char *reason);
+
+/* pg_object.c: the group object and the registry of live groups. The
+ * registry lock also guards the default-group bookkeeping of process_group.c;
+ * walk the list (newest first, by next_group) only while holding it. */
+void c10d__pg_registry_lock(void);
+void c10d__pg_registry_unlock(void);
+c10d_pg *c10d__pg_registry_head(void);
+/* A group object with one reference, in the registry. */
+int c10d__pg_alloc(const char *name, const char *desc, int rank, int size, int global_rank,
+                   const int *global_ranks, int64_t timeout_ms, c10d_pg **out);
+
+/* pg_object.c: op records (their lifetime is the group's business). */
 struct c10d__pg_op *c10d__pg_op_new(c10d_pg *pg, int dev, size_t extra_bytes);
 void c10d__pg_op_free(struct c10d__pg_op *po);
 
@@ -131,14 +150,9 @@ void c10d__pg_store_release(c10d_store *store);
 /* torch's _store_based_barrier on `store` for group `name`. */
 int c10d__pg_store_barrier(c10d_store *store, const char *name, int world_size, int64_t timeout_ms);
 
-/* process_group.c: the object, its lifetime and the registry of live groups
- * (a new group is registered by c10d__pg_alloc, forgotten at its last unref). */
-int c10d__pg_alloc(const char *name, const char *desc, int rank, int size, int global_rank,
-                   const int *global_ranks, int64_t timeout_ms, c10d_pg **out);
+/* pg_object.c: references (a group is forgotten at its last unref). */
 void c10d__pg_ref(c10d_pg *pg);
 void c10d__pg_unref(c10d_pg *pg);
-/* Ends a group: graceful waits (bounded) for pending ops, abort fails them. */
-void c10d__pg_close(c10d_pg *pg, int graceful, const char *reason);
 /* Backend close, bounded: abort (when asked) then destroy every backend of
  * the group, waiting at most C10D_BACKEND_CLOSE_MS for the backends. */
 void c10d__pg_close_backends(c10d_pg *pg, int abort, int status, const char *reason);

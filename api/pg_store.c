@@ -1,9 +1,11 @@
-/* The store steps of group creation: the rendezvous, the group's prefixed
- * stores and the store-based barrier, through the public store calls. */
+/* The store steps of a group's life: the rendezvous, the group's prefixed
+ * stores and the store-based barrier at creation, the key sweep at its end,
+ * all through the public store calls. */
 #include "pg.h"
 
 #include "engine/error.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,4 +53,82 @@ int c10d__pg_store_barrier(c10d_store *store, const char *name, int world_size, 
     if (store == NULL)
         return 0;
     return c10d_store_barrier(store, name, world_size, timeout_ms);
+}
+
+/* The group's store keys (its creation barrier, each rank's published
+ * address) are garbage once every rank destroyed it: each rank counts itself
+ * out, and the last one deletes them, so a long job that creates and destroys
+ * many groups does not grow the store. All of it runs asynchronously, best
+ * effort: a rank that aborts (or never gets here) leaves them. PyTorch keeps
+ * them; nothing reads them after creation. */
+struct key_sweep {
+    c10d_store *base, *group;
+    c10d_store *dev[C10D__PG_NDEV];
+    const char *fmt[C10D__PG_NDEV];
+    char name[64];
+    int size;
+};
+
+static void sweep_release(const c10d_store_result *res, void *arg)
+{
+    (void)res;
+    c10d_store_release(arg);
+}
+
+static void sweep_delete(c10d_store *s, const char *key)
+{
+    c10d_store_retain(s);
+    if (c10d_store_delete_key(s, key, sweep_release, s) != 0)
+        c10d_store_release(s);
+}
+
+static void on_counted_out(const c10d_store_result *res, void *arg)
+{
+    struct key_sweep *k = arg;
+    if (res->status == 0 && res->value == k->size) {
+        char key[600];
+        snprintf(key, sizeof key, "store_based_barrier_key:%s", k->name);
+        sweep_delete(k->base, key);
+        snprintf(key, sizeof key, "store_based_barrier_key:%s:last_worker", k->name);
+        sweep_delete(k->base, key);
+        sweep_delete(k->group, "destroyed_ranks");
+        for (int d = 0; d < C10D__PG_NDEV; d++)
+            for (int r = 0; k->dev[d] != NULL && r < k->size; r++) {
+                snprintf(key, sizeof key, k->fmt[d], r);
+                sweep_delete(k->dev[d], key);
+            }
+    }
+    c10d_store_release(k->base);
+    c10d_store_release(k->group);
+    for (int d = 0; d < C10D__PG_NDEV; d++)
+        if (k->dev[d] != NULL)
+            c10d_store_release(k->dev[d]);
+    free(k);
+}
+
+void c10d__pg_sweep_keys(c10d_pg *pg)
+{
+    if (pg->rank < 0 || pg->store == NULL || pg->base_store == NULL)
+        return;
+    struct key_sweep *k = calloc(1, sizeof *k);
+    if (k == NULL)
+        return;
+    k->base = pg->base_store;
+    k->group = pg->store;
+    k->size = pg->size;
+    snprintf(k->name, sizeof k->name, "%s", pg->name);
+    c10d_store_retain(k->base);
+    c10d_store_retain(k->group);
+    for (int d = 0; d < C10D__PG_NDEV; d++) {
+        const struct c10d__pg_backend *b = &pg->backends[d];
+        if (b->vt != NULL && b->vt->published_key_fmt != NULL && b->store != NULL) {
+            k->dev[d] = b->store;
+            k->fmt[d] = b->vt->published_key_fmt;
+            c10d_store_retain(b->store);
+        }
+    }
+    if (c10d_store_add(pg->store, "destroyed_ranks", 1, on_counted_out, k) != 0) {
+        c10d_store_result none = {.status = C10D_EABORTED};
+        on_counted_out(&none, k);
+    }
 }

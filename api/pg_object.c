@@ -1,0 +1,174 @@
+/* The process-group object: allocation, references, op records, and the
+ * registry of live groups (what c10d_shutdown ends and what a forked child
+ * marks as inherited). The group layer's other files build on this one; it
+ * calls none of them. */
+#include "pg.h"
+
+#include "engine/error.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ENDED_BY_FORK                                                                              \
+    "was inherited from the parent process across fork(); a child creates its own groups"
+
+static uv_once_t registry_once = UV_ONCE_INIT;
+static uv_mutex_t registry_mutex;
+static c10d_pg *groups; /* live groups, newest first */
+
+/* A forked child keeps copies of the parent's groups, whose backends and
+ * stores live on the parent's loop: they are marked ended. */
+static void registry_fork_prepare(void)
+{
+    uv_mutex_lock(&registry_mutex);
+}
+
+static void registry_fork_parent(void)
+{
+    uv_mutex_unlock(&registry_mutex);
+}
+
+static void registry_fork_child(void)
+{
+    uv_mutex_init(&registry_mutex);
+    for (c10d_pg *g = groups; g != NULL; g = g->next_group) {
+        uv_mutex_init(&g->mutex);
+        uv_cond_init(&g->idle_cond);
+        g->inherited = 1;
+        g->ended_by = ENDED_BY_FORK;
+        g->state = C10D_PG_CLOSED;
+        g->pending = 0;
+    }
+}
+
+static void registry_init(void)
+{
+    uv_mutex_init(&registry_mutex);
+    pthread_atfork(registry_fork_prepare, registry_fork_parent, registry_fork_child);
+}
+
+void c10d__pg_registry_lock(void)
+{
+    uv_once(&registry_once, registry_init);
+    uv_mutex_lock(&registry_mutex);
+}
+
+void c10d__pg_registry_unlock(void)
+{
+    uv_mutex_unlock(&registry_mutex);
+}
+
+c10d_pg *c10d__pg_registry_head(void)
+{
+    return groups;
+}
+
+static void registry_add(c10d_pg *pg)
+{
+    c10d__pg_registry_lock();
+    pg->next_group = groups;
+    groups = pg;
+    c10d__pg_registry_unlock();
+}
+
+static void registry_remove(c10d_pg *pg)
+{
+    c10d__pg_registry_lock();
+    for (c10d_pg **p = &groups; *p != NULL; p = &(*p)->next_group)
+        if (*p == pg) {
+            *p = pg->next_group;
+            break;
+        }
+    c10d__pg_registry_unlock();
+}
+
+
+struct c10d__pg_op *c10d__pg_op_new(c10d_pg *pg, int dev, size_t extra_bytes)
+{
+    struct c10d__pg_op *po = calloc(1, sizeof *po + extra_bytes);
+    if (po == NULL) {
+        c10d__fail(C10D_ENOMEM, "%s: out of memory", pg->backend_name);
+        return NULL;
+    }
+    po->pg = pg;
+    po->dev = dev;
+    po->refs = 2;
+    po->storage = po + 1;
+    return po;
+}
+
+void c10d__pg_op_free(struct c10d__pg_op *po)
+{
+    while (po != NULL) {
+        struct c10d__pg_op *next = po->next_in_list;
+        free(po);
+        po = next;
+    }
+}
+
+void c10d__pg_ref(c10d_pg *pg)
+{
+    uv_mutex_lock(&pg->mutex);
+    pg->refs++;
+    uv_mutex_unlock(&pg->mutex);
+}
+
+static void pg_free(c10d_pg *pg)
+{
+    registry_remove(pg);
+    if (!pg->inherited) {
+        for (int d = 0; d < C10D__PG_NDEV; d++)
+            c10d__pg_store_release(pg->backends[d].store);
+        c10d__pg_store_release(pg->store);
+        c10d__pg_store_release(pg->base_store);
+    }
+    c10d__pg_op_free(pg->coal_head);
+    free(pg->global_ranks);
+    free(pg->name);
+    free(pg->desc);
+    free(pg->first_error);
+    uv_cond_destroy(&pg->idle_cond);
+    uv_mutex_destroy(&pg->mutex);
+    free(pg);
+}
+
+void c10d__pg_unref(c10d_pg *pg)
+{
+    uv_mutex_lock(&pg->mutex);
+    int last = --pg->refs == 0;
+    uv_mutex_unlock(&pg->mutex);
+    if (last)
+        pg_free(pg);
+}
+
+int c10d__pg_alloc(const char *name, const char *desc, int rank, int size, int global_rank,
+                    const int *global_ranks, int64_t timeout_ms, c10d_pg **out)
+{
+    c10d_pg *pg = calloc(1, sizeof *pg);
+    if (pg == NULL)
+        return c10d__fail(C10D_ENOMEM, "process group: out of memory");
+    uv_mutex_init(&pg->mutex);
+    uv_cond_init(&pg->idle_cond);
+    pg->refs = 1;
+    pg->rank = rank;
+    pg->size = size;
+    pg->global_rank = global_rank;
+    pg->timeout_ms = timeout_ms;
+    pg->name = strdup(name);
+    pg->desc = strdup(desc != NULL ? desc : "undefined");
+    int n = size > 0 ? size : 0;
+    pg->global_ranks = calloc((size_t)n + 1, sizeof(int));
+    if (pg->name == NULL || pg->desc == NULL || pg->global_ranks == NULL) {
+        pg_free(pg);
+        return c10d__fail(C10D_ENOMEM, "process group: out of memory");
+    }
+    for (int i = 0; i < n; i++)
+        pg->global_ranks[i] = global_ranks != NULL ? global_ranks[i] : i;
+    strcpy(pg->backend_name_buf, "c10d");
+    pg->backend_name = pg->backend_name_buf;
+    registry_add(pg);
+    *out = pg;
+    return 0;
+}
+
