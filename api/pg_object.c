@@ -1,7 +1,7 @@
 /* The process-group object: allocation, references, op records, and the
  * registry of live groups (what c10d_shutdown ends and what a forked child
- * marks as inherited). The group layer's other files build on this one; it
- * calls none of them. */
+ * marks as inherited). The group layer's other files build on this one; of
+ * them it calls only pg_store.c (releasing the group's stores). */
 #include "pg.h"
 
 #include "engine/error.h"
