@@ -105,7 +105,12 @@ void c10d__pg_sweep_keys(c10d_pg *pg);
 
 /* pg_backends.c: creates the backends named in vts (blocking, bounded by the
  * group's timeout), and aborts (when `abort`) and destroys them (bounded). */
-int c10d__pg_create_backends(c10d_pg *pg, const struct c10d__backend_vtable *vts[C10D__PG_NDEV]);
+int c10d__pg_create_backends(c10d_pg *pg, const struct c10d__backend_vtable *vts[C10D__PG_NDEV],
+                             c10d_pg *parent);
+/* A subgroup's backends come from the parent's by `split` where the backend
+ * has one (else through the store, as a new group); a parent rank outside the
+ * subgroup takes part in each such split with no color. */
+int c10d__pg_split_out(c10d_pg *parent);
 void c10d__pg_close_backends(c10d_pg *pg, int abort, int status, const char *reason);
 
 /* pg_object.c: the group object and the registry of live groups. The

@@ -39,10 +39,16 @@ struct create_call {
     struct c10d__backend_config cfg;
     char *name, *desc;
     int *global_ranks;
+    /* A subgroup: split from the parent's backend on this device where the
+     * backend can (`split`), else created through the store. */
+    c10d_pg *parent; /* holds a reference */
+    int color, key;
 };
 
 static void create_call_free(struct create_call *cc)
 {
+    if (cc->parent != NULL)
+        c10d__pg_unref(cc->parent);
     free(cc->name);
     free(cc->desc);
     free(cc->global_ranks);
@@ -125,7 +131,15 @@ static void create_on_loop(struct c10d__loop_call *call, void *arg)
     struct create_call *cc = arg;
     cc->call = call;
     void *state = NULL;
-    int rc = cc->vt->create(&cc->cfg, create_done, cc, &state);
+    /* Read here: the parent's state changes only on the loop thread. */
+    void *parent_state = NULL;
+    if (cc->parent != NULL && cc->parent->backends[cc->cfg.device_type].vt == cc->vt)
+        parent_state = cc->parent->backends[cc->cfg.device_type].state;
+    int (*split)(void *, const struct c10d__backend_config *, int, int, c10d__backend_done_fn,
+                 void *, void **) = C10D__BACKEND_ENTRY(cc->vt, split);
+    int rc = parent_state != NULL && split != NULL
+                 ? split(parent_state, &cc->cfg, cc->color, cc->key, create_done, cc, &state)
+                 : cc->vt->create(&cc->cfg, create_done, cc, &state);
     cc->returned = 1;
     cc->state = rc == 0 ? state : NULL;
     if (rc != 0) {
@@ -148,7 +162,8 @@ static void create_abandoned(void *arg)
     create_call_free(cc);
 }
 
-static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtable *vt)
+static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtable *vt,
+                          c10d_pg *parent)
 {
     struct c10d__pg_backend *b = &pg->backends[dev];
     char prefix[16];
@@ -166,6 +181,12 @@ static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtabl
         return c10d__fail(C10D_ENOMEM, "process group: out of memory");
     }
     memcpy(cc->global_ranks, pg->global_ranks, (size_t)pg->size * sizeof *cc->global_ranks);
+    if (parent != NULL) {
+        c10d__pg_ref(parent);
+        cc->parent = parent;
+        cc->color = 0;
+        cc->key = pg->rank;
+    }
     c10d_store_retain(b->store);
     cc->cfg.rank = pg->rank;
     cc->cfg.size = pg->size;
@@ -207,14 +228,99 @@ static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtabl
     return 0;
 }
 
-int c10d__pg_create_backends(c10d_pg *pg, const struct c10d__backend_vtable *vts[C10D__PG_NDEV])
+int c10d__pg_create_backends(c10d_pg *pg, const struct c10d__backend_vtable *vts[C10D__PG_NDEV],
+                             c10d_pg *parent)
 {
     for (int d = 0; d < C10D__PG_NDEV; d++)
         if (vts[d] != NULL) {
-            int rc = create_backend(pg, d, vts[d]);
+            int rc = create_backend(pg, d, vts[d], parent);
             if (rc != 0)
                 return rc;
         }
+    return 0;
+}
+
+/* A parent rank outside a new subgroup: a backend that splits needs every
+ * parent rank in the split (ncclCommSplit is collective over the parent), so
+ * this rank takes part with no color and gets no state. */
+struct split_out {
+    c10d_pg *parent; /* holds a reference */
+    int dev;
+    struct c10d__loop_call *call;
+    int returned, done, status;
+    char message[512];
+};
+
+static void split_out_free(void *arg)
+{
+    struct split_out *so = arg;
+    c10d__pg_unref(so->parent);
+    free(so);
+}
+
+static void split_out_settle(struct split_out *so)
+{
+    if (so->done && so->returned)
+        c10d__loop_call_done(so->call, so->status, so->message);
+}
+
+static void split_out_done(void *arg, int status)
+{
+    struct split_out *so = arg;
+    so->done = 1;
+    so->status = status;
+    if (status != 0)
+        snprintf(so->message, sizeof so->message, "%s", c10d_last_error());
+    split_out_settle(so);
+}
+
+static void split_out_on_loop(struct c10d__loop_call *call, void *arg)
+{
+    struct split_out *so = arg;
+    so->call = call;
+    struct c10d__pg_backend *pb = &so->parent->backends[so->dev];
+    struct c10d__backend_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.rank = -1;
+    cfg.device_type = (c10d_device_type)so->dev;
+    cfg.device_index = -1;
+    void *state = NULL;
+    int rc = pb->state == NULL ? 0
+                               : pb->vt->split(pb->state, &cfg, -1, so->parent->rank,
+                                               split_out_done, so, &state);
+    so->returned = 1;
+    if (pb->state == NULL || rc != 0) {
+        so->done = 1;
+        so->status = rc;
+        if (rc != 0)
+            snprintf(so->message, sizeof so->message, "%s", c10d_last_error());
+    }
+    split_out_settle(so);
+}
+
+int c10d__pg_split_out(c10d_pg *parent)
+{
+    for (int d = 0; d < C10D__PG_NDEV; d++) {
+        const struct c10d__backend_vtable *vt = parent->backends[d].vt;
+        if (vt == NULL || C10D__BACKEND_ENTRY(vt, split) == NULL)
+            continue;
+        struct split_out *so = calloc(1, sizeof *so);
+        if (so == NULL)
+            return c10d__fail(C10D_ENOMEM, "process group: out of memory");
+        c10d__pg_ref(parent);
+        so->parent = parent;
+        so->dev = d;
+        char late[256];
+        snprintf(late, sizeof late, "%s: process group %s: rank %d did not finish a split within %lld ms",
+                 vt->name, parent->name, parent->rank, (long long)parent->timeout_ms);
+        int abandoned;
+        int rc = c10d__loop_call_run(split_out_on_loop, so, split_out_free,
+                                     parent->timeout_ms + CREATE_MARGIN_MS, late, &abandoned);
+        if (!abandoned)
+            split_out_free(so);
+        if (rc != 0)
+            return rc;
+    }
     return 0;
 }
 

@@ -159,18 +159,19 @@ static int64_t default_timeout(const struct c10d__backend_vtable *vts[C10D__PG_N
 }
 
 /* Creates, connects and registers a group: name, store and ranks are set. */
-static int pg_start(c10d_pg *pg, c10d_store *base, const struct c10d__backend_vtable *vts[])
+static int pg_start(c10d_pg *pg, c10d_store *base, const struct c10d__backend_vtable *vts[],
+                    c10d_pg *parent)
 {
     pg->base_store = base;
     c10d__pg_store_retain(base);
     c10d__engine_call(register_groups_hook, NULL);
     if (pg->rank < 0)
-        return 0;
+        return parent != NULL ? c10d__pg_split_out(parent) : 0;
     char prefix[32];
     snprintf(prefix, sizeof prefix, "%s/", pg->name);
     C10D_CHECK(c10d__pg_store_prefix(base, prefix, &pg->store));
     set_backend_name(pg, vts);
-    return c10d__pg_create_backends(pg, vts);
+    return c10d__pg_create_backends(pg, vts, parent);
 }
 
 int c10d__pg_create_with_backend(const struct c10d__backend_vtable *vt, c10d_store *store, int rank,
@@ -183,7 +184,7 @@ int c10d__pg_create_with_backend(const struct c10d__backend_vtable *vt, c10d_sto
     C10D_CHECK(c10d__pg_alloc("test", "test", rank, size, rank, NULL,
                         timeout_ms > 0 ? timeout_ms : TCP_DEFAULT_TIMEOUT_MS, &pg));
     const struct c10d__backend_vtable *vts[C10D__PG_NDEV] = {vt, NULL};
-    int rc = pg_start(pg, store, vts);
+    int rc = pg_start(pg, store, vts, NULL);
     if (rc != 0) {
         c10d__pg_close_backends(pg, 1, C10D_EABORTED, "creation failed");
         c10d__pg_unref(pg);
@@ -254,7 +255,7 @@ int c10d_pg_init(const c10d_pg_opts *opts, c10d_pg **out)
     if (rc == 0) {
         pg->is_default = 1;
         c10d__log_set_rank(rank);
-        rc = pg_start(pg, base, vts);
+        rc = pg_start(pg, base, vts, NULL);
     }
     if (rc == 0)
         rc = c10d__pg_store_barrier(base, "0", size, timeout);
@@ -372,7 +373,7 @@ int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_
         set_backend_name(pg, vts);
     }
     c10d_store *base = parent->base_store;
-    rc = pg_start(pg, base, vts);
+    rc = pg_start(pg, base, vts, parent);
     if (rc == 0)
         rc = c10d__pg_store_barrier(base, name, world_size, timeout);
     if (rc != 0) {

@@ -88,6 +88,24 @@ static int stream_create(const struct c10d__backend_config *cfg, c10d__backend_d
     return 0;
 }
 
+/* As a device backend splits its communicator: the child is made from the
+ * parent, without the store. */
+static int stream_split(void *parent, const struct c10d__backend_config *cfg, int color, int key,
+                        c10d__backend_done_fn done, void *arg, void **state)
+{
+    (void)parent;
+    (void)key;
+    if (color < 0) {
+        *state = NULL;
+        done(arg, 0);
+        return 0;
+    }
+    pthread_mutex_lock(&stream_rec.mutex);
+    stream_rec.n_split++;
+    pthread_mutex_unlock(&stream_rec.mutex);
+    return stream_create(cfg, done, arg, state);
+}
+
 static int op_ready(struct c10d__poll_item *item)
 {
     return atomic_load(&((struct stream_op *)item)->executed);
@@ -236,6 +254,7 @@ const struct c10d__backend_vtable stream_backend = {
     .name = "stream",
     .check = stream_check,
     .create = stream_create,
+    .split = stream_split,
     .enqueue = stream_enqueue,
     .run = stream_run,
     .abort = stream_abort,

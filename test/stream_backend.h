@@ -21,6 +21,7 @@ struct stream_record {
     uint64_t enqueued_seq[STREAM_LOG_MAX]; /* in enqueue order */
     int enqueued_on_engine_thread;         /* enqueues seen on the engine's thread */
     int n_enqueued;
+    int n_split; /* calls of split with a color (a child made from the parent) */
     int n_completed;
     /* Knobs, set before the op or group they affect. */
     int stick_next;     /* the next op never finishes on the stream */

@@ -37,7 +37,7 @@ static c10d_pg *new_group(void)
 static void reset_record(void)
 {
     pthread_mutex_lock(&stream_rec.mutex);
-    stream_rec.n_enqueued = stream_rec.n_completed = 0;
+    stream_rec.n_enqueued = stream_rec.n_completed = stream_rec.n_split = 0;
     stream_rec.enqueued_on_engine_thread = 0;
     stream_rec.stick_next = 0;
     stream_rec.abort_block_ms = 0;
@@ -126,6 +126,35 @@ static void test_enqueue_order_and_callbacks(void **state)
     assert_int_equal(on_engine, 0);
     assert_true(in_order);
     assert_int_equal(c10d__poll_pending(), 0);
+}
+
+/* -------------------------------------------------------------- split */
+
+/* A subgroup of a group whose backend splits is made by split, not through
+ * the store, and works; a backend without split (tcp) goes through the store,
+ * as test_pg_ops's subgroups prove. */
+static void test_subgroup_by_split(void **state)
+{
+    (void)state;
+    reset_record();
+    c10d_store *store = NULL;
+    assert_int_equal(c10d_store_hash_create(&store), 0);
+    c10d_pg *pg = NULL;
+    assert_int_equal(c10d__pg_create_with_backend(&stream_backend, store, 0, 1, 60000, &pg), 0);
+    int ranks[1] = {0};
+    c10d_pg *sub = NULL;
+    assert_int_equal(c10d_pg_new_group(pg, ranks, 1, NULL, &sub), 0);
+    pthread_mutex_lock(&stream_rec.mutex);
+    int splits = stream_rec.n_split;
+    pthread_mutex_unlock(&stream_rec.mutex);
+    assert_int_equal(splits, 1);
+    float x[4] = {1, 2, 3, 4};
+    c10d_work *w = NULL;
+    assert_int_equal(c10d_all_reduce(sub, x, x, 4, C10D_FLOAT32, C10D_SUM, NULL, &w), 0);
+    assert_int_equal(c10d_work_wait_release(w), 0);
+    assert_int_equal(c10d_pg_destroy(sub), 0);
+    assert_int_equal(c10d_pg_destroy(pg), 0);
+    c10d_store_release(store);
 }
 
 /* ------------------------------------------------------------ a stuck op */
@@ -224,6 +253,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_enqueue_order_and_callbacks),
         cmocka_unit_test(test_stuck_op_times_out),
+        cmocka_unit_test(test_subgroup_by_split),
         cmocka_unit_test(test_abort_returns_within_bound),
         cmocka_unit_test(test_wait_stream_and_cancel_on_host_works),
     };
