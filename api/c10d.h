@@ -194,8 +194,7 @@ C10D_EXPORT void c10d_work_retain(c10d_work *work);
 C10D_EXPORT void c10d_work_release(c10d_work *work);
 
 /* ------------------------------------------------------- process groups
- * (the contract the tcp backend, the process-group object, the
- * benchmark and the examples are written against) */
+ * (docs/api.md) */
 
 typedef struct c10d_store c10d_store;
 typedef struct c10d_pg c10d_pg;
@@ -336,7 +335,7 @@ C10D_EXPORT int c10d_broadcast_sync(c10d_pg *pg, const void *send, void *recv, s
 C10D_EXPORT int c10d_barrier_sync(c10d_pg *pg);
 
 /* ------------------------------------------------------------------ store
- * (section owned by the store client; see docs/store_client.md)
+ * (docs/store_client.md)
  *
  * A key-value store for rendezvous, compatible with torch.distributed's
  * stores: TCP (PyTorch's TCPStore wire protocol, either dialect), prefix
@@ -540,7 +539,7 @@ C10D_EXPORT int c10d_store_list_keys_sync(c10d_store *s, char ***keys, size_t *n
 C10D_EXPORT int c10d_store_ping_sync(c10d_store *s, int64_t *rtt_us);
 
 /* ------------------------------------------------------------ rendezvous
- * (section owned by the store client; see docs/store_client.md) */
+ * (docs/store_client.md) */
 
 typedef struct c10d_rendezvous_opts {
     size_t struct_size; /* sizeof(c10d_rendezvous_opts): C10D_RENDEZVOUS_OPTS_INIT */
