@@ -215,7 +215,10 @@ typedef struct c10d_pg_opts {
     int64_t timeout_ms;      /* default per-op timeout; 0: 30 min (tcp), 10 min (nccl) */
     const char *group_desc;  /* free text shown in messages and the flight recorder */
 } c10d_pg_opts;
-#define C10D_PG_OPTS_INIT {.struct_size = sizeof(c10d_pg_opts)}
+#define C10D_PG_OPTS_INIT                                                                          \
+    {                                                                                              \
+        .struct_size = sizeof(c10d_pg_opts)                                                        \
+    }
 
 /* Per-call options; zero-initialised means defaults. */
 typedef struct c10d_op_opts {
@@ -228,7 +231,10 @@ typedef struct c10d_op_opts {
     int device_index; /* CUDA device of the buffers */
     void *stream;     /* CUDA: the caller's cudaStream_t (NULL: the default stream) */
 } c10d_op_opts;
-#define C10D_OP_OPTS_INIT {.struct_size = sizeof(c10d_op_opts)}
+#define C10D_OP_OPTS_INIT                                                                          \
+    {                                                                                              \
+        .struct_size = sizeof(c10d_op_opts)                                                        \
+    }
 
 /* Creates the default group: rendezvous, then connects the backend. Blocks
  * until ready or failed (bounded by opts->timeout_ms). */
@@ -393,7 +399,10 @@ typedef struct c10d_store_tcp_opts {
      * master waits for its workers) before returning. */
     int wait_for_workers;
 } c10d_store_tcp_opts;
-#define C10D_STORE_TCP_OPTS_INIT {.struct_size = sizeof(c10d_store_tcp_opts)}
+#define C10D_STORE_TCP_OPTS_INIT                                                                   \
+    {                                                                                              \
+        .struct_size = sizeof(c10d_store_tcp_opts)                                                 \
+    }
 
 /* Connects (retrying with exponential backoff until the timeout) and returns
  * a connected store. opts may be NULL. */
@@ -480,20 +489,23 @@ typedef enum c10d_store_op {
 typedef struct c10d_store_request {
     size_t struct_size; /* sizeof(c10d_store_request): C10D_STORE_REQUEST_INIT */
     c10d_store_op op;
-    const char *key;    /* single-key ops */
-    const void *value;  /* SET, APPEND, QUEUE_PUSH; COMPARE_SET: the desired value */
+    const char *key;   /* single-key ops */
+    const void *value; /* SET, APPEND, QUEUE_PUSH; COMPARE_SET: the desired value */
     size_t len;
     const void *expected; /* COMPARE_SET */
     size_t expected_len;
-    int64_t delta;            /* ADD */
-    const char *const *keys;  /* WAIT, CHECK, MULTI_GET, MULTI_SET */
+    int64_t delta;           /* ADD */
+    const char *const *keys; /* WAIT, CHECK, MULTI_GET, MULTI_SET */
     size_t nkeys;
     const void *const *values; /* MULTI_SET */
     const size_t *lens;
     int64_t timeout_ms; /* WAIT; <= 0: the store's timeout */
     int block;          /* QUEUE_POP: wait for an item */
 } c10d_store_request;
-#define C10D_STORE_REQUEST_INIT {.struct_size = sizeof(c10d_store_request)}
+#define C10D_STORE_REQUEST_INIT                                                                    \
+    {                                                                                              \
+        .struct_size = sizeof(c10d_store_request)                                                  \
+    }
 
 /* Checks and starts `req` on `s`; *work (not NULL) completes with the op's
  * status and message, bounded by the store's deadline. The arguments are
@@ -555,7 +567,10 @@ typedef struct c10d_rendezvous_opts {
     int world_size;
     int dialect; /* c10d_store_dialect for TCP [AUTO] */
 } c10d_rendezvous_opts;
-#define C10D_RENDEZVOUS_OPTS_INIT {.struct_size = sizeof(c10d_rendezvous_opts)}
+#define C10D_RENDEZVOUS_OPTS_INIT                                                                  \
+    {                                                                                              \
+        .struct_size = sizeof(c10d_rendezvous_opts)                                                \
+    }
 
 typedef struct c10d_rendezvous_result {
     c10d_store *store; /* PrefixStore("default_pg") over the rendezvous store; release it */

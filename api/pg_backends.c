@@ -90,8 +90,8 @@ static void teardown_aborted(void *arg, int status)
 
 /* Loop thread. Returns 0, or ENOMEM (the state is then destroyed without
  * waiting, best effort). */
-static int teardown_start(const struct c10d__backend_vtable *vt, void *state, int abort,
-                          int status, const char *reason, struct close_call *cc)
+static int teardown_start(const struct c10d__backend_vtable *vt, void *state, int abort, int status,
+                          const char *reason, struct close_call *cc)
 {
     struct teardown *td = malloc(sizeof *td);
     if (td == NULL) {
@@ -285,9 +285,9 @@ static void split_out_on_loop(struct c10d__loop_call *call, void *arg)
     cfg.device_type = (c10d_device_type)so->dev;
     cfg.device_index = -1;
     void *state = NULL;
-    int rc = pb->state == NULL ? 0
-                               : pb->vt->split(pb->state, &cfg, -1, so->parent->rank,
-                                               split_out_done, so, &state);
+    int rc = pb->state == NULL
+                 ? 0
+                 : pb->vt->split(pb->state, &cfg, -1, so->parent->rank, split_out_done, so, &state);
     so->returned = 1;
     if (pb->state == NULL || rc != 0) {
         so->done = 1;
@@ -311,8 +311,9 @@ int c10d__pg_split_out(c10d_pg *parent)
         so->parent = parent;
         so->dev = d;
         char late[256];
-        snprintf(late, sizeof late, "%s: process group %s: rank %d did not finish a split within %lld ms",
-                 vt->name, parent->name, parent->rank, (long long)parent->timeout_ms);
+        snprintf(late, sizeof late,
+                 "%s: process group %s: rank %d did not finish a split within %lld ms", vt->name,
+                 parent->name, parent->rank, (long long)parent->timeout_ms);
         int abandoned;
         int rc = c10d__loop_call_run(split_out_on_loop, so, split_out_free,
                                      parent->timeout_ms + CREATE_MARGIN_MS, late, &abandoned);
@@ -482,4 +483,3 @@ void c10d__pg_close_backends(c10d_pg *pg, int abort, int status, const char *rea
         close_call_unref(cc);
     }
 }
-

@@ -83,7 +83,6 @@ static void registry_remove(c10d_pg *pg)
     c10d__pg_registry_unlock();
 }
 
-
 struct c10d__pg_op *c10d__pg_op_new(c10d_pg *pg, int dev, size_t extra_bytes)
 {
     struct c10d__pg_op *po = calloc(1, sizeof *po + extra_bytes);
@@ -143,7 +142,7 @@ void c10d__pg_unref(c10d_pg *pg)
 }
 
 int c10d__pg_alloc(const char *name, const char *desc, int rank, int size, int global_rank,
-                    const int *global_ranks, int64_t timeout_ms, c10d_pg **out)
+                   const int *global_ranks, int64_t timeout_ms, c10d_pg **out)
 {
     c10d_pg *pg = calloc(1, sizeof *pg);
     if (pg == NULL)
@@ -171,4 +170,3 @@ int c10d__pg_alloc(const char *name, const char *desc, int rank, int size, int g
     *out = pg;
     return 0;
 }
-

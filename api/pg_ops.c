@@ -566,8 +566,8 @@ int c10d_recv(c10d_pg *pg, void *buf, size_t count, c10d_dtype dtype, int peer, 
 
 /* ------------------------------------------------- batches and coalescing */
 
-int c10d_batch_isend_irecv(c10d_pg *pg, const c10d_p2p_op *ops, int nops, const c10d_op_opts *user_opts,
-                           c10d_work **work)
+int c10d_batch_isend_irecv(c10d_pg *pg, const c10d_p2p_op *ops, int nops,
+                           const c10d_op_opts *user_opts, c10d_work **work)
 {
     const char *opname = "batch_isend_irecv";
     if (work != NULL)

@@ -59,7 +59,8 @@ static void end_groups_at_shutdown(struct c10d__shutdown_hook *hook)
     for (;;) {
         c10d__pg_registry_lock();
         c10d_pg *victim = NULL;
-        for (c10d_pg *g = c10d__pg_registry_head(); g != NULL && victim == NULL; g = g->next_group) {
+        for (c10d_pg *g = c10d__pg_registry_head(); g != NULL && victim == NULL;
+             g = g->next_group) {
             uv_mutex_lock(&g->mutex);
             if (g->ended_by == NULL && !g->inherited) {
                 g->ended_by = ENDED_BY_SHUTDOWN;
@@ -182,7 +183,7 @@ int c10d__pg_create_with_backend(const struct c10d__backend_vtable *vt, c10d_sto
         return c10d__fail(C10D_EINVAL, "c10d__pg_create_with_backend: bad arguments");
     c10d_pg *pg;
     C10D_CHECK(c10d__pg_alloc("test", "test", rank, size, rank, NULL,
-                        timeout_ms > 0 ? timeout_ms : TCP_DEFAULT_TIMEOUT_MS, &pg));
+                              timeout_ms > 0 ? timeout_ms : TCP_DEFAULT_TIMEOUT_MS, &pg));
     const struct c10d__backend_vtable *vts[C10D__PG_NDEV] = {vt, NULL};
     int rc = pg_start(pg, store, vts, NULL);
     if (rc != 0) {
@@ -250,8 +251,8 @@ int c10d_pg_init(const c10d_pg_opts *opts, c10d_pg **out)
     }
     c10d_pg *pg = NULL;
     if (rc == 0)
-        rc = c10d__pg_alloc("0", o.group_desc != NULL ? o.group_desc : "default_pg", rank, size, rank,
-                      NULL, timeout, &pg);
+        rc = c10d__pg_alloc("0", o.group_desc != NULL ? o.group_desc : "default_pg", rank, size,
+                            rank, NULL, timeout, &pg);
     if (rc == 0) {
         pg->is_default = 1;
         c10d__log_set_rank(rank);
@@ -363,8 +364,8 @@ int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_
     snprintf(name, sizeof name, "%d", id);
     int64_t timeout = opts != NULL && opts->timeout_ms > 0 ? opts->timeout_ms : parent->timeout_ms;
     c10d_pg *pg;
-    rc = c10d__pg_alloc(name, opts != NULL ? opts->group_desc : NULL, my_rank, my_rank >= 0 ? n : -1,
-                  parent->global_rank, global, timeout, &pg);
+    rc = c10d__pg_alloc(name, opts != NULL ? opts->group_desc : NULL, my_rank,
+                        my_rank >= 0 ? n : -1, parent->global_rank, global, timeout, &pg);
     free(global);
     if (rc != 0)
         return rc;

@@ -168,8 +168,7 @@ static int host_store(const char *master, int port, int world_size)
     if (rc < 0) {
         char why[1024];
         snprintf(why, sizeof why, "%s", c10d_last_error());
-        return c10d__fail(rc, "rendezvous: rank 0 cannot host the store on port %d: %s", port,
-                          why);
+        return c10d__fail(rc, "rendezvous: rank 0 cannot host the store on port %d: %s", port, why);
     }
     return 0;
 }

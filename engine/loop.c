@@ -317,7 +317,9 @@ static void safety_cb(uv_timer_t *t)
      * merely posted since the last tick may have its eventfd wake-up on the
      * way (timers run before the poll phase): that is not a loss. */
     uv_mutex_lock(&engine_mutex);
-    struct c10d__task *first = e->ready != NULL ? e->ready : e->head != NULL ? e->head : e->own_head;
+    struct c10d__task *first = e->ready != NULL  ? e->ready
+                               : e->head != NULL ? e->head
+                                                 : e->own_head;
     int lost = first != NULL && first == e->safety_seen;
     e->safety_seen = first;
     /* A task that waited a whole tick was lost whatever `spinning` says: a

@@ -5,8 +5,7 @@
 
 #include <string.h>
 
-int c10d__opts_read(void *dst, size_t dst_size, size_t v1_size, const void *src,
-                    const char *what)
+int c10d__opts_read(void *dst, size_t dst_size, size_t v1_size, const void *src, const char *what)
 {
     memset(dst, 0, dst_size);
     if (src != NULL) {

@@ -380,8 +380,9 @@ static void test_loop_call(void **state)
     /* A loop side that answers after the deadline: the caller returns, and
      * release runs in its stead when the answer comes. */
     atomic_store(&released, 0);
-    assert_int_equal(c10d__loop_call_run(answer_later, NULL, release_flag, 50, "gave up", &abandoned),
-                     C10D_ETIMEDOUT);
+    assert_int_equal(
+        c10d__loop_call_run(answer_later, NULL, release_flag, 50, "gave up", &abandoned),
+        C10D_ETIMEDOUT);
     assert_true(abandoned);
     assert_string_equal(c10d_last_error(), "gave up");
     assert_false(atomic_load(&released));
@@ -391,7 +392,8 @@ static void test_loop_call(void **state)
     assert_true(atomic_load(&released));
     /* On the loop thread it would wait for itself. */
     int nested = 0;
-    assert_int_equal(c10d__loop_call_run(try_from_loop, &nested, NULL, 5000, "late", &abandoned), 0);
+    assert_int_equal(c10d__loop_call_run(try_from_loop, &nested, NULL, 5000, "late", &abandoned),
+                     0);
     assert_int_equal(nested, C10D_EDEADLK);
     c10d_shutdown();
 }

@@ -641,11 +641,17 @@ int main(void)
 {
     uv_mutex_init(&fake.mutex);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_collective_rules), cmocka_unit_test(test_p2p_rules),
-        cmocka_unit_test(test_coalescing),       cmocka_unit_test(test_callbacks_and_poison),
-        cmocka_unit_test(test_timeout_message),  cmocka_unit_test(test_destroy_and_abort_bounded),
-        cmocka_unit_test(test_new_group),        cmocka_unit_test(test_submit_races_shutdown),
-        cmocka_unit_test(test_init_rules), cmocka_unit_test(test_opts_struct_size),       cmocka_unit_test(test_monitored_barrier_single),
+        cmocka_unit_test(test_collective_rules),
+        cmocka_unit_test(test_p2p_rules),
+        cmocka_unit_test(test_coalescing),
+        cmocka_unit_test(test_callbacks_and_poison),
+        cmocka_unit_test(test_timeout_message),
+        cmocka_unit_test(test_destroy_and_abort_bounded),
+        cmocka_unit_test(test_new_group),
+        cmocka_unit_test(test_submit_races_shutdown),
+        cmocka_unit_test(test_init_rules),
+        cmocka_unit_test(test_opts_struct_size),
+        cmocka_unit_test(test_monitored_barrier_single),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     c10d_shutdown();

@@ -49,8 +49,8 @@ static int mb_blame_main(int rank, int n, void *arg)
     }
     MP_CHECK(c10d_recv(pg, &v, 1, C10D_INT32, 2, 7, NULL, &w) == 0, "recv: %s", c10d_last_error());
     MP_CHECK(c10d_work_wait_release(w) == 0 && v == 2, "recv: %s", c10d_last_error());
-    MP_CHECK(c10d_monitored_barrier(pg, 1, &(c10d_op_opts){.timeout_ms = 10000}, &w) == 0, "monitored_barrier: %s",
-             c10d_last_error());
+    MP_CHECK(c10d_monitored_barrier(pg, 1, &(c10d_op_opts){.timeout_ms = 10000}, &w) == 0,
+             "monitored_barrier: %s", c10d_last_error());
     int rc = c10d_work_wait_release(w);
     const char *why = c10d_last_error();
     fprintf(stderr, "rank 0: monitored_barrier: %s: %s\n", c10d_status_name(rc), why);

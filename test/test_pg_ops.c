@@ -501,7 +501,8 @@ static int mb_main(int rank, int n, void *arg)
     c10d_pg *pg;
     MP_CHECK(c10d_pg_init(&po, &pg) == 0, "init: %s", c10d_last_error());
     c10d_work *w;
-    MP_CHECK(c10d_monitored_barrier(pg, wait_all, &(c10d_op_opts){.timeout_ms = 20000}, &w) == 0 && c10d_work_wait_release(w) == 0,
+    MP_CHECK(c10d_monitored_barrier(pg, wait_all, &(c10d_op_opts){.timeout_ms = 20000}, &w) == 0 &&
+                 c10d_work_wait_release(w) == 0,
              "first barrier: %s", c10d_last_error());
     if (rank >= n - 2 && (wait_all || rank == n - 1)) {
         /* Never arrives; stays alive until the others are done. */

@@ -963,8 +963,8 @@ static void test_server_stats(void **state)
         cmocka_unit_test_prestate(test_prefix_isolation_list_keys, &k),                            \
         cmocka_unit_test_prestate(test_async_callbacks, &k),                                       \
         cmocka_unit_test_prestate(test_concurrent_clients, &k),                                    \
-        cmocka_unit_test_prestate(test_concurrent_processes, &k),                                 \
-        cmocka_unit_test_prestate(test_submit_works, &k),                                         \
+        cmocka_unit_test_prestate(test_concurrent_processes, &k),                                  \
+        cmocka_unit_test_prestate(test_submit_works, &k),                                          \
         cmocka_unit_test_prestate(test_shutdown_with_late_ops, &k)
 
 static struct kind hash_kind = {.name = "hash", .open = open_hash};

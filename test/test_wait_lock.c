@@ -18,8 +18,8 @@
 #include <time.h>
 
 static pthread_mutex_t user_lock;
-static atomic_int relocked;   /* the callback found the lock held by its own thread */
-static atomic_int on_waiter;  /* the callback ran on the waiting thread */
+static atomic_int relocked;  /* the callback found the lock held by its own thread */
+static atomic_int on_waiter; /* the callback ran on the waiting thread */
 static atomic_int callbacks_run;
 static pthread_t waiter;
 

@@ -132,8 +132,8 @@ static void mismatch(struct c10d__tcp_transport *t, const struct c10d__tcp_xfer 
         c10d__tcp_error(t, C10D_EINVAL,
                         "tcp %s seq %llu: rank %d sent %llu bytes but this rank posted %zu bytes "
                         "(collective mismatch?)",
-                        c10d__op_kind_name((enum c10d__op_kind)x->kind), (unsigned long long)x->tag, from,
-                        (unsigned long long)sent, posted);
+                        c10d__op_kind_name((enum c10d__op_kind)x->kind), (unsigned long long)x->tag,
+                        from, (unsigned long long)sent, posted);
 }
 
 /* A P2P receive matched an RTS: from now on it waits for that sender's data. */
@@ -282,7 +282,8 @@ void c10d__tcp_recv(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
             c10d__tcp_error(t, C10D_EINVAL,
                             "tcp %s seq %llu: rank %d runs %s with the same sequence number "
                             "(collective mismatch?)",
-                            c10d__op_kind_name((enum c10d__op_kind)x->kind), (unsigned long long)x->tag, x->peer,
+                            c10d__op_kind_name((enum c10d__op_kind)x->kind),
+                            (unsigned long long)x->tag, x->peer,
                             c10d__op_kind_name((enum c10d__op_kind)u->w.kind));
             return;
         }
@@ -414,7 +415,8 @@ void c10d__tcp_handle_frame(struct conn *c, const struct wire *w)
                 c10d__tcp_error(t, C10D_EINVAL,
                                 "tcp %s seq %llu: rank %d runs %s with the same sequence number "
                                 "(collective mismatch?)",
-                                c10d__op_kind_name((enum c10d__op_kind)x->kind), (unsigned long long)x->tag, c->rank,
+                                c10d__op_kind_name((enum c10d__op_kind)x->kind),
+                                (unsigned long long)x->tag, c->rank,
                                 c10d__op_kind_name((enum c10d__op_kind)w->kind));
                 return;
             }

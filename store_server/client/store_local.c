@@ -449,8 +449,7 @@ static void local_submit(c10d_store *s, struct c10d__store_op *op)
     /* Queued before the engine began to stop, run after this store's hook: a
      * wait parked now would hold the loop open until its timeout. */
     if (c10d__engine_stop_begun()) {
-        c10d__store_op_finish(op, C10D_EABORTED, "%s store: the engine was shut down",
-                              s->vt->kind);
+        c10d__store_op_finish(op, C10D_EABORTED, "%s store: the engine was shut down", s->vt->kind);
         return;
     }
     if (!ls->hook_registered) {

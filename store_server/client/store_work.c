@@ -88,9 +88,9 @@ static void on_result(const c10d_store_result *r, void *arg)
 }
 
 static const char *const op_names[] = {
-    "set",        "get",       "add",        "compare_set", "wait",      "check",
-    "delete_key", "num_keys",  "append",     "multi_get",   "multi_set", "queue_push",
-    "queue_pop",  "queue_len", "list_keys",  "server_stats", "ping",
+    "set",        "get",       "add",       "compare_set",  "wait",      "check",
+    "delete_key", "num_keys",  "append",    "multi_get",    "multi_set", "queue_push",
+    "queue_pop",  "queue_len", "list_keys", "server_stats", "ping",
 };
 
 static int start(c10d_store *s, const c10d_store_request *q, c10d_work *w)
@@ -144,8 +144,8 @@ int c10d_store_submit(c10d_store *s, const c10d_store_request *req, c10d_work **
         return c10d__fail(C10D_EINVAL, "store submit: req is NULL");
     c10d_store_request q;
     /* The 0.1 layout ends with block. */
-    C10D_CHECK(c10d__opts_read(&q, sizeof q, offsetof(c10d_store_request, block) + sizeof(int),
-                               req, "store submit"));
+    C10D_CHECK(c10d__opts_read(&q, sizeof q, offsetof(c10d_store_request, block) + sizeof(int), req,
+                               "store submit"));
     if ((unsigned)q.op >= sizeof op_names / sizeof op_names[0])
         return c10d__fail(C10D_EINVAL, "store submit: unknown op %d", (int)q.op);
     struct stored_result *sr = calloc(1, sizeof *sr);
