@@ -1,0 +1,229 @@
+/*
+ * c10drun: start N local ranks with torchrun's environment, tag their output with the rank,
+ * forward signals, and turn the first rank failure into a stop of the whole job.
+ *
+ * The launcher runs its own uv loop; it does not use the library's engine, so it keeps
+ * working (and keeps reporting) while the library is broken or being rebuilt.
+ *
+ * Every child (rank or external store) is started through this same executable in a hidden
+ * "exec" mode that puts the child in its own process group and asks the kernel to SIGTERM it
+ * if c10drun dies. Signals then go to the rank's whole group, so a rank that is a shell
+ * script takes its own children down with it.
+  *
+ * One file per concern, sharing this header: args.c (the command line), env.c
+ * (each rank's environment), store.c (the store, then the ranks), children.c
+ * (spawning, signals, stopping, the end), output.c (reading the ranks' pipes
+ * into tagged lines), writer.c (writing them out on a thread), util.c.
+ */
+#ifndef C10DRUN_H
+#define C10DRUN_H
+
+#include <uv.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sched.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef C10DRUN_VERSION
+#define C10DRUN_VERSION "unknown"
+#endif
+
+/* argv[1] of the hidden mode; not an option a user would type. */
+#define EXEC_MARK "--c10drun-internal-exec"
+
+enum {
+    EXIT_LAUNCHER = 1, /* c10drun itself could not do its job (spawn, store) */
+    EXIT_USAGE = 2,
+    EXIT_TIMEOUT = 124, /* as timeout(1) */
+    EXIT_NOEXEC = 126,
+    EXIT_NOTFOUND = 127,
+};
+
+/* A line longer than this is cut into pieces so one rank cannot make us buffer without bound. */
+#define MAX_LINE (64 * 1024)
+/* Output waiting for a slow stdout/stderr: above HIGH we stop reading the ranks' pipes (they
+ * block on write, as they would without us), below LOW we read again. */
+#define QUEUE_HIGH (8u << 20)
+#define QUEUE_LOW  (1u << 20)
+/* After the last child is gone, how long a pipe still held open by a leftover grandchild may
+ * keep us waiting. */
+#define DRAIN_MS 2000
+/* How long we wait at exit for stdout/stderr to accept what is queued. */
+#define FLUSH_MS   10000
+#define PROBE_MS   50
+#define MAX_NPROCS 4096
+
+enum phase { PHASE_STORE_WAIT, PHASE_RUN, PHASE_DONE };
+
+struct options {
+    int nprocs;
+    bool external_store;
+    const char *master_addr;
+    int master_port; /* 0: pick a free one */
+    uint64_t grace_ms;
+    double timeout_s;       /* 0: none */
+    double store_timeout_s; /* bound on waiting for the external store's port */
+    bool prefix;
+    bool verbose;
+    const char *store_bin;
+    const char *run_id;
+    bool bind_core; /* --bind-to core: rank r runs on the r-th CPU we may use */
+    int argc;       /* PROGRAM and its arguments */
+    char **argv;
+};
+
+struct launcher;
+struct child;
+
+struct out_stream {
+    struct child *c;
+    uv_pipe_t pipe;
+    int fd; /* where its lines go: 1 or 2 */
+    bool open;
+    char *partial; /* the last line, until its newline arrives */
+    size_t len, cap;
+};
+
+struct child {
+    struct launcher *l;
+    uv_process_t proc;
+    int rank; /* -1: the store */
+    char name[32];
+    char prefix[32];
+    pid_t pid;
+    bool spawned, exited;
+    int64_t exit_status;
+    int term_signal;
+    struct out_stream out, err;
+};
+
+struct out_item {
+    struct out_item *next;
+    int fd;
+    size_t len;
+    char *data;
+};
+
+/* stdout/stderr are written by a thread so that a stalled reader of our output never stalls
+ * the loop: signals, deadlines and kills keep working. */
+struct writer {
+    pthread_t thread;
+    bool started;
+    pthread_mutex_t mu;
+    pthread_cond_t work, idle;
+    struct out_item *head, *tail;
+    size_t bytes;
+    bool busy, quit;
+    bool paused;       /* the loop stopped reading pipes because of `bytes` */
+    bool async_closed; /* resume_async must not be sent any more */
+    bool broken[3];    /* EPIPE & co: drop what goes there */
+};
+
+struct launcher {
+    struct options opt;
+    uv_loop_t loop;
+    struct child *ranks;
+    int started;    /* ranks spawned */
+    int live_ranks; /* spawned and not exited */
+    struct child store;
+    bool have_store;
+    enum phase phase;
+    bool stopping;
+    bool store_stopping;
+    bool drain_started;
+    int drain_rearms;
+    bool have_code;
+    int exit_code;
+    int signals_seen;
+    uv_signal_t sigs[4];
+    uv_timer_t grace_timer, store_kill_timer, deadline_timer, drain_timer, probe_timer,
+        store_deadline_timer;
+    uv_tcp_t probe;
+    uv_connect_t probe_req;
+    bool probe_open;
+    uv_async_t resume_async;
+    struct sockaddr_storage master_sa;
+    char port_text[16];
+    char *program_path;
+    char *store_path;
+    char run_id[96];
+    int *cpus; /* --bind-to core: the CPU of each rank */
+    char **base_env;
+    size_t base_env_len;
+    struct writer w;
+    bool out_broken[3]; /* the loop's copy of w.broken */
+    char rbuf[65536];
+};
+
+extern const int forwarded_signals[4];
+
+#define VERBOSE(l, ...)                                                                            \
+    do {                                                                                           \
+        if ((l)->opt.verbose)                                                                      \
+            say((l), __VA_ARGS__);                                                                 \
+    } while (0)
+
+/* util.c */
+char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+char *xstrdup(const char *s);
+const char *signal_name(int sig);
+void *xmalloc(size_t n);
+void *xrealloc(void *p, size_t n);
+void write_all(int fd, const char *p, size_t n);
+
+/* writer.c */
+bool writer_push(struct launcher *l, int fd, char *data, size_t len);
+int writer_start(struct launcher *l);
+void say(struct launcher *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void writer_finish(struct launcher *l, int timeout_ms);
+
+/* output.c */
+void close_stream(struct out_stream *s);
+void for_each_stream(struct launcher *l, void (*fn)(struct out_stream *));
+void on_resume(uv_async_t *a);
+void read_start_one(struct out_stream *s);
+
+/* env.c */
+char **rank_env(struct launcher *l, int rank);
+void build_base_env(struct launcher *l);
+void free_rank_env(struct launcher *l, char **env);
+
+/* store.c */
+char *find_in_path(const char *name);
+char *find_store(struct launcher *l, char *looked, size_t looked_len);
+int resolve_master(struct launcher *l, const char *host, int port);
+void start_ranks(struct launcher *l);
+void start_store(struct launcher *l);
+
+/* children.c */
+int spawn_child(struct launcher *l, struct child *c, char **argv, char **env, uv_exit_cb exit_cb);
+void begin_stop(struct launcher *l, int sig);
+void maybe_finish(struct launcher *l);
+void on_deadline(uv_timer_t *t);
+void on_rank_exit(uv_process_t *p, int64_t exit_status, int term_signal);
+void on_signal(uv_signal_t *h, int sig);
+void on_store_exit(uv_process_t *p, int64_t exit_status, int term_signal);
+void set_code(struct launcher *l, int code);
+
+/* args.c */
+int parse_args(struct options *o, int argc, char **argv);
+
+#endif
