@@ -9,7 +9,7 @@
  * "exec" mode that puts the child in its own process group and asks the kernel to SIGTERM it
  * if c10drun dies. Signals then go to the rank's whole group, so a rank that is a shell
  * script takes its own children down with it.
-  *
+ *
  * One file per concern, sharing this header: args.c (the command line), env.c
  * (each rank's environment), store.c (the store, then the ranks), children.c
  * (spawning, signals, stopping, the end), output.c (reading the ranks' pipes
