@@ -5,6 +5,7 @@
 #
 #   bench/store_floor_callgrind.sh BUILD_DIR [--conns K] [--patterns "get add"]
 #                                  [--dialect legacy|current] [--store PATH]
+#                                  [--servers "floor ours"]
 #
 # Per server and pattern: counters zeroed, a short and a long load generator
 # run, each followed by a dump; instructions per op = (Ir long - Ir short) /
@@ -12,19 +13,21 @@
 # the same in both runs, cancel out.
 set -u
 
-[ $# -ge 1 ] || { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 BUILD=$1
 shift
 CONNS=256
 PATTERNS="get add"
 DIALECT=legacy
 STORE=$BUILD/store_server/c10d-store
+SERVERS="floor ours"
 while [ $# -gt 0 ]; do
     case $1 in
     --conns) CONNS=$2; shift 2 ;;
     --patterns) PATTERNS=$2; shift 2 ;;
     --dialect) DIALECT=$2; shift 2 ;;
     --store) STORE=$2; shift 2 ;;
+    --servers) SERVERS=$2; shift 2 ;;
     *) echo "store_floor_callgrind.sh: unknown argument '$1'" >&2; exit 2 ;;
     esac
 done
@@ -51,7 +54,7 @@ ops_of() {
     sed -n 's/.* ops=\([0-9]*\) .*/\1/p'
 }
 
-for name in floor ours; do
+for name in $SERVERS; do
     rm -f "$TMP"/cg.out* "$TMP/port"
     if [ $name = floor ]; then
         cmd=("$FLOOR" --port-file "$TMP/port")

@@ -67,6 +67,27 @@ static void test_table_values(void **state)
     assert_value(t, "/a", "x"); /* unchanged */
     assert_int_equal(c10d__store_table_set(t, STR("/big"), STR("9223372036854775807")), 0);
     assert_int_equal(c10d__store_table_add(t, STR("/big"), 1, &v), C10D_EINVAL);
+    /* ADD keeps the counter it wrote: whatever replaces the value (SET,
+     * APPEND, DELETE) must be what the next ADD reads. */
+    assert_int_equal(c10d__store_table_add(t, STR("/c"), INT64_MIN, &v), 0);
+    assert_value(t, "/c", "-9223372036854775808");
+    assert_int_equal(c10d__store_table_add(t, STR("/c"), -1, &v), C10D_EINVAL);
+    assert_int_equal(c10d__store_table_add(t, STR("/c"), INT64_MAX, &v), 0);
+    assert_value(t, "/c", "-1");
+    assert_int_equal(c10d__store_table_add(t, STR("/c"), 1, &v), 0);
+    assert_value(t, "/c", "0");
+    assert_int_equal(c10d__store_table_add(t, STR("/c"), INT64_MAX, &v), 0);
+    assert_value(t, "/c", "9223372036854775807");
+    assert_int_equal(c10d__store_table_set(t, STR("/c"), STR(" 40x")), 0);
+    assert_int_equal(c10d__store_table_add(t, STR("/c"), 2, &v), 0);
+    assert_int_equal(v, 42);
+    assert_int_equal(c10d__store_table_append(t, STR("/c"), STR("0")), 0);
+    assert_int_equal(c10d__store_table_add(t, STR("/c"), 1, &v), 0);
+    assert_int_equal(v, 421);
+    assert_int_equal(c10d__store_table_delete(t, STR("/c")), 1);
+    assert_int_equal(c10d__store_table_add(t, STR("/c"), 5, &v), 0);
+    assert_int_equal(v, 5);
+    assert_int_equal(c10d__store_table_delete(t, STR("/c")), 1);
     assert_int_equal(c10d__store_table_append(t, STR("/a"), STR("yz")), 0);
     assert_int_equal(c10d__store_table_append(t, STR("/new"), STR("1")), 0);
     for (int i = 0; i < 100; i++)
