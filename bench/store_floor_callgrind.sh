@@ -9,8 +9,8 @@
 #
 # Per server and pattern: counters zeroed, a short and a long load generator
 # run, each followed by a dump; instructions per op = (Ir long - Ir short) /
-# (ops long - ops short), so the connection setup and the window's edges,
-# the same in both runs, cancel out.
+# (ops long - ops short), ops counting every op answered (ops_all), so the
+# connections' setup, the same in both runs, cancels out.
 set -u
 
 [ $# -ge 1 ] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
@@ -51,7 +51,7 @@ last_ir() {
 }
 
 ops_of() {
-    sed -n 's/.* ops=\([0-9]*\) .*/\1/p'
+    sed -n 's/.* ops_all=\([0-9]*\) .*/\1/p'
 }
 
 for name in $SERVERS; do
