@@ -9,7 +9,9 @@
 #include "store_test_util.h"
 #include "store_server/table/table.h"
 
+#include <inttypes.h>
 #include <jansson.h>
+#include <stdio.h>
 
 /* ------------------------------------------------------------------ table */
 
@@ -88,6 +90,21 @@ static void test_table_values(void **state)
     assert_int_equal(c10d__store_table_add(t, STR("/c"), 5, &v), 0);
     assert_int_equal(v, 5);
     assert_int_equal(c10d__store_table_delete(t, STR("/c")), 1);
+    /* Every digit count and sign, written in place and fresh, as printf does. */
+    for (int64_t p = 1; p > 0 && p <= INT64_MAX / 10; p *= 10) {
+        const int64_t vals[] = {p - 1, p, p + 1, 9 * p + (p - 1), -p, -(p + 1), -(9 * p + p - 1)};
+        for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++) {
+            char want[32];
+            snprintf(want, sizeof want, "%" PRId64, vals[i]);
+            int64_t cur = 0, got;
+            struct c10d__store_str sv;
+            if (c10d__store_table_get(t, STR("/d"), &sv))
+                assert_int_equal(c10d__store_parse_i64(sv.data, sv.len, &cur), 0);
+            assert_int_equal(c10d__store_table_add(t, STR("/d"), vals[i] - cur, &got), 0);
+            assert_int_equal(got, vals[i]);
+            assert_value(t, "/d", want);
+        }
+    }
     assert_int_equal(c10d__store_table_append(t, STR("/a"), STR("yz")), 0);
     assert_int_equal(c10d__store_table_append(t, STR("/new"), STR("1")), 0);
     for (int i = 0; i < 100; i++)
