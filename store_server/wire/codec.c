@@ -405,14 +405,12 @@ static int parse_whole(struct c10d__store_parser *p, const uint8_t *buf, size_t 
     return C10D_STORE_PARSE_DONE;
 }
 
-int c10d__store_parse_request(struct c10d__store_parser *p, const uint8_t *buf, size_t len,
-                              struct c10d__store_request *req, size_t *used)
+/* The state machine: any request, in as many calls as its bytes take. Kept
+ * out of line so that the one-pass path's callers do not pay its frame. */
+static __attribute__((noinline)) int parse_general(struct c10d__store_parser *p, const uint8_t *buf,
+                                                   size_t len, struct c10d__store_request *req,
+                                                   size_t *used)
 {
-    if (p->phase == PH_START && p->pos == 0 && len > 0 && !p->general_only &&
-        p->dialect != C10D_STORE_DIALECT_UNKNOWN && parse_whole(p, buf, len, req, used)) {
-        p->need = 0;
-        return C10D_STORE_PARSE_DONE;
-    }
     if (p->phase < 0)
         return fail(p, C10D_EPROTO, "parser used after an error");
     p->need = 0;
@@ -482,6 +480,17 @@ int c10d__store_parse_request(struct c10d__store_parser *p, const uint8_t *buf, 
     return C10D_STORE_PARSE_DONE;
 }
 
+int c10d__store_parse_request(struct c10d__store_parser *p, const uint8_t *buf, size_t len,
+                              struct c10d__store_request *req, size_t *used)
+{
+    if (p->phase == PH_START && p->pos == 0 && len > 0 && !p->general_only &&
+        p->dialect != C10D_STORE_DIALECT_UNKNOWN && parse_whole(p, buf, len, req, used)) {
+        p->need = 0;
+        return C10D_STORE_PARSE_DONE;
+    }
+    return parse_general(p, buf, len, req, used);
+}
+
 /* -------------------------------------------------------------- encoding */
 
 int c10d__store_buf_reserve(struct c10d__store_buf *b, size_t extra)
@@ -529,12 +538,19 @@ int c10d__store_put_u32(struct c10d__store_buf *b, uint32_t v)
     return c10d__store_put_raw(b, x, 4);
 }
 
+static void store_u64(uint8_t *d, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        d[i] = (uint8_t)(v >> (8 * i));
+}
+
 int c10d__store_put_u64(struct c10d__store_buf *b, uint64_t v)
 {
-    uint8_t x[8];
-    for (int i = 0; i < 8; i++)
-        x[i] = (uint8_t)(v >> (8 * i));
-    return c10d__store_put_raw(b, x, 8);
+    if (c10d__store_buf_reserve(b, 8) < 0)
+        return C10D_ENOMEM;
+    store_u64(b->data + b->len, v);
+    b->len += 8;
+    return 0;
 }
 
 int c10d__store_put_i64(struct c10d__store_buf *b, int64_t v)
@@ -546,8 +562,12 @@ int c10d__store_put_str(struct c10d__store_buf *b, const void *data, size_t len)
 {
     if (len > SIZE_MAX - 8 || c10d__store_buf_reserve(b, 8 + len) < 0)
         return C10D_ENOMEM;
-    c10d__store_put_u64(b, len);
-    return c10d__store_put_raw(b, data, len);
+    /* One reservation for both parts: a GET's reply is built here. */
+    store_u64(b->data + b->len, len);
+    if (len)
+        memcpy(b->data + b->len + 8, data, len);
+    b->len += 8 + len;
+    return 0;
 }
 
 int c10d__store_encode_request(struct c10d__store_buf *out, int dialect,
