@@ -105,6 +105,7 @@ static void test_table_values(void **state)
             assert_value(t, "/d", want);
         }
     }
+    assert_int_equal(c10d__store_table_delete(t, STR("/d")), 1);
     assert_int_equal(c10d__store_table_append(t, STR("/a"), STR("yz")), 0);
     assert_int_equal(c10d__store_table_append(t, STR("/new"), STR("1")), 0);
     for (int i = 0; i < 100; i++)
