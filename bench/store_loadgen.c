@@ -463,6 +463,9 @@ static void pump_connects(void)
 static struct c10d__store_buf op_add_buf; /* ADD /bench/add 1: the same for everyone */
 static uint64_t win_start, win_end;
 static uint64_t ops_done, *lat;
+/* Every op answered, in the window or not (warm-up, tail): what the server
+ * did, for counts of its work per request (store_floor_callgrind.sh). */
+static uint64_t ops_all;
 static size_t nlat, caplat;
 static int measuring_done;
 static double srv_cpu_start;
@@ -539,6 +542,7 @@ static void ops_on_reply(struct conn *c)
         }
         c->phase = 1;
     } else {
+        ops_all++;
         if (c->dec.bad)
             bad_values += c->dec.bad;
         if (win_start && c->sent_at >= win_start && t <= win_end) {
@@ -1088,6 +1092,7 @@ int main(int argc, char **argv)
         printf(" pattern=%s conns=%d connected=%d ops=%" PRIu64 " ops_s=%.0f",
                pattern_names[opt.pattern], nconns, nconns - (int)conns_dead, ops_done,
                win_start ? (double)ops_done / win : 0.0);
+        printf(" ops_all=%" PRIu64, ops_all);
         printf(" p50_us=%.1f p99_us=%.1f", nlat ? lat[nlat / 2] / 1e3 : 0.0,
                nlat ? lat[(size_t)((double)nlat * 0.99)] / 1e3 : 0.0);
         if (cpu_sampled == 2) {

@@ -287,6 +287,134 @@ static void roundtrip_dialect(int dialect)
     c10d__store_buf_free(&all);
 }
 
+/* The one-pass parse of whole requests must answer exactly what the general
+ * state machine answers: same status, request, size, `need` and error text,
+ * on valid, truncated, corrupted and over-limit input. */
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+
+static uint64_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static size_t compared_done, compared_errors;
+
+static void compare_parsers(int dialect, const struct c10d__store_codec_limits *lim,
+                            const uint8_t *buf, size_t len)
+{
+    struct c10d__store_parser fast, gen;
+    c10d__store_parser_init(&fast, lim);
+    c10d__store_parser_init(&gen, lim);
+    fast.dialect = gen.dialect = dialect;
+    gen.general_only = 1;
+    size_t start = 0;
+    for (;;) {
+        struct c10d__store_request rf, rg;
+        size_t uf = 0, ug = 0;
+        int rcf = c10d__store_parse_request(&fast, buf + start, len - start, &rf, &uf);
+        int rcg = c10d__store_parse_request(&gen, buf + start, len - start, &rg, &ug);
+        assert_int_equal(rcf, rcg);
+        assert_int_equal(fast.need, gen.need);
+        assert_int_equal(fast.dialect, gen.dialect);
+        if (rcf < 0) {
+            assert_string_equal(fast.error, gen.error);
+            compared_errors++;
+            break;
+        }
+        if (rcf == C10D_STORE_PARSE_MORE)
+            break;
+        assert_int_equal(uf, ug);
+        assert_int_equal(rf.cmd, rg.cmd);
+        assert_int_equal(rf.u32, rg.u32);
+        assert_int_equal(rf.i64, rg.i64);
+        assert_int_equal(rf.nargs, rg.nargs);
+        for (size_t i = 0; i < rf.nargs; i++) {
+            assert_ptr_equal(rf.args[i].data, rg.args[i].data);
+            assert_int_equal(rf.args[i].len, rg.args[i].len);
+        }
+        assert_int_equal(c10d__store_parser_idle(&fast), c10d__store_parser_idle(&gen));
+        compared_done++;
+        start += uf;
+    }
+    c10d__store_parser_free(&fast);
+    c10d__store_parser_free(&gen);
+}
+
+static void test_whole_parse_equivalence(void **state)
+{
+    (void)state;
+    static const struct c10d__store_codec_limits tight = {
+        .max_key_bytes = 4, .max_value_bytes = 300, .max_keys = 2, .max_request_bytes = 64};
+    static const struct c10d__store_codec_limits loose = {
+        .max_key_bytes = 1 << 16, .max_value_bytes = 1 << 20, .max_keys = 1 << 10};
+    const struct c10d__store_codec_limits *limits[] = {&no_limits, &tight, &loose};
+    static const int dialects[] = {C10D_STORE_DIALECT_CURRENT, C10D_STORE_DIALECT_LEGACY,
+                                   C10D_STORE_DIALECT_UNKNOWN};
+    struct c10d__store_request reqs[32];
+    struct c10d__store_str store[64];
+    size_t n = sample_requests(reqs, store);
+    for (size_t d = 0; d < 2; d++) {
+        /* Every sample request, then a MULTI_GET past the one-pass path's
+         * argument count, back to back. */
+        struct c10d__store_buf all = {0};
+        if (dialects[d] == C10D_STORE_DIALECT_CURRENT)
+            c10d__store_put_raw(&all, "\x00\xce\xf7\x85\x3c", 5);
+        for (size_t i = 0; i < n; i++)
+            if (c10d__store_cmd_to_wire(dialects[d], reqs[i].cmd) >= 0)
+                assert_int_equal(c10d__store_encode_request(&all, dialects[d], &reqs[i]), 0);
+        if (dialects[d] == C10D_STORE_DIALECT_CURRENT) {
+            struct c10d__store_str keys[100];
+            for (size_t i = 0; i < 100; i++)
+                keys[i] = S("/k");
+            struct c10d__store_request mg = {
+                .cmd = C10D_STORE_MULTI_GET, .nargs = 100, .args = keys};
+            assert_int_equal(c10d__store_encode_request(&all, dialects[d], &mg), 0);
+        }
+        uint8_t *mut = malloc(all.len);
+        assert_non_null(mut);
+        for (size_t li = 0; li < sizeof limits / sizeof limits[0]; li++) {
+            for (size_t di = 0; di < 3; di++) {
+                int dia = dialects[di] == C10D_STORE_DIALECT_UNKNOWN ? dialects[di] : dialects[d];
+                /* Every prefix: truncation at each byte. */
+                for (size_t k = 0; k <= all.len; k++)
+                    compare_parsers(dia, limits[li], all.data, k);
+                /* Corruption: a few bytes replaced, some with values that make
+                 * command bytes, small lengths or huge ones. */
+                for (int it = 0; it < 3000; it++) {
+                    memcpy(mut, all.data, all.len);
+                    int flips = 1 + (int)(rnd() % 3);
+                    for (int f = 0; f < flips; f++) {
+                        size_t at = (size_t)(rnd() % all.len);
+                        uint64_t r = rnd();
+                        mut[at] = r & 1 ? (uint8_t)(r >> 8) : (uint8_t)((r >> 8) % 24);
+                    }
+                    size_t cut = rnd() % 4 ? all.len : (size_t)(rnd() % all.len);
+                    compare_parsers(dia, limits[li], mut, cut);
+                }
+            }
+        }
+        free(mut);
+        c10d__store_buf_free(&all);
+    }
+    /* Random bytes, mostly small ones (command bytes, short lengths). */
+    uint8_t junk[96];
+    for (int it = 0; it < 20000; it++) {
+        size_t len = (size_t)(rnd() % sizeof junk);
+        for (size_t i = 0; i < len; i++) {
+            uint64_t r = rnd();
+            junk[i] = r % 8 == 0 ? (uint8_t)(r >> 8) : (uint8_t)((r >> 8) % 20);
+        }
+        compare_parsers(dialects[it % 3], limits[(it / 3) % 3], junk, len);
+    }
+    print_message("%zu requests and %zu errors compared\n", compared_done, compared_errors);
+    /* The comparisons covered both outcomes many times. */
+    assert_true(compared_done > 10000);
+    assert_true(compared_errors > 1000);
+}
+
 static void test_roundtrip_current(void **state)
 {
     (void)state;
@@ -623,11 +751,17 @@ static void test_parse_i64(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cmd_tables),        cmocka_unit_test(test_known_bytes),
-        cmocka_unit_test(test_roundtrip_current), cmocka_unit_test(test_roundtrip_legacy),
-        cmocka_unit_test(test_dialect_detection), cmocka_unit_test(test_malformed_and_limits),
-        cmocka_unit_test(test_need_hint),         cmocka_unit_test(test_replies),
-        cmocka_unit_test(test_parse_i64),         cmocka_unit_test(test_auth),
+        cmocka_unit_test(test_cmd_tables),
+        cmocka_unit_test(test_known_bytes),
+        cmocka_unit_test(test_roundtrip_current),
+        cmocka_unit_test(test_roundtrip_legacy),
+        cmocka_unit_test(test_dialect_detection),
+        cmocka_unit_test(test_malformed_and_limits),
+        cmocka_unit_test(test_need_hint),
+        cmocka_unit_test(test_replies),
+        cmocka_unit_test(test_parse_i64),
+        cmocka_unit_test(test_auth),
+        cmocka_unit_test(test_whole_parse_equivalence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,7 +9,9 @@
 #include "store_test_util.h"
 #include "store_server/table/table.h"
 
+#include <inttypes.h>
 #include <jansson.h>
+#include <stdio.h>
 
 /* ------------------------------------------------------------------ table */
 
@@ -67,6 +69,43 @@ static void test_table_values(void **state)
     assert_value(t, "/a", "x"); /* unchanged */
     assert_int_equal(c10d__store_table_set(t, STR("/big"), STR("9223372036854775807")), 0);
     assert_int_equal(c10d__store_table_add(t, STR("/big"), 1, &v), C10D_EINVAL);
+    /* ADD keeps the counter it wrote: whatever replaces the value (SET,
+     * APPEND, DELETE) must be what the next ADD reads. */
+    assert_int_equal(c10d__store_table_add(t, STR("/c"), INT64_MIN, &v), 0);
+    assert_value(t, "/c", "-9223372036854775808");
+    assert_int_equal(c10d__store_table_add(t, STR("/c"), -1, &v), C10D_EINVAL);
+    assert_int_equal(c10d__store_table_add(t, STR("/c"), INT64_MAX, &v), 0);
+    assert_value(t, "/c", "-1");
+    assert_int_equal(c10d__store_table_add(t, STR("/c"), 1, &v), 0);
+    assert_value(t, "/c", "0");
+    assert_int_equal(c10d__store_table_add(t, STR("/c"), INT64_MAX, &v), 0);
+    assert_value(t, "/c", "9223372036854775807");
+    assert_int_equal(c10d__store_table_set(t, STR("/c"), STR(" 40x")), 0);
+    assert_int_equal(c10d__store_table_add(t, STR("/c"), 2, &v), 0);
+    assert_int_equal(v, 42);
+    assert_int_equal(c10d__store_table_append(t, STR("/c"), STR("0")), 0);
+    assert_int_equal(c10d__store_table_add(t, STR("/c"), 1, &v), 0);
+    assert_int_equal(v, 421);
+    assert_int_equal(c10d__store_table_delete(t, STR("/c")), 1);
+    assert_int_equal(c10d__store_table_add(t, STR("/c"), 5, &v), 0);
+    assert_int_equal(v, 5);
+    assert_int_equal(c10d__store_table_delete(t, STR("/c")), 1);
+    /* Every digit count and sign, written in place and fresh, as printf does. */
+    for (int64_t p = 1; p > 0 && p <= INT64_MAX / 10; p *= 10) {
+        const int64_t vals[] = {p - 1, p, p + 1, 9 * p + (p - 1), -p, -(p + 1), -(9 * p + p - 1)};
+        for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++) {
+            char want[32];
+            snprintf(want, sizeof want, "%" PRId64, vals[i]);
+            int64_t cur = 0, got;
+            struct c10d__store_str sv;
+            if (c10d__store_table_get(t, STR("/d"), &sv))
+                assert_int_equal(c10d__store_parse_i64(sv.data, sv.len, &cur), 0);
+            assert_int_equal(c10d__store_table_add(t, STR("/d"), vals[i] - cur, &got), 0);
+            assert_int_equal(got, vals[i]);
+            assert_value(t, "/d", want);
+        }
+    }
+    assert_int_equal(c10d__store_table_delete(t, STR("/d")), 1);
     assert_int_equal(c10d__store_table_append(t, STR("/a"), STR("yz")), 0);
     assert_int_equal(c10d__store_table_append(t, STR("/new"), STR("1")), 0);
     for (int i = 0; i < 100; i++)

@@ -29,6 +29,7 @@
 struct conn {
     struct c10d__store_session s;
     uv_tcp_t tcp;
+    int fd; /* tcp's socket, for flush()'s direct send */
     struct c10d__store_server *srv;
     struct conn *prev, *next;   /* every open connection */
     struct conn *vprev, *vnext; /* not yet started, in accept order */
@@ -351,11 +352,14 @@ static void flush(struct c10d__store_session *s)
     }
     size_t off = 0;
     if (c->pending_write == 0) {
-        uv_buf_t b = uv_buf_init((char *)s->out.data, (unsigned)s->out.len);
-        int n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+        /* Nothing of ours is queued in libuv (every uv_write called back), so
+         * the bytes may go to the kernel at once: one send, without
+         * uv_try_write's bookkeeping. MSG_NOSIGNAL: a peer that went away
+         * is an error here, never a SIGPIPE. */
+        ssize_t n = send(c->fd, s->out.data, s->out.len, MSG_NOSIGNAL);
         if (n >= 0) {
             off = (size_t)n;
-        } else if (n != UV_EAGAIN) {
+        } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
             s->out.len = 0;
             conn_close(c, NULL);
             return;
@@ -572,6 +576,7 @@ static void adopt(struct c10d__store_server *srv, int fd)
     srv->open_handles++;
     char peer[64];
     int rc = uv_tcp_open(&c->tcp, fd);
+    c->fd = rc == 0 ? fd : -1;
     if (rc == 0)
         peer_name(&c->tcp, peer, sizeof peer);
     else {

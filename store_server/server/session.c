@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SHARED_BUF_BYTES   (64 * 1024)
-#define MIN_OWN_BUF        4096
+#define SHARED_BUF_BYTES (64 * 1024)
+#define MIN_OWN_BUF      4096
 /* An own buffer left with a small tail after a big request shrinks to the
  * tail plus this. */
 #define OWN_SHRINK_ROOM    (64 * 1024)
@@ -18,9 +18,9 @@
 #define DEFAULT_QUEUED_CAP (256u << 20)
 #define SMALL_BACKLOG      (64 * 1024)
 /* s->out grows at most this much past what a reply needs. */
-#define OUT_SLACK          (1u << 20)
+#define OUT_SLACK (1u << 20)
 /* Admission estimate of a STATS reply (its real size is charged once built). */
-#define STATS_ESTIMATE     4096
+#define STATS_ESTIMATE 4096
 
 static size_t add_sat(size_t a, size_t b)
 {
@@ -281,7 +281,7 @@ static int out_reserve(struct c10d__store_session *s, size_t n, const char *what
     if (ctx->max_reply && n > ctx->max_reply) {
         ctx->closed_reply_cap++;
         c10d__store_session_fail(s, "%s reply of %zu bytes over the limit of %zu", what, n,
-                                  ctx->max_reply);
+                                 ctx->max_reply);
         return C10D_ENOMEM;
     }
     struct c10d__store_buf *b = &s->out;
@@ -478,7 +478,15 @@ static int mget_hit(struct c10d__store_session *s, const struct c10d__store_requ
 /* The size of the reply `r` will get, computed before it runs (an upper
  * bound for COMPARE_SET, an estimate for STATS, whose real size is charged
  * once built). Nothing in the table changes. */
-static size_t reply_size(struct c10d__store_session *s, const struct c10d__store_request *r)
+/* What reply_size() found for a GET, so that handle() needs no second
+ * lookup: nothing changes the table between the two. */
+struct found {
+    int present;
+    struct c10d__store_str v;
+};
+
+static size_t reply_size(struct c10d__store_session *s, const struct c10d__store_request *r,
+                         struct found *f)
 {
     struct c10d__store_table *t = s->ctx->table;
     const struct c10d__store_str *a = r->args;
@@ -498,9 +506,8 @@ static size_t reply_size(struct c10d__store_session *s, const struct c10d__store
     case C10D_STORE_QUEUE_LEN:
         return 8;
     case C10D_STORE_GET:
-        if (!c10d__store_table_get(t, a[0], &v))
-            v.len = 0;
-        return add_sat(8, v.len);
+        f->present = c10d__store_table_get(t, a[0], &f->v);
+        return add_sat(8, f->v.len);
     case C10D_STORE_COMPARE_SET: {
         size_t m = a[1].len > a[2].len ? a[1].len : a[2].len;
         if (c10d__store_table_get(t, a[0], &v) && v.len > m)
@@ -582,9 +589,20 @@ static void table_error(struct c10d__store_session *s, int rc, const struct c10d
                                  c10d__store_cmd_name(r->cmd));
 }
 
-/* Runs `r`, whose reply takes at most `reply` bytes (reply_size()). */
-static void handle(struct c10d__store_session *s, const struct c10d__store_request *r,
-                   size_t reply)
+/* out_reserve() when the reply may not fit; the command's name is only
+ * looked up for the message of a failure. */
+static inline int out_room(struct c10d__store_session *s, size_t n, int cmd)
+{
+    struct c10d__store_buf *b = &s->out;
+    if (!s->closing && (!s->ctx->max_reply || n <= s->ctx->max_reply) && n <= b->cap - b->len)
+        return 0;
+    return out_reserve(s, n, c10d__store_cmd_name(cmd));
+}
+
+/* Runs `r`, whose reply takes at most `reply` bytes (reply_size(), which
+ * filled `f` for a GET). */
+static void handle(struct c10d__store_session *s, const struct c10d__store_request *r, size_t reply,
+                   const struct found *f)
 {
     struct c10d__store_ctx *ctx = s->ctx;
     struct c10d__store_table *t = ctx->table;
@@ -594,8 +612,7 @@ static void handle(struct c10d__store_session *s, const struct c10d__store_reque
     ctx->ops[r->cmd]++;
     /* Charged before the command runs: a refused reply leaves the table as it
      * was (STATS charges its real size once built). */
-    if (reply && r->cmd != C10D_STORE_STATS &&
-        out_reserve(s, reply, c10d__store_cmd_name(r->cmd)) < 0)
+    if (reply && r->cmd != C10D_STORE_STATS && out_room(s, reply, r->cmd) < 0)
         return;
     if (!read_only(r->cmd)) {
         ctx->generation++;
@@ -619,8 +636,8 @@ static void handle(struct c10d__store_session *s, const struct c10d__store_reque
         break;
     }
     case C10D_STORE_GET: {
-        struct c10d__store_str v;
-        if (!c10d__store_table_get(t, a[0], &v)) {
+        struct c10d__store_str v = f->v;
+        if (!f->present) {
             /* Only a race with DELETE_KEY gets here: PyTorch clients WAIT first. */
             char k[80];
             ctx->missing_gets++;
@@ -801,7 +818,8 @@ static size_t process(struct c10d__store_session *s, const uint8_t *buf, size_t 
          * (hand over what this session has and queue it behind the sessions
          * already waiting). A request that waits is parsed again later: the
          * parser is between requests and its bytes stay in the buffer. */
-        size_t reply = reply_size(s, &req);
+        struct found f = {0, {NULL, 0}};
+        size_t reply = reply_size(s, &req, &f);
         if (s->ctx->max_reply && reply > s->ctx->max_reply) {
             s->ctx->closed_reply_cap++;
             c10d__store_session_fail(s, "%s reply of %zu bytes over the limit of %zu",
@@ -821,7 +839,7 @@ static size_t process(struct c10d__store_session *s, const uint8_t *buf, size_t 
         }
         s->requests++;
         if (gate(s, &req))
-            handle(s, &req, reply);
+            handle(s, &req, reply, &f);
         start += used;
         /* A 10k-key MULTI_GET leaves 240 KB of argument arrays behind; kept
          * by 10k sessions that is gigabytes of RSS. */

@@ -308,8 +308,108 @@ static int detect(struct c10d__store_parser *p, const uint8_t *buf, size_t len)
     return 0;
 }
 
-int c10d__store_parse_request(struct c10d__store_parser *p, const uint8_t *buf, size_t len,
-                              struct c10d__store_request *req, size_t *used)
+/* Makes room for n strings in the argument arrays (offs and args together:
+ * the general parser keeps them the same size). */
+static int reserve_args(struct c10d__store_parser *p, size_t n)
+{
+    if (n <= p->cap)
+        return 0;
+    size_t cap = p->cap ? p->cap : 8;
+    while (cap < n)
+        cap *= 2;
+    size_t *offs = realloc(p->offs, cap * sizeof *offs);
+    if (!offs)
+        return C10D_ENOMEM;
+    p->offs = offs;
+    struct c10d__store_str *args = realloc(p->args, cap * sizeof *args);
+    if (!args)
+        return C10D_ENOMEM;
+    p->args = args;
+    p->cap = cap;
+    return 0;
+}
+
+/* Counted requests with more strings than this take the general path: their
+ * argument arrays would be grown here for a request the general parser may
+ * reject by its size. */
+#define WHOLE_MAX_ARGS 64
+
+/* The common case, a request whose bytes have all arrived, in one pass and
+ * without the state machine's bookkeeping (half of a GET's parsing cost).
+ * Returns DONE with exactly what the general parser would return, or 0 when
+ * anything is missing, over a limit or malformed: the general parser then
+ * runs from the same start and says what is wrong or how much it needs. */
+static int parse_whole(struct c10d__store_parser *p, const uint8_t *buf, size_t len,
+                       struct c10d__store_request *req, size_t *used)
+{
+    int cmd = c10d__store_cmd_from_wire(p->dialect, buf[0]);
+    if (cmd < 0)
+        return 0;
+    const struct layout *l = &layouts[cmd];
+    size_t pos = 1;
+    uint32_t u32 = 0;
+    int64_t i64 = 0;
+    uint64_t count = l->nstr;
+    if (l->u32) {
+        if (len - pos < 4)
+            return 0;
+        u32 = c10d__store_get_u32(buf + pos);
+        pos += 4;
+        if (cmd == C10D_STORE_VALIDATE && u32 != C10D_STORE_MAGIC)
+            return 0;
+    }
+    if (l->counted) {
+        if (len - pos < 8)
+            return 0;
+        uint64_t n = c10d__store_get_u64(buf + pos);
+        if ((p->limits.max_keys && n > p->limits.max_keys) || n > WHOLE_MAX_ARGS / l->per_item)
+            return 0;
+        count = n * l->per_item;
+        pos += 8;
+    }
+    if (reserve_args(p, (size_t)count) < 0)
+        return 0;
+    for (size_t i = 0; i < count; i++) {
+        if (len - pos < 8)
+            return 0;
+        uint64_t n = c10d__store_get_u64(buf + pos);
+        size_t in_item = l->counted ? i % l->per_item : i;
+        uint64_t max =
+            (l->values >> in_item) & 1 ? p->limits.max_value_bytes : p->limits.max_key_bytes;
+        if (max && n > max)
+            return 0;
+        pos += 8;
+        /* The general parser's checks, in its terms, so that no request it
+         * refuses is accepted here. */
+        if (p->limits.max_request_bytes && n > p->limits.max_request_bytes - pos)
+            return 0;
+        if (n > ((uint64_t)1 << 47) || n > len - pos)
+            return 0;
+        p->args[i].data = buf + pos;
+        p->args[i].len = (size_t)n;
+        pos += (size_t)n;
+    }
+    if (l->i64) {
+        if (len - pos < 8)
+            return 0;
+        i64 = (int64_t)c10d__store_get_u64(buf + pos);
+        pos += 8;
+    }
+    p->cmd = cmd;
+    req->cmd = cmd;
+    req->u32 = u32;
+    req->i64 = i64;
+    req->nargs = (size_t)count;
+    req->args = p->args;
+    *used = pos;
+    return C10D_STORE_PARSE_DONE;
+}
+
+/* The state machine: any request, in as many calls as its bytes take. Kept
+ * out of line so that the one-pass path's callers do not pay its frame. */
+static __attribute__((noinline)) int parse_general(struct c10d__store_parser *p, const uint8_t *buf,
+                                                   size_t len, struct c10d__store_request *req,
+                                                   size_t *used)
 {
     if (p->phase < 0)
         return fail(p, C10D_EPROTO, "parser used after an error");
@@ -380,6 +480,17 @@ int c10d__store_parse_request(struct c10d__store_parser *p, const uint8_t *buf, 
     return C10D_STORE_PARSE_DONE;
 }
 
+int c10d__store_parse_request(struct c10d__store_parser *p, const uint8_t *buf, size_t len,
+                              struct c10d__store_request *req, size_t *used)
+{
+    if (p->phase == PH_START && p->pos == 0 && len > 0 && !p->general_only &&
+        p->dialect != C10D_STORE_DIALECT_UNKNOWN && parse_whole(p, buf, len, req, used)) {
+        p->need = 0;
+        return C10D_STORE_PARSE_DONE;
+    }
+    return parse_general(p, buf, len, req, used);
+}
+
 /* -------------------------------------------------------------- encoding */
 
 int c10d__store_buf_reserve(struct c10d__store_buf *b, size_t extra)
@@ -427,12 +538,19 @@ int c10d__store_put_u32(struct c10d__store_buf *b, uint32_t v)
     return c10d__store_put_raw(b, x, 4);
 }
 
+static void store_u64(uint8_t *d, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        d[i] = (uint8_t)(v >> (8 * i));
+}
+
 int c10d__store_put_u64(struct c10d__store_buf *b, uint64_t v)
 {
-    uint8_t x[8];
-    for (int i = 0; i < 8; i++)
-        x[i] = (uint8_t)(v >> (8 * i));
-    return c10d__store_put_raw(b, x, 8);
+    if (c10d__store_buf_reserve(b, 8) < 0)
+        return C10D_ENOMEM;
+    store_u64(b->data + b->len, v);
+    b->len += 8;
+    return 0;
 }
 
 int c10d__store_put_i64(struct c10d__store_buf *b, int64_t v)
@@ -444,8 +562,12 @@ int c10d__store_put_str(struct c10d__store_buf *b, const void *data, size_t len)
 {
     if (len > SIZE_MAX - 8 || c10d__store_buf_reserve(b, 8 + len) < 0)
         return C10D_ENOMEM;
-    c10d__store_put_u64(b, len);
-    return c10d__store_put_raw(b, data, len);
+    /* One reservation for both parts: a GET's reply is built here. */
+    store_u64(b->data + b->len, len);
+    if (len)
+        memcpy(b->data + b->len + 8, data, len);
+    b->len += 8 + len;
+    return 0;
 }
 
 int c10d__store_encode_request(struct c10d__store_buf *out, int dialect,

@@ -188,6 +188,9 @@ struct c10d__store_parser {
     size_t *offs;
     struct c10d__store_str *args;
     size_t cap;
+    /* Tests only: skip the one-pass parse of whole requests, so that the
+     * general state machine can be compared with it. */
+    int general_only;
 };
 
 void c10d__store_parser_init(struct c10d__store_parser *p,
