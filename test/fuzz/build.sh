@@ -13,6 +13,6 @@ clang -std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer \
   -DC10D_VERSION_STRING='"fuzz"' -I"$root" -I"$root/api" \
   "$root/test/fuzz/fuzz_store_server.c" \
   "$root/store_server/wire/codec.c" "$root/store_server/table/table.c" "$root/store_server/server/session.c" \
-  "$root/engine/error.c" "$root/engine/log.c" "$root/engine/env.c" \
+  "$root/engine/error.c" "$root/engine/log.c" "$root/engine/env.c" "$root/engine/token.c" \
   $(pkg-config --cflags --libs libuv) -o "$out/fuzz_store_server"
 echo "$out/fuzz_store_server"
