@@ -1,3 +1,9 @@
+/* The store server: listening sockets, connections and their reads and
+ * writes, limits (connections, memory, idle), stats and shutdown, on one libuv
+ * loop. Over 800 lines because a connection's life (accept, the read path,
+ * the direct-send write path, back-pressure, close) is one state machine that
+ * reads best in one place; the protocol is in session.c, the data in
+ * ../table/. */
 #include "server.h"
 
 #include "session.h"

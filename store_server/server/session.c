@@ -1,3 +1,8 @@
+/* One connection's protocol: detecting the dialect, parsing requests (the
+ * one-pass fast path and the general state machine for partial or bad input),
+ * running them against the table, parked waits, and encoding replies. Over 800
+ * lines because every command's request-to-reply path is here, side by side,
+ * so a newcomer checks one command's behaviour in one file. */
 #include "session.h"
 
 #include "engine/log.h"

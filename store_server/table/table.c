@@ -1,3 +1,7 @@
+/* The key/value table: hashing, values with a memory budget, counters kept as
+ * integers, waits, queues and watches. Over 800 lines because waits, queues
+ * and watches all hang off the same entries and must be updated together on
+ * every write; split apart, each would reach into the others' lists. */
 #include "table.h"
 
 #include "engine/error.h"
