@@ -1,9 +1,7 @@
-/* Load generator for the store benchmarks: many connections, one request in
- * flight each, either dialect, GET/SET/ADD/WAIT patterns, latency histograms
- * and the server's CPU per op. Over 800 lines: a benchmark program that must
- * stand alone (no library), so its own small codec and event loop live here. */
 /* store_loadgen: a load generator for TCPStore servers, ours (c10d-store) or
- * PyTorch's, in either wire dialect (docs/store_protocol.md).
+ * PyTorch's, in either wire dialect (docs/store_protocol.md). Over 800 lines:
+ * its three modes (ops, rendezvous, idle memory) share one epoll client, and a
+ * benchmark reads best as one program.
  *
  *   store_loadgen --port P [--dialect legacy|current] --mode ops --pattern set|get|add|wait|setwait
  *                 --conns K [--duration S] [--warmup S]
