@@ -30,9 +30,9 @@ static int check_fail(const c10d_pg *pg, const char *opname, const char *fmt, ..
 int c10d__pg_read_op_opts(const c10d_pg *pg, const char *opname, const c10d_op_opts *user,
                           c10d_op_opts *out)
 {
-    char what[128];
-    snprintf(what, sizeof what, "%s %s", pg->backend_name, opname);
-    C10D_CHECK(c10d__opts_read(out, sizeof *out, C10D__OP_OPTS_V1_SIZE, user, what));
+    /* Every op comes here: the message is formatted only on failure. */
+    if (c10d__opts_read(out, sizeof *out, C10D__OP_OPTS_V1_SIZE, user, NULL) != 0)
+        return FAIL(pg, opname, "%s", c10d_last_error());
     const c10d_op_opts *opts = out;
     if (opts->timeout_ms < 0)
         return FAIL(pg, opname, "invalid timeout %lld ms (must be >= 0; 0 = the group's)",

@@ -137,9 +137,13 @@ static void create_on_loop(struct c10d__loop_call *call, void *arg)
         parent_state = cc->parent->backends[cc->cfg.device_type].state;
     int (*split)(void *, const struct c10d__backend_config *, int, int, c10d__backend_done_fn,
                  void *, void **) = C10D__BACKEND_ENTRY(cc->vt, split);
-    int rc = parent_state != NULL && split != NULL
-                 ? split(parent_state, &cc->cfg, cc->color, cc->key, create_done, cc, &state)
-                 : cc->vt->create(&cc->cfg, create_done, cc, &state);
+    int rc = 0;
+    if (parent_state != NULL && split != NULL)
+        rc = split(parent_state, &cc->cfg, cc->color, cc->key, create_done, cc, &state);
+    else if (cc->color < 0)
+        cc->done = 1; /* outside the subgroup, and no parent state to split */
+    else
+        rc = cc->vt->create(&cc->cfg, create_done, cc, &state);
     cc->returned = 1;
     cc->state = rc == 0 ? state : NULL;
     if (rc != 0) {
@@ -242,83 +246,34 @@ int c10d__pg_create_backends(c10d_pg *pg, const struct c10d__backend_vtable *vts
 
 /* A parent rank outside a new subgroup: a backend that splits needs every
  * parent rank in the split (ncclCommSplit is collective over the parent), so
- * this rank takes part with no color and gets no state. */
-struct split_out {
-    c10d_pg *parent; /* holds a reference */
-    int dev;
-    struct c10d__loop_call *call;
-    int returned, done, status;
-    char message[512];
-};
-
-static void split_out_free(void *arg)
-{
-    struct split_out *so = arg;
-    c10d__pg_unref(so->parent);
-    free(so);
-}
-
-static void split_out_settle(struct split_out *so)
-{
-    if (so->done && so->returned)
-        c10d__loop_call_done(so->call, so->status, so->message);
-}
-
-static void split_out_done(void *arg, int status)
-{
-    struct split_out *so = arg;
-    so->done = 1;
-    so->status = status;
-    if (status != 0)
-        snprintf(so->message, sizeof so->message, "%s", c10d_last_error());
-    split_out_settle(so);
-}
-
-static void split_out_on_loop(struct c10d__loop_call *call, void *arg)
-{
-    struct split_out *so = arg;
-    so->call = call;
-    struct c10d__pg_backend *pb = &so->parent->backends[so->dev];
-    struct c10d__backend_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.rank = -1;
-    cfg.device_type = (c10d_device_type)so->dev;
-    cfg.device_index = -1;
-    void *state = NULL;
-    int rc = pb->state == NULL
-                 ? 0
-                 : pb->vt->split(pb->state, &cfg, -1, so->parent->rank, split_out_done, so, &state);
-    so->returned = 1;
-    if (pb->state == NULL || rc != 0) {
-        so->done = 1;
-        so->status = rc;
-        if (rc != 0)
-            snprintf(so->message, sizeof so->message, "%s", c10d_last_error());
-    }
-    split_out_settle(so);
-}
-
+ * this rank takes part with no color (the same call as a member's, with no
+ * store and no child state). */
 int c10d__pg_split_out(c10d_pg *parent)
 {
     for (int d = 0; d < C10D__PG_NDEV; d++) {
         const struct c10d__backend_vtable *vt = parent->backends[d].vt;
         if (vt == NULL || C10D__BACKEND_ENTRY(vt, split) == NULL)
             continue;
-        struct split_out *so = calloc(1, sizeof *so);
-        if (so == NULL)
+        struct create_call *cc = calloc(1, sizeof *cc);
+        if (cc == NULL)
             return c10d__fail(C10D_ENOMEM, "process group: out of memory");
         c10d__pg_ref(parent);
-        so->parent = parent;
-        so->dev = d;
+        cc->parent = parent;
+        cc->vt = vt;
+        cc->color = -1;
+        cc->key = parent->rank;
+        cc->cfg.rank = -1;
+        cc->cfg.device_type = (c10d_device_type)d;
+        cc->cfg.device_index = -1;
         char late[256];
         snprintf(late, sizeof late,
                  "%s: process group %s: rank %d did not finish a split within %lld ms", vt->name,
                  parent->name, parent->rank, (long long)parent->timeout_ms);
         int abandoned;
-        int rc = c10d__loop_call_run(split_out_on_loop, so, split_out_free,
+        int rc = c10d__loop_call_run(create_on_loop, cc, create_abandoned,
                                      parent->timeout_ms + CREATE_MARGIN_MS, late, &abandoned);
         if (!abandoned)
-            split_out_free(so);
+            create_call_free(cc);
         if (rc != 0)
             return rc;
     }

@@ -133,20 +133,16 @@ static void run_tasks(struct c10d__task *t)
     }
 }
 
+/* arg (may be NULL) counts the handles it closed. */
 static void close_any_handle(uv_handle_t *h, void *arg)
 {
-    (void)arg;
     if (!uv_is_closing(h)) {
         C10D_DEBUG("engine", "closing a leftover %s handle at shutdown",
                    uv_handle_type_name(h->type));
         uv_close(h, NULL);
+        if (arg != NULL)
+            ++*(int *)arg;
     }
-}
-
-static void count_open_handle(uv_handle_t *h, void *arg)
-{
-    if (!uv_is_closing(h))
-        ++*(int *)arg;
 }
 
 void c10d__engine_add_sweep(struct c10d__shutdown_sweep *sweep)
@@ -203,13 +199,10 @@ static void engine_stop_on_loop(struct engine *e)
 static void close_late_handles(struct engine *e)
 {
     static atomic_int said;
-    int open = 0;
-    uv_walk(&e->loop, count_open_handle, &open);
-    if (open == 0)
-        return;
-    if (atomic_exchange(&said, 1) == 0)
-        C10D_WARN("engine", "%d handle(s) opened after shutdown began; closing them", open);
-    uv_walk(&e->loop, close_any_handle, NULL);
+    int closed = 0;
+    uv_walk(&e->loop, close_any_handle, &closed);
+    if (closed > 0 && atomic_exchange(&said, 1) == 0)
+        C10D_WARN("engine", "%d handle(s) opened after shutdown began; closed them", closed);
 }
 
 static void run_posted(struct engine *e);

@@ -15,18 +15,18 @@ int c10d__opts_read(void *dst, size_t dst_size, size_t v1_size, const void *src,
             n = v1_size;
         if (n < sizeof n)
             return c10d__fail(C10D_EINVAL,
-                              "%s: options struct_size %zu is too small (use the header's "
+                              "%s%soptions struct_size %zu is too small (use the header's "
                               "*_OPTS_INIT)",
-                              what, n);
+                              what ? what : "", what ? ": " : "", n);
         if (n > dst_size) {
             const unsigned char *tail = (const unsigned char *)src + dst_size;
             for (size_t i = 0; i < n - dst_size; i++)
                 if (tail[i] != 0)
                     return c10d__fail(C10D_EINVAL,
-                                      "%s: the options set a field at byte %zu that this "
+                                      "%s%sthe options set a field at byte %zu that this "
                                       "library (%zu-byte options) does not know: built against "
                                       "a newer c10d.h?",
-                                      what, dst_size + i, dst_size);
+                                      what ? what : "", what ? ": " : "", dst_size + i, dst_size);
             n = dst_size;
         }
         memcpy(dst, src, n);

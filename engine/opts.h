@@ -16,8 +16,9 @@
 /* Copies `src` (may be NULL: all defaults) into `dst`, a struct of this
  * library's layout of `dst_size` bytes, and sets dst's struct_size to
  * dst_size. `v1_size` is the size of the 0.1 layout (what struct_size 0
- * means). Fails with C10D_EINVAL naming `what` on a size too small to hold
- * struct_size or on non-zero unknown fields. */
+ * means). Fails with C10D_EINVAL, the message prefixed by "`what`: " (none
+ * when what is NULL), on a size too small to hold struct_size or on non-zero
+ * unknown fields. */
 int c10d__opts_read(void *dst, size_t dst_size, size_t v1_size, const void *src, const char *what);
 
 #endif

@@ -203,23 +203,6 @@ static int have(struct c10d__store_parser *p, size_t len, uint64_t n)
     return 0;
 }
 
-static int grow_args(struct c10d__store_parser *p)
-{
-    if (p->nstr < p->cap)
-        return 0;
-    size_t cap = p->cap ? p->cap * 2 : 8;
-    size_t *offs = realloc(p->offs, cap * sizeof *offs);
-    if (!offs)
-        return C10D_ENOMEM;
-    p->offs = offs;
-    struct c10d__store_str *args = realloc(p->args, cap * sizeof *args);
-    if (!args)
-        return C10D_ENOMEM;
-    p->args = args;
-    p->cap = cap;
-    return 0;
-}
-
 static void reset(struct c10d__store_parser *p)
 {
     p->phase = PH_START;
@@ -238,6 +221,27 @@ static int string_is_value(const struct c10d__store_parser *p, size_t i)
     size_t per = l->counted ? l->per_item : 1;
     size_t in_item = l->counted ? i % per : i;
     return (l->values >> in_item) & 1;
+}
+
+/* Makes room for n strings in the argument arrays (offs and args together:
+ * the general parser keeps them the same size). */
+static int reserve_args(struct c10d__store_parser *p, size_t n)
+{
+    if (n <= p->cap)
+        return 0;
+    size_t cap = p->cap ? p->cap : 8;
+    while (cap < n)
+        cap *= 2;
+    size_t *offs = realloc(p->offs, cap * sizeof *offs);
+    if (!offs)
+        return C10D_ENOMEM;
+    p->offs = offs;
+    struct c10d__store_str *args = realloc(p->args, cap * sizeof *args);
+    if (!args)
+        return C10D_ENOMEM;
+    p->args = args;
+    p->cap = cap;
+    return 0;
 }
 
 /* Reads `p->count` strings starting at PH_LEN; shared by requests and replies.
@@ -270,7 +274,7 @@ static int read_strings(struct c10d__store_parser *p, const uint8_t *buf, size_t
         }
         if (!have(p, len, p->cur_len))
             return C10D_STORE_PARSE_MORE;
-        if (grow_args(p) < 0)
+        if (reserve_args(p, p->nstr + 1) < 0)
             return fail(p, C10D_ENOMEM, "out of memory");
         p->offs[p->nstr] = p->pos;
         p->args[p->nstr].len = (size_t)p->cur_len;
@@ -305,27 +309,6 @@ static int detect(struct c10d__store_parser *p, const uint8_t *buf, size_t len)
         return 1;
     }
     p->need = 5 - len;
-    return 0;
-}
-
-/* Makes room for n strings in the argument arrays (offs and args together:
- * the general parser keeps them the same size). */
-static int reserve_args(struct c10d__store_parser *p, size_t n)
-{
-    if (n <= p->cap)
-        return 0;
-    size_t cap = p->cap ? p->cap : 8;
-    while (cap < n)
-        cap *= 2;
-    size_t *offs = realloc(p->offs, cap * sizeof *offs);
-    if (!offs)
-        return C10D_ENOMEM;
-    p->offs = offs;
-    struct c10d__store_str *args = realloc(p->args, cap * sizeof *args);
-    if (!args)
-        return C10D_ENOMEM;
-    p->args = args;
-    p->cap = cap;
     return 0;
 }
 
