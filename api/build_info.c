@@ -1,27 +1,28 @@
 #include "c10d.h"
 
 #ifdef C10D_HAVE_NCCL
-#include "backends/nccl/nccl_probe.h"
+#include "backends/cuda/gpu_api.h"
 #endif
 
 #include <stdio.h>
 #include <uv.h>
 
-static char build_info[256];
-static uv_once_t build_info_once = UV_ONCE_INIT;
-
-static void build_info_init(void)
-{
-    char nccl[96] = "nccl not built";
-#ifdef C10D_HAVE_NCCL
-    c10d__nccl_describe(nccl, sizeof nccl);
-#endif
-    snprintf(build_info, sizeof build_info, "libc10d %s; libuv %s; %s", c10d_version(),
-             uv_version_string(), nccl);
-}
+/* Rebuilt on each call: what is loaded changes once a group needs NCCL. */
+static _Thread_local char build_info[640];
 
 const char *c10d_build_info(void)
 {
-    uv_once(&build_info_once, build_info_init);
+    char nccl[512] = "nccl backend not built (no CUDA/NCCL headers at build time)";
+#ifdef C10D_HAVE_NCCL
+    c10d__gpu_describe(nccl, sizeof nccl);
+#endif
+    snprintf(build_info, sizeof build_info, "libc10d %s; libuv %s; backends: tcp%s; %s",
+             c10d_version(), uv_version_string(),
+#ifdef C10D_HAVE_NCCL
+             ", nccl",
+#else
+             "",
+#endif
+             nccl);
     return build_info;
 }

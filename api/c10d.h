@@ -206,15 +206,39 @@ typedef enum c10d_device_type { C10D_DEVICE_CPU = 0, C10D_DEVICE_CUDA = 1 } c10d
 
 typedef struct c10d_pg_opts {
     size_t struct_size;      /* sizeof(c10d_pg_opts): C10D_PG_OPTS_INIT */
-    const char *backend;     /* "tcp"; NULL: "tcp" ("nccl" is parsed but not built yet:
-                                C10D_EUNSUPPORTED) */
+    const char *backend;     /* "tcp" (alias "gloo"), "nccl", "cpu:tcp,cuda:nccl"; NULL: "tcp" */
     const char *init_method; /* rendezvous URL (env://, tcp://, file://); NULL: env:// */
     c10d_store *store;       /* explicit store instead of a URL (then rank/world_size needed) */
     int rank;                /* with a store, or to override the URL's */
     int world_size;          /* 0: from the URL / environment */
     int64_t timeout_ms;      /* default per-op timeout; 0: 30 min (tcp), 10 min (nccl) */
     const char *group_desc;  /* free text shown in messages and the flight recorder */
+    /* 1: the group is bound to CUDA device `device_index` (torch's device_id):
+     * the nccl backend creates its communicator during creation, and
+     * subgroups split it (ncclCommSplit). 0: communicators are made on first
+     * use of each device. Subgroups inherit the parent's binding. */
+    int bind_device;
+    int device_index;
+    const struct c10d_nccl_opts *nccl; /* NULL: NCCL's defaults (copied at creation) */
 } c10d_pg_opts;
+
+/* The nccl backend's communicator settings (ncclConfig_t); zero: NCCL's
+ * default (or its NCCL_* environment variable). */
+typedef struct c10d_nccl_opts {
+    size_t struct_size; /* sizeof(c10d_nccl_opts): C10D_NCCL_OPTS_INIT */
+    int high_priority_stream; /* 1: the communicator's stream gets the highest priority */
+    int cga_cluster_size;
+    int min_ctas;
+    int max_ctas;
+    const char *net_name;  /* "IB", "Socket", ... */
+    const char *comm_name; /* default: "<group name>:<group desc>" */
+    int split_share;       /* 1: children made by split share the parent's resources */
+    int cta_policy;        /* NCCL_CTA_POLICY_* + 1 (0: default) */
+} c10d_nccl_opts;
+#define C10D_NCCL_OPTS_INIT                                                                        \
+    {                                                                                              \
+        .struct_size = sizeof(c10d_nccl_opts)                                                      \
+    }
 #define C10D_PG_OPTS_INIT                                                                          \
     {                                                                                              \
         .struct_size = sizeof(c10d_pg_opts)                                                        \

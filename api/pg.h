@@ -48,6 +48,8 @@ struct c10d_pg {
     c10d_store *store;      /* "<name>/" over the default_pg store; NULL for tests */
     c10d_store *base_store; /* the default_pg store (barriers) */
     struct c10d__pg_backend backends[C10D__PG_NDEV];
+    int device_index;          /* the CUDA device the group is bound to; -1: none */
+    c10d_nccl_opts nccl_opts;  /* copied from the creator's (strings owned) */
     const char *backend_name; /* for messages: "tcp", "nccl", "tcp+nccl" */
     char backend_name_buf[32];
     /* Guarded by mutex. */

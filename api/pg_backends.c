@@ -200,7 +200,8 @@ static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtabl
     cc->cfg.timeout_ms = pg->timeout_ms;
     cc->cfg.store = b->store;
     cc->cfg.device_type = (c10d_device_type)dev;
-    cc->cfg.device_index = -1;
+    cc->cfg.device_index = dev == C10D_DEVICE_CUDA ? pg->device_index : -1;
+    cc->cfg.nccl_opts = &pg->nccl_opts;
     char late[256];
     snprintf(late, sizeof late, "%s: process group %s: rank %d could not connect within %lld ms",
              vt->name, pg->name, pg->rank, (long long)pg->timeout_ms);

@@ -126,6 +126,8 @@ static void pg_free(c10d_pg *pg)
     free(pg->global_ranks);
     free(pg->name);
     free(pg->desc);
+    free((char *)pg->nccl_opts.net_name);
+    free((char *)pg->nccl_opts.comm_name);
     free(pg->first_error);
     uv_cond_destroy(&pg->idle_cond);
     uv_mutex_destroy(&pg->mutex);
@@ -154,6 +156,8 @@ int c10d__pg_alloc(const char *name, const char *desc, int rank, int size, int g
     pg->size = size;
     pg->global_rank = global_rank;
     pg->timeout_ms = timeout_ms;
+    pg->device_index = -1;
+    pg->nccl_opts.struct_size = sizeof pg->nccl_opts;
     pg->name = strdup(name);
     pg->desc = strdup(desc != NULL ? desc : "undefined");
     int n = size > 0 ? size : 0;

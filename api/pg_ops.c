@@ -169,8 +169,15 @@ static int post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *optype
     int64_t timeout = opts != NULL && opts->timeout_ms > 0 ? opts->timeout_ms : pg->timeout_ms;
     char what[256];
     describe(pg, optype, seq, in, out, timeout, what, sizeof what);
+    struct c10d__pg_backend *b = &pg->backends[head->dev];
+    /* A device backend that times ops from their start on the device keeps
+     * the deadline itself. */
+    int own_deadline = b->vt != NULL &&
+                       b->vt->size >= offsetof(struct c10d__backend_vtable, timeout_from_start) +
+                                          sizeof b->vt->timeout_from_start &&
+                       b->vt->timeout_from_start;
     c10d_work *w;
-    C10D_CHECK(c10d__work_create(&w, what, timeout));
+    C10D_CHECK(c10d__work_create(&w, what, own_deadline ? 0 : timeout));
     for (struct c10d__pg_op *po = head; po != NULL; po = po->next_in_list) {
         po->op.seq = seq;
         po->op.timeout_ms = timeout;
@@ -188,7 +195,6 @@ static int post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *optype
     pg->pending++;
     pg->refs++;
     *handed_over = 1;
-    struct c10d__pg_backend *b = &pg->backends[head->dev];
     int (*enqueue)(void *, struct c10d__op *) =
         b->vt != NULL && b->state != NULL ? C10D__BACKEND_ENTRY(b->vt, enqueue) : NULL;
     if (enqueue != NULL) {

@@ -159,6 +159,30 @@ static int64_t default_timeout(const struct c10d__backend_vtable *vts[C10D__PG_N
     return vts[0] == NULL && vts[1] != NULL ? NCCL_DEFAULT_TIMEOUT_MS : TCP_DEFAULT_TIMEOUT_MS;
 }
 
+/* The device binding and NCCL settings of a new group: the caller's, else
+ * the parent's. */
+static int set_device_opts(c10d_pg *pg, const c10d_pg_opts *o, const c10d_pg *parent,
+                           const char *what)
+{
+    if (o->bind_device && o->device_index < 0)
+        return c10d__fail(C10D_EINVAL, "%s: invalid device_index %d", what, o->device_index);
+    pg->device_index = o->bind_device          ? o->device_index
+                       : parent != NULL ? parent->device_index
+                                        : -1;
+    const c10d_nccl_opts *src = o->nccl != NULL ? o->nccl
+                                : parent != NULL ? &parent->nccl_opts
+                                                 : NULL;
+    C10D_CHECK(c10d__opts_read(&pg->nccl_opts, sizeof pg->nccl_opts, sizeof pg->nccl_opts, src,
+                               what));
+    const char *net = pg->nccl_opts.net_name, *comm = pg->nccl_opts.comm_name;
+    pg->nccl_opts.net_name = net != NULL ? strdup(net) : NULL;
+    pg->nccl_opts.comm_name = comm != NULL ? strdup(comm) : NULL;
+    if ((net != NULL && pg->nccl_opts.net_name == NULL) ||
+        (comm != NULL && pg->nccl_opts.comm_name == NULL))
+        return c10d__fail(C10D_ENOMEM, "%s: out of memory", what);
+    return 0;
+}
+
 /* Creates, connects and registers a group: name, store and ranks are set. */
 static int pg_start(c10d_pg *pg, c10d_store *base, const struct c10d__backend_vtable *vts[],
                     c10d_pg *parent)
@@ -253,6 +277,8 @@ int c10d_pg_init(const c10d_pg_opts *opts, c10d_pg **out)
     if (rc == 0)
         rc = c10d__pg_alloc("0", o.group_desc != NULL ? o.group_desc : "default_pg", rank, size,
                             rank, NULL, timeout, &pg);
+    if (rc == 0)
+        rc = set_device_opts(pg, &o, NULL, "c10d_pg_init");
     if (rc == 0) {
         pg->is_default = 1;
         c10d__log_set_rank(rank);
@@ -369,6 +395,11 @@ int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_
     free(global);
     if (rc != 0)
         return rc;
+    rc = set_device_opts(pg, opts, parent, "c10d_pg_new_group");
+    if (rc != 0) {
+        c10d__pg_unref(pg);
+        return rc;
+    }
     if (my_rank < 0) {
         /* Keep the members for rank translation, but no backend. */
         set_backend_name(pg, vts);

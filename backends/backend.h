@@ -79,6 +79,7 @@ struct c10d__backend_config {
      * backend may set up its per-device state now. -1: on first use of each
      * device (op->device_index), lazily. */
     int device_index;
+    const c10d_nccl_opts *nccl_opts; /* the group's NCCL settings (struct_size set) */
 };
 
 /* Called exactly once, on the loop thread, when an asynchronous entry point
@@ -133,6 +134,11 @@ struct c10d__backend_vtable {
      * (group ranks), as ncclCommShrink; only surviving ranks call it. */
     int (*shrink)(void *parent, const struct c10d__backend_config *cfg, const int *excluded,
                   int nexcluded, c10d__backend_done_fn done, void *arg, void **state);
+    /* Nonzero: the backend enforces op->timeout_ms itself, counting from when
+     * the op started on the device (not from the call: an op queued behind
+     * long compute is not late), and fails the work with C10D_ETIMEDOUT; the
+     * group then gives the work no deadline of its own. */
+    int timeout_from_start;
 };
 
 /* The backends this build has (backends/registry.c). */

@@ -55,7 +55,11 @@
       "shared secret of the job: store clients present it before any command and every "           \
       "data-port hello carries it; servers refuse connections without it")                         \
     X(STORE_TOKEN_FILE, "C10D_STORE_TOKEN_FILE", NULL, "",                                         \
-      "file holding the shared secret (first line), used when C10D_STORE_TOKEN is unset")
+      "file holding the shared secret (first line), used when C10D_STORE_TOKEN is unset") \
+    X(CUDART_LIBRARY, "C10D_CUDART_LIBRARY", NULL, "",                                             \
+      "the CUDA runtime library to load (default: libcudart.so.13, .12, then libcudart.so)")     \
+    X(NCCL_LIBRARY, "C10D_NCCL_LIBRARY", NULL, "",                                                 \
+      "the NCCL library to load (default: libnccl.so.2, then libnccl.so)")
 
 enum c10d__env_id {
 #define C10D_ENV_ENUM(id, name, fallback, def, doc) C10D_ENV_##id,

@@ -1,0 +1,474 @@
+/* Communicators of the nccl backend (nccl_impl.h).
+ *
+ * Start: a worker thread sets the device, creates the stream, the barrier
+ * buffer and the event pool, exchanges the unique id through the group's
+ * store (rank 0 of the communicator publishes it) and calls
+ * ncclCommInitRankConfig (or ncclCommSplit) on a nonblocking communicator;
+ * the loop then polls ncclCommGetAsyncError through the completion poller
+ * until the communicator is ready, failed, or the group's timeout passed.
+ * Nothing here blocks the loop: a rank that never joins costs a poll every
+ * few milliseconds until the deadline.
+ *
+ * Why nonblocking: a blocking init cannot be aborted (its handle is returned
+ * only when it is done), so a rank that never joins would pin a thread and a
+ * communicator for ever. The ops themselves are issued on callers' threads;
+ * a nonblocking communicator may answer them with ncclInProgress, which
+ * launch.c waits out in place (bounded by the op's timeout). */
+#include "nccl_impl.h"
+
+#include "engine/error.h"
+#include "engine/log.h"
+#include "engine/loop.h"
+#include "engine/offload.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ------------------------------------------------------------ event pool */
+
+static struct nccl_event_pool *pool_new(int device)
+{
+    struct nccl_event_pool *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return NULL;
+    uv_mutex_init(&p->mutex);
+    p->refs = 1;
+    p->device = device;
+    return p;
+}
+
+int c10d__nccl_event_get(struct nccl_event_pool *p, const struct c10d__gpu_api *api,
+                         cudaEvent_t *ev)
+{
+    uv_mutex_lock(&p->mutex);
+    if (p->n > 0) {
+        *ev = p->free_events[--p->n];
+        p->refs++;
+        uv_mutex_unlock(&p->mutex);
+        return 0;
+    }
+    p->refs++;
+    uv_mutex_unlock(&p->mutex);
+    /* Made on the pool's device: the caller has it current. */
+    cudaError_t e = api->cuda.cudaEventCreateWithFlags(ev, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        c10d__nccl_pool_unref(p, api);
+        return c10d__fail(C10D_EIO, "nccl: cudaEventCreateWithFlags: %s",
+                          api->cuda.cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+void c10d__nccl_event_put(struct nccl_event_pool *p, const struct c10d__gpu_api *api,
+                          cudaEvent_t ev)
+{
+    uv_mutex_lock(&p->mutex);
+    if (!p->closed && p->n == p->cap) {
+        size_t cap = p->cap ? 2 * p->cap : 16;
+        cudaEvent_t *grown = realloc(p->free_events, cap * sizeof *grown);
+        if (grown != NULL) {
+            p->free_events = grown;
+            p->cap = cap;
+        }
+    }
+    int keep = !p->closed && p->n < p->cap;
+    if (keep)
+        p->free_events[p->n++] = ev;
+    uv_mutex_unlock(&p->mutex);
+    if (!keep)
+        api->cuda.cudaEventDestroy(ev);
+    c10d__nccl_pool_unref(p, api);
+}
+
+void c10d__nccl_pool_unref(struct nccl_event_pool *p, const struct c10d__gpu_api *api)
+{
+    uv_mutex_lock(&p->mutex);
+    int last = --p->refs == 0;
+    uv_mutex_unlock(&p->mutex);
+    if (!last)
+        return;
+    for (size_t i = 0; i < p->n; i++)
+        api->cuda.cudaEventDestroy(p->free_events[i]);
+    free(p->free_events);
+    uv_mutex_destroy(&p->mutex);
+    free(p);
+}
+
+/* Closes the pool: events in it are destroyed, returned ones from now on. */
+static void pool_close(struct nccl_event_pool *p, const struct c10d__gpu_api *api)
+{
+    uv_mutex_lock(&p->mutex);
+    p->closed = 1;
+    cudaEvent_t *evs = p->free_events;
+    size_t n = p->n;
+    p->free_events = NULL;
+    p->n = p->cap = 0;
+    uv_mutex_unlock(&p->mutex);
+    for (size_t i = 0; i < n; i++)
+        api->cuda.cudaEventDestroy(evs[i]);
+    free(evs);
+    c10d__nccl_pool_unref(p, api);
+}
+
+/* ----------------------------------------------------------------- start */
+
+static void comm_fail_start(struct nccl_comm *c, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void comm_fail_start(struct nccl_comm *c, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->init_error, sizeof c->init_error, fmt, ap);
+    va_end(ap);
+    c->init_status = status;
+}
+
+static void fill_config(const struct nccl_state *s, const struct nccl_comm *c, ncclConfig_t *cfg,
+                        char *name, size_t namelen)
+{
+    ncclConfig_t init = NCCL_CONFIG_INITIALIZER;
+    *cfg = init;
+    cfg->blocking = 0;
+    const c10d_nccl_opts *o = &s->nccl_opts;
+    if (o->cga_cluster_size > 0)
+        cfg->cgaClusterSize = o->cga_cluster_size;
+    if (o->min_ctas > 0)
+        cfg->minCTAs = o->min_ctas;
+    if (o->max_ctas > 0)
+        cfg->maxCTAs = o->max_ctas;
+    if (o->net_name != NULL)
+        cfg->netName = o->net_name;
+    if (o->split_share)
+        cfg->splitShare = 1;
+    if (o->cta_policy > 0)
+        cfg->CTAPolicy = o->cta_policy - 1;
+    if (o->comm_name != NULL)
+        snprintf(name, namelen, "%s", o->comm_name);
+    else if (c->peer < 0)
+        snprintf(name, namelen, "%.60s:%.100s", s->name, s->desc);
+    else
+        snprintf(name, namelen, "%.60s:%.100s:p2p %d-%d", s->name, s->desc,
+                 s->rank < c->peer ? s->rank : c->peer, s->rank < c->peer ? c->peer : s->rank);
+    cfg->commName = name;
+}
+
+/* Worker: everything before polling. Errors land in c->init_error. */
+static void start_work(void *arg)
+{
+    struct nccl_comm *c = arg;
+    struct nccl_state *s = c->s;
+    const struct c10d__gpu_api *api = s->api;
+    cudaError_t e = api->cuda.cudaSetDevice(c->device);
+    if (e != cudaSuccess) {
+        comm_fail_start(c, C10D_EIO, "cudaSetDevice(%d): %s", c->device,
+                        api->cuda.cudaGetErrorString(e));
+        return;
+    }
+    int lo, hi;
+    api->cuda.cudaDeviceGetStreamPriorityRange(&lo, &hi);
+    e = api->cuda.cudaStreamCreateWithPriority(&c->stream, cudaStreamNonBlocking,
+                                               s->nccl_opts.high_priority_stream ? hi : 0);
+    if (e == cudaSuccess)
+        e = api->cuda.cudaMalloc(&c->barrier_buf, 16);
+    if (e != cudaSuccess) {
+        comm_fail_start(c, C10D_EIO, "cannot create the communicator's stream: %s",
+                        api->cuda.cudaGetErrorString(e));
+        return;
+    }
+    char name[256];
+    ncclConfig_t cfg;
+    fill_config(s, c, &cfg, name, sizeof name);
+    ncclResult_t r;
+    char buf[256];
+    if (c->split_parent != NULL) {
+        struct nccl_comm *p = c->split_parent;
+        uv_mutex_lock(&p->lock);
+        r = api->nccl.ncclCommSplit(p->comm, c->split_color < 0 ? NCCL_SPLIT_NOCOLOR : c->split_color,
+                                    c->split_key, &c->comm, &cfg);
+        uv_mutex_unlock(&p->lock);
+        if (r != ncclSuccess && r != ncclInProgress)
+            comm_fail_start(c, C10D_EIO, "ncclCommSplit: %s",
+                            c10d__nccl_error_text(api, r, buf, sizeof buf));
+        return;
+    }
+    ncclUniqueId id;
+    if (c->rank == 0) {
+        r = api->nccl.ncclGetUniqueId(&id);
+        if (r != ncclSuccess) {
+            comm_fail_start(c, C10D_EIO, "ncclGetUniqueId: %s",
+                            c10d__nccl_error_text(api, r, buf, sizeof buf));
+            return;
+        }
+        if (c10d_store_set_sync(s->store, c->key, &id, sizeof id) != 0) {
+            comm_fail_start(c, C10D_ESTORE, "cannot publish the unique id: %s", c10d_last_error());
+            return;
+        }
+    } else {
+        void *v = NULL;
+        size_t len = 0;
+        int rc = c10d_store_get_sync(s->store, c->key, &v, &len);
+        if (rc != 0 || len != sizeof id) {
+            comm_fail_start(c, rc != 0 ? rc : C10D_EPROTO,
+                            "no unique id from rank 0 of the communicator (store key %s): %s",
+                            c->key, rc != 0 ? c10d_last_error() : "wrong size");
+            free(v);
+            return;
+        }
+        memcpy(&id, v, sizeof id);
+        free(v);
+    }
+    r = api->nccl.ncclCommInitRankConfig(&c->comm, c->nranks, id, c->rank, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress)
+        comm_fail_start(c, C10D_EIO, "ncclCommInitRankConfig: %s",
+                        c10d__nccl_error_text(api, r, buf, sizeof buf));
+}
+
+/* Loop, through the poller: is the nonblocking init (or split) done? */
+static int init_ready(struct c10d__poll_item *item)
+{
+    struct nccl_comm *c = (struct nccl_comm *)((char *)item - offsetof(struct nccl_comm, init_item));
+    const struct c10d__gpu_api *api = c->s->api;
+    ncclResult_t st = ncclSuccess, pst = ncclSuccess;
+    if (c->comm != NULL)
+        api->nccl.ncclCommGetAsyncError(c->comm, &st);
+    if (c->split_parent != NULL)
+        api->nccl.ncclCommGetAsyncError(c->split_parent->comm, &pst);
+    if (st == ncclInProgress || pst == ncclInProgress) {
+        if (c10d__now_ms() - c->init_started_ms < (uint64_t)c->s->timeout_ms)
+            return 0;
+        comm_fail_start(c, C10D_ETIMEDOUT,
+                        "the NCCL communicator (%d ranks) did not finish initialising within "
+                        "%lld ms: a rank never joined, or its unique id never came",
+                        c->nranks, (long long)c->s->timeout_ms);
+        return 1;
+    }
+    char buf[256];
+    if (st != ncclSuccess || pst != ncclSuccess)
+        comm_fail_start(c, C10D_EIO, "NCCL communicator init failed: %s",
+                        c10d__nccl_error_text(api, st != ncclSuccess ? st : pst, buf, sizeof buf));
+    return 1;
+}
+
+static void init_done(struct c10d__poll_item *item)
+{
+    struct nccl_comm *c = (struct nccl_comm *)((char *)item - offsetof(struct nccl_comm, init_item));
+    c10d__nccl_comm_settled(c);
+}
+
+static void start_after(void *arg)
+{
+    struct nccl_comm *c = arg;
+    atomic_store(&c->start_busy, 0);
+    if (c->init_status != 0 || c->s->closing) {
+        if (c->init_status == 0)
+            comm_fail_start(c, C10D_EABORTED, "the group ended during communicator setup");
+        c10d__nccl_comm_settled(c);
+        return;
+    }
+    c->init_item.ready = init_ready;
+    c->init_item.done = init_done;
+    if (c10d__poll_push(&c->completions, &c->init_item) != 0) {
+        comm_fail_start(c, C10D_EABORTED, "the engine is shutting down");
+        c10d__nccl_comm_settled(c);
+    }
+}
+
+static int comm_start(struct nccl_comm *c)
+{
+    c->init_started_ms = c10d__now_ms();
+    atomic_store(&c->start_busy, 1);
+    int rc = c10d__engine_offload(start_work, start_after, c);
+    if (rc != 0)
+        atomic_store(&c->start_busy, 0);
+    return rc;
+}
+
+static struct nccl_comm *comm_new(struct nccl_state *s, int device, int peer)
+{
+    struct nccl_comm *c = calloc(1, sizeof *c);
+    if (c != NULL)
+        c->pool = pool_new(device);
+    if (c == NULL || c->pool == NULL) {
+        free(c);
+        c10d__fail(C10D_ENOMEM, "nccl: out of memory");
+        return NULL;
+    }
+    c->s = s;
+    c->device = device;
+    c->peer = peer;
+    c->nranks = peer < 0 ? s->size : 2;
+    c->rank = peer < 0 ? s->rank : s->rank < peer ? 0 : 1;
+    if (peer < 0)
+        snprintf(c->key, sizeof c->key, "nccl/uid/%d", device);
+    else
+        snprintf(c->key, sizeof c->key, "nccl/uid/%d/%d-%d", device,
+                 s->rank < peer ? s->rank : peer, s->rank < peer ? peer : s->rank);
+    uv_mutex_init(&c->lock);
+    atomic_init(&c->phase, COMM_STARTING);
+    c10d__poll_queue_init(&c->completions);
+    return c;
+}
+
+static void start_task(void *arg)
+{
+    struct nccl_comm *c = arg;
+    if (c->s->closing) {
+        comm_fail_start(c, C10D_EABORTED, "the group ended before its communicator started");
+        c10d__nccl_comm_settled(c);
+        return;
+    }
+    if (comm_start(c) != 0) {
+        comm_fail_start(c, C10D_EIO, "%s", c10d_last_error());
+        c10d__nccl_comm_settled(c);
+    }
+}
+
+struct nccl_comm *c10d__nccl_comm_get(struct nccl_state *s, int device, int peer)
+{
+    uv_mutex_lock(&s->mutex);
+    struct nccl_comm *c = s->comms;
+    while (c != NULL && (c->device != device || c->peer != peer))
+        c = c->next;
+    if (c != NULL) {
+        uv_mutex_unlock(&s->mutex);
+        return c;
+    }
+    c = comm_new(s, device, peer);
+    if (c != NULL) {
+        c->next = s->comms;
+        s->comms = c;
+    }
+    uv_mutex_unlock(&s->mutex);
+    if (c != NULL && c10d__engine_call(start_task, c) != 0) {
+        /* Stays STARTING with nothing to settle it: the group is ending. */
+        atomic_store(&c->phase, COMM_FAILED);
+        return NULL;
+    }
+    return c;
+}
+
+int c10d__nccl_comm_start_eager(struct nccl_state *s, int device, c10d__backend_done_fn done,
+                                void *arg)
+{
+    struct nccl_comm *c = comm_new(s, device, -1);
+    if (c == NULL)
+        return C10D_ENOMEM;
+    c->ready_done = done;
+    c->ready_arg = arg;
+    uv_mutex_lock(&s->mutex);
+    c->next = s->comms;
+    s->comms = c;
+    uv_mutex_unlock(&s->mutex);
+    int rc = comm_start(c);
+    if (rc != 0)
+        c->ready_done = NULL; /* the caller reports the error; nobody settles */
+    return rc;
+}
+
+int c10d__nccl_comm_split(struct nccl_state *child, struct nccl_state *parent_state,
+                          struct nccl_comm *parent, int color, int key, c10d__backend_done_fn done,
+                          void *arg)
+{
+    /* A rank without a color has no state of its own: its split record
+     * lives in the parent's list, as a communicator that never becomes one. */
+    struct nccl_state *owner = child != NULL ? child : parent_state;
+    struct nccl_comm *c = comm_new(owner, parent->device, child != NULL ? -1 : -2);
+    if (c == NULL)
+        return C10D_ENOMEM;
+    c->split_parent = parent;
+    c->split_color = color;
+    c->split_key = key;
+    c->ready_done = done;
+    c->ready_arg = arg;
+    uv_mutex_lock(&owner->mutex);
+    c->next = owner->comms;
+    owner->comms = c;
+    uv_mutex_unlock(&owner->mutex);
+    int rc = comm_start(c);
+    if (rc != 0)
+        c->ready_done = NULL;
+    return rc;
+}
+
+/* ----------------------------------------------------------------- close */
+
+struct close_job {
+    const struct c10d__gpu_api *api;
+    struct nccl_comm *comms; /* taken from the state */
+    int abort;
+    void (*done)(void *arg);
+    void *arg;
+};
+
+static void close_work(void *arg)
+{
+    struct close_job *j = arg;
+    const struct c10d__gpu_api *api = j->api;
+    for (struct nccl_comm *c = j->comms; c != NULL; c = c->next) {
+        /* A start still under way settles first (start_after runs on the
+         * loop, which this worker does not hold). */
+        while (atomic_load(&c->start_busy)) {
+            struct timespec ms = {0, 1000000};
+            nanosleep(&ms, NULL);
+        }
+        /* Waits for a caller that is inside NCCL on this communicator: its
+         * call is bounded (launch.c), and new ones see the group poisoned. */
+        uv_mutex_lock(&c->lock);
+        if (c->comm != NULL) {
+            if (j->abort)
+                api->nccl.ncclCommAbort(c->comm);
+            else
+                api->nccl.ncclCommDestroy(c->comm);
+            c->comm = NULL;
+        }
+        uv_mutex_unlock(&c->lock);
+        if (c->stream != NULL) {
+            api->cuda.cudaSetDevice(c->device);
+            if (!j->abort)
+                api->cuda.cudaStreamSynchronize(c->stream);
+            api->cuda.cudaStreamDestroy(c->stream);
+        }
+        if (c->barrier_buf != NULL)
+            api->cuda.cudaFree(c->barrier_buf);
+    }
+}
+
+static void close_after(void *arg)
+{
+    struct close_job *j = arg;
+    const struct c10d__gpu_api *api = j->api;
+    while (j->comms != NULL) {
+        struct nccl_comm *c = j->comms;
+        j->comms = c->next;
+        if (c->pool != NULL)
+            pool_close(c->pool, api);
+        uv_mutex_destroy(&c->lock);
+        free(c);
+    }
+    if (j->done != NULL)
+        j->done(j->arg);
+    free(j);
+}
+
+void c10d__nccl_comms_close(struct nccl_state *s, int abort, void (*done)(void *arg), void *arg)
+{
+    struct close_job *j = calloc(1, sizeof *j);
+    uv_mutex_lock(&s->mutex);
+    struct nccl_comm *comms = s->comms;
+    if (j != NULL)
+        s->comms = NULL;
+    uv_mutex_unlock(&s->mutex);
+    if (j == NULL) {
+        /* No memory to close them properly: leak them, say so, go on. */
+        C10D_WARN("nccl", "group %s: out of memory closing communicators", s->name);
+        if (done != NULL)
+            done(arg);
+        return;
+    }
+    *j = (struct close_job){s->api, comms, abort, done, arg};
+    if (comms == NULL || c10d__engine_offload(close_work, close_after, j) != 0)
+        close_after(j);
+}

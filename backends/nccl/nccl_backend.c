@@ -1,0 +1,553 @@
+/* The nccl backend: NCCL collectives on CUDA buffers, driven by the loop
+ * (nccl_impl.h for the file map, docs/nccl.md for the behaviour).
+ *
+ * An op is issued on the caller's thread (`enqueue`): an event recorded on
+ * the caller's stream orders it after the caller's work, the communicator's
+ * stream waits on it, and the NCCL calls go between a start and an end
+ * event. The loop's completion poller watches the head of each
+ * communicator's queue: the start event starts the op's clock (its timeout
+ * counts from when it began on the GPU), the end event completes its work,
+ * ncclCommGetAsyncError is read with them. A timeout or an async error fails
+ * the group: every pending op fails, the communicators are aborted off the
+ * loop, and later ops fail at once naming the first error. There is no
+ * watchdog thread and nothing kills the process. */
+#include "nccl_impl.h"
+
+#include "engine/error.h"
+#include "engine/log.h"
+#include "engine/loop.h"
+#include "engine/work.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* -------------------------------------------------------------- ops */
+
+static const char payload_kind = 0; /* tells our works' payloads apart */
+
+static void op_free(void *arg)
+{
+    struct nccl_op *no = arg;
+    const struct c10d__gpu_api *api = no->api;
+    if (no->pool != NULL) {
+        cudaEvent_t evs[3] = {no->ready_ev, no->start_ev, no->end_ev};
+        for (int i = 0; i < 3; i++)
+            if (evs[i] != NULL)
+                c10d__nccl_event_put(no->pool, api, evs[i]);
+        c10d__nccl_pool_unref(no->pool, api);
+    }
+    free(no);
+}
+
+/* c10d_work_wait_stream: the stream waits for the op's end event. */
+static int op_stream_wait(c10d_work *w, void *stream, void *arg)
+{
+    struct nccl_op *no = arg;
+    if (!atomic_load(&no->issued) || c10d_work_test(w))
+        return c10d_work_wait(w, -1) < 0 ? c10d_work_status(w) : 0;
+    cudaError_t e = no->api->cuda.cudaStreamWaitEvent((cudaStream_t)stream, no->end_ev, 0);
+    if (e != cudaSuccess)
+        return c10d__fail(C10D_EIO, "c10d_work_wait_stream: cudaStreamWaitEvent: %s",
+                          no->api->cuda.cudaGetErrorString(e));
+    return 0;
+}
+
+static const char *op_type(const struct c10d__op *op)
+{
+    return op->next != NULL && op->kind != C10D_OP_SEND && op->kind != C10D_OP_RECV
+               ? "COALESCED"
+               : c10d__op_kind_name(op->kind);
+}
+
+static void numel(const struct nccl_state *s, const struct c10d__op *op, size_t *in, size_t *out)
+{
+    size_t n = op->count, z = (size_t)s->size;
+    switch (op->kind) {
+    case C10D_OP_ALL_GATHER:
+    case C10D_OP_GATHER:
+        *in = n, *out = n * z;
+        return;
+    case C10D_OP_SCATTER:
+    case C10D_OP_REDUCE_SCATTER:
+        *in = n * z, *out = n;
+        return;
+    case C10D_OP_BARRIER:
+        *in = *out = 1;
+        return;
+    default:
+        *in = *out = n;
+    }
+}
+
+/* Loop, through the poller: started? done? late? failed? */
+static int op_ready(struct c10d__poll_item *item)
+{
+    struct nccl_op *no = (struct nccl_op *)item;
+    const struct c10d__gpu_api *api = no->api;
+    struct nccl_comm *c = no->c;
+    /* Event queries must not join a capture another thread of the process
+     * has open in global mode. */
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+    api->cuda.cudaThreadExchangeStreamCaptureMode(&mode);
+    int ready = 0;
+    if (no->started_ms == 0 && api->cuda.cudaEventQuery(no->start_ev) == cudaSuccess)
+        no->started_ms = c10d__now_ms();
+    if (no->started_ms != 0) {
+        cudaError_t e = api->cuda.cudaEventQuery(no->end_ev);
+        if (e == cudaSuccess) {
+            ready = 1;
+        } else if (e != cudaErrorNotReady) {
+            no->status = C10D_EIO;
+            snprintf(no->why, sizeof no->why, "CUDA error on the communicator's stream: %s",
+                     api->cuda.cudaGetErrorString(e));
+            ready = 1;
+        } else if (c10d__now_ms() - no->started_ms >= (uint64_t)no->op->timeout_ms &&
+                   no->op->timeout_ms > 0) {
+            size_t in, out;
+            numel(c->s, no->op, &in, &out);
+            no->status = C10D_ETIMEDOUT;
+            snprintf(no->why, sizeof no->why,
+                     "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=%llu, "
+                     "OpType=%s, NumelIn=%zu, NumelOut=%zu, Timeout(ms)=%lld) ran for %llu "
+                     "milliseconds before timing out.",
+                     (unsigned long long)no->op->seq, op_type(no->op), in, out,
+                     (long long)no->op->timeout_ms,
+                     (unsigned long long)(c10d__now_ms() - no->started_ms));
+            ready = 1;
+        }
+    }
+    if (!ready && c->comm != NULL) {
+        ncclResult_t st = ncclSuccess;
+        api->nccl.ncclCommGetAsyncError(c->comm, &st);
+        if (st != ncclSuccess && st != ncclInProgress) {
+            char buf[256];
+            no->status = C10D_EIO;
+            snprintf(no->why, sizeof no->why,
+                     "NCCL communicator of process group %s reported an asynchronous error "
+                     "during %s seq %llu: %s",
+                     c->s->name, op_type(no->op), (unsigned long long)no->op->seq,
+                     c10d__nccl_error_text(api, st, buf, sizeof buf));
+            ready = 1;
+        }
+    }
+    api->cuda.cudaThreadExchangeStreamCaptureMode(&mode);
+    return ready;
+}
+
+static void op_done(struct c10d__poll_item *item)
+{
+    struct nccl_op *no = (struct nccl_op *)item;
+    struct nccl_state *s = no->c->s;
+    c10d_work *w = no->op->work;
+    if (no->status == 0) {
+        c10d__work_complete(w, 0, NULL);
+    } else {
+        C10D_WARN("nccl", "[PG %s Rank %d] %s", s->name, s->rank, no->why);
+        c10d__work_complete(w, no->status, "%s", no->why);
+        c10d__nccl_fail(s, no->status, "%s", no->why);
+    }
+    c10d_work_release(w); /* the poll item's */
+}
+
+/* Under c->lock, any thread: the NCCL calls of one op on c's stream. */
+static int issue(struct nccl_comm *c, struct nccl_op *no)
+{
+    const struct c10d__gpu_api *api = c->s->api;
+    int prev = -1;
+    api->cuda.cudaGetDevice(&prev);
+    if (prev != c->device)
+        api->cuda.cudaSetDevice(c->device);
+    int rc = 0;
+    cudaError_t e = api->cuda.cudaStreamWaitEvent(c->stream, no->ready_ev, 0);
+    if (e == cudaSuccess)
+        e = api->cuda.cudaEventRecord(no->start_ev, c->stream);
+    if (e != cudaSuccess)
+        rc = c10d__fail(C10D_EIO, "nccl %s: %s", op_type(no->op), api->cuda.cudaGetErrorString(e));
+    if (rc == 0)
+        rc = c10d__nccl_launch(c, no->op);
+    if (rc == 0 && (e = api->cuda.cudaEventRecord(no->end_ev, c->stream)) != cudaSuccess)
+        rc = c10d__fail(C10D_EIO, "nccl %s: %s", op_type(no->op), api->cuda.cudaGetErrorString(e));
+    if (prev >= 0 && prev != c->device)
+        api->cuda.cudaSetDevice(prev);
+    if (rc != 0)
+        return rc;
+    atomic_store(&no->issued, 1);
+    return c10d__poll_push(&c->completions, &no->item);
+}
+
+/* An op that could not be issued: its work fails, and so does the group
+ * (a collective the other ranks issued and this one did not would hang
+ * them). */
+static void fail_op(struct nccl_op *no, int status, const char *why)
+{
+    c10d_work *w = no->op->work;
+    c10d__work_complete(w, status, "%s", why);
+    c10d__nccl_fail(no->c->s, status, "%s", why);
+    c10d_work_release(w); /* the deferred list's */
+}
+
+void c10d__nccl_comm_settled(struct nccl_comm *c)
+{
+    struct nccl_state *s = c->s;
+    uv_mutex_lock(&c->lock);
+    struct nccl_op *list = c->deferred_head;
+    c->deferred_head = c->deferred_tail = NULL;
+    int ok = c->init_status == 0;
+    if (!ok) {
+        atomic_store(&c->phase, COMM_FAILED);
+        C10D_WARN("nccl", "[PG %s Rank %d] communicator on device %d: %s", s->name, s->rank,
+                  c->device, c->init_error);
+    }
+    char why[512];
+    while (list != NULL) {
+        struct nccl_op *no = list;
+        list = no->next_deferred;
+        int rc = ok && !atomic_load(&s->poisoned) ? issue(c, no) : C10D_EABORTED;
+        if (rc != 0) {
+            snprintf(why, sizeof why, "nccl %s seq %llu: %.400s", op_type(no->op),
+                     (unsigned long long)no->op->seq,
+                     !ok                        ? c->init_error
+                     : atomic_load(&s->poisoned) ? s->first_error
+                                                : c10d_last_error());
+            uv_mutex_unlock(&c->lock);
+            fail_op(no, rc == C10D_EABORTED && !ok ? c->init_status : rc, why);
+            uv_mutex_lock(&c->lock);
+        }
+    }
+    if (ok)
+        atomic_store(&c->phase, COMM_READY);
+    uv_mutex_unlock(&c->lock);
+    if (!ok && c->ready_done == NULL)
+        c10d__nccl_fail(s, c->init_status, "%s", c->init_error);
+    if (c->ready_done != NULL) {
+        c10d__backend_done_fn done = c->ready_done;
+        c->ready_done = NULL;
+        if (!ok)
+            c10d__fail(c->init_status, "%s", c->init_error);
+        done(c->ready_arg, ok ? 0 : c->init_status);
+    }
+}
+
+/* ---------------------------------------------------------- failing */
+
+static void fail_pending(struct nccl_state *s, int status, const char *why)
+{
+    uv_mutex_lock(&s->mutex);
+    struct nccl_comm *comms = s->comms;
+    uv_mutex_unlock(&s->mutex);
+    for (struct nccl_comm *c = comms; c != NULL; c = c->next) {
+        struct c10d__poll_item *items = c10d__poll_cancel(&c->completions);
+        while (items != NULL) {
+            struct c10d__poll_item *it = items;
+            items = items->next;
+            if (it == &c->init_item) {
+                if (c->init_status == 0) {
+                    c->init_status = status;
+                    snprintf(c->init_error, sizeof c->init_error, "%s", why);
+                }
+                c10d__nccl_comm_settled(c);
+                continue;
+            }
+            c10d_work *w = ((struct nccl_op *)it)->op->work;
+            c10d__work_complete(w, status, "%s", why);
+            c10d_work_release(w); /* the poll item's */
+        }
+    }
+}
+
+struct fail_task {
+    struct nccl_state *s;
+};
+
+static void abort_comms_task(void *arg)
+{
+    struct nccl_state *s = arg;
+    if (s->closing)
+        return;
+    fail_pending(s, s->first_status, s->first_error);
+}
+
+void c10d__nccl_fail(struct nccl_state *s, int status, const char *fmt, ...)
+{
+    uv_mutex_lock(&s->mutex);
+    int first = !atomic_load(&s->poisoned);
+    if (first) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(s->first_error, sizeof s->first_error, fmt, ap);
+        va_end(ap);
+        s->first_status = status;
+        atomic_store(&s->poisoned, 1);
+    }
+    uv_mutex_unlock(&s->mutex);
+    /* Fails what is queued now; the group layer then calls abort, which
+     * aborts the communicators off the loop. */
+    if (first)
+        c10d__engine_call(abort_comms_task, s);
+}
+
+/* ------------------------------------------------------------ the table */
+
+static int nccl_create(const struct c10d__backend_config *cfg, c10d__backend_done_fn done,
+                       void *arg, void **state)
+{
+    const struct c10d__gpu_api *api;
+    C10D_CHECK(c10d__nccl_load(&api));
+    if (cfg->device_index >= api->device_count)
+        return c10d__fail(C10D_EINVAL, "nccl: device %d does not exist (%d visible)",
+                          cfg->device_index, api->device_count);
+    struct nccl_state *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return c10d__fail(C10D_ENOMEM, "nccl: out of memory");
+    s->api = api;
+    s->rank = cfg->rank;
+    s->size = cfg->size;
+    snprintf(s->name, sizeof s->name, "%s", cfg->group_name != NULL ? cfg->group_name : "?");
+    snprintf(s->desc, sizeof s->desc, "%s", cfg->group_desc != NULL ? cfg->group_desc : "");
+    s->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 600000;
+    s->store = cfg->store;
+    c10d_store_retain(s->store);
+    if (cfg->nccl_opts != NULL)
+        s->nccl_opts = *cfg->nccl_opts;
+    uv_mutex_init(&s->mutex);
+    *state = s;
+    if (cfg->device_index < 0) {
+        done(arg, 0);
+        return 0;
+    }
+    int rc = c10d__nccl_comm_start_eager(s, cfg->device_index, done, arg);
+    if (rc != 0) {
+        c10d_store_release(s->store);
+        uv_mutex_destroy(&s->mutex);
+        free(s);
+        *state = NULL;
+    }
+    return rc;
+}
+
+static int nccl_enqueue(void *state, struct c10d__op *op)
+{
+    struct nccl_state *s = state;
+    if (atomic_load(&s->poisoned))
+        return c10d__fail(s->first_status != 0 ? s->first_status : C10D_EABORTED,
+                          "nccl %s: process group %s failed earlier: %s", op_type(op), s->name,
+                          s->first_error);
+    const struct c10d__gpu_api *api = s->api;
+    int peer = -1;
+    /* Unbatched P2P on a lazily made group runs on the pair's communicator:
+     * the group's would need every rank to join. */
+    if ((op->kind == C10D_OP_SEND || op->kind == C10D_OP_RECV) && op->next == NULL) {
+        uv_mutex_lock(&s->mutex);
+        struct nccl_comm *g = s->comms;
+        while (g != NULL && (g->device != op->device_index || g->peer != -1))
+            g = g->next;
+        uv_mutex_unlock(&s->mutex);
+        if (g == NULL)
+            peer = op->peer;
+    }
+    struct nccl_comm *c = c10d__nccl_comm_get(s, op->device_index, peer);
+    if (c == NULL)
+        return C10D_EABORTED;
+    struct nccl_op *no = calloc(1, sizeof *no);
+    if (no == NULL)
+        return c10d__fail(C10D_ENOMEM, "nccl: out of memory");
+    no->item.ready = op_ready;
+    no->item.done = op_done;
+    no->c = c;
+    no->op = op;
+    no->api = api;
+    int prev = -1;
+    api->cuda.cudaGetDevice(&prev);
+    if (prev != c->device)
+        api->cuda.cudaSetDevice(c->device);
+    no->pool = c->pool;
+    uv_mutex_lock(&no->pool->mutex);
+    no->pool->refs++;
+    uv_mutex_unlock(&no->pool->mutex);
+    int rc = c10d__nccl_event_get(c->pool, api, &no->ready_ev);
+    if (rc == 0)
+        rc = c10d__nccl_event_get(c->pool, api, &no->start_ev);
+    if (rc == 0)
+        rc = c10d__nccl_event_get(c->pool, api, &no->end_ev);
+    cudaError_t e = cudaSuccess;
+    if (rc == 0 && (e = api->cuda.cudaEventRecord(no->ready_ev, (cudaStream_t)op->stream)) !=
+                       cudaSuccess)
+        rc = c10d__fail(C10D_EINVAL, "nccl %s: cannot record an event on the caller's stream: %s",
+                        op_type(op), api->cuda.cudaGetErrorString(e));
+    if (rc == 0) {
+        /* Before anyone can complete it: the work frees the record, and
+         * the queue the record goes to holds a reference to the work. */
+        c10d__work_set_payload(op->work, &payload_kind, no, op_free);
+        c10d__work_set_stream_wait(op->work, op_stream_wait, no);
+        c10d_work_retain(op->work);
+        uv_mutex_lock(&c->lock);
+        int phase = atomic_load(&c->phase);
+        if (phase == COMM_STARTING) {
+            if (c->deferred_tail != NULL)
+                c->deferred_tail->next_deferred = no;
+            else
+                c->deferred_head = no;
+            c->deferred_tail = no;
+        } else if (phase == COMM_READY && !atomic_load(&s->poisoned)) {
+            rc = issue(c, no);
+        } else {
+            rc = c10d__fail(C10D_EABORTED, "nccl %s: process group %s failed earlier: %s",
+                            op_type(op), s->name,
+                            s->first_error[0] ? s->first_error : c->init_error);
+        }
+        uv_mutex_unlock(&c->lock);
+    }
+    if (prev >= 0 && prev != c->device)
+        api->cuda.cudaSetDevice(prev);
+    if (rc != 0 && c10d__work_payload(op->work, &payload_kind) == no) {
+        c10d_work_release(op->work); /* not queued after all */
+    } else if (rc != 0) {
+        op_free(no);
+    }
+    if (rc != 0) {
+        /* The op may be out on other ranks: they would wait for this one. */
+        if (rc != C10D_EABORTED)
+            c10d__nccl_fail(s, rc, "%s", c10d_last_error());
+        return rc;
+    }
+    return 0;
+}
+
+static void nccl_run(void *state, struct c10d__op *op)
+{
+    (void)state;
+    c10d__work_complete(op->work, C10D_EINTERNAL, "nccl: run called despite enqueue");
+}
+
+struct close_call {
+    struct nccl_state *s;
+    c10d__backend_done_fn done;
+    void *arg;
+};
+
+static void state_free(struct nccl_state *s)
+{
+    c10d_store_release(s->store);
+    uv_mutex_destroy(&s->mutex);
+    free(s);
+}
+
+static void closed(void *arg)
+{
+    struct close_call *cc = arg;
+    struct nccl_state *s = cc->s;
+    s->close_finished = 1;
+    c10d__backend_done_fn done = cc->done;
+    void *done_arg = cc->arg;
+    free(cc);
+    if (s->free_requested)
+        state_free(s);
+    if (done != NULL)
+        done(done_arg, 0);
+}
+
+/* Loop: closes the communicators once (abort or destroy, whichever comes
+ * first); a destroy frees the state when they are closed. */
+static void nccl_close(struct nccl_state *s, int abort, c10d__backend_done_fn done, void *arg)
+{
+    if (!abort)
+        s->free_requested = 1;
+    if (s->closing) {
+        /* Already closing: a destroy after an abort frees when that ends. */
+        if (!abort && s->close_finished)
+            state_free(s);
+        if (done != NULL)
+            done(arg, 0);
+        return;
+    }
+    s->closing = 1;
+    struct close_call *cc = calloc(1, sizeof *cc);
+    if (cc == NULL) {
+        C10D_WARN("nccl", "group %s: out of memory closing it; its communicators are leaked",
+                  s->name);
+        if (done != NULL)
+            done(arg, C10D_ENOMEM);
+        return;
+    }
+    *cc = (struct close_call){s, done, arg};
+    c10d__nccl_comms_close(s, abort, closed, cc);
+}
+
+static void nccl_abort(void *state, int status, const char *reason, c10d__backend_done_fn done,
+                       void *arg)
+{
+    struct nccl_state *s = state;
+    c10d__nccl_fail(s, status, "%s", reason);
+    fail_pending(s, s->first_status, s->first_error);
+    nccl_close(s, 1, done, arg);
+}
+
+static void nccl_destroy(void *state, c10d__backend_done_fn done, void *arg)
+{
+    struct nccl_state *s = state;
+    if (!atomic_load(&s->poisoned))
+        c10d__nccl_fail(s, C10D_EABORTED, "process group %s was destroyed", s->name);
+    fail_pending(s, C10D_EABORTED, s->first_error);
+    nccl_close(s, 0, done, arg);
+}
+
+static int nccl_split(void *parent, const struct c10d__backend_config *cfg, int color, int key,
+                      c10d__backend_done_fn done, void *arg, void **state)
+{
+    struct nccl_state *ps = parent;
+    /* Only a group bound to a device splits: then every rank holds the
+     * parent's communicator by now (it was made during creation). */
+    uv_mutex_lock(&ps->mutex);
+    struct nccl_comm *pc = ps->comms;
+    while (pc != NULL && (pc->peer != -1 || atomic_load(&pc->phase) != COMM_READY))
+        pc = pc->next;
+    uv_mutex_unlock(&ps->mutex);
+    if (pc == NULL || cfg->device_index < 0 || pc->device != cfg->device_index) {
+        if (color < 0) {
+            *state = NULL;
+            done(arg, 0);
+            return 0;
+        }
+        return nccl_create(cfg, done, arg, state);
+    }
+    struct nccl_state *s = NULL;
+    if (color >= 0) {
+        s = calloc(1, sizeof *s);
+        if (s == NULL)
+            return c10d__fail(C10D_ENOMEM, "nccl: out of memory");
+        s->api = ps->api;
+        s->rank = cfg->rank;
+        s->size = cfg->size;
+        snprintf(s->name, sizeof s->name, "%s", cfg->group_name != NULL ? cfg->group_name : "?");
+        snprintf(s->desc, sizeof s->desc, "%s", cfg->group_desc != NULL ? cfg->group_desc : "");
+        s->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : ps->timeout_ms;
+        s->store = cfg->store;
+        c10d_store_retain(s->store);
+        s->nccl_opts = cfg->nccl_opts != NULL ? *cfg->nccl_opts : ps->nccl_opts;
+        uv_mutex_init(&s->mutex);
+    }
+    int rc = c10d__nccl_comm_split(s, ps, pc, color, key, done, arg);
+    if (rc != 0) {
+        if (s != NULL)
+            state_free(s);
+        return rc;
+    }
+    *state = s;
+    return 0;
+}
+
+const struct c10d__backend_vtable c10d__nccl_backend = {
+    .size = sizeof(struct c10d__backend_vtable),
+    .name = "nccl",
+    .check = c10d__nccl_check,
+    .create = nccl_create,
+    .enqueue = nccl_enqueue,
+    .run = nccl_run,
+    .abort = nccl_abort,
+    .destroy = nccl_destroy,
+    .published_key_fmt = NULL,
+    .split = nccl_split,
+    .timeout_from_start = 1,
+};

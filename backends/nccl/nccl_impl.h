@@ -1,0 +1,154 @@
+/* The nccl backend's private pieces, shared by its files:
+ *   comm.c          communicators: unique id through the store, nonblocking
+ *                   init polled by the loop, split, abort and destroy off the
+ *                   loop, the event pool
+ *   launch.c        which NCCL calls an op becomes (dtypes, reduce ops, list
+ *                   forms as grouped send/recv)
+ *   nccl_backend.c  the backend table: enqueue on the caller's thread,
+ *                   completion and deadlines through the engine's poller,
+ *                   failure and poisoning
+ * Threads: `enqueue` runs on callers' threads; everything else on the loop,
+ * except the calls that may block (init's first call, abort, destroy), which
+ * run on offload workers. A communicator's `lock` keeps any two threads
+ * from being inside NCCL on it at once. */
+#ifndef C10D_BACKENDS_NCCL_IMPL_H
+#define C10D_BACKENDS_NCCL_IMPL_H
+
+#include "backends/backend.h"
+#include "backends/cuda/gpu_api.h"
+#include "engine/poller.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <uv.h>
+
+struct nccl_state;
+
+/* Events, created without timing on one device and reused. Shared by the
+ * communicator and the ops that hold its events: the last of them frees it,
+ * so a work released after its group ended still returns its events. */
+struct nccl_event_pool {
+    uv_mutex_t mutex;
+    int refs;
+    int device;
+    int closed; /* the communicator is gone: returned events are destroyed */
+    cudaEvent_t *free_events;
+    size_t n, cap;
+};
+
+enum nccl_comm_phase {
+    COMM_STARTING, /* unique id and init under way; ops wait in `deferred` */
+    COMM_READY,
+    COMM_FAILED, /* init failed or the communicator was aborted */
+};
+
+struct nccl_op;
+
+/* One NCCL communicator: the group's on a device, or a pair's for P2P. */
+struct nccl_comm {
+    struct nccl_state *s;
+    int device;
+    int peer;         /* -1: the whole group; else the pair (rank, peer) */
+    int nranks, rank; /* in the communicator */
+    char key[64];     /* the store key of its unique id */
+    uv_mutex_t lock;  /* held by whoever calls NCCL on `comm` */
+    _Atomic int phase;
+    ncclComm_t comm;
+    cudaStream_t stream;
+    void *barrier_buf; /* one float on the device, for barrier */
+    struct nccl_event_pool *pool;
+    struct c10d__poll_queue completions;           /* ops in stream order */
+    struct nccl_op *deferred_head, *deferred_tail; /* under lock, while STARTING */
+    struct c10d__poll_item init_item;              /* polls a nonblocking init */
+    uint64_t init_started_ms;
+    _Atomic int start_busy; /* a start worker or its continuation is pending */
+    /* Eager creation or split: told once the communicator is ready. */
+    c10d__backend_done_fn ready_done;
+    void *ready_arg;
+    /* split: the parent and the arguments (loop thread) */
+    struct nccl_comm *split_parent;
+    int split_color, split_key;
+    char init_error[320];
+    int init_status;
+    struct nccl_comm *next;
+};
+
+/* One op (or one coalesced list) in flight. Lives until its work is freed
+ * (the work's payload), so c10d_work_wait_stream can use its end event. */
+struct nccl_op {
+    struct c10d__poll_item item; /* first: the poller hands it back */
+    struct nccl_comm *c;
+    struct c10d__op *op;
+    const struct c10d__gpu_api *api;
+    struct nccl_event_pool *pool;
+    cudaEvent_t ready_ev; /* on the caller's stream at the call */
+    cudaEvent_t start_ev; /* on the communicator's stream before the op */
+    cudaEvent_t end_ev;   /* after it */
+    _Atomic int issued;   /* start/end events recorded */
+    uint64_t started_ms;  /* loop: when start_ev was first seen done; 0 before */
+    int status;           /* loop: what to complete with (0: success) */
+    char why[384];
+    struct nccl_op *next_deferred;
+};
+
+struct nccl_state {
+    const struct c10d__gpu_api *api;
+    int rank, size;
+    char name[64], desc[128];
+    int64_t timeout_ms;
+    c10d_store *store;
+    c10d_nccl_opts nccl_opts; /* strings point into the group, which outlives us */
+    uv_mutex_t mutex;         /* the comms list and the first error */
+    struct nccl_comm *comms;
+    _Atomic int poisoned;
+    int first_status;
+    char first_error[512];
+    int closing;        /* loop: abort or destroy began closing the communicators */
+    int close_finished; /* loop: ... and they are closed */
+    int free_requested; /* loop: destroy came: free once closed */
+};
+
+/* ---- comm.c */
+/* Caller's thread: the communicator for `device` (peer -1) or for the pair
+ * with `peer`, created and started if new. NULL with c10d_last_error() set. */
+struct nccl_comm *c10d__nccl_comm_get(struct nccl_state *s, int device, int peer);
+/* Loop: starts the group's communicator on `device` now (a bound group);
+ * done(arg, status) once it is ready or failed. */
+int c10d__nccl_comm_start_eager(struct nccl_state *s, int device, c10d__backend_done_fn done,
+                                void *arg);
+/* Loop: the child's communicator split from `parent` (ncclCommSplit); every
+ * parent rank calls it; color < 0 takes part without a child. */
+int c10d__nccl_comm_split(struct nccl_state *child, struct nccl_state *parent_state,
+                          struct nccl_comm *parent, int color, int key, c10d__backend_done_fn done,
+                          void *arg);
+/* Loop: aborts (abort != 0) or destroys every communicator of `s` on an
+ * offload worker, then calls done(arg) on the loop (never if the worker is
+ * stuck: the group's timer bounds the wait). Frees the communicators. */
+void c10d__nccl_comms_close(struct nccl_state *s, int abort, void (*done)(void *arg), void *arg);
+/* Event pool. get: 0 or C10D_EIO; put and unref: any thread. */
+int c10d__nccl_event_get(struct nccl_event_pool *p, const struct c10d__gpu_api *api,
+                         cudaEvent_t *ev);
+void c10d__nccl_event_put(struct nccl_event_pool *p, const struct c10d__gpu_api *api,
+                          cudaEvent_t ev);
+void c10d__nccl_pool_unref(struct nccl_event_pool *p, const struct c10d__gpu_api *api);
+
+/* ---- launch.c */
+/* Any thread: may this backend run `op`? (dtype, reduce op, device, peer). */
+int c10d__nccl_check(const struct c10d__op *op);
+/* Under c->lock, with c->device current: the NCCL calls of `op` and of the
+ * ops linked after it, on c->stream, inside one NCCL group. 0 or C10D_EIO
+ * with the message set. */
+int c10d__nccl_launch(struct nccl_comm *c, const struct c10d__op *op);
+/* NCCL's name for `r` and its last error text, for messages. */
+const char *c10d__nccl_error_text(const struct c10d__gpu_api *api, ncclResult_t r, char *buf,
+                                  size_t len);
+
+/* ---- nccl_backend.c */
+/* Loop: `c` became ready (status 0: issue the ops that waited) or failed. */
+void c10d__nccl_comm_settled(struct nccl_comm *c);
+/* Any thread: fails the group (the first error wins) and, on the loop,
+ * fails every pending op and aborts the communicators. */
+void c10d__nccl_fail(struct nccl_state *s, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#endif
