@@ -381,7 +381,9 @@ static int dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args
     if (vt->check != NULL) {
         int rc = vt->check(&op);
         if (rc < 0) {
-            const char *why = c10d_last_error();
+            /* A copy: the message is rewritten from it. */
+            char why[512];
+            snprintf(why, sizeof why, "%s", c10d_last_error());
             /* Backends may or may not name themselves: make sure the op is named. */
             if (strncmp(why, vt->name, strlen(vt->name)) == 0)
                 return rc;

@@ -166,14 +166,14 @@ static int set_device_opts(c10d_pg *pg, const c10d_pg_opts *o, const c10d_pg *pa
 {
     if (o->bind_device && o->device_index < 0)
         return c10d__fail(C10D_EINVAL, "%s: invalid device_index %d", what, o->device_index);
-    pg->device_index = o->bind_device          ? o->device_index
+    pg->device_index = o->bind_device   ? o->device_index
                        : parent != NULL ? parent->device_index
                                         : -1;
-    const c10d_nccl_opts *src = o->nccl != NULL ? o->nccl
+    const c10d_nccl_opts *src = o->nccl != NULL  ? o->nccl
                                 : parent != NULL ? &parent->nccl_opts
                                                  : NULL;
-    C10D_CHECK(c10d__opts_read(&pg->nccl_opts, sizeof pg->nccl_opts, sizeof pg->nccl_opts, src,
-                               what));
+    C10D_CHECK(
+        c10d__opts_read(&pg->nccl_opts, sizeof pg->nccl_opts, sizeof pg->nccl_opts, src, what));
     const char *net = pg->nccl_opts.net_name, *comm = pg->nccl_opts.comm_name;
     pg->nccl_opts.net_name = net != NULL ? strdup(net) : NULL;
     pg->nccl_opts.comm_name = comm != NULL ? strdup(comm) : NULL;

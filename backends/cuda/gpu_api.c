@@ -60,27 +60,29 @@ static int resolve(void *h, const char *lib, const char *const *names, void *tab
 #define NAME(fn) #fn,
 static const char *const cudart_names[] = {
     NAME(cudaGetDeviceCount) NAME(cudaSetDevice) NAME(cudaGetDevice) NAME(cudaRuntimeGetVersion)
-    NAME(cudaDriverGetVersion) NAME(cudaGetErrorString) NAME(cudaGetLastError)
-    NAME(cudaDeviceGetStreamPriorityRange) NAME(cudaStreamCreateWithPriority)
-    NAME(cudaStreamDestroy) NAME(cudaStreamSynchronize) NAME(cudaStreamWaitEvent)
-    NAME(cudaStreamIsCapturing) NAME(cudaThreadExchangeStreamCaptureMode)
-    NAME(cudaEventCreateWithFlags) NAME(cudaEventDestroy) NAME(cudaEventRecord)
-    NAME(cudaEventQuery) NAME(cudaEventSynchronize) NAME(cudaLaunchHostFunc) NAME(cudaMalloc)
-    NAME(cudaFree) NAME(cudaHostAlloc) NAME(cudaFreeHost) NAME(cudaMemcpy)
-    NAME(cudaMemcpyAsync) NAME(cudaMemsetAsync) NAME(cudaDeviceSynchronize)};
+        NAME(cudaDriverGetVersion) NAME(cudaGetErrorString) NAME(cudaGetLastError)
+            NAME(cudaDeviceGetStreamPriorityRange) NAME(cudaStreamCreateWithPriority)
+                NAME(cudaStreamDestroy) NAME(cudaStreamSynchronize) NAME(cudaStreamWaitEvent)
+                    NAME(cudaStreamIsCapturing) NAME(cudaThreadExchangeStreamCaptureMode)
+                        NAME(cudaEventCreateWithFlags) NAME(cudaEventDestroy) NAME(cudaEventRecord)
+                            NAME(cudaEventQuery) NAME(cudaEventSynchronize) NAME(cudaLaunchHostFunc)
+                                NAME(cudaMalloc) NAME(cudaFree) NAME(cudaHostAlloc)
+                                    NAME(cudaFreeHost) NAME(cudaMemcpy) NAME(cudaMemcpyAsync)
+                                        NAME(cudaMemsetAsync) NAME(cudaDeviceSynchronize)};
 static const char *const nccl_names[] = {
     NAME(ncclGetVersion) NAME(ncclGetErrorString) NAME(ncclGetLastError) NAME(ncclGetUniqueId)
-    NAME(ncclCommInitRankConfig) NAME(ncclCommInitRankScalable) NAME(ncclCommSplit)
-    NAME(ncclCommShrink) NAME(ncclCommFinalize) NAME(ncclCommDestroy) NAME(ncclCommAbort)
-    NAME(ncclCommGetAsyncError) NAME(ncclCommCount) NAME(ncclCommUserRank)
-    NAME(ncclRedOpCreatePreMulSum) NAME(ncclRedOpDestroy) NAME(ncclAllReduce)
-    NAME(ncclBroadcast) NAME(ncclReduce) NAME(ncclAllGather) NAME(ncclReduceScatter)
-    NAME(ncclSend) NAME(ncclRecv) NAME(ncclGroupStart) NAME(ncclGroupEnd)};
+        NAME(ncclCommInitRankConfig) NAME(ncclCommInitRankScalable) NAME(ncclCommSplit)
+            NAME(ncclCommShrink) NAME(ncclCommFinalize) NAME(ncclCommDestroy) NAME(ncclCommAbort)
+                NAME(ncclCommGetAsyncError) NAME(ncclCommCount) NAME(ncclCommUserRank)
+                    NAME(ncclRedOpCreatePreMulSum) NAME(ncclRedOpDestroy) NAME(ncclAllReduce)
+                        NAME(ncclBroadcast) NAME(ncclReduce) NAME(ncclAllGather)
+                            NAME(ncclReduceScatter) NAME(ncclSend) NAME(ncclRecv)
+                                NAME(ncclGroupStart) NAME(ncclGroupEnd)};
 #undef NAME
 
 /* The tables are arrays of function pointers in declaration order. */
-_Static_assert(sizeof(struct c10d__cudart_api) == sizeof cudart_names / sizeof *cudart_names *
-                                                      sizeof(void (*)(void)),
+_Static_assert(sizeof(struct c10d__cudart_api) ==
+                   sizeof cudart_names / sizeof *cudart_names * sizeof(void (*)(void)),
                "cudart_names must list every entry of c10d__cudart_api, in order");
 _Static_assert(sizeof(struct c10d__nccl_api) ==
                    sizeof nccl_names / sizeof *nccl_names * sizeof(void (*)(void)),
@@ -101,8 +103,9 @@ static void load_cuda(void)
         cuda_status = C10D_EUNSUPPORTED;
         return;
     }
-    cuda_status = resolve(h, api.cudart_path, cudart_names, &api.cuda,
-                          sizeof cudart_names / sizeof *cudart_names, cuda_error, sizeof cuda_error);
+    cuda_status =
+        resolve(h, api.cudart_path, cudart_names, &api.cuda,
+                sizeof cudart_names / sizeof *cudart_names, cuda_error, sizeof cuda_error);
     if (cuda_status != 0)
         return;
     api.cuda.cudaRuntimeGetVersion(&api.cudart_version);
@@ -110,14 +113,12 @@ static void load_cuda(void)
     cudaError_t e = api.cuda.cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n <= 0) {
         snprintf(cuda_error, sizeof cuda_error, "no CUDA device is visible (%s: %s)",
-                 api.cudart_path,
-                 e != cudaSuccess ? api.cuda.cudaGetErrorString(e) : "0 devices");
+                 api.cudart_path, e != cudaSuccess ? api.cuda.cudaGetErrorString(e) : "0 devices");
         cuda_status = C10D_EUNSUPPORTED;
         return;
     }
     api.device_count = n;
-    C10D_INFO("cuda", "loaded %s (runtime %d, %d devices)", api.cudart_path, api.cudart_version,
-              n);
+    C10D_INFO("cuda", "loaded %s (runtime %d, %d devices)", api.cudart_path, api.cudart_version, n);
 }
 
 static void load_nccl(void)

@@ -84,9 +84,9 @@ struct c10d__gpu_api {
     struct c10d__nccl_api nccl;
     char cudart_path[256]; /* the file each part was loaded from ("" if not) */
     char nccl_path[256];
-    int nccl_version;    /* ncclGetVersion's code, 0 before loading */
-    int cudart_version;  /* cudaRuntimeGetVersion's, 0 before loading */
-    int device_count;    /* cudaGetDeviceCount's at load time */
+    int nccl_version;   /* ncclGetVersion's code, 0 before loading */
+    int cudart_version; /* cudaRuntimeGetVersion's, 0 before loading */
+    int device_count;   /* cudaGetDeviceCount's at load time */
 };
 
 /* Any thread, idempotent, thread-safe. Loads the CUDA runtime: 0, or
@@ -105,7 +105,7 @@ void c10d__gpu_describe(char *buf, size_t len);
     do {                                                                                           \
         cudaError_t c10d__ce = (expr);                                                             \
         if (c10d__ce != cudaSuccess)                                                               \
-            return c10d__fail(C10D_EIO, "%s: %s", (what), (api)->cudaGetErrorString(c10d__ce));   \
+            return c10d__fail(C10D_EIO, "%s: %s", (what), (api)->cudaGetErrorString(c10d__ce));    \
     } while (0)
 
 #endif

@@ -186,7 +186,8 @@ static void start_work(void *arg)
     if (c->split_parent != NULL) {
         struct nccl_comm *p = c->split_parent;
         uv_mutex_lock(&p->lock);
-        r = api->nccl.ncclCommSplit(p->comm, c->split_color < 0 ? NCCL_SPLIT_NOCOLOR : c->split_color,
+        r = api->nccl.ncclCommSplit(p->comm,
+                                    c->split_color < 0 ? NCCL_SPLIT_NOCOLOR : c->split_color,
                                     c->split_key, &c->comm, &cfg);
         uv_mutex_unlock(&p->lock);
         if (r != ncclSuccess && r != ncclInProgress)
@@ -229,7 +230,8 @@ static void start_work(void *arg)
 /* Loop, through the poller: is the nonblocking init (or split) done? */
 static int init_ready(struct c10d__poll_item *item)
 {
-    struct nccl_comm *c = (struct nccl_comm *)((char *)item - offsetof(struct nccl_comm, init_item));
+    struct nccl_comm *c =
+        (struct nccl_comm *)((char *)item - offsetof(struct nccl_comm, init_item));
     const struct c10d__gpu_api *api = c->s->api;
     ncclResult_t st = ncclSuccess, pst = ncclSuccess;
     if (c->comm != NULL)
@@ -254,7 +256,8 @@ static int init_ready(struct c10d__poll_item *item)
 
 static void init_done(struct c10d__poll_item *item)
 {
-    struct nccl_comm *c = (struct nccl_comm *)((char *)item - offsetof(struct nccl_comm, init_item));
+    struct nccl_comm *c =
+        (struct nccl_comm *)((char *)item - offsetof(struct nccl_comm, init_item));
     c10d__nccl_comm_settled(c);
 }
 

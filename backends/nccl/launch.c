@@ -14,11 +14,16 @@
 #include <time.h>
 
 static const ncclDataType_t nccl_dtypes[C10D_DTYPE_COUNT] = {
-    [C10D_FLOAT32] = ncclFloat32,      [C10D_FLOAT64] = ncclFloat64,
-    [C10D_FLOAT16] = ncclFloat16,      [C10D_BFLOAT16] = ncclBfloat16,
-    [C10D_INT8] = ncclInt8,            [C10D_UINT8] = ncclUint8,
-    [C10D_INT32] = ncclInt32,          [C10D_INT64] = ncclInt64,
-    [C10D_BOOL] = ncclUint8,           [C10D_FLOAT8_E4M3] = ncclFloat8e4m3,
+    [C10D_FLOAT32] = ncclFloat32,
+    [C10D_FLOAT64] = ncclFloat64,
+    [C10D_FLOAT16] = ncclFloat16,
+    [C10D_BFLOAT16] = ncclBfloat16,
+    [C10D_INT8] = ncclInt8,
+    [C10D_UINT8] = ncclUint8,
+    [C10D_INT32] = ncclInt32,
+    [C10D_INT64] = ncclInt64,
+    [C10D_BOOL] = ncclUint8,
+    [C10D_FLOAT8_E4M3] = ncclFloat8e4m3,
     [C10D_FLOAT8_E5M2] = ncclFloat8e5m2,
 };
 
@@ -80,8 +85,8 @@ const char *c10d__nccl_error_text(const struct c10d__gpu_api *api, ncclResult_t 
                                   size_t len)
 {
     const char *last = api->nccl.ncclGetLastError(NULL);
-    snprintf(buf, len, "%s%s%s", api->nccl.ncclGetErrorString(r),
-             last != NULL && *last ? ": " : "", last != NULL ? last : "");
+    snprintf(buf, len, "%s%s%s", api->nccl.ncclGetErrorString(r), last != NULL && *last ? ": " : "",
+             last != NULL ? last : "");
     return buf;
 }
 
@@ -129,8 +134,8 @@ static ncclResult_t redop_of(struct launch *l, const struct c10d__op *op, ncclRe
             factor.h = c10d__float_to_half((float)op->premul_factor);
         else
             factor.h = c10d__float_to_bf16((float)op->premul_factor);
-        ncclResult_t r = l->api->nccl.ncclRedOpCreatePreMulSum(
-            out, &factor, nccl_dtypes[op->dtype], ncclScalarHostImmediate, l->c->comm);
+        ncclResult_t r = l->api->nccl.ncclRedOpCreatePreMulSum(out, &factor, nccl_dtypes[op->dtype],
+                                                               ncclScalarHostImmediate, l->c->comm);
         if (r == ncclSuccess)
             l->premul[l->npremul++] = *out;
         return r;
@@ -181,8 +186,8 @@ static ncclResult_t launch_one(struct launch *l, const struct c10d__op *op)
             return n->ncclReduceScatter(op->send, op->recv, op->count, dt, rop, comm, st);
         /* List form: one reduce per destination, rooted there. */
         for (int p = 0; p < size && r == ncclSuccess; p++)
-            r = n->ncclReduce(op->sends[p], p == me ? op->recv : NULL, op->count, dt, rop, p,
-                              comm, st);
+            r = n->ncclReduce(op->sends[p], p == me ? op->recv : NULL, op->count, dt, rop, p, comm,
+                              st);
         return r;
     case C10D_OP_GATHER:
         if (me == op->root)
@@ -195,8 +200,8 @@ static ncclResult_t launch_one(struct launch *l, const struct c10d__op *op)
     case C10D_OP_SCATTER:
         if (me == op->root)
             for (int p = 0; p < size && r == ncclSuccess; p++)
-                r = n->ncclSend((const char *)op->send + (size_t)p * op->count * es, op->count,
-                                dt, p, comm, st);
+                r = n->ncclSend((const char *)op->send + (size_t)p * op->count * es, op->count, dt,
+                                p, comm, st);
         if (r == ncclSuccess)
             r = n->ncclRecv(op->recv, op->count, dt, op->root, comm, st);
         return r;
@@ -215,8 +220,7 @@ static ncclResult_t launch_one(struct launch *l, const struct c10d__op *op)
         return r;
     }
     case C10D_OP_BARRIER:
-        return n->ncclAllReduce(c->barrier_buf, c->barrier_buf, 1, ncclFloat32, ncclSum, comm,
-                                st);
+        return n->ncclAllReduce(c->barrier_buf, c->barrier_buf, 1, ncclFloat32, ncclSum, comm, st);
     case C10D_OP_SEND:
         return n->ncclSend(op->send, op->count, dt, c->peer >= 0 ? 1 - me : op->peer, comm, st);
     case C10D_OP_RECV:

@@ -144,9 +144,10 @@ static void op_done(struct c10d__poll_item *item)
     if (no->status == 0) {
         c10d__work_complete(w, 0, NULL);
     } else {
+        /* The group fails first: whoever the work wakes finds it failed. */
         C10D_WARN("nccl", "[PG %s Rank %d] %s", s->name, s->rank, no->why);
-        c10d__work_complete(w, no->status, "%s", no->why);
         c10d__nccl_fail(s, no->status, "%s", no->why);
+        c10d__work_complete(w, no->status, "%s", no->why);
     }
     c10d_work_release(w); /* the poll item's */
 }
@@ -183,8 +184,8 @@ static int issue(struct nccl_comm *c, struct nccl_op *no)
 static void fail_op(struct nccl_op *no, int status, const char *why)
 {
     c10d_work *w = no->op->work;
-    c10d__work_complete(w, status, "%s", why);
     c10d__nccl_fail(no->c->s, status, "%s", why);
+    c10d__work_complete(w, status, "%s", why);
     c10d_work_release(w); /* the deferred list's */
 }
 
@@ -208,9 +209,9 @@ void c10d__nccl_comm_settled(struct nccl_comm *c)
         if (rc != 0) {
             snprintf(why, sizeof why, "nccl %s seq %llu: %.400s", op_type(no->op),
                      (unsigned long long)no->op->seq,
-                     !ok                        ? c->init_error
+                     !ok                         ? c->init_error
                      : atomic_load(&s->poisoned) ? s->first_error
-                                                : c10d_last_error());
+                                                 : c10d_last_error());
             uv_mutex_unlock(&c->lock);
             fail_op(no, rc == C10D_EABORTED && !ok ? c->init_status : rc, why);
             uv_mutex_lock(&c->lock);
@@ -312,6 +313,7 @@ static int nccl_create(const struct c10d__backend_config *cfg, c10d__backend_don
     if (cfg->nccl_opts != NULL)
         s->nccl_opts = *cfg->nccl_opts;
     uv_mutex_init(&s->mutex);
+    s->bound_device = cfg->device_index;
     *state = s;
     if (cfg->device_index < 0) {
         done(arg, 0);
@@ -372,8 +374,8 @@ static int nccl_enqueue(void *state, struct c10d__op *op)
     if (rc == 0)
         rc = c10d__nccl_event_get(c->pool, api, &no->end_ev);
     cudaError_t e = cudaSuccess;
-    if (rc == 0 && (e = api->cuda.cudaEventRecord(no->ready_ev, (cudaStream_t)op->stream)) !=
-                       cudaSuccess)
+    if (rc == 0 &&
+        (e = api->cuda.cudaEventRecord(no->ready_ev, (cudaStream_t)op->stream)) != cudaSuccess)
         rc = c10d__fail(C10D_EINVAL, "nccl %s: cannot record an event on the caller's stream: %s",
                         op_type(op), api->cuda.cudaGetErrorString(e));
     if (rc == 0) {
@@ -497,14 +499,16 @@ static int nccl_split(void *parent, const struct c10d__backend_config *cfg, int 
                       c10d__backend_done_fn done, void *arg, void **state)
 {
     struct nccl_state *ps = parent;
-    /* Only a group bound to a device splits: then every rank holds the
-     * parent's communicator by now (it was made during creation). */
+    /* Only a group bound to a device splits: then every parent rank holds
+     * the communicator by now (it was made during creation), whatever ops
+     * each rank ran, so all of them take the same path. */
     uv_mutex_lock(&ps->mutex);
     struct nccl_comm *pc = ps->comms;
-    while (pc != NULL && (pc->peer != -1 || atomic_load(&pc->phase) != COMM_READY))
+    while (pc != NULL && (pc->peer != -1 || pc->device != ps->bound_device ||
+                          atomic_load(&pc->phase) != COMM_READY))
         pc = pc->next;
     uv_mutex_unlock(&ps->mutex);
-    if (pc == NULL || cfg->device_index < 0 || pc->device != cfg->device_index) {
+    if (pc == NULL || ps->bound_device < 0) {
         if (color < 0) {
             *state = NULL;
             done(arg, 0);
@@ -526,6 +530,7 @@ static int nccl_split(void *parent, const struct c10d__backend_config *cfg, int 
         s->store = cfg->store;
         c10d_store_retain(s->store);
         s->nccl_opts = cfg->nccl_opts != NULL ? *cfg->nccl_opts : ps->nccl_opts;
+        s->bound_device = pc->device;
         uv_mutex_init(&s->mutex);
     }
     int rc = c10d__nccl_comm_split(s, ps, pc, color, key, done, arg);

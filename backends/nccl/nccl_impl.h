@@ -98,6 +98,7 @@ struct nccl_state {
     int64_t timeout_ms;
     c10d_store *store;
     c10d_nccl_opts nccl_opts; /* strings point into the group, which outlives us */
+    int bound_device;         /* the device the group is bound to, -1: none */
     uv_mutex_t mutex;         /* the comms list and the first error */
     struct nccl_comm *comms;
     _Atomic int poisoned;

@@ -1,0 +1,709 @@
+/* The nccl backend through the public API, on 1, 2 and 3 real processes
+ * (env:// rendezvous), CUDA buffers. In CI the CUDA runtime and NCCL are the
+ * CPU simulation (test/gpusim/, named by C10D_CUDART_LIBRARY and
+ * C10D_NCCL_LIBRARY); on a machine with a GPU the same binary runs against
+ * the real libraries when those variables are unset. Checks: every op x
+ * dtype x reduce op against references computed on the host; PyTorch's
+ * rejections; stream order (a write enqueued on the caller's stream just
+ * before an op is seen by it); c10d_work_wait_stream; a collective that
+ * never ends (timeout on every rank, abort within its bound); an async
+ * error; a rank that never joins init; split; a loop timer that keeps
+ * firing while a communicator initialises; and a missing library. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "backends/cuda/gpu_api.h"
+#include "bench/data.h"
+#include "c10d.h"
+#include "engine/env.h"
+#include "mp_harness.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const struct c10d__cudart_api *cu;
+static int fails;
+
+#define EXPECT(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "[rank %d] %s:%d: ", rank, __FILE__, __LINE__);                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            if (++fails > 20)                                                                      \
+                return 1;                                                                          \
+        }                                                                                          \
+    } while (0)
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void *dev_alloc(size_t bytes)
+{
+    void *p = NULL;
+    if (cu->cudaMalloc(&p, bytes > 0 ? bytes : 1) != cudaSuccess)
+        abort();
+    return p;
+}
+
+static void to_dev(void *dst, const void *src, size_t bytes)
+{
+    if (bytes > 0 && cu->cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+        abort();
+}
+
+static void dev_zero(void *p, size_t bytes)
+{
+    cu->cudaMemsetAsync(p, 0, bytes, 0);
+    cu->cudaDeviceSynchronize();
+}
+
+static void to_host(void *dst, const void *src, size_t bytes)
+{
+    if (bytes > 0 && cu->cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+        abort();
+}
+
+static c10d_op_opts gpu_opts(void)
+{
+    c10d_op_opts o = C10D_OP_OPTS_INIT;
+    o.device_type = C10D_DEVICE_CUDA;
+    o.device_index = 0;
+    o.premul_factor = 0.5;
+    return o;
+}
+
+/* Waits for the work, then for the device (the caller's stream). Takes the
+ * work's address: the call that fills it is an argument too. */
+static int finish(int rc, c10d_work **w)
+{
+    if (rc != 0)
+        return rc;
+    rc = c10d_work_wait_release(*w);
+    if (rc == 0) /* a failed op's stream may be stuck until the abort */
+        cu->cudaDeviceSynchronize();
+    return rc;
+}
+
+static c10d_pg *init_group(int bind, int64_t timeout_ms)
+{
+    c10d_pg_opts po = C10D_PG_OPTS_INIT;
+    po.backend = "cpu:tcp,cuda:nccl";
+    po.timeout_ms = timeout_ms;
+    po.bind_device = bind;
+    po.device_index = 0;
+    c10d_pg *pg = NULL;
+    if (c10d_pg_init(&po, &pg) != 0) {
+        fprintf(stderr, "init: %s\n", c10d_last_error());
+        return NULL;
+    }
+    return pg;
+}
+
+/* ------------------------------------------------------------ reductions */
+
+static double expected(int n, size_t i, c10d_dtype dt, c10d_reduce_op op)
+{
+    if (op == C10D_AVG && !data_is_float(dt)) {
+        int64_t sum = (int64_t)data_reduced(n, i, dt, C10D_SUM, 0);
+        return (double)(sum / n);
+    }
+    return data_reduced(n, i, dt, op, 0.5);
+}
+
+static int check_all_reduce(c10d_pg *pg, int rank, int n, c10d_dtype dt, c10d_reduce_op op,
+                            size_t count, int in_place)
+{
+    size_t es = c10d_dtype_size(dt), bytes = count * es;
+    char *h = malloc(bytes + 1);
+    void *send = dev_alloc(bytes), *recv = dev_alloc(bytes);
+    data_fill(h, count, 0, rank, dt, op);
+    to_dev(send, h, bytes);
+    c10d_op_opts o = gpu_opts();
+    c10d_work *w = NULL;
+    void *dst = in_place ? send : recv;
+    int rc = finish(c10d_all_reduce(pg, send, dst, count, dt, op, &o, &w), &w);
+    int bitwise = op == C10D_BAND || op == C10D_BOR || op == C10D_BXOR;
+    int premul_bad = op == C10D_PREMUL_SUM &&
+                     (!data_is_float(dt) || dt == C10D_FLOAT8_E4M3 || dt == C10D_FLOAT8_E5M2);
+    int avg_bool = op == C10D_AVG && dt == C10D_BOOL;
+    if (bitwise || premul_bad || avg_bool) {
+        char want[96];
+        snprintf(want, sizeof want,
+                 bitwise ? "Cannot use ReduceOp.%s with NCCL" : "Cannot use ReduceOp.%s",
+                 c10d_reduce_op_name(op));
+        EXPECT(rc == C10D_EINVAL && strstr(c10d_last_error(), want) != NULL,
+               "all_reduce %s %s: expected rejection, got %d (%s)", c10d_dtype_name(dt),
+               c10d_reduce_op_name(op), rc, c10d_last_error());
+    } else {
+        EXPECT(rc == 0, "all_reduce %s %s count %zu: %d %s", c10d_dtype_name(dt),
+               c10d_reduce_op_name(op), count, rc, c10d_last_error());
+        to_host(h, dst, bytes);
+        for (size_t i = 0; rc == 0 && i < count; i++)
+            if (!data_close(data_load(h, i, dt), expected(n, i, dt, op), dt)) {
+                EXPECT(0, "all_reduce %s %s count %zu%s: [%zu] = %g, want %g", c10d_dtype_name(dt),
+                       c10d_reduce_op_name(op), count, in_place ? " in place" : "", i,
+                       data_load(h, i, dt), expected(n, i, dt, op));
+                break;
+            }
+    }
+    cu->cudaFree(send), cu->cudaFree(recv), free(h);
+    return 0;
+}
+
+/* reduce, reduce_scatter (both forms), broadcast, all_gather (both forms),
+ * gather, scatter, all_to_all (both forms) on one dtype. */
+static int check_others(c10d_pg *pg, int rank, int n, c10d_dtype dt, size_t count)
+{
+    size_t es = c10d_dtype_size(dt), blk = count * es, all = blk * (size_t)n;
+    char *h = malloc(all + 1), *got = malloc(all + 1);
+    void *send = dev_alloc(all), *recv = dev_alloc(all);
+    void *blocks[MP_MAX_RANKS];
+    for (int r = 0; r < n; r++)
+        blocks[r] = dev_alloc(blk);
+    c10d_op_opts o = gpu_opts();
+    c10d_work *w = NULL;
+    int root = n - 1, rc;
+
+    data_fill(h, count, 0, rank, dt, C10D_MAX);
+    to_dev(send, h, blk);
+    rc = finish(
+        c10d_reduce(pg, send, rank == root ? recv : NULL, count, dt, C10D_MAX, root, &o, &w), &w);
+    EXPECT(rc == 0, "reduce %s: %s", c10d_dtype_name(dt), c10d_last_error());
+    if (rank == root) {
+        to_host(got, recv, blk);
+        for (size_t i = 0; i < count; i++)
+            if (!data_close(data_load(got, i, dt), data_reduced(n, i, dt, C10D_MAX, 0), dt)) {
+                EXPECT(0, "reduce %s [%zu]", c10d_dtype_name(dt), i);
+                break;
+            }
+    }
+
+    data_fill(h, count * (size_t)n, 0, rank, dt, C10D_SUM);
+    to_dev(send, h, all);
+    rc = finish(c10d_reduce_scatter(pg, send, recv, count, dt, C10D_SUM, &o, &w), &w);
+    EXPECT(rc == 0, "reduce_scatter %s: %s", c10d_dtype_name(dt), c10d_last_error());
+    to_host(got, recv, blk);
+    for (size_t i = 0; rc == 0 && i < count; i++)
+        if (!data_close(data_load(got, i, dt),
+                        data_reduced(n, (size_t)rank * count + i, dt, C10D_SUM, 0), dt)) {
+            EXPECT(0, "reduce_scatter %s [%zu]", c10d_dtype_name(dt), i);
+            break;
+        }
+    const void *sends[MP_MAX_RANKS];
+    for (int r = 0; r < n; r++)
+        sends[r] = (const char *)send + (size_t)r * blk;
+    dev_zero(recv, blk);
+    rc = finish(c10d_reduce_scatter_list(pg, sends, recv, count, dt, C10D_SUM, &o, &w), &w);
+    EXPECT(rc == 0, "reduce_scatter_list %s: %s", c10d_dtype_name(dt), c10d_last_error());
+    to_host(got, recv, blk);
+    for (size_t i = 0; rc == 0 && i < count; i++)
+        if (!data_close(data_load(got, i, dt),
+                        data_reduced(n, (size_t)rank * count + i, dt, C10D_SUM, 0), dt)) {
+            EXPECT(0, "reduce_scatter_list %s [%zu]", c10d_dtype_name(dt), i);
+            break;
+        }
+
+    /* broadcast from root, in place on the others' recv */
+    data_fill(h, count, 0, root, dt, C10D_SUM);
+    to_dev(send, h, blk);
+    rc = finish(c10d_broadcast(pg, rank == root ? send : NULL, recv, count, dt, root, &o, &w), &w);
+    EXPECT(rc == 0, "broadcast %s: %s", c10d_dtype_name(dt), c10d_last_error());
+    to_host(got, recv, blk);
+    EXPECT(rc != 0 || memcmp(got, h, blk) == 0, "broadcast %s: wrong data", c10d_dtype_name(dt));
+
+    /* all_gather, flat and list */
+    data_fill(h, count, 0, rank, dt, C10D_SUM);
+    to_dev(send, h, blk);
+    rc = finish(c10d_all_gather(pg, send, recv, count, dt, &o, &w), &w);
+    EXPECT(rc == 0, "all_gather %s: %s", c10d_dtype_name(dt), c10d_last_error());
+    to_host(got, recv, all);
+    for (int r = 0; rc == 0 && r < n; r++) {
+        data_fill(h, count, 0, r, dt, C10D_SUM);
+        EXPECT(memcmp(got + (size_t)r * blk, h, blk) == 0, "all_gather %s: block %d",
+               c10d_dtype_name(dt), r);
+    }
+    rc = finish(c10d_all_gather_list(pg, send, blocks, count, dt, &o, &w), &w);
+    EXPECT(rc == 0, "all_gather_list %s: %s", c10d_dtype_name(dt), c10d_last_error());
+    for (int r = 0; rc == 0 && r < n; r++) {
+        data_fill(h, count, 0, r, dt, C10D_SUM);
+        to_host(got, blocks[r], blk);
+        EXPECT(memcmp(got, h, blk) == 0, "all_gather_list %s: block %d", c10d_dtype_name(dt), r);
+    }
+
+    /* gather to root, then scatter from it */
+    data_fill(h, count, 0, rank, dt, C10D_SUM);
+    to_dev(send, h, blk);
+    rc = finish(c10d_gather(pg, send, rank == root ? recv : NULL, count, dt, root, &o, &w), &w);
+    EXPECT(rc == 0, "gather %s: %s", c10d_dtype_name(dt), c10d_last_error());
+    if (rank == root) {
+        to_host(got, recv, all);
+        for (int r = 0; r < n; r++) {
+            data_fill(h, count, 0, r, dt, C10D_SUM);
+            EXPECT(memcmp(got + (size_t)r * blk, h, blk) == 0, "gather %s: block %d",
+                   c10d_dtype_name(dt), r);
+        }
+    }
+    dev_zero(send, blk);
+    rc = finish(c10d_scatter(pg, rank == root ? recv : NULL, send, count, dt, root, &o, &w), &w);
+    EXPECT(rc == 0, "scatter %s: %s", c10d_dtype_name(dt), c10d_last_error());
+    to_host(got, send, blk);
+    data_fill(h, count, 0, rank, dt, C10D_SUM);
+    EXPECT(rc != 0 || memcmp(got, h, blk) == 0, "scatter %s: wrong data", c10d_dtype_name(dt));
+
+    /* all_to_all_single, even; block r of rank s holds s*n + r's values */
+    for (int r = 0; r < n; r++)
+        data_fill(h + (size_t)r * blk, count, 0, rank * n + r, dt, C10D_SUM);
+    to_dev(send, h, all);
+    rc = finish(c10d_all_to_all_single(pg, send, recv, count * (size_t)n, NULL, NULL, dt, &o, &w),
+                &w);
+    EXPECT(rc == 0, "all_to_all %s: %s", c10d_dtype_name(dt), c10d_last_error());
+    to_host(got, recv, all);
+    for (int r = 0; rc == 0 && r < n; r++) {
+        data_fill(h, count, 0, r * n + rank, dt, C10D_SUM);
+        EXPECT(memcmp(got + (size_t)r * blk, h, blk) == 0, "all_to_all %s: block %d",
+               c10d_dtype_name(dt), r);
+    }
+    for (int r = 0; r < n; r++)
+        cu->cudaFree(blocks[r]);
+    cu->cudaFree(send), cu->cudaFree(recv), free(h), free(got);
+    return 0;
+}
+
+/* Uneven all_to_all: rank s sends s + d + 1 elements to rank d. */
+static int check_uneven(c10d_pg *pg, int rank, int n)
+{
+    size_t sc[MP_MAX_RANKS], rcn[MP_MAX_RANKS], st = 0, rt = 0;
+    for (int p = 0; p < n; p++) {
+        sc[p] = (size_t)(rank + p + 1);
+        rcn[p] = (size_t)(p + rank + 1);
+        st += sc[p], rt += rcn[p];
+    }
+    int32_t *h = malloc(st * 4), *got = malloc(rt * 4);
+    size_t k = 0;
+    for (int p = 0; p < n; p++)
+        for (size_t i = 0; i < sc[p]; i++)
+            h[k++] = rank * 1000 + p * 100 + (int32_t)i;
+    void *send = dev_alloc(st * 4), *recv = dev_alloc(rt * 4);
+    to_dev(send, h, st * 4);
+    c10d_op_opts o = gpu_opts();
+    c10d_work *w;
+    int rc = finish(c10d_all_to_all_single(pg, send, recv, st, sc, rcn, C10D_INT32, &o, &w), &w);
+    EXPECT(rc == 0, "uneven all_to_all: %s", c10d_last_error());
+    to_host(got, recv, rt * 4);
+    k = 0;
+    for (int p = 0; rc == 0 && p < n; p++)
+        for (size_t i = 0; i < rcn[p]; i++, k++)
+            EXPECT(got[k] == p * 1000 + rank * 100 + (int32_t)i, "uneven all_to_all [%zu]", k);
+    cu->cudaFree(send), cu->cudaFree(recv), free(h), free(got);
+    return 0;
+}
+
+/* A ring of send/recv (a pair's communicator each: the group made none for
+ * P2P), a batch, a coalesced pair of all_reduces, a barrier, ANY_SOURCE. */
+static int check_p2p_and_lists(c10d_pg *pg, int rank, int n)
+{
+    c10d_op_opts o = gpu_opts();
+    int64_t mine = 100 + rank, got = -1;
+    void *sb = dev_alloc(8), *rb = dev_alloc(8);
+    to_dev(sb, &mine, 8);
+    c10d_work *ws, *wr;
+    int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    int rc = 0;
+    if (n > 1) {
+        /* Even ranks send first: each pair's communicator is made by both sides. */
+        if (rank % 2 == 0) {
+            rc = finish(c10d_send(pg, sb, 1, C10D_INT64, next, 0, &o, &ws), &ws);
+            rc = rc ? rc : finish(c10d_recv(pg, rb, 1, C10D_INT64, prev, 0, &o, &wr), &wr);
+        } else {
+            rc = finish(c10d_recv(pg, rb, 1, C10D_INT64, prev, 0, &o, &wr), &wr);
+            rc = rc ? rc : finish(c10d_send(pg, sb, 1, C10D_INT64, next, 0, &o, &ws), &ws);
+        }
+        EXPECT(rc == 0, "send/recv ring: %s", c10d_last_error());
+        to_host(&got, rb, 8);
+        EXPECT(rc != 0 || got == 100 + prev, "ring got %lld", (long long)got);
+    }
+    EXPECT(c10d_recv(pg, rb, 1, C10D_INT64, C10D_ANY_SOURCE, 0, &o, &wr) == C10D_EINVAL &&
+               strstr(c10d_last_error(), "any source") != NULL,
+           "ANY_SOURCE: %s", c10d_last_error());
+    c10d_p2p_op ops[2] = {{C10D_P2P_SEND, sb, 1, C10D_INT64, next, 0},
+                          {C10D_P2P_RECV, rb, 1, C10D_INT64, prev, 0}};
+    dev_zero(rb, 8);
+    if (n > 1) {
+        rc = finish(c10d_batch_isend_irecv(pg, ops, 2, &o, &ws), &ws);
+        EXPECT(rc == 0, "batch: %s", c10d_last_error());
+        to_host(&got, rb, 8);
+        EXPECT(rc != 0 || got == 100 + prev, "batch got %lld", (long long)got);
+    }
+
+    float one = 1.0f, two = 2.0f, a = 0, b = 0;
+    void *da = dev_alloc(4), *db = dev_alloc(4);
+    to_dev(da, &one, 4), to_dev(db, &two, 4);
+    c10d_op_opts plain = gpu_opts();
+    EXPECT(c10d_coalesce_begin(pg) == 0, "coalesce_begin: %s", c10d_last_error());
+    EXPECT(c10d_all_reduce(pg, da, da, 1, C10D_FLOAT32, C10D_SUM, &plain, NULL) == 0, "coal 1");
+    EXPECT(c10d_all_reduce(pg, db, db, 1, C10D_FLOAT32, C10D_MAX, &plain, NULL) == 0, "coal 2");
+    rc = finish(c10d_coalesce_end(pg, &o, &ws), &ws);
+    EXPECT(rc == 0, "coalesced: %s", c10d_last_error());
+    to_host(&a, da, 4), to_host(&b, db, 4);
+    EXPECT(a == (float)n && b == 2.0f, "coalesced got %g %g", a, b);
+    rc = finish(c10d_barrier(pg, &o, &ws), &ws);
+    EXPECT(rc == 0, "barrier: %s", c10d_last_error());
+    cu->cudaFree(sb), cu->cudaFree(rb), cu->cudaFree(da), cu->cudaFree(db);
+    return 0;
+}
+
+static void slow_write(void *arg)
+{
+    /* A kernel-like write on the caller's stream, late on purpose. */
+    struct timespec ts = {0, 200 * 1000000L};
+    nanosleep(&ts, NULL);
+    *(float *)arg = 5.0f;
+}
+
+/* Stream order: the op sees a write enqueued on the caller's stream just
+ * before it; c10d_work_wait_stream orders a later copy after the op. */
+static int check_streams(c10d_pg *pg, int rank, int n)
+{
+    cudaStream_t st;
+    EXPECT(cu->cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, 0) == cudaSuccess,
+           "stream");
+    float *buf = dev_alloc(4), out = 0;
+    float *host = NULL;
+    cu->cudaHostAlloc((void **)&host, 4, 0);
+    *host = 0;
+    c10d_op_opts o = gpu_opts();
+    o.stream = st;
+    cu->cudaMemsetAsync(buf, 0, 4, st);
+    /* The write goes to host memory the device can read in both worlds. */
+    cu->cudaLaunchHostFunc(st, slow_write, host);
+    cu->cudaMemcpyAsync(buf, host, 4, cudaMemcpyHostToDevice, st);
+    c10d_work *w;
+    int rc = c10d_all_reduce(pg, buf, buf, 1, C10D_FLOAT32, C10D_SUM, &o, &w);
+    EXPECT(rc == 0, "stream all_reduce: %s", c10d_last_error());
+    if (rc == 0) {
+        EXPECT(c10d_work_wait_stream(w, st) == 0, "wait_stream: %s", c10d_last_error());
+        cu->cudaMemcpyAsync(&out, buf, 4, cudaMemcpyDeviceToHost, st);
+        cu->cudaStreamSynchronize(st);
+        EXPECT(out == 5.0f * (float)n, "stream order: got %g, want %g", out, 5.0 * n);
+        EXPECT(c10d_work_wait_release(w) == 0, "wait: %s", c10d_last_error());
+    }
+    cu->cudaFree(buf);
+    cu->cudaFreeHost(host);
+    cu->cudaStreamDestroy(st);
+    return 0;
+}
+
+static const c10d_dtype dtypes[] = {C10D_FLOAT32, C10D_FLOAT64,     C10D_FLOAT16,    C10D_BFLOAT16,
+                                    C10D_INT8,    C10D_UINT8,       C10D_INT32,      C10D_INT64,
+                                    C10D_BOOL,    C10D_FLOAT8_E4M3, C10D_FLOAT8_E5M2};
+#define NDT (sizeof dtypes / sizeof *dtypes)
+
+static int ops_main(int rank, int n, void *arg)
+{
+    int bind = arg != NULL;
+    if (c10d__cuda_load(&cu) != 0)
+        return fprintf(stderr, "%s\n", c10d_last_error()), 1;
+    c10d_pg *pg = init_group(bind, 60000);
+    MP_CHECK(pg != NULL, "init");
+    static const size_t sizes[] = {0, 1, 7, 1000};
+    for (size_t d = 0; d < NDT; d++)
+        for (int op = 0; op < C10D_REDUCE_OP_COUNT; op++)
+            for (size_t s = 0; s < 4; s++)
+                if (check_all_reduce(pg, rank, n, dtypes[d], (c10d_reduce_op)op, sizes[s], s % 2))
+                    return 1;
+    /* Larger than the simulation's chunk, in place. */
+    if (check_all_reduce(pg, rank, n, C10D_FLOAT32, C10D_SUM, 600000, 1))
+        return 1;
+    for (size_t d = 0; d < NDT; d++)
+        if (check_others(pg, rank, n, dtypes[d], d % 2 ? 5 : 300))
+            return 1;
+    if (check_uneven(pg, rank, n) || check_p2p_and_lists(pg, rank, n) || check_streams(pg, rank, n))
+        return 1;
+    /* Host buffers in the same group go to tcp. */
+    int64_t v = rank;
+    MP_CHECK(c10d_all_reduce_sync(pg, &v, &v, 1, C10D_INT64, C10D_SUM) == 0, "host op: %s",
+             c10d_last_error());
+    MP_CHECK(v == (int64_t)n * (n - 1) / 2, "host sum");
+    if (bind && n > 1) {
+        /* Split from the bound group's communicator: ranks 0 and n-1. */
+        int ends[2] = {0, n - 1};
+        c10d_pg *sub;
+        MP_CHECK(c10d_pg_new_group(pg, ends, 2, NULL, &sub) == 0, "new_group: %s",
+                 c10d_last_error());
+        if (c10d_pg_is_member(sub) &&
+            check_all_reduce(sub, c10d_pg_rank(sub), 2, C10D_INT32, C10D_SUM, 33, 0))
+            return 1;
+        MP_CHECK(c10d_pg_destroy(sub) == 0, "destroy sub: %s", c10d_last_error());
+    }
+    MP_CHECK(c10d_pg_destroy(pg) == 0, "destroy: %s", c10d_last_error());
+    c10d_shutdown();
+    return fails ? 1 : 0;
+}
+
+static void run(int n, mp_rank_fn fn, void *arg, int timeout_s)
+{
+    struct mp_opts o = {0};
+    o.nranks = n;
+    o.timeout_s = timeout_s;
+    o.kill_on_failure = 1;
+    struct mp_result res;
+    assert_int_equal(mp_run(&o, fn, arg, &res), 0);
+}
+
+static void test_ops_1(void **s)
+{
+    (void)s;
+    run(1, ops_main, NULL, 120);
+}
+
+static void test_ops_2_lazy(void **s)
+{
+    (void)s;
+    run(2, ops_main, NULL, 180);
+}
+
+static void test_ops_3_bound(void **s)
+{
+    (void)s;
+    run(3, ops_main, (void *)1, 240);
+}
+
+/* ---------------------------------------------------------------- faults */
+
+#define FAULT_TIMEOUT_MS 1500
+
+/* Rank 1's third op never ends (C10D_SIM_HANG_AT, or a stream blocked by a
+ * host function on a GPU): every rank's op times out within T + 2 s with
+ * PyTorch's text, and abort returns within its bound. */
+static int hang_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    (void)n;
+    if (rank == 1)
+        setenv("C10D_SIM_HANG_AT", "3", 1);
+    if (c10d__cuda_load(&cu) != 0)
+        return 1;
+    c10d_pg *pg = init_group(1, FAULT_TIMEOUT_MS);
+    MP_CHECK(pg != NULL, "init");
+    c10d_op_opts o = gpu_opts();
+    float *buf = dev_alloc(4 * 1024);
+    int rc = 0;
+    uint64_t t0 = 0;
+    for (int i = 0; i < 3 && rc == 0; i++) {
+        c10d_work *w;
+        t0 = now_ms();
+        rc = finish(c10d_all_reduce(pg, buf, buf, 1024, C10D_FLOAT32, C10D_SUM, &o, &w), &w);
+    }
+    uint64_t took = now_ms() - t0;
+    MP_CHECK(rc == C10D_ETIMEDOUT, "expected a timeout, got %d: %s", rc, c10d_last_error());
+    MP_CHECK(took <= FAULT_TIMEOUT_MS + 2000, "timeout took %llu ms", (unsigned long long)took);
+    MP_CHECK(strstr(c10d_last_error(), "Watchdog caught collective operation timeout: "
+                                       "WorkNCCL(SeqNum=3, OpType=ALLREDUCE") != NULL,
+             "message: %s", c10d_last_error());
+    /* The group is failed: the next op fails at once, naming the first error. */
+    MP_CHECK(c10d_all_reduce(pg, buf, buf, 1, C10D_FLOAT32, C10D_SUM, &o, NULL) != 0,
+             "op after failure");
+    uint64_t a0 = now_ms();
+    c10d_pg_abort(pg, "test");
+    uint64_t abort_ms = now_ms() - a0;
+    MP_CHECK(abort_ms < 12000, "abort took %llu ms", (unsigned long long)abort_ms);
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_hang_times_out(void **s)
+{
+    (void)s;
+    run(2, hang_main, NULL, 60);
+}
+
+/* Rank 0's communicator reports an async error after two ops: its pending
+ * op fails at once naming it; rank 1's op then fails within its timeout. */
+static int async_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    (void)n;
+    if (rank == 0)
+        setenv("C10D_SIM_ASYNC_ERROR_AT", "2", 1);
+    if (c10d__cuda_load(&cu) != 0)
+        return 1;
+    c10d_pg *pg = init_group(1, FAULT_TIMEOUT_MS);
+    MP_CHECK(pg != NULL, "init");
+    c10d_op_opts o = gpu_opts();
+    float *buf = dev_alloc(16);
+    int rc = 0;
+    uint64_t t0 = 0;
+    for (int i = 0; i < 4 && rc == 0; i++) {
+        c10d_work *w;
+        t0 = now_ms();
+        rc = finish(c10d_all_reduce(pg, buf, buf, 4, C10D_FLOAT32, C10D_SUM, &o, &w), &w);
+    }
+    uint64_t took = now_ms() - t0;
+    MP_CHECK(rc < 0, "expected a failure");
+    MP_CHECK(took <= FAULT_TIMEOUT_MS + 2000, "failure took %llu ms", (unsigned long long)took);
+    if (rank == 0)
+        MP_CHECK(strstr(c10d_last_error(), "asynchronous error") != NULL, "message: %s",
+                 c10d_last_error());
+    c10d_pg_abort(pg, "test");
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_async_error(void **s)
+{
+    (void)s;
+    run(2, async_main, NULL, 60);
+}
+
+static uint64_t probe_fired_ms;
+
+static void probe_cb(c10d_work *w, int status, void *arg)
+{
+    (void)w, (void)status, (void)arg;
+    probe_fired_ms = now_ms();
+}
+
+/* A work with a 100 ms deadline; its callback notes when it fired. */
+static c10d_work *probe_start(void)
+{
+    c10d_work *w = NULL;
+    probe_fired_ms = 0;
+    if (c10d_work_create("probe", 100, &w) != 0 || c10d_work_on_complete(w, probe_cb, NULL) != 0)
+        abort();
+    return w;
+}
+
+/* Rank 1 never joins the communicator's init: creating a bound group fails
+ * on both ranks within the timeout, and a loop timer keeps its time while
+ * the communicator initialises. */
+static int never_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    (void)n;
+    if (rank == 1)
+        setenv("C10D_SIM_INIT_NEVER", "1", 1);
+    if (c10d__cuda_load(&cu) != 0)
+        return 1;
+    /* A 100 ms work deadline armed now must fire on time during init. */
+    uint64_t t0 = now_ms();
+    c10d_work *probe = probe_start();
+    c10d_pg *pg = init_group(1, FAULT_TIMEOUT_MS);
+    uint64_t took = now_ms() - t0;
+    MP_CHECK(pg == NULL, "init should fail");
+    MP_CHECK(took <= FAULT_TIMEOUT_MS + 2000 + 1000, "init failure took %llu ms",
+             (unsigned long long)took);
+    MP_CHECK(c10d_work_status(probe) == C10D_ETIMEDOUT, "probe did not time out");
+    MP_CHECK(probe_fired_ms - t0 < 400, "a 100 ms timer fired after %llu ms during init",
+             (unsigned long long)(probe_fired_ms - t0));
+    c10d_work_release(probe);
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_init_never_joins(void **s)
+{
+    (void)s;
+    run(2, never_main, NULL, 60);
+}
+
+/* The loop keeps its timers on time while init is slow (simulated delay)
+ * and while an abort is stuck in NCCL. */
+static int slow_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    (void)n;
+    (void)rank;
+    setenv("C10D_SIM_INIT_DELAY_MS", "800", 1);
+    setenv("C10D_SIM_ABORT_DELAY_MS", "1500", 1);
+    if (c10d__cuda_load(&cu) != 0)
+        return 1;
+    c10d_pg *pg = init_group(0, 30000);
+    MP_CHECK(pg != NULL, "init");
+    c10d_op_opts o = gpu_opts();
+    float *buf = dev_alloc(16);
+    c10d_work *w, *probe;
+    MP_CHECK(c10d_all_reduce(pg, buf, buf, 4, C10D_FLOAT32, C10D_SUM, &o, &w) == 0, "op: %s",
+             c10d_last_error());
+    uint64_t t0 = now_ms();
+    probe = probe_start();
+    MP_CHECK(c10d_work_wait(probe, 5000) == C10D_ETIMEDOUT, "probe");
+    while (probe_fired_ms == 0)
+        usleep(1000);
+    MP_CHECK(probe_fired_ms - t0 < 400, "a 100 ms timer fired after %llu ms during init",
+             (unsigned long long)(probe_fired_ms - t0));
+    c10d_work_release(probe);
+    MP_CHECK(finish(0, &w) == 0, "op: %s", c10d_last_error());
+    /* An abort stuck 1.5 s in NCCL: the loop still keeps time. */
+    t0 = now_ms();
+    probe = probe_start();
+    c10d_pg_abort(pg, "test");
+    uint64_t abort_ms = now_ms() - t0;
+    while (probe_fired_ms == 0)
+        usleep(1000);
+    MP_CHECK(probe_fired_ms - t0 < 400, "a 100 ms timer fired after %llu ms during the abort",
+             (unsigned long long)(probe_fired_ms - t0));
+    MP_CHECK(abort_ms < 12000, "abort took %llu ms", (unsigned long long)abort_ms);
+    c10d_work_release(probe);
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_loop_never_blocks(void **s)
+{
+    (void)s;
+    run(2, slow_main, NULL, 60);
+}
+
+/* A missing library: the tcp group works from the same binary; asking for
+ * nccl fails naming what is missing. */
+static int missing_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    setenv("C10D_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
+    c10d__env_reload();
+    c10d_pg_opts po = C10D_PG_OPTS_INIT;
+    po.backend = "nccl";
+    c10d_pg *pg;
+    int rc = c10d_pg_init(&po, &pg);
+    MP_CHECK(rc == C10D_EUNSUPPORTED && strstr(c10d_last_error(), "/nonexistent/libnccl.so.2"),
+             "got %d: %s", rc, c10d_last_error());
+    po.backend = "tcp";
+    MP_CHECK(c10d_pg_init(&po, &pg) == 0, "tcp: %s", c10d_last_error());
+    int64_t v = rank;
+    MP_CHECK(c10d_all_reduce_sync(pg, &v, &v, 1, C10D_INT64, C10D_SUM) == 0, "tcp op");
+    MP_CHECK(v == (int64_t)n * (n - 1) / 2, "sum");
+    c10d_pg_destroy(pg);
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_missing_library(void **s)
+{
+    (void)s;
+    run(2, missing_main, NULL, 60);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ops_1),
+        cmocka_unit_test(test_ops_2_lazy),
+        cmocka_unit_test(test_ops_3_bound),
+        cmocka_unit_test(test_hang_times_out),
+        cmocka_unit_test(test_async_error),
+        cmocka_unit_test(test_init_never_joins),
+        cmocka_unit_test(test_loop_never_blocks),
+        cmocka_unit_test(test_missing_library),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
