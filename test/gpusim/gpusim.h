@@ -28,11 +28,11 @@ cudaError_t sim_stream_enqueue(cudaStream_t stream, void (*fn)(void *), void *ar
 int sim_stream_valid(cudaStream_t stream);
 
 /* ------------------------------------------------------ shared segment */
-#define SIM_MAX_RANKS 256
+#define SIM_MAX_RANKS  256
 #define SIM_SLOT_BYTES (1u << 20) /* per rank, for collectives */
 #define SIM_CHAN_BYTES (1u << 17) /* per (sender, receiver) pair, for P2P */
 #define SIM_SPLIT_RING 64         /* split posts a rank may run ahead by */
-#define SIM_PREMUL_MAX 64         /* live PreMulSum ops per communicator */
+#define SIM_PREMUL_MAX 256        /* live PreMulSum ops per communicator */
 
 struct sim_seg_hdr {
     _Atomic uint32_t ready; /* the creator has laid the segment out */
@@ -84,12 +84,12 @@ struct sim_comm {
     int init_never;
     /* running */
     _Atomic int aborted;
-    _Atomic int refs;       /* the user's, one per queued task, a split child's */
-    int pending;            /* queued tasks not finished (under mu) */
-    uint64_t next_ticket;   /* under the global submit lock */
-    _Atomic uint64_t turn;  /* the ticket allowed to run: tasks run in call order */
-    uint64_t bar_seq;       /* barriers passed (by the task holding the turn) */
-    uint64_t split_count;   /* splits and shrinks made from this one (under mu) */
+    _Atomic int refs;      /* the user's, one per queued task, a split child's */
+    int pending;           /* queued tasks not finished (under mu) */
+    uint64_t next_ticket;  /* under the global submit lock */
+    _Atomic uint64_t turn; /* the ticket allowed to run: tasks run in call order */
+    uint64_t bar_seq;      /* barriers passed (by the task holding the turn) */
+    uint64_t split_count;  /* splits and shrinks made from this one (under mu) */
     struct sim_premul premul[SIM_PREMUL_MAX];
 };
 
@@ -115,11 +115,13 @@ static inline _Atomic uint64_t *sim_arrive(struct sim_comm *c, int r)
 }
 static inline struct sim_chan *sim_chan(struct sim_comm *c, int from, int to)
 {
-    return (struct sim_chan *)(c->seg + c->off_chan) + (size_t)from * (size_t)c->nranks + (size_t)to;
+    return (struct sim_chan *)(c->seg + c->off_chan) + (size_t)from * (size_t)c->nranks +
+           (size_t)to;
 }
 static inline unsigned char *sim_chandata(struct sim_comm *c, int from, int to)
 {
-    return c->seg + c->off_chandata + ((size_t)from * (size_t)c->nranks + (size_t)to) * SIM_CHAN_BYTES;
+    return c->seg + c->off_chandata +
+           ((size_t)from * (size_t)c->nranks + (size_t)to) * SIM_CHAN_BYTES;
 }
 static inline unsigned char *sim_slot(struct sim_comm *c, int r)
 {

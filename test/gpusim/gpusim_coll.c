@@ -35,11 +35,16 @@ static const struct fmt F16 = {5, 10, 1, 0}, BF16 = {8, 7, 1, 0}, E4M3 = {4, 3, 
 static const struct fmt *small_fmt(ncclDataType_t dt)
 {
     switch (dt) {
-    case ncclFloat16: return &F16;
-    case ncclBfloat16: return &BF16;
-    case ncclFloat8e4m3: return &E4M3;
-    case ncclFloat8e5m2: return &E5M2;
-    default: return NULL;
+    case ncclFloat16:
+        return &F16;
+    case ncclBfloat16:
+        return &BF16;
+    case ncclFloat8e4m3:
+        return &E4M3;
+    case ncclFloat8e5m2:
+        return &E5M2;
+    default:
+        return NULL;
     }
 }
 
@@ -65,7 +70,8 @@ static uint32_t float_to_small(float x, const struct fmt *f)
     uint32_t expmask = (1u << f->e) - 1, manmask = (1u << f->m) - 1;
     uint32_t sign = signbit(x) ? 1u << (f->e + f->m) : 0;
     uint32_t nan = f->ieee ? (expmask << f->m) | (1u << (f->m - 1)) : (expmask << f->m) | manmask;
-    uint32_t maxfin = f->ieee ? ((expmask - 1) << f->m) | manmask : (expmask << f->m) | (manmask - 1);
+    uint32_t maxfin =
+        f->ieee ? ((expmask - 1) << f->m) | manmask : (expmask << f->m) | (manmask - 1);
     uint32_t over = f->sat ? maxfin : f->ieee ? expmask << f->m : nan;
     int emax = f->ieee ? (int)expmask - 1 - bias : (int)expmask - bias, emin = 1 - bias;
     if (isnan(x))
@@ -112,14 +118,16 @@ static void store_small(void *p, size_t i, float v, const struct fmt *f)
      : (op) == ncclMin ? ((b) < (a) ? (b) : (a))                                                   \
                        : (T)((U)(a) + (U)(b)))
 #define REDUCE(T, U, W)                                                                            \
-    for (size_t i = 0; i < k; i++) {                                                               \
-        T a = ((const T *)src[0])[i];                                                              \
-        for (int r = 1; r < n; r++)                                                                \
-            a = COMBINE(op, a, ((const T *)src[r])[i], T, U);                                      \
-        if (op == ncclAvg)                                                                         \
-            a = (T)((W)a / (W)n);                                                                  \
-        ((T *)dst)[i] = a;                                                                         \
-    }
+    do {                                                                                           \
+        for (size_t i = 0; i < k; i++) {                                                           \
+            T a = ((const T *)src[0])[i];                                                          \
+            for (int r = 1; r < n; r++)                                                            \
+                a = COMBINE(op, a, ((const T *)src[r])[i], T, U);                                  \
+            if (op == ncclAvg)                                                                     \
+                a = (T)((W)a / (W)n);                                                              \
+            ((T *)dst)[i] = a;                                                                     \
+        }                                                                                          \
+    } while (0)
 #define SCALE(T, U)                                                                                \
     do {                                                                                           \
         T s;                                                                                       \
@@ -133,14 +141,30 @@ static void reduce(void *dst, unsigned char *const *src, int n, size_t k, ncclDa
                    ncclRedOp_t op)
 {
     switch (dt) {
-    case ncclInt8: REDUCE(int8_t, uint8_t, int64_t) break;
-    case ncclUint8: REDUCE(uint8_t, uint8_t, uint64_t) break;
-    case ncclInt32: REDUCE(int32_t, uint32_t, int64_t) break;
-    case ncclUint32: REDUCE(uint32_t, uint32_t, uint64_t) break;
-    case ncclInt64: REDUCE(int64_t, uint64_t, int64_t) break;
-    case ncclUint64: REDUCE(uint64_t, uint64_t, uint64_t) break;
-    case ncclFloat32: REDUCE(float, float, float) break;
-    case ncclFloat64: REDUCE(double, double, double) break;
+    case ncclInt8:
+        REDUCE(int8_t, uint8_t, int64_t);
+        break;
+    case ncclUint8:
+        REDUCE(uint8_t, uint8_t, uint64_t);
+        break;
+    case ncclInt32:
+        REDUCE(int32_t, uint32_t, int64_t);
+        break;
+    case ncclUint32:
+        REDUCE(uint32_t, uint32_t, uint64_t);
+        break;
+    case ncclInt64:
+        REDUCE(int64_t, uint64_t, int64_t);
+        break;
+    case ncclUint64:
+        REDUCE(uint64_t, uint64_t, uint64_t);
+        break;
+    case ncclFloat32:
+        REDUCE(float, float, float);
+        break;
+    case ncclFloat64:
+        REDUCE(double, double, double);
+        break;
     default: { /* 16- and 8-bit floats: through float, rounded once */
         const struct fmt *f = small_fmt(dt);
         for (size_t i = 0; i < k; i++) {
@@ -159,14 +183,30 @@ static void reduce(void *dst, unsigned char *const *src, int n, size_t k, ncclDa
 static void scale(void *dst, const void *src, size_t k, ncclDataType_t dt, const void *scalar)
 {
     switch (dt) {
-    case ncclInt8: SCALE(int8_t, uint8_t); break;
-    case ncclUint8: SCALE(uint8_t, uint8_t); break;
-    case ncclInt32: SCALE(int32_t, uint32_t); break;
-    case ncclUint32: SCALE(uint32_t, uint32_t); break;
-    case ncclInt64: SCALE(int64_t, uint64_t); break;
-    case ncclUint64: SCALE(uint64_t, uint64_t); break;
-    case ncclFloat32: SCALE(float, float); break;
-    case ncclFloat64: SCALE(double, double); break;
+    case ncclInt8:
+        SCALE(int8_t, uint8_t);
+        break;
+    case ncclUint8:
+        SCALE(uint8_t, uint8_t);
+        break;
+    case ncclInt32:
+        SCALE(int32_t, uint32_t);
+        break;
+    case ncclUint32:
+        SCALE(uint32_t, uint32_t);
+        break;
+    case ncclInt64:
+        SCALE(int64_t, uint64_t);
+        break;
+    case ncclUint64:
+        SCALE(uint64_t, uint64_t);
+        break;
+    case ncclFloat32:
+        SCALE(float, float);
+        break;
+    case ncclFloat64:
+        SCALE(double, double);
+        break;
     default: {
         const struct fmt *f = small_fmt(dt);
         float s = load_small(scalar, 0, f);
@@ -177,7 +217,8 @@ static void scale(void *dst, const void *src, size_t k, ncclDataType_t dt, const
 }
 
 /* ------------------------------------------------------- PreMulSum ops */
-SIM_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
+SIM_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar,
+                                              ncclDataType_t datatype,
                                               ncclScalarResidence_t residence, ncclComm_t comm)
 {
     const char *who = "ncclRedOpCreatePreMulSum";
@@ -322,7 +363,9 @@ static int run_coll(struct sim_op *o)
             if (me == o->root)
                 memcpy(mine, in + off * es, bytes);
             break;
-        case K_ALLGATHER: memcpy(mine, in + off * es, bytes); break;
+        case K_ALLGATHER:
+            memcpy(mine, in + off * es, bytes);
+            break;
         case K_REDSCAT:
             for (int d = 0; d < n; d++) {
                 const unsigned char *blk = in + ((size_t)d * o->count + off) * es;
@@ -332,25 +375,33 @@ static int run_coll(struct sim_op *o)
                     memcpy(mine + (size_t)d * bytes, blk, bytes);
             }
             break;
-        default: break;
+        default:
+            break;
         }
         if (barrier(c)) /* everyone has written this chunk */
             return -1;
         for (int r = 0; r < n; r++)
             src[r] = sim_slot(c, r) + (o->kind == K_REDSCAT ? (size_t)me * bytes : 0);
         switch (o->kind) {
-        case K_ALLREDUCE: reduce(out + off * es, src, n, k, o->dt, o->op); break;
+        case K_ALLREDUCE:
+            reduce(out + off * es, src, n, k, o->dt, o->op);
+            break;
         case K_REDUCE:
             if (me == o->root)
                 reduce(out + off * es, src, n, k, o->dt, o->op);
             break;
-        case K_BCAST: memcpy(out + off * es, src[o->root], bytes); break;
+        case K_BCAST:
+            memcpy(out + off * es, src[o->root], bytes);
+            break;
         case K_ALLGATHER:
             for (int r = 0; r < n; r++)
                 memcpy(out + ((size_t)r * o->count + off) * es, src[r], bytes);
             break;
-        case K_REDSCAT: reduce(out + off * es, src, n, k, o->dt, o->op); break;
-        default: break;
+        case K_REDSCAT:
+            reduce(out + off * es, src, n, k, o->dt, o->op);
+            break;
+        default:
+            break;
         }
     }
     return 0;
@@ -364,8 +415,10 @@ static size_t p2p_step(struct sim_op *o)
     int send = o->kind == K_SEND, from = send ? c->rank : o->root, to = send ? o->root : c->rank;
     struct sim_chan *ch = sim_chan(c, from, to);
     unsigned char *data = sim_chandata(c, from, to);
-    uint64_t head = atomic_load_explicit(&ch->head, send ? memory_order_relaxed : memory_order_acquire);
-    uint64_t tail = atomic_load_explicit(&ch->tail, send ? memory_order_acquire : memory_order_relaxed);
+    uint64_t head =
+        atomic_load_explicit(&ch->head, send ? memory_order_relaxed : memory_order_acquire);
+    uint64_t tail =
+        atomic_load_explicit(&ch->tail, send ? memory_order_acquire : memory_order_relaxed);
     size_t room = send ? SIM_CHAN_BYTES - (size_t)(head - tail) : (size_t)(head - tail);
     size_t n = total - o->moved < room ? total - o->moved : room;
     size_t at = (size_t)((send ? head : tail) % SIM_CHAN_BYTES);
@@ -433,7 +486,8 @@ static void run_job(void *p)
     int stop = 0;
     for (size_t i = 0; i < j->ncomms && !stop; i++) { /* this communicator's turn */
         unsigned spins = 0;
-        while (!stop && atomic_load_explicit(&j->comms[i]->turn, memory_order_acquire) != j->tickets[i])
+        while (!stop &&
+               atomic_load_explicit(&j->comms[i]->turn, memory_order_acquire) != j->tickets[i])
             stop = sim_backoff(j->comms[i], &spins);
     }
     if (j->hang && !stop) /* C10D_SIM_HANG_AT: stuck until aborted */
@@ -441,8 +495,8 @@ static void run_job(void *p)
     for (size_t i = 0; i < j->ncomms && !stop; i++)
         if (sim_comm_async_failed(j->comms[i])) /* C10D_SIM_ASYNC_ERROR_AT */
             stop = wait_abort(j->comms[i]);
-    if (!stop && !job_aborted(j))
-        stop = run_p2p(j);
+    if (!stop) /* a task that starts after the abort touches nothing */
+        stop = job_aborted(j) ? -1 : run_p2p(j);
     for (size_t i = 0; i < j->nops && !stop; i++)
         if (!is_p2p(&j->ops[i]))
             stop = run_coll(&j->ops[i]);
@@ -485,8 +539,8 @@ static ncclResult_t submit(const struct sim_op *ops, size_t nops)
         size_t n = 0;
         for (size_t i = first; i < nops; i++)
             n += same_stream(ops[i].stream, ops[first].stream);
-        struct sim_job *j = calloc(1, sizeof *j + n * (sizeof *j->ops + sizeof *j->comms +
-                                                       sizeof *j->tickets));
+        struct sim_job *j =
+            calloc(1, sizeof *j + n * (sizeof *j->ops + sizeof *j->comms + sizeof *j->tickets));
         if (j == NULL) {
             sim_set_error("out of memory");
             rc = ncclSystemError;
@@ -647,8 +701,13 @@ SIM_API ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t 
                                    ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                    cudaStream_t stream)
 {
-    return call((struct sim_op){.kind = K_ALLREDUCE, .send = sendbuff, .recv = recvbuff,
-                                .count = count, .dt = datatype, .op = op, .stream = stream},
+    return call((struct sim_op){.kind = K_ALLREDUCE,
+                                .send = sendbuff,
+                                .recv = recvbuff,
+                                .count = count,
+                                .dt = datatype,
+                                .op = op,
+                                .stream = stream},
                 comm);
 }
 
@@ -656,8 +715,13 @@ SIM_API ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t 
                                    ncclDataType_t datatype, int root, ncclComm_t comm,
                                    cudaStream_t stream)
 {
-    return call((struct sim_op){.kind = K_BCAST, .send = sendbuff, .recv = recvbuff, .count = count,
-                                .dt = datatype, .root = root, .stream = stream},
+    return call((struct sim_op){.kind = K_BCAST,
+                                .send = sendbuff,
+                                .recv = recvbuff,
+                                .count = count,
+                                .dt = datatype,
+                                .root = root,
+                                .stream = stream},
                 comm);
 }
 
@@ -665,8 +729,13 @@ SIM_API ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t cou
                                 ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
                                 cudaStream_t stream)
 {
-    return call((struct sim_op){.kind = K_REDUCE, .send = sendbuff, .recv = recvbuff,
-                                .count = count, .dt = datatype, .op = op, .root = root,
+    return call((struct sim_op){.kind = K_REDUCE,
+                                .send = sendbuff,
+                                .recv = recvbuff,
+                                .count = count,
+                                .dt = datatype,
+                                .op = op,
+                                .root = root,
                                 .stream = stream},
                 comm);
 }
@@ -674,8 +743,12 @@ SIM_API ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t cou
 SIM_API ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
                                    ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
-    return call((struct sim_op){.kind = K_ALLGATHER, .send = sendbuff, .recv = recvbuff,
-                                .count = sendcount, .dt = datatype, .stream = stream},
+    return call((struct sim_op){.kind = K_ALLGATHER,
+                                .send = sendbuff,
+                                .recv = recvbuff,
+                                .count = sendcount,
+                                .dt = datatype,
+                                .stream = stream},
                 comm);
 }
 
@@ -683,23 +756,36 @@ SIM_API ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, siz
                                        ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                        cudaStream_t stream)
 {
-    return call((struct sim_op){.kind = K_REDSCAT, .send = sendbuff, .recv = recvbuff,
-                                .count = recvcount, .dt = datatype, .op = op, .stream = stream},
+    return call((struct sim_op){.kind = K_REDSCAT,
+                                .send = sendbuff,
+                                .recv = recvbuff,
+                                .count = recvcount,
+                                .dt = datatype,
+                                .op = op,
+                                .stream = stream},
                 comm);
 }
 
 SIM_API ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
                               ncclComm_t comm, cudaStream_t stream)
 {
-    return call((struct sim_op){.kind = K_SEND, .send = sendbuff, .count = count, .dt = datatype,
-                                .root = peer, .stream = stream},
+    return call((struct sim_op){.kind = K_SEND,
+                                .send = sendbuff,
+                                .count = count,
+                                .dt = datatype,
+                                .root = peer,
+                                .stream = stream},
                 comm);
 }
 
 SIM_API ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
                               ncclComm_t comm, cudaStream_t stream)
 {
-    return call((struct sim_op){.kind = K_RECV, .recv = recvbuff, .count = count, .dt = datatype,
-                                .root = peer, .stream = stream},
+    return call((struct sim_op){.kind = K_RECV,
+                                .recv = recvbuff,
+                                .count = count,
+                                .dt = datatype,
+                                .root = peer,
+                                .stream = stream},
                 comm);
 }

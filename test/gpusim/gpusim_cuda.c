@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #define STREAM_MAGIC 0x5157524du
-#define EVENT_MAGIC 0x45564e54u
+#define EVENT_MAGIC  0x45564e54u
 
 struct sim_task {
     void (*fn)(void *);
@@ -139,17 +139,28 @@ SIM_API cudaError_t cudaDriverGetVersion(int *driverVersion)
 SIM_API const char *cudaGetErrorString(cudaError_t error)
 {
     switch (error) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorNotReady: return "device not ready";
-    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
-    case cudaErrorNotSupported: return "operation not supported";
-    default: return "unrecognized error code";
+    case cudaSuccess:
+        return "no error";
+    case cudaErrorInvalidValue:
+        return "invalid argument";
+    case cudaErrorMemoryAllocation:
+        return "out of memory";
+    case cudaErrorInvalidDevice:
+        return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle:
+        return "invalid resource handle";
+    case cudaErrorNotReady:
+        return "device not ready";
+    case cudaErrorInvalidMemcpyDirection:
+        return "invalid copy direction for memcpy";
+    case cudaErrorNoDevice:
+        return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevicePointer:
+        return "invalid device pointer";
+    case cudaErrorNotSupported:
+        return "operation not supported";
+    default:
+        return "unrecognized error code";
     }
 }
 
@@ -504,9 +515,9 @@ SIM_API cudaError_t cudaEventQuery(cudaEvent_t event)
 {
     pthread_mutex_lock(&ev_mu);
     struct sim_event *e = event_get(event);
-    cudaError_t rc = e == NULL                       ? cudaErrorInvalidResourceHandle
+    cudaError_t rc = e == NULL                     ? cudaErrorInvalidResourceHandle
                      : e->completed >= e->recorded ? cudaSuccess
-                                                     : cudaErrorNotReady;
+                                                   : cudaErrorNotReady;
     pthread_mutex_unlock(&ev_mu);
     /* cudaErrorNotReady is not an error: it does not stick. */
     return rc == cudaErrorNotReady ? rc : ret(rc);

@@ -26,8 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define COMM_MAGIC 0x434f4d4du
-#define SEG_MAGIC 0x53494d31u
+#define COMM_MAGIC  0x434f4d4du
+#define SEG_MAGIC   0x53494d31u
 #define NAME_PREFIX "/c10dsim-"
 
 _Atomic uint64_t sim_tasks_done;
@@ -41,7 +41,8 @@ void sim_set_error(const char *fmt, ...)
     va_end(ap);
 }
 
-static ncclResult_t fail(ncclResult_t r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static ncclResult_t fail(ncclResult_t r, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 static ncclResult_t fail(ncclResult_t r, const char *fmt, ...)
 {
     va_list ap;
@@ -86,15 +87,24 @@ SIM_API ncclResult_t ncclGetVersion(int *version)
 SIM_API const char *ncclGetErrorString(ncclResult_t result)
 {
     switch (result) {
-    case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
-    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
-    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
-    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
-    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
-    case ncclRemoteError: return "remote process exited or there was a network error";
-    case ncclInProgress: return "NCCL operation in progress";
-    default: return "unknown result code";
+    case ncclSuccess:
+        return "no error";
+    case ncclUnhandledCudaError:
+        return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError:
+        return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError:
+        return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument:
+        return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage:
+        return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError:
+        return "remote process exited or there was a network error";
+    case ncclInProgress:
+        return "NCCL operation in progress";
+    default:
+        return "unknown result code";
     }
 }
 
@@ -222,9 +232,10 @@ static ncclResult_t progress(struct sim_comm *c)
                 struct sim_split_post *post = split_post(p, r, c->split_seq);
                 uint64_t seq = atomic_load_explicit(&post->seq, memory_order_acquire);
                 if (seq > c->split_seq)
-                    return init_failed(c, fail(ncclInternalError,
-                                               "ncclCommSplit: rank %d is more than %d splits ahead",
-                                               r, SIM_SPLIT_RING));
+                    return init_failed(c,
+                                       fail(ncclInternalError,
+                                            "ncclCommSplit: rank %d is more than %d splits ahead",
+                                            r, SIM_SPLIT_RING));
                 if (seq < c->split_seq)
                     return ncclInProgress;
             }
@@ -251,8 +262,8 @@ static ncclResult_t progress(struct sim_comm *c)
             c->fd = shm_open(c->name, O_RDWR | O_CREAT | O_EXCL, 0600);
             if (c->fd >= 0) {
                 if (ftruncate(c->fd, (off_t)c->seg_size) != 0)
-                    return init_failed(c, fail(ncclSystemError, "ftruncate %s: %s", c->name,
-                                               strerror(errno)));
+                    return init_failed(
+                        c, fail(ncclSystemError, "ftruncate %s: %s", c->name, strerror(errno)));
                 c->creator = 1;
             } else if (errno == EEXIST) {
                 c->fd = shm_open(c->name, O_RDWR, 0600);
@@ -260,8 +271,8 @@ static ncclResult_t progress(struct sim_comm *c)
                     return ncclInProgress; /* gone in between: try again */
             }
             if (c->fd < 0)
-                return init_failed(c, fail(ncclSystemError, "shm_open %s: %s", c->name,
-                                           strerror(errno)));
+                return init_failed(
+                    c, fail(ncclSystemError, "shm_open %s: %s", c->name, strerror(errno)));
             c->state = SIM_MAP;
             continue;
         case SIM_MAP: {
@@ -271,9 +282,10 @@ static ncclResult_t progress(struct sim_comm *c)
             if (st.st_size == 0)
                 return ncclInProgress; /* the creator has not sized it yet */
             if ((size_t)st.st_size != c->seg_size)
-                return init_failed(c, fail(ncclInvalidUsage,
-                                           "ranks disagree on the communicator's size (%d ranks here)",
-                                           c->nranks));
+                return init_failed(c,
+                                   fail(ncclInvalidUsage,
+                                        "ranks disagree on the communicator's size (%d ranks here)",
+                                        c->nranks));
             void *m = mmap(NULL, c->seg_size, PROT_READ | PROT_WRITE, MAP_SHARED, c->fd, 0);
             if (m == MAP_FAILED)
                 return init_failed(c, fail(ncclSystemError, "mmap: %s", strerror(errno)));
@@ -291,8 +303,8 @@ static ncclResult_t progress(struct sim_comm *c)
             if (!atomic_load_explicit(&h->ready, memory_order_acquire))
                 return ncclInProgress;
             if (h->magic != SEG_MAGIC || h->nranks != c->nranks)
-                return init_failed(c, fail(ncclInvalidUsage, "ranks disagree on nranks (%d here)",
-                                           c->nranks));
+                return init_failed(
+                    c, fail(ncclInvalidUsage, "ranks disagree on nranks (%d here)", c->nranks));
             _Atomic uint32_t *present = (_Atomic uint32_t *)(c->seg + c->off_present) + c->rank;
             if (atomic_exchange(present, 1) != 0)
                 return init_failed(c, fail(ncclInvalidUsage, "rank %d joined twice", c->rank));
@@ -308,8 +320,10 @@ static ncclResult_t progress(struct sim_comm *c)
                 return ncclInProgress;
             c->state = SIM_READY;
             continue;
-        case SIM_READY: return ncclSuccess;
-        case SIM_FAILED: return c->init_error;
+        case SIM_READY:
+            return ncclSuccess;
+        case SIM_FAILED:
+            return c->init_error;
         }
     }
 }
@@ -377,10 +391,7 @@ static ncclResult_t comm_create(ncclComm_t *out, int nranks, int rank, const cha
     pthread_mutex_lock(&c->mu);
     while ((r = progress(c)) == ncclInProgress && blocking) {
         pthread_mutex_unlock(&c->mu);
-        if (spins < 64)
-            sim_backoff(NULL, &spins);
-        else
-            usleep(200);
+        sim_backoff(NULL, &spins);
         pthread_mutex_lock(&c->mu);
     }
     pthread_mutex_unlock(&c->mu);
@@ -408,7 +419,8 @@ static ncclResult_t check_size(ncclComm_t *comm, int nranks, int rank, const cha
         return fail(ncclInvalidArgument, "%s: comm is NULL", who);
     *comm = NULL;
     if (nranks < 1 || nranks > SIM_MAX_RANKS)
-        return fail(ncclInvalidArgument, "%s: invalid nranks %d (1..%d)", who, nranks, SIM_MAX_RANKS);
+        return fail(ncclInvalidArgument, "%s: invalid nranks %d (1..%d)", who, nranks,
+                    SIM_MAX_RANKS);
     if (rank < 0 || rank >= nranks)
         return fail(ncclInvalidArgument, "%s: rank %d out of range (nranks %d)", who, rank, nranks);
     return ncclSuccess;
@@ -543,7 +555,8 @@ SIM_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank)
 SIM_API ncclResult_t ncclCommFinalize(ncclComm_t comm)
 {
     if (sim_comm_get(comm) == NULL)
-        return fail(ncclInvalidArgument, "ncclCommFinalize: comm is NULL or not a live communicator");
+        return fail(ncclInvalidArgument,
+                    "ncclCommFinalize: comm is NULL or not a live communicator");
     return ncclSuccess;
 }
 
