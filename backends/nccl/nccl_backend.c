@@ -291,17 +291,14 @@ void c10d__nccl_fail(struct nccl_state *s, int status, const char *fmt, ...)
 
 /* ------------------------------------------------------------ the table */
 
-static int nccl_create(const struct c10d__backend_config *cfg, c10d__backend_done_fn done,
-                       void *arg, void **state)
+/* A group's state from its config (the group passes its NCCL options,
+ * inherited from the parent where it set none). */
+static struct nccl_state *state_new(const struct c10d__gpu_api *api,
+                                    const struct c10d__backend_config *cfg, int bound_device)
 {
-    const struct c10d__gpu_api *api;
-    C10D_CHECK(c10d__nccl_load(&api));
-    if (cfg->device_index >= api->device_count)
-        return c10d__fail(C10D_EINVAL, "nccl: device %d does not exist (%d visible)",
-                          cfg->device_index, api->device_count);
     struct nccl_state *s = calloc(1, sizeof *s);
     if (s == NULL)
-        return c10d__fail(C10D_ENOMEM, "nccl: out of memory");
+        return NULL;
     s->api = api;
     s->rank = cfg->rank;
     s->size = cfg->size;
@@ -312,8 +309,22 @@ static int nccl_create(const struct c10d__backend_config *cfg, c10d__backend_don
     c10d_store_retain(s->store);
     if (cfg->nccl_opts != NULL)
         s->nccl_opts = *cfg->nccl_opts;
+    s->bound_device = bound_device;
     uv_mutex_init(&s->mutex);
-    s->bound_device = cfg->device_index;
+    return s;
+}
+
+static int nccl_create(const struct c10d__backend_config *cfg, c10d__backend_done_fn done,
+                       void *arg, void **state)
+{
+    const struct c10d__gpu_api *api;
+    C10D_CHECK(c10d__nccl_load(&api));
+    if (cfg->device_index >= api->device_count)
+        return c10d__fail(C10D_EINVAL, "nccl: device %d does not exist (%d visible)",
+                          cfg->device_index, api->device_count);
+    struct nccl_state *s = state_new(api, cfg, cfg->device_index);
+    if (s == NULL)
+        return c10d__fail(C10D_ENOMEM, "nccl: out of memory");
     *state = s;
     if (cfg->device_index < 0) {
         done(arg, 0);
@@ -518,20 +529,9 @@ static int nccl_split(void *parent, const struct c10d__backend_config *cfg, int 
     }
     struct nccl_state *s = NULL;
     if (color >= 0) {
-        s = calloc(1, sizeof *s);
+        s = state_new(ps->api, cfg, pc->device);
         if (s == NULL)
             return c10d__fail(C10D_ENOMEM, "nccl: out of memory");
-        s->api = ps->api;
-        s->rank = cfg->rank;
-        s->size = cfg->size;
-        snprintf(s->name, sizeof s->name, "%s", cfg->group_name != NULL ? cfg->group_name : "?");
-        snprintf(s->desc, sizeof s->desc, "%s", cfg->group_desc != NULL ? cfg->group_desc : "");
-        s->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : ps->timeout_ms;
-        s->store = cfg->store;
-        c10d_store_retain(s->store);
-        s->nccl_opts = cfg->nccl_opts != NULL ? *cfg->nccl_opts : ps->nccl_opts;
-        s->bound_device = pc->device;
-        uv_mutex_init(&s->mutex);
     }
     int rc = c10d__nccl_comm_split(s, ps, pc, color, key, done, arg);
     if (rc != 0) {
