@@ -59,7 +59,10 @@
     X(CUDART_LIBRARY, "C10D_CUDART_LIBRARY", NULL, "",                                             \
       "the CUDA runtime library to load (default: libcudart.so.13, .12, then libcudart.so)")     \
     X(NCCL_LIBRARY, "C10D_NCCL_LIBRARY", NULL, "",                                                 \
-      "the NCCL library to load (default: libnccl.so.2, then libnccl.so)")
+      "the NCCL library to load (default: libnccl.so.2, then libnccl.so)")                      \
+    X(NCCL_PEER_CHECK_MS, "C10D_NCCL_PEER_CHECK_MS", NULL, "1000",                                 \
+      "nccl backend: while ops are in flight, how often a rank looks in the store for another "    \
+      "rank's failure of the group (0: never; each rank then fails by its own timeout)")
 
 enum c10d__env_id {
 #define C10D_ENV_ENUM(id, name, fallback, def, doc) C10D_ENV_##id,

@@ -239,8 +239,10 @@ static int init_ready(struct c10d__poll_item *item)
     if (c->split_parent != NULL)
         api->nccl.ncclCommGetAsyncError(c->split_parent->comm, &pst);
     if (st == ncclInProgress || pst == ncclInProgress) {
-        if (c10d__now_ms() - c->init_started_ms < (uint64_t)c->s->timeout_ms)
+        if (c10d__now_ms() - c->init_started_ms < (uint64_t)c->s->timeout_ms) {
+            c10d__nccl_peer_error_poll(c->s);
             return 0;
+        }
         comm_fail_start(c, C10D_ETIMEDOUT,
                         "the NCCL communicator (%d ranks) did not finish initialising within "
                         "%lld ms: a rank never joined, or its unique id never came",

@@ -118,6 +118,8 @@ static int op_ready(struct c10d__poll_item *item)
             ready = 1;
         }
     }
+    if (!ready)
+        c10d__nccl_peer_error_poll(c->s);
     if (!ready && c->comm != NULL) {
         ncclResult_t st = ncclSuccess;
         api->nccl.ncclCommGetAsyncError(c->comm, &st);
@@ -258,35 +260,64 @@ static void fail_pending(struct nccl_state *s, int status, const char *why)
     }
 }
 
-struct fail_task {
-    struct nccl_state *s;
-};
-
 static void abort_comms_task(void *arg)
 {
     struct nccl_state *s = arg;
-    if (s->closing)
-        return;
-    fail_pending(s, s->first_status, s->first_error);
+    c10d__nccl_peer_error_publish(s);
+    if (!s->closing)
+        fail_pending(s, s->first_status, s->first_error);
+    atomic_fetch_sub(&s->pending_calls, 1);
+    c10d__nccl_state_maybe_free(s);
 }
 
-void c10d__nccl_fail(struct nccl_state *s, int status, const char *fmt, ...)
+enum fail_origin { FAIL_OURS, FAIL_PEER, FAIL_QUIET };
+
+static void fail_v(struct nccl_state *s, int status, enum fail_origin origin, const char *fmt,
+                   va_list ap)
 {
     uv_mutex_lock(&s->mutex);
     int first = !atomic_load(&s->poisoned);
     if (first) {
-        va_list ap;
-        va_start(ap, fmt);
         vsnprintf(s->first_error, sizeof s->first_error, fmt, ap);
-        va_end(ap);
         s->first_status = status;
+        s->first_from_peer = origin == FAIL_PEER;
+        s->publish_pending = origin == FAIL_OURS;
         atomic_store(&s->poisoned, 1);
     }
     uv_mutex_unlock(&s->mutex);
     /* Fails what is queued now; the group layer then calls abort, which
      * aborts the communicators off the loop. */
-    if (first)
-        c10d__engine_call(abort_comms_task, s);
+    if (first) {
+        atomic_fetch_add(&s->pending_calls, 1);
+        if (c10d__engine_call(abort_comms_task, s) != 0)
+            atomic_fetch_sub(&s->pending_calls, 1);
+    }
+}
+
+void c10d__nccl_fail(struct nccl_state *s, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fail_v(s, status, FAIL_OURS, fmt, ap);
+    va_end(ap);
+}
+
+void c10d__nccl_fail_from_peer(struct nccl_state *s, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fail_v(s, status, FAIL_PEER, fmt, ap);
+    va_end(ap);
+}
+
+static void fail_quiet(struct nccl_state *s, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void fail_quiet(struct nccl_state *s, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fail_v(s, status, FAIL_QUIET, fmt, ap);
+    va_end(ap);
 }
 
 /* ------------------------------------------------------------ the table */
@@ -438,6 +469,7 @@ struct close_call {
     struct nccl_state *s;
     c10d__backend_done_fn done;
     void *arg;
+    int parts; /* the communicators' close, and the failure's publication */
 };
 
 static void state_free(struct nccl_state *s)
@@ -447,16 +479,26 @@ static void state_free(struct nccl_state *s)
     free(s);
 }
 
+void c10d__nccl_state_maybe_free(struct nccl_state *s)
+{
+    if (s->free_requested && s->close_finished && atomic_load(&s->pending_calls) == 0 &&
+        !s->freed) {
+        s->freed = 1;
+        state_free(s);
+    }
+}
+
 static void closed(void *arg)
 {
     struct close_call *cc = arg;
+    if (--cc->parts > 0)
+        return;
     struct nccl_state *s = cc->s;
     s->close_finished = 1;
     c10d__backend_done_fn done = cc->done;
     void *done_arg = cc->arg;
     free(cc);
-    if (s->free_requested)
-        state_free(s);
+    c10d__nccl_state_maybe_free(s);
     if (done != NULL)
         done(done_arg, 0);
 }
@@ -469,8 +511,8 @@ static void nccl_close(struct nccl_state *s, int abort, c10d__backend_done_fn do
         s->free_requested = 1;
     if (s->closing) {
         /* Already closing: a destroy after an abort frees when that ends. */
-        if (!abort && s->close_finished)
-            state_free(s);
+        if (!abort)
+            c10d__nccl_state_maybe_free(s);
         if (done != NULL)
             done(arg, 0);
         return;
@@ -484,7 +526,15 @@ static void nccl_close(struct nccl_state *s, int abort, c10d__backend_done_fn do
             done(arg, C10D_ENOMEM);
         return;
     }
-    *cc = (struct close_call){s, done, arg};
+    *cc = (struct close_call){s, done, arg, 1};
+    /* The others hear of our failure before abort returns: a process that
+     * ends right after it would otherwise take the news with it. */
+    c10d__nccl_peer_error_publish(s);
+    if (s->publishing && s->after_publish == NULL) {
+        cc->parts++;
+        s->after_publish = closed;
+        s->after_publish_arg = cc;
+    }
     c10d__nccl_comms_close(s, abort, closed, cc);
 }
 
@@ -501,7 +551,7 @@ static void nccl_destroy(void *state, c10d__backend_done_fn done, void *arg)
 {
     struct nccl_state *s = state;
     if (!atomic_load(&s->poisoned))
-        c10d__nccl_fail(s, C10D_EABORTED, "process group %s was destroyed", s->name);
+        fail_quiet(s, C10D_EABORTED, "process group %s was destroyed", s->name);
     fail_pending(s, C10D_EABORTED, s->first_error);
     nccl_close(s, 0, done, arg);
 }

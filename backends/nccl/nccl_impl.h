@@ -7,6 +7,7 @@
  *   nccl_backend.c  the backend table: enqueue on the caller's thread,
  *                   completion and deadlines through the engine's poller,
  *                   failure and poisoning
+ *   peer_error.c    failure news between the ranks through the store
  * Threads: `enqueue` runs on callers' threads; everything else on the loop,
  * except the calls that may block (init's first call, abort, destroy), which
  * run on offload workers. A communicator's `lock` keeps any two threads
@@ -104,9 +105,18 @@ struct nccl_state {
     _Atomic int poisoned;
     int first_status;
     char first_error[512];
-    int closing;        /* loop: abort or destroy began closing the communicators */
-    int close_finished; /* loop: ... and they are closed */
-    int free_requested; /* loop: destroy came: free once closed */
+    int first_from_peer;              /* the first error came from another rank (peer_error.c) */
+    int publish_pending;              /* a failure of our own still to be told to the others */
+    int publishing;                   /* loop: ... and the store has not answered yet */
+    void (*after_publish)(void *arg); /* loop: a close waiting for that answer */
+    void *after_publish_arg;
+    int closing;               /* loop: abort or destroy began closing the communicators */
+    int close_finished;        /* loop: ... and they are closed */
+    int free_requested;        /* loop: destroy came: free once closed */
+    _Atomic int pending_calls; /* tasks and store callbacks still to run on the loop */
+    int freed;
+    uint64_t peer_checked_ms; /* loop: the last look at the failure key */
+    int peer_check_busy;
 };
 
 /* ---- comm.c */
@@ -151,5 +161,20 @@ void c10d__nccl_comm_settled(struct nccl_comm *c);
  * fails every pending op and aborts the communicators. */
 void c10d__nccl_fail(struct nccl_state *s, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The same for a failure another rank reported: not told to the others. */
+void c10d__nccl_fail_from_peer(struct nccl_state *s, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Loop: frees the state once destroy asked, its communicators are closed
+ * and no store callback is to come. */
+void c10d__nccl_state_maybe_free(struct nccl_state *s);
+
+/* ---- peer_error.c */
+/* Loop: tells the other ranks of the group's first error if it is ours and
+ * not told yet (first writer of the group's failure key wins); `publishing`
+ * stays set until the store answers. */
+void c10d__nccl_peer_error_publish(struct nccl_state *s);
+/* Loop, while ops or an init are in flight: looks for another rank's failure
+ * every C10D_NCCL_PEER_CHECK_MS and fails the group with it. */
+void c10d__nccl_peer_error_poll(struct nccl_state *s);
 
 #endif
