@@ -225,7 +225,7 @@ typedef struct c10d_pg_opts {
 /* The nccl backend's communicator settings (ncclConfig_t); zero: NCCL's
  * default (or its NCCL_* environment variable). */
 typedef struct c10d_nccl_opts {
-    size_t struct_size; /* sizeof(c10d_nccl_opts): C10D_NCCL_OPTS_INIT */
+    size_t struct_size;       /* sizeof(c10d_nccl_opts): C10D_NCCL_OPTS_INIT */
     int high_priority_stream; /* 1: the communicator's stream gets the highest priority */
     int cga_cluster_size;
     int min_ctas;
@@ -268,6 +268,16 @@ C10D_EXPORT int c10d_pg_init(const c10d_pg_opts *opts, c10d_pg **out);
  * is 0 and whose collectives are no-ops with a warning. */
 C10D_EXPORT int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks,
                                   const c10d_pg_opts *opts, c10d_pg **out);
+/* `parent` without the ranks in `excluded` (parent group ranks): how a job
+ * goes on after ranks failed or left. Only the surviving ranks call it, in
+ * the same order and with the same list; the excluded ranks take no part and
+ * need not be alive. A backend that can shrinks the parent's state (nccl:
+ * ncclCommShrink, when this rank's parent communicator is healthy); else the
+ * survivors connect afresh through the store (always so after the parent
+ * failed). The new group is named "<parent name>/shrink<k>", k counting the
+ * parent's shrinks, so the world's other group names stay in step. */
+C10D_EXPORT int c10d_pg_shrink(c10d_pg *parent, const int *excluded, int nexcluded,
+                               const c10d_pg_opts *opts, c10d_pg **out);
 C10D_EXPORT int c10d_pg_rank(const c10d_pg *pg);
 C10D_EXPORT int c10d_pg_size(const c10d_pg *pg);
 C10D_EXPORT int c10d_pg_is_member(const c10d_pg *pg);

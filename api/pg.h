@@ -48,8 +48,8 @@ struct c10d_pg {
     c10d_store *store;      /* "<name>/" over the default_pg store; NULL for tests */
     c10d_store *base_store; /* the default_pg store (barriers) */
     struct c10d__pg_backend backends[C10D__PG_NDEV];
-    int device_index;          /* the CUDA device the group is bound to; -1: none */
-    c10d_nccl_opts nccl_opts;  /* copied from the creator's (strings owned) */
+    int device_index;         /* the CUDA device the group is bound to; -1: none */
+    c10d_nccl_opts nccl_opts; /* copied from the creator's (strings owned) */
     const char *backend_name; /* for messages: "tcp", "nccl", "tcp+nccl" */
     char backend_name_buf[32];
     /* Guarded by mutex. */
@@ -66,6 +66,7 @@ struct c10d_pg {
      * parent's loop, which does not exist here; they are left alone. */
     int inherited;
     int coalescing;
+    int shrink_count; /* groups shrunk from this one (their names) */
     struct c10d__pg_op *coal_head, *coal_tail;
     size_t coal_n;
     /* Loop thread only. */
@@ -109,6 +110,11 @@ void c10d__pg_sweep_keys(c10d_pg *pg);
  * group's timeout), and aborts (when `abort`) and destroys them (bounded). */
 int c10d__pg_create_backends(c10d_pg *pg, const struct c10d__backend_vtable *vts[C10D__PG_NDEV],
                              c10d_pg *parent);
+/* A shrunk group's backends: each one's `shrink` from the parent's state
+ * where the backend has one and the parent still holds it, else through the
+ * store among the survivors. `excluded` are parent group ranks. */
+int c10d__pg_shrink_backends(c10d_pg *pg, const struct c10d__backend_vtable *vts[C10D__PG_NDEV],
+                             c10d_pg *parent, const int *excluded, int nexcluded);
 /* A subgroup's backends come from the parent's by `split` where the backend
  * has one (else through the store, as a new group); a parent rank outside the
  * subgroup takes part in each such split with no color. */

@@ -43,6 +43,8 @@ struct create_call {
      * backend can (`split`), else created through the store. */
     c10d_pg *parent; /* holds a reference */
     int color, key;
+    int *excluded; /* a shrink: the parent ranks left out (owned) */
+    int nexcluded;
 };
 
 static void create_call_free(struct create_call *cc)
@@ -52,6 +54,7 @@ static void create_call_free(struct create_call *cc)
     free(cc->name);
     free(cc->desc);
     free(cc->global_ranks);
+    free(cc->excluded);
     if (cc->cfg.store != NULL)
         c10d_store_release(cc->cfg.store);
     free(cc);
@@ -137,8 +140,14 @@ static void create_on_loop(struct c10d__loop_call *call, void *arg)
         parent_state = cc->parent->backends[cc->cfg.device_type].state;
     int (*split)(void *, const struct c10d__backend_config *, int, int, c10d__backend_done_fn,
                  void *, void **) = C10D__BACKEND_ENTRY(cc->vt, split);
+    int (*shrink)(void *, const struct c10d__backend_config *, const int *, int,
+                  c10d__backend_done_fn, void *, void **) = C10D__BACKEND_ENTRY(cc->vt, shrink);
     int rc = 0;
-    if (parent_state != NULL && split != NULL)
+    if (cc->excluded != NULL && parent_state != NULL && shrink != NULL)
+        rc = shrink(parent_state, &cc->cfg, cc->excluded, cc->nexcluded, create_done, cc, &state);
+    else if (cc->excluded != NULL)
+        rc = cc->vt->create(&cc->cfg, create_done, cc, &state);
+    else if (parent_state != NULL && split != NULL)
         rc = split(parent_state, &cc->cfg, cc->color, cc->key, create_done, cc, &state);
     else if (cc->color < 0)
         cc->done = 1; /* outside the subgroup, and no parent state to split */
@@ -167,7 +176,7 @@ static void create_abandoned(void *arg)
 }
 
 static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtable *vt,
-                          c10d_pg *parent)
+                          c10d_pg *parent, const int *excluded, int nexcluded)
 {
     struct c10d__pg_backend *b = &pg->backends[dev];
     char prefix[16];
@@ -190,6 +199,15 @@ static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtabl
         cc->parent = parent;
         cc->color = 0;
         cc->key = pg->rank;
+    }
+    if (excluded != NULL) {
+        cc->excluded = malloc((size_t)nexcluded * sizeof *cc->excluded + 1);
+        if (cc->excluded == NULL) {
+            create_call_free(cc);
+            return c10d__fail(C10D_ENOMEM, "process group: out of memory");
+        }
+        memcpy(cc->excluded, excluded, (size_t)nexcluded * sizeof *cc->excluded);
+        cc->nexcluded = nexcluded;
     }
     c10d_store_retain(b->store);
     cc->cfg.rank = pg->rank;
@@ -238,7 +256,19 @@ int c10d__pg_create_backends(c10d_pg *pg, const struct c10d__backend_vtable *vts
 {
     for (int d = 0; d < C10D__PG_NDEV; d++)
         if (vts[d] != NULL) {
-            int rc = create_backend(pg, d, vts[d], parent);
+            int rc = create_backend(pg, d, vts[d], parent, NULL, 0);
+            if (rc != 0)
+                return rc;
+        }
+    return 0;
+}
+
+int c10d__pg_shrink_backends(c10d_pg *pg, const struct c10d__backend_vtable *vts[C10D__PG_NDEV],
+                             c10d_pg *parent, const int *excluded, int nexcluded)
+{
+    for (int d = 0; d < C10D__PG_NDEV; d++)
+        if (vts[d] != NULL) {
+            int rc = create_backend(pg, d, vts[d], parent, excluded, nexcluded);
             if (rc != 0)
                 return rc;
         }

@@ -421,6 +421,110 @@ int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_
     return 0;
 }
 
+int c10d_pg_shrink(c10d_pg *parent, const int *excluded, int nexcluded, const c10d_pg_opts *opts,
+                   c10d_pg **out)
+{
+    static const char what[] = "c10d_pg_shrink";
+    uv_once(&registry_once, registry_init);
+    if (out == NULL)
+        return c10d__fail(C10D_EINVAL, "%s: out is NULL", what);
+    *out = NULL;
+    if (parent == NULL)
+        return c10d__fail(C10D_EINVAL, "%s: parent is NULL", what);
+    c10d_pg_opts o;
+    C10D_CHECK(c10d__opts_read(&o, sizeof o, C10D__PG_OPTS_V1_SIZE, opts, what));
+    if (c10d__on_loop_thread())
+        return c10d__fail(C10D_EDEADLK, "%s blocks: it cannot run inside a callback", what);
+    if (parent->rank < 0)
+        return c10d__fail(C10D_EINVAL, "%s: this rank is not a member of parent group %s", what,
+                          parent->name);
+    if (nexcluded <= 0 || excluded == NULL)
+        return c10d__fail(C10D_EINVAL, "%s: no ranks to exclude (%p, %d entries)", what,
+                          (const void *)excluded, nexcluded);
+    if (o.store != NULL || o.init_method != NULL || o.backend != NULL)
+        return c10d__fail(C10D_EINVAL,
+                          "%s: a shrunk group keeps its parent's store and backends (no store, "
+                          "init_method or backend)",
+                          what);
+    if (o.timeout_ms < 0)
+        return c10d__fail(C10D_EINVAL, "%s: invalid timeout %lld ms", what,
+                          (long long)o.timeout_ms);
+    unsigned char *gone = calloc((size_t)parent->size, 1);
+    int *global = malloc((size_t)parent->size * sizeof(int));
+    if (gone == NULL || global == NULL) {
+        free(gone);
+        free(global);
+        return c10d__fail(C10D_ENOMEM, "%s: out of memory", what);
+    }
+    int rc = 0;
+    for (int i = 0; i < nexcluded && rc == 0; i++) {
+        int x = excluded[i];
+        if (x < 0 || x >= parent->size)
+            rc = c10d__fail(C10D_EINVAL, "%s: rank %d is out of range (parent group size %d)", what,
+                            x, parent->size);
+        else if (gone[x])
+            rc = c10d__fail(C10D_EINVAL, "%s: rank %d appears more than once", what, x);
+        else if (x == parent->rank)
+            rc = c10d__fail(C10D_EINVAL, "%s: rank %d excludes itself (only survivors call it)",
+                            what, x);
+        else
+            gone[x] = 1;
+    }
+    int n = 0, my_rank = -1;
+    for (int r = 0; r < parent->size && rc == 0; r++) {
+        if (gone[r])
+            continue;
+        if (r == parent->rank)
+            my_rank = n;
+        global[n++] = parent->global_ranks[r];
+    }
+    free(gone);
+    if (rc != 0) {
+        free(global);
+        return rc;
+    }
+    const struct c10d__backend_vtable *vts[C10D__PG_NDEV];
+    for (int d = 0; d < C10D__PG_NDEV; d++)
+        vts[d] = parent->backends[d].vt;
+    uv_mutex_lock(&parent->mutex);
+    int k = ++parent->shrink_count;
+    uv_mutex_unlock(&parent->mutex);
+    char name[96];
+    snprintf(name, sizeof name, "%.60s/shrink%d", parent->name, k);
+    int64_t timeout = o.timeout_ms > 0 ? o.timeout_ms : parent->timeout_ms;
+    c10d_pg *pg;
+    rc = c10d__pg_alloc(name, o.group_desc != NULL ? o.group_desc : parent->desc, my_rank, n,
+                        parent->global_rank, global, timeout, &pg);
+    free(global);
+    if (rc != 0)
+        return rc;
+    rc = set_device_opts(pg, &o, parent, what);
+    c10d_store *base = parent->base_store;
+    if (rc == 0) {
+        pg->base_store = base;
+        c10d__pg_store_retain(base);
+        c10d__engine_call(register_groups_hook, NULL);
+        char prefix[112];
+        snprintf(prefix, sizeof prefix, "%s/", name);
+        rc = c10d__pg_store_prefix(base, prefix, &pg->store);
+    }
+    if (rc == 0) {
+        set_backend_name(pg, vts);
+        rc = c10d__pg_shrink_backends(pg, vts, parent, excluded, nexcluded);
+    }
+    if (rc == 0)
+        rc = c10d__pg_store_barrier(base, name, n, timeout);
+    if (rc != 0) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", c10d_last_error());
+        pg_close(pg, 0, "creation failed");
+        c10d__pg_unref(pg);
+        return c10d__fail(rc, "%s: group %s: %s", what, name, why);
+    }
+    *out = pg;
+    return 0;
+}
+
 /* --------------------------------------------------------------- queries */
 
 int c10d_pg_rank(const c10d_pg *pg)

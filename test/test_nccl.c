@@ -674,6 +674,82 @@ static void test_loop_never_blocks(void **s)
     run(2, slow_main, NULL, 60);
 }
 
+/* Shrink. Healthy: ranks 0 and 2 leave rank 1 out of a bound group while
+ * rank 1 looks on (ncclCommShrink). After a failure: rank 1 is gone, the
+ * survivors' op on the parent fails, and shrinking then connects them afresh
+ * through the store (both backends of "cpu:tcp,cuda:nccl"). */
+static int shrink_sum(c10d_pg *g, int rank, int *sum)
+{
+    c10d_op_opts o = gpu_opts();
+    float *buf = dev_alloc(sizeof(float));
+    float v = (float)(rank + 1);
+    to_dev(buf, &v, sizeof v);
+    c10d_work *w;
+    int rc = finish(c10d_all_reduce(g, buf, buf, 1, C10D_FLOAT32, C10D_SUM, &o, &w), &w);
+    to_host(&v, buf, sizeof v);
+    *sum = (int)v;
+    int64_t h = rank + 1; /* the host backend of the same group */
+    if (rc == 0)
+        rc = c10d_all_reduce_sync(g, &h, &h, 1, C10D_INT64, C10D_SUM);
+    if (rc == 0 && h != *sum)
+        rc = -1000 - (int)h;
+    return rc;
+}
+
+static int shrink_main(int rank, int n, void *arg)
+{
+    (void)n;
+    int after_failure = arg != NULL;
+    setenv("C10D_NCCL_PEER_CHECK_MS", "200", 1);
+    c10d__env_reload();
+    if (c10d__cuda_load(&cu) != 0)
+        return 1;
+    c10d_pg *pg = init_group(1, after_failure ? FAULT_TIMEOUT_MS : 30000);
+    MP_CHECK(pg != NULL, "init");
+    int excluded[1] = {1}, sum = 0;
+    if (rank == 1) {
+        if (after_failure)
+            _exit(0); /* gone without a word */
+        /* Looks on, then leaves once the others are done with it. */
+        c10d_pg_destroy(pg);
+        c10d_shutdown();
+        return 0;
+    }
+    if (after_failure) {
+        int rc = shrink_sum(pg, rank, &sum);
+        MP_CHECK(rc < 0, "an op with a dead peer should fail");
+    }
+    c10d_pg *small = NULL;
+    MP_CHECK(c10d_pg_shrink(pg, excluded, 1, NULL, &small) == 0, "shrink: %s", c10d_last_error());
+    MP_CHECK(c10d_pg_size(small) == 2 && c10d_pg_rank(small) == (rank == 0 ? 0 : 1),
+             "size %d rank %d", c10d_pg_size(small), c10d_pg_rank(small));
+    int rc = shrink_sum(small, rank, &sum);
+    MP_CHECK(rc == 0 && sum == 1 + 3, "shrunk all_reduce: %d sum %d: %s", rc, sum,
+             c10d_last_error());
+    /* Wrong calls fail and change nothing. */
+    c10d_pg *bad;
+    MP_CHECK(c10d_pg_shrink(pg, (int[]){rank}, 1, NULL, &bad) == C10D_EINVAL &&
+                 strstr(c10d_last_error(), "excludes itself") != NULL,
+             "self: %s", c10d_last_error());
+    MP_CHECK(c10d_pg_shrink(pg, (int[]){7}, 1, NULL, &bad) == C10D_EINVAL &&
+                 strstr(c10d_last_error(), "out of range") != NULL,
+             "range: %s", c10d_last_error());
+    MP_CHECK(c10d_pg_destroy(small) == 0, "destroy: %s", c10d_last_error());
+    if (after_failure)
+        c10d_pg_abort(pg, "test");
+    else
+        c10d_pg_destroy(pg);
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_shrink(void **s)
+{
+    (void)s;
+    run(3, shrink_main, NULL, 90);
+    run(3, shrink_main, (void *)1, 90);
+}
+
 /* A missing library: the tcp group works from the same binary; asking for
  * nccl fails naming what is missing. */
 static int missing_main(int rank, int n, void *arg)
@@ -713,6 +789,7 @@ int main(void)
         cmocka_unit_test(test_async_error),
         cmocka_unit_test(test_init_never_joins),
         cmocka_unit_test(test_loop_never_blocks),
+        cmocka_unit_test(test_shrink),
         cmocka_unit_test(test_missing_library),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -185,13 +185,18 @@ static void start_work(void *arg)
     char buf[256];
     if (c->split_parent != NULL) {
         struct nccl_comm *p = c->split_parent;
+        const char *fn = c->shrink_excluded != NULL ? "ncclCommShrink" : "ncclCommSplit";
         uv_mutex_lock(&p->lock);
-        r = api->nccl.ncclCommSplit(p->comm,
-                                    c->split_color < 0 ? NCCL_SPLIT_NOCOLOR : c->split_color,
-                                    c->split_key, &c->comm, &cfg);
+        if (c->shrink_excluded != NULL)
+            r = api->nccl.ncclCommShrink(p->comm, c->shrink_excluded, c->shrink_nexcluded, &c->comm,
+                                         &cfg, NCCL_SHRINK_DEFAULT);
+        else
+            r = api->nccl.ncclCommSplit(p->comm,
+                                        c->split_color < 0 ? NCCL_SPLIT_NOCOLOR : c->split_color,
+                                        c->split_key, &c->comm, &cfg);
         uv_mutex_unlock(&p->lock);
         if (r != ncclSuccess && r != ncclInProgress)
-            comm_fail_start(c, C10D_EIO, "ncclCommSplit: %s",
+            comm_fail_start(c, C10D_EIO, "%s: %s", fn,
                             c10d__nccl_error_text(api, r, buf, sizeof buf));
         return;
     }
@@ -398,6 +403,34 @@ int c10d__nccl_comm_split(struct nccl_state *child, struct nccl_state *parent_st
     return rc;
 }
 
+int c10d__nccl_comm_shrink(struct nccl_state *child, struct nccl_comm *parent, const int *excluded,
+                           int nexcluded, c10d__backend_done_fn done, void *arg)
+{
+    struct nccl_comm *c = comm_new(child, parent->device, -1);
+    if (c == NULL)
+        return C10D_ENOMEM;
+    c->shrink_excluded = malloc((size_t)nexcluded * sizeof(int));
+    if (c->shrink_excluded == NULL) {
+        pool_close(c->pool, child->api);
+        uv_mutex_destroy(&c->lock);
+        free(c);
+        return c10d__fail(C10D_ENOMEM, "nccl: out of memory");
+    }
+    memcpy(c->shrink_excluded, excluded, (size_t)nexcluded * sizeof(int));
+    c->shrink_nexcluded = nexcluded;
+    c->split_parent = parent;
+    c->ready_done = done;
+    c->ready_arg = arg;
+    uv_mutex_lock(&child->mutex);
+    c->next = child->comms;
+    child->comms = c;
+    uv_mutex_unlock(&child->mutex);
+    int rc = comm_start(c);
+    if (rc != 0)
+        c->ready_done = NULL;
+    return rc;
+}
+
 /* ----------------------------------------------------------------- close */
 
 struct close_job {
@@ -451,6 +484,7 @@ static void close_after(void *arg)
         if (c->pool != NULL)
             pool_close(c->pool, api);
         uv_mutex_destroy(&c->lock);
+        free(c->shrink_excluded);
         free(c);
     }
     if (j->done != NULL)

@@ -556,20 +556,29 @@ static void nccl_destroy(void *state, c10d__backend_done_fn done, void *arg)
     nccl_close(s, 0, done, arg);
 }
 
-static int nccl_split(void *parent, const struct c10d__backend_config *cfg, int color, int key,
-                      c10d__backend_done_fn done, void *arg, void **state)
+/* The communicator a child can be split or shrunk from: the bound device's,
+ * ready. Only a group bound to a device splits: then every parent rank holds
+ * that communicator by now (it was made during creation), whatever ops each
+ * rank ran, so all of them take the same path. */
+static struct nccl_comm *bound_comm(struct nccl_state *ps)
 {
-    struct nccl_state *ps = parent;
-    /* Only a group bound to a device splits: then every parent rank holds
-     * the communicator by now (it was made during creation), whatever ops
-     * each rank ran, so all of them take the same path. */
+    if (ps->bound_device < 0)
+        return NULL;
     uv_mutex_lock(&ps->mutex);
     struct nccl_comm *pc = ps->comms;
     while (pc != NULL && (pc->peer != -1 || pc->device != ps->bound_device ||
                           atomic_load(&pc->phase) != COMM_READY))
         pc = pc->next;
     uv_mutex_unlock(&ps->mutex);
-    if (pc == NULL || ps->bound_device < 0) {
+    return pc;
+}
+
+static int nccl_split(void *parent, const struct c10d__backend_config *cfg, int color, int key,
+                      c10d__backend_done_fn done, void *arg, void **state)
+{
+    struct nccl_state *ps = parent;
+    struct nccl_comm *pc = bound_comm(ps);
+    if (pc == NULL) {
         if (color < 0) {
             *state = NULL;
             done(arg, 0);
@@ -593,6 +602,28 @@ static int nccl_split(void *parent, const struct c10d__backend_config *cfg, int 
     return 0;
 }
 
+/* A healthy parent shrinks with ncclCommShrink; a failed one (the usual
+ * case: a dead rank failed the group everywhere, and its communicators are
+ * aborted) cannot, so the survivors make a new communicator instead. */
+static int nccl_shrink(void *parent, const struct c10d__backend_config *cfg, const int *excluded,
+                       int nexcluded, c10d__backend_done_fn done, void *arg, void **state)
+{
+    struct nccl_state *ps = parent;
+    struct nccl_comm *pc = atomic_load(&ps->poisoned) || ps->closing ? NULL : bound_comm(ps);
+    if (pc == NULL)
+        return nccl_create(cfg, done, arg, state);
+    struct nccl_state *s = state_new(ps->api, cfg, pc->device);
+    if (s == NULL)
+        return c10d__fail(C10D_ENOMEM, "nccl: out of memory");
+    int rc = c10d__nccl_comm_shrink(s, pc, excluded, nexcluded, done, arg);
+    if (rc != 0) {
+        state_free(s);
+        return rc;
+    }
+    *state = s;
+    return 0;
+}
+
 const struct c10d__backend_vtable c10d__nccl_backend = {
     .size = sizeof(struct c10d__backend_vtable),
     .name = "nccl",
@@ -604,5 +635,6 @@ const struct c10d__backend_vtable c10d__nccl_backend = {
     .destroy = nccl_destroy,
     .published_key_fmt = NULL,
     .split = nccl_split,
+    .shrink = nccl_shrink,
     .timeout_from_start = 1,
 };

@@ -69,6 +69,8 @@ struct nccl_comm {
     /* split: the parent and the arguments (loop thread) */
     struct nccl_comm *split_parent;
     int split_color, split_key;
+    int *shrink_excluded; /* a shrink (ncclCommShrink) rather than a split; owned */
+    int shrink_nexcluded;
     char init_error[320];
     int init_status;
     struct nccl_comm *next;
@@ -132,6 +134,10 @@ int c10d__nccl_comm_start_eager(struct nccl_state *s, int device, c10d__backend_
 int c10d__nccl_comm_split(struct nccl_state *child, struct nccl_state *parent_state,
                           struct nccl_comm *parent, int color, int key, c10d__backend_done_fn done,
                           void *arg);
+/* Loop: the child's communicator shrunk from `parent` without `excluded`
+ * (ncclCommShrink); only the surviving ranks call it. */
+int c10d__nccl_comm_shrink(struct nccl_state *child, struct nccl_comm *parent, const int *excluded,
+                           int nexcluded, c10d__backend_done_fn done, void *arg);
 /* Loop: aborts (abort != 0) or destroys every communicator of `s` on an
  * offload worker, then calls done(arg) on the loop (never if the worker is
  * stuck: the group's timer bounds the wait). Frees the communicators. */
