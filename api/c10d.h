@@ -234,6 +234,12 @@ typedef struct c10d_nccl_opts {
     const char *comm_name; /* default: "<group name>:<group desc>" */
     int split_share;       /* 1: children made by split share the parent's resources */
     int cta_policy;        /* NCCL_CTA_POLICY_* + 1 (0: default) */
+    /* 1: nonblocking communicators (ncclConfig_t.blocking = 0): every NCCL
+     * call returns at once and every wait is bounded, but NCCL starts a
+     * thread for each op's launch. 0: blocking (torch's default), unless
+     * C10D_NCCL_NONBLOCKING says otherwise; init runs on a worker thread
+     * either way (docs/nccl.md). */
+    int nonblocking;
 } c10d_nccl_opts;
 #define C10D_NCCL_OPTS_INIT                                                                        \
     {                                                                                              \

@@ -8,6 +8,7 @@
 #include "engine/loop.h"
 
 #include <stdatomic.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,11 @@ static void count_cb(c10d_work *w, int status, void *arg)
     c10d_work_release(w);
 }
 
+static void *empty_thread(void *arg)
+{
+    return arg;
+}
+
 int main(int argc, char **argv)
 {
     int n = argc > 1 ? atoi(argv[1]) : 20000;
@@ -84,6 +90,20 @@ int main(int argc, char **argv)
         c10d_work_release(w);
     }
     report("work_complete -> callback", lat, n);
+
+    /* What NCCL pays per ncclGroupEnd on a nonblocking communicator: it
+     * starts a thread for the launch and the caller later joins it. The
+     * floor of that cost, for docs/nccl.md's choice of communicator mode. */
+    for (int i = 0; i < n / 4 + 100; i++) {
+        uint64_t s0 = c10d__now_ns();
+        pthread_t th;
+        if (pthread_create(&th, NULL, empty_thread, NULL) == 0)
+            pthread_join(th, NULL);
+        if (i >= 100)
+            lat[i - 100] = c10d__now_ns() - s0;
+    }
+    report("thread create+join (nonblocking", lat, n / 4);
+    printf("  NCCL group end pays this per op)\n");
 
     int total = n * 10;
     atomic_long done = 0;

@@ -60,6 +60,9 @@
       "the CUDA runtime library to load (default: libcudart.so.13, .12, then libcudart.so)")     \
     X(NCCL_LIBRARY, "C10D_NCCL_LIBRARY", NULL, "",                                                 \
       "the NCCL library to load (default: libnccl.so.2, then libnccl.so)")                      \
+    X(NCCL_NONBLOCKING, "C10D_NCCL_NONBLOCKING", "TORCH_NCCL_USE_COMM_NONBLOCKING", "0",          \
+      "nccl backend: 1 makes communicators nonblocking (every NCCL call bounded, but NCCL "        \
+      "starts a thread per op); c10d_nccl_opts.nonblocking sets it per group")                    \
     X(NCCL_PEER_CHECK_MS, "C10D_NCCL_PEER_CHECK_MS", NULL, "1000",                                 \
       "nccl backend: while ops are in flight, how often a rank looks in the store for another "    \
       "rank's failure of the group (0: never; each rank then fails by its own timeout)")

@@ -94,9 +94,15 @@ static int finish(int rc, c10d_work **w)
     return rc;
 }
 
+/* Set before init_group: nonblocking NCCL communicators. */
+static int use_nonblocking;
+
 static c10d_pg *init_group(int bind, int64_t timeout_ms)
 {
+    c10d_nccl_opts no = C10D_NCCL_OPTS_INIT;
+    no.nonblocking = use_nonblocking;
     c10d_pg_opts po = C10D_PG_OPTS_INIT;
+    po.nccl = &no;
     po.backend = "cpu:tcp,cuda:nccl";
     po.timeout_ms = timeout_ms;
     po.bind_device = bind;
@@ -411,6 +417,7 @@ static const c10d_dtype dtypes[] = {C10D_FLOAT32, C10D_FLOAT64,     C10D_FLOAT16
 static int ops_main(int rank, int n, void *arg)
 {
     int bind = arg != NULL;
+    use_nonblocking = arg == (void *)2;
     if (c10d__cuda_load(&cu) != 0)
         return fprintf(stderr, "%s\n", c10d_last_error()), 1;
     c10d_pg *pg = init_group(bind, 60000);
@@ -470,6 +477,13 @@ static void test_ops_2_lazy(void **s)
 {
     (void)s;
     run(2, ops_main, NULL, 180);
+}
+
+/* Nonblocking communicators (c10d_nccl_opts.nonblocking): the same results. */
+static void test_ops_2_nonblocking(void **s)
+{
+    (void)s;
+    run(2, ops_main, (void *)2, 180);
 }
 
 static void test_ops_3_bound(void **s)
@@ -598,8 +612,8 @@ static c10d_work *probe_start(void)
  * the communicator initialises. */
 static int never_main(int rank, int n, void *arg)
 {
-    (void)arg;
     (void)n;
+    use_nonblocking = arg != NULL;
     if (rank == 1)
         setenv("C10D_SIM_INIT_NEVER", "1", 1);
     if (c10d__cuda_load(&cu) != 0)
@@ -624,6 +638,7 @@ static void test_init_never_joins(void **s)
 {
     (void)s;
     run(2, never_main, NULL, 60);
+    run(2, never_main, (void *)1, 60);
 }
 
 /* The loop keeps its timers on time while init is slow (simulated delay)
@@ -784,6 +799,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ops_1),
         cmocka_unit_test(test_ops_2_lazy),
+        cmocka_unit_test(test_ops_2_nonblocking),
         cmocka_unit_test(test_ops_3_bound),
         cmocka_unit_test(test_hang_times_out),
         cmocka_unit_test(test_async_error),

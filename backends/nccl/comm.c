@@ -16,6 +16,8 @@
  * launch.c waits out in place (bounded by the op's timeout). */
 #include "nccl_impl.h"
 
+#include "engine/env.h"
+
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/loop.h"
@@ -131,7 +133,9 @@ static void fill_config(const struct nccl_state *s, const struct nccl_comm *c, n
 {
     ncclConfig_t init = NCCL_CONFIG_INITIALIZER;
     *cfg = init;
-    cfg->blocking = 0;
+    /* A child made from a parent keeps its mode: NCCL runs the parent and
+     * the child in one group, which cannot mix the two. */
+    cfg->blocking = c10d__nccl_comm_blocking(c);
     const c10d_nccl_opts *o = &s->nccl_opts;
     if (o->cga_cluster_size > 0)
         cfg->cgaClusterSize = o->cga_cluster_size;
@@ -153,6 +157,12 @@ static void fill_config(const struct nccl_state *s, const struct nccl_comm *c, n
         snprintf(name, namelen, "%.60s:%.100s:p2p %d-%d", s->name, s->desc,
                  s->rank < c->peer ? s->rank : c->peer, s->rank < c->peer ? c->peer : s->rank);
     cfg->commName = name;
+}
+
+int c10d__nccl_comm_blocking(const struct nccl_comm *c)
+{
+    const struct nccl_state *s = c->split_parent != NULL ? c->split_parent->s : c->s;
+    return !s->nccl_opts.nonblocking && !c10d__env_bool(C10D_ENV_NCCL_NONBLOCKING);
 }
 
 /* Worker: everything before polling. Errors land in c->init_error. */
@@ -238,6 +248,22 @@ static int init_ready(struct c10d__poll_item *item)
     struct nccl_comm *c =
         (struct nccl_comm *)((char *)item - offsetof(struct nccl_comm, init_item));
     const struct c10d__gpu_api *api = c->s->api;
+    if (c10d__nccl_comm_blocking(c) && atomic_load(&c->start_busy)) {
+        /* A blocking init is under way on a worker: only its deadline. The
+         * worker stays in NCCL; closing the group waits for it off the loop
+         * and aborts what it made, if it ever returns. */
+        if (c10d__now_ms() - c->init_started_ms < (uint64_t)c->s->timeout_ms) {
+            c10d__nccl_peer_error_poll(c->s);
+            return 0;
+        }
+        comm_fail_start(c, C10D_ETIMEDOUT,
+                        "the NCCL communicator (%d ranks, blocking) did not finish initialising "
+                        "within %lld ms: a rank never joined, or its unique id never came",
+                        c->nranks, (long long)c->s->timeout_ms);
+        return 1;
+    }
+    if (c->init_status != 0)
+        return 1;
     ncclResult_t st = ncclSuccess, pst = ncclSuccess;
     if (c->comm != NULL)
         api->nccl.ncclCommGetAsyncError(c->comm, &st);
@@ -268,10 +294,21 @@ static void init_done(struct c10d__poll_item *item)
     c10d__nccl_comm_settled(c);
 }
 
+static void orphan_work(void *arg);
+static void orphan_after(void *arg);
+
 static void start_after(void *arg)
 {
     struct nccl_comm *c = arg;
-    atomic_store(&c->start_busy, 0);
+    int busy = START_BUSY;
+    if (!atomic_compare_exchange_strong(&c->start_busy, &busy, START_IDLE)) {
+        /* The group closed without us: its state may be gone; c is ours. */
+        if (c10d__engine_offload(orphan_work, orphan_after, c) != 0)
+            orphan_after(c);
+        return;
+    }
+    if (c10d__nccl_comm_blocking(c))
+        return; /* the init item, queued at the start, sees it */
     if (c->init_status != 0 || c->s->closing) {
         if (c->init_status == 0)
             comm_fail_start(c, C10D_EABORTED, "the group ended during communicator setup");
@@ -289,11 +326,21 @@ static void start_after(void *arg)
 static int comm_start(struct nccl_comm *c)
 {
     c->init_started_ms = c10d__now_ms();
-    atomic_store(&c->start_busy, 1);
+    atomic_store(&c->start_busy, START_BUSY);
     int rc = c10d__engine_offload(start_work, start_after, c);
-    if (rc != 0)
-        atomic_store(&c->start_busy, 0);
-    return rc;
+    if (rc != 0) {
+        atomic_store(&c->start_busy, START_IDLE);
+        return rc;
+    }
+    /* Blocking: the worker returns only once init is over, so the deadline
+     * is kept from now by the poller. */
+    if (c10d__nccl_comm_blocking(c)) {
+        c->init_item.ready = init_ready;
+        c->init_item.done = init_done;
+        if (c10d__poll_push(&c->completions, &c->init_item) != 0)
+            comm_fail_start(c, C10D_EABORTED, "the engine is shutting down");
+    }
+    return 0;
 }
 
 static struct nccl_comm *comm_new(struct nccl_state *s, int device, int peer)
@@ -307,6 +354,7 @@ static struct nccl_comm *comm_new(struct nccl_state *s, int device, int peer)
         return NULL;
     }
     c->s = s;
+    c->api = s->api;
     c->device = device;
     c->peer = peer;
     c->nranks = peer < 0 ? s->size : 2;
@@ -441,51 +489,78 @@ struct close_job {
     void *arg;
 };
 
+/* Any thread, with nobody else inside NCCL on c: its resources go. */
+static void comm_release(struct nccl_comm *c, int abort)
+{
+    const struct c10d__gpu_api *api = c->api;
+    /* Waits for a caller that is inside NCCL on this communicator: its
+     * call is bounded (launch.c), and new ones see the group poisoned. */
+    uv_mutex_lock(&c->lock);
+    if (c->comm != NULL) {
+        if (abort)
+            api->nccl.ncclCommAbort(c->comm);
+        else
+            api->nccl.ncclCommDestroy(c->comm);
+        c->comm = NULL;
+    }
+    uv_mutex_unlock(&c->lock);
+    if (c->stream != NULL) {
+        api->cuda.cudaSetDevice(c->device);
+        if (!abort)
+            api->cuda.cudaStreamSynchronize(c->stream);
+        api->cuda.cudaStreamDestroy(c->stream);
+        c->stream = NULL;
+    }
+    if (c->barrier_buf != NULL)
+        api->cuda.cudaFree(c->barrier_buf);
+    c->barrier_buf = NULL;
+}
+
+static void comm_free(struct nccl_comm *c)
+{
+    if (c->pool != NULL)
+        pool_close(c->pool, c->api);
+    uv_mutex_destroy(&c->lock);
+    free(c->shrink_excluded);
+    free(c);
+}
+
+static void orphan_work(void *arg)
+{
+    comm_release(arg, 1);
+}
+
+static void orphan_after(void *arg)
+{
+    comm_free(arg);
+}
+
 static void close_work(void *arg)
 {
     struct close_job *j = arg;
-    const struct c10d__gpu_api *api = j->api;
-    for (struct nccl_comm *c = j->comms; c != NULL; c = c->next) {
-        /* A start still under way settles first (start_after runs on the
-         * loop, which this worker does not hold). */
-        while (atomic_load(&c->start_busy)) {
-            struct timespec ms = {0, 1000000};
-            nanosleep(&ms, NULL);
+    struct nccl_comm **pp = &j->comms;
+    while (*pp != NULL) {
+        struct nccl_comm *c = *pp;
+        /* A start still under way (a blocking init may never return) is
+         * left to its own continuation, which aborts what it made. */
+        int busy = START_BUSY;
+        struct nccl_comm *next = c->next;
+        if (atomic_compare_exchange_strong(&c->start_busy, &busy, START_ORPHANED)) {
+            *pp = next;
+            continue;
         }
-        /* Waits for a caller that is inside NCCL on this communicator: its
-         * call is bounded (launch.c), and new ones see the group poisoned. */
-        uv_mutex_lock(&c->lock);
-        if (c->comm != NULL) {
-            if (j->abort)
-                api->nccl.ncclCommAbort(c->comm);
-            else
-                api->nccl.ncclCommDestroy(c->comm);
-            c->comm = NULL;
-        }
-        uv_mutex_unlock(&c->lock);
-        if (c->stream != NULL) {
-            api->cuda.cudaSetDevice(c->device);
-            if (!j->abort)
-                api->cuda.cudaStreamSynchronize(c->stream);
-            api->cuda.cudaStreamDestroy(c->stream);
-        }
-        if (c->barrier_buf != NULL)
-            api->cuda.cudaFree(c->barrier_buf);
+        comm_release(c, j->abort);
+        pp = &c->next;
     }
 }
 
 static void close_after(void *arg)
 {
     struct close_job *j = arg;
-    const struct c10d__gpu_api *api = j->api;
     while (j->comms != NULL) {
         struct nccl_comm *c = j->comms;
         j->comms = c->next;
-        if (c->pool != NULL)
-            pool_close(c->pool, api);
-        uv_mutex_destroy(&c->lock);
-        free(c->shrink_excluded);
-        free(c);
+        comm_free(c);
     }
     if (j->done != NULL)
         j->done(j->arg);

@@ -32,8 +32,11 @@ static void op_free(void *arg)
     struct nccl_op *no = arg;
     const struct c10d__gpu_api *api = no->api;
     if (no->pool != NULL) {
+        /* A captured op's events are nodes of the user's graph, recorded at
+         * every replay: never reused nor destroyed under it (three events
+         * per captured op live as long as the process). */
         cudaEvent_t evs[3] = {no->ready_ev, no->start_ev, no->end_ev};
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 3 && !no->captured; i++)
             if (evs[i] != NULL)
                 c10d__nccl_event_put(no->pool, api, evs[i]);
         c10d__nccl_pool_unref(no->pool, api);
@@ -172,11 +175,22 @@ static int issue(struct nccl_comm *c, struct nccl_op *no)
         rc = c10d__nccl_launch(c, no->op);
     if (rc == 0 && (e = api->cuda.cudaEventRecord(no->end_ev, c->stream)) != cudaSuccess)
         rc = c10d__fail(C10D_EIO, "nccl %s: %s", op_type(no->op), api->cuda.cudaGetErrorString(e));
+    /* Captured: the caller's stream joins the communicator's stream back
+     * (a capture must end on its origin stream), and the work is done now. */
+    if (rc == 0 && no->captured &&
+        (e = api->cuda.cudaStreamWaitEvent((cudaStream_t)no->op->stream, no->end_ev, 0)) !=
+            cudaSuccess)
+        rc = c10d__fail(C10D_EIO, "nccl %s: %s", op_type(no->op), api->cuda.cudaGetErrorString(e));
     if (prev >= 0 && prev != c->device)
         api->cuda.cudaSetDevice(prev);
     if (rc != 0)
         return rc;
     atomic_store(&no->issued, 1);
+    if (no->captured) {
+        c10d__work_complete(no->op->work, 0, NULL);
+        c10d_work_release(no->op->work); /* the queue's, never queued */
+        return 0;
+    }
     return c10d__poll_push(&c->completions, &no->item);
 }
 
@@ -416,6 +430,12 @@ static int nccl_enqueue(void *state, struct c10d__op *op)
     if (rc == 0)
         rc = c10d__nccl_event_get(c->pool, api, &no->end_ev);
     cudaError_t e = cudaSuccess;
+    /* An op issued while the caller's stream captures a CUDA graph goes into
+     * the graph: its events are graph nodes, not something to poll. */
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (rc == 0 && api->cuda.cudaStreamIsCapturing((cudaStream_t)op->stream, &cs) == cudaSuccess &&
+        cs == cudaStreamCaptureStatusActive)
+        no->captured = 1;
     if (rc == 0 &&
         (e = api->cuda.cudaEventRecord(no->ready_ev, (cudaStream_t)op->stream)) != cudaSuccess)
         rc = c10d__fail(C10D_EINVAL, "nccl %s: cannot record an event on the caller's stream: %s",
@@ -428,7 +448,13 @@ static int nccl_enqueue(void *state, struct c10d__op *op)
         c10d_work_retain(op->work);
         uv_mutex_lock(&c->lock);
         int phase = atomic_load(&c->phase);
-        if (phase == COMM_STARTING) {
+        if (phase == COMM_STARTING && no->captured) {
+            rc = c10d__fail(C10D_EINVAL,
+                            "nccl %s: cannot capture an op into a CUDA graph while the group's "
+                            "communicator is still starting (bind the group to its device, or run "
+                            "one op before capturing)",
+                            op_type(op));
+        } else if (phase == COMM_STARTING) {
             if (c->deferred_tail != NULL)
                 c->deferred_tail->next_deferred = no;
             else

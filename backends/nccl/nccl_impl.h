@@ -45,6 +45,8 @@ enum nccl_comm_phase {
 
 struct nccl_op;
 
+enum { START_IDLE, START_BUSY, START_ORPHANED };
+
 /* One NCCL communicator: the group's on a device, or a pair's for P2P. */
 struct nccl_comm {
     struct nccl_state *s;
@@ -62,7 +64,11 @@ struct nccl_comm {
     struct nccl_op *deferred_head, *deferred_tail; /* under lock, while STARTING */
     struct c10d__poll_item init_item;              /* polls a nonblocking init */
     uint64_t init_started_ms;
-    _Atomic int start_busy; /* a start worker or its continuation is pending */
+    /* START_BUSY while a start worker or its continuation is pending; a close
+     * that finds it so hands the communicator over (START_ORPHANED) to that
+     * continuation, which cleans up if the worker ever returns. */
+    _Atomic int start_busy;
+    const struct c10d__gpu_api *api;
     /* Eager creation or split: told once the communicator is ready. */
     c10d__backend_done_fn ready_done;
     void *ready_arg;
@@ -88,6 +94,7 @@ struct nccl_op {
     cudaEvent_t start_ev; /* on the communicator's stream before the op */
     cudaEvent_t end_ev;   /* after it */
     _Atomic int issued;   /* start/end events recorded */
+    int captured;         /* issued into a CUDA graph capture: nothing to poll */
     uint64_t started_ms;  /* loop: when start_ev was first seen done; 0 before */
     int status;           /* loop: what to complete with (0: success) */
     char why[384];
@@ -142,6 +149,8 @@ int c10d__nccl_comm_shrink(struct nccl_state *child, struct nccl_comm *parent, c
  * offload worker, then calls done(arg) on the loop (never if the worker is
  * stuck: the group's timer bounds the wait). Frees the communicators. */
 void c10d__nccl_comms_close(struct nccl_state *s, int abort, void (*done)(void *arg), void *arg);
+/* Any thread: does `c` use a blocking NCCL communicator? */
+int c10d__nccl_comm_blocking(const struct nccl_comm *c);
 /* Event pool. get: 0 or C10D_EIO; put and unref: any thread. */
 int c10d__nccl_event_get(struct nccl_event_pool *p, const struct c10d__gpu_api *api,
                          cudaEvent_t *ev);
