@@ -5,9 +5,18 @@
  * Sizes are bytes of the largest buffer of the op (nccl-tests' convention);
  * `count` is that size in elements. time(us) is the slowest rank's mean over
  * the timed iterations; algbw = size / time; busbw = algbw x the op's
- * nccl-tests factor, which makes it comparable with the link speed. */
+ * nccl-tests factor, which makes it comparable with the link speed.
+ *
+ * --backend nccl --device cuda runs on one GPU per rank (LOCAL_RANK). Inputs
+ * are made and outputs checked on the host and copied across, outside the
+ * timed loop, so one reference serves both backends. */
 #include "c10d.h"
 #include "data.h"
+#include "engine/error.h"
+
+#ifdef C10D_BENCH_CUDA
+#include "backends/cuda/gpu_api.h"
+#endif
 
 #include <getopt.h>
 #include <stdio.h>
@@ -57,6 +66,7 @@ static void usage(FILE *f)
             "  -c  1: check every result against a reference (default 1)\n"
             "  -z  1: wait for each op before issuing the next, as MPI and blocking torch\n"
             "      calls do (time = latency); 0: issue all, then wait (default 0)\n"
+            "  --backend nccl --device cuda: CUDA buffers, one GPU per rank (LOCAL_RANK)\n"
             "Run one process per rank, e.g. with c10drun -n 2 c10d-bench ...\n");
 }
 
@@ -212,10 +222,23 @@ static int parse_args(int argc, char **argv, struct opts *o)
         fprintf(stderr, "c10d-bench: -b %zu is larger than -e %zu\n", o->min_bytes, o->max_bytes);
         return -1;
     }
-    if (o->device == C10D_DEVICE_CUDA) {
-        fprintf(stderr, "c10d-bench: --device cuda is not supported by this build yet\n");
+    int nccl = strcmp(o->backend, "nccl") == 0;
+    if (nccl && o->device != C10D_DEVICE_CUDA) {
+        fprintf(stderr, "c10d-bench: --backend nccl takes CUDA buffers: add --device cuda\n");
         return -1;
     }
+    if (!nccl && o->device == C10D_DEVICE_CUDA) {
+        fprintf(stderr, "c10d-bench: --device cuda needs --backend nccl (the tcp backend takes "
+                        "host buffers only)\n");
+        return -1;
+    }
+#ifndef C10D_BENCH_CUDA
+    if (o->device == C10D_DEVICE_CUDA) {
+        fprintf(stderr, "c10d-bench: --device cuda: this build has no nccl backend (it was "
+                        "configured without the CUDA and NCCL headers)\n");
+        return -1;
+    }
+#endif
     return 0;
 }
 
@@ -250,11 +273,76 @@ struct run {
     c10d_pg *pg;
     int rank, n;
     size_t esize;
-    size_t count; /* elements of the largest buffer */
-    size_t block; /* per-rank block (gather/scatter/all-to-all kinds) */
-    void *send, *recv;
+    size_t count;        /* elements of the largest buffer */
+    size_t block;        /* per-rank block (gather/scatter/all-to-all kinds) */
+    void *send, *recv;   /* the op's buffers: on the device with --device cuda */
+    void *hsend, *hrecv; /* where inputs are made and outputs checked: send/recv on the host */
+    void *scratch;       /* device: the one element of the bench's own all_reduces */
     c10d_op_opts op_opts;
+    c10d_op_opts book_opts; /* the bench's own ops: the buffers' device, nothing else */
+#ifdef C10D_BENCH_CUDA
+    const struct c10d__cudart_api *cu;
+#endif
 };
+
+static int on_device(const struct run *r)
+{
+    return r->o->device == C10D_DEVICE_CUDA;
+}
+
+/* Host -> op buffer (a copy when the op's buffer is on the device). cudaMemcpy
+ * is ordered on the default stream, the stream the ops are issued after. */
+static int put(struct run *r, void *dst, const void *src, size_t bytes)
+{
+    if (dst == src || bytes == 0)
+        return 0;
+#ifdef C10D_BENCH_CUDA
+    C10D__CUDA_CHECK(r->cu, r->cu->cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice),
+                     "cudaMemcpy to the device");
+#else
+    (void)r;
+#endif
+    return 0;
+}
+
+/* Op buffer -> host; only after the op's work completed (its end event fired). */
+static int get(struct run *r, void *dst, const void *src, size_t bytes)
+{
+    if (dst == src || bytes == 0)
+        return 0;
+#ifdef C10D_BENCH_CUDA
+    C10D__CUDA_CHECK(r->cu, r->cu->cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost),
+                     "cudaMemcpy to the host");
+#else
+    (void)r;
+#endif
+    return 0;
+}
+
+/* The bench's own one-element all_reduce (slowest time, wrong count). A nccl
+ * group has no host backend, so with --device cuda it goes through the
+ * device. */
+static int agree(struct run *r, void *v, c10d_dtype dt, c10d_reduce_op op)
+{
+    if (!on_device(r))
+        return c10d_all_reduce_sync(r->pg, v, v, 1, dt, op);
+    size_t es = c10d_dtype_size(dt);
+    C10D_CHECK(put(r, r->scratch, v, es));
+    c10d_work *w = NULL;
+    int rc = c10d_all_reduce(r->pg, r->scratch, r->scratch, 1, dt, op, &r->book_opts, &w);
+    if (rc == 0)
+        rc = c10d_work_wait_release(w);
+    return rc != 0 ? rc : get(r, v, r->scratch, es);
+}
+
+static int barrier(struct run *r)
+{
+    if (!on_device(r))
+        return c10d_barrier_sync(r->pg);
+    c10d_work *w = NULL;
+    int rc = c10d_barrier(r->pg, &r->book_opts, &w);
+    return rc != 0 ? rc : c10d_work_wait_release(w);
+}
 
 /* Issues one op; the work goes to *w. */
 static int issue(struct run *r, c10d_work **w)
@@ -289,14 +377,16 @@ static int issue(struct run *r, c10d_work **w)
     }
 }
 
-static void fill_inputs(struct run *r)
+static int fill_inputs(struct run *r)
 {
     const struct opts *o = r->o;
     size_t in = o->op == B_REDUCE_SCATTER || o->op == B_ALL_TO_ALL ? r->block * (size_t)r->n
                 : o->op == B_ALL_GATHER                            ? r->block
                                                                    : r->count;
-    data_fill(r->send, in, 0, r->rank, o->dtype, o->redop);
-    memset(r->recv, 0xEE, r->count * r->esize);
+    data_fill(r->hsend, in, 0, r->rank, o->dtype, o->redop);
+    memset(r->hrecv, 0xEE, r->count * r->esize);
+    C10D_CHECK(put(r, r->send, r->hsend, in * r->esize));
+    return put(r, r->recv, r->hrecv, r->count * r->esize);
 }
 
 /* Counts the wrong elements of this rank's output. */
@@ -308,43 +398,43 @@ static long check_outputs(struct run *r)
     switch (o->op) {
     case B_ALL_REDUCE:
         for (size_t i = 0; i < r->count; i++)
-            wrong += !data_close(data_load(r->recv, i, o->dtype),
+            wrong += !data_close(data_load(r->hrecv, i, o->dtype),
                                  data_reduced(r->n, i, o->dtype, o->redop, pre), o->dtype);
         break;
     case B_REDUCE:
         if (r->rank == o->root)
             for (size_t i = 0; i < r->count; i++)
-                wrong += !data_close(data_load(r->recv, i, o->dtype),
+                wrong += !data_close(data_load(r->hrecv, i, o->dtype),
                                      data_reduced(r->n, i, o->dtype, o->redop, pre), o->dtype);
         break;
     case B_REDUCE_SCATTER:
         for (size_t i = 0; i < r->block; i++)
             wrong += !data_close(
-                data_load(r->recv, i, o->dtype),
+                data_load(r->hrecv, i, o->dtype),
                 data_reduced(r->n, (size_t)r->rank * r->block + i, o->dtype, o->redop, pre),
                 o->dtype);
         break;
     case B_BROADCAST:
         for (size_t i = 0; i < r->count; i++)
-            wrong += data_load(r->recv, i, o->dtype) != data_value(o->root, i, o->dtype, o->redop);
+            wrong += data_load(r->hrecv, i, o->dtype) != data_value(o->root, i, o->dtype, o->redop);
         break;
     case B_ALL_GATHER:
         for (int p = 0; p < r->n; p++)
             for (size_t i = 0; i < r->block; i++)
-                wrong += data_load(r->recv, (size_t)p * r->block + i, o->dtype) !=
+                wrong += data_load(r->hrecv, (size_t)p * r->block + i, o->dtype) !=
                          data_value(p, i, o->dtype, o->redop);
         break;
     case B_ALL_TO_ALL:
         /* Block p of my output is block `rank` of rank p's input. */
         for (int p = 0; p < r->n; p++)
             for (size_t i = 0; i < r->block; i++)
-                wrong += data_load(r->recv, (size_t)p * r->block + i, o->dtype) !=
+                wrong += data_load(r->hrecv, (size_t)p * r->block + i, o->dtype) !=
                          data_value(p, (size_t)r->rank * r->block + i, o->dtype, o->redop);
         break;
     case B_SENDRECV: {
         int from = (r->rank + r->n - 1) % r->n;
         for (size_t i = 0; i < r->count; i++)
-            wrong += data_load(r->recv, i, o->dtype) != data_value(from, i, o->dtype, o->redop);
+            wrong += data_load(r->hrecv, i, o->dtype) != data_value(from, i, o->dtype, o->redop);
         break;
     }
     default:
@@ -393,10 +483,11 @@ static int run_size(struct run *r, size_t bytes, double *time_us, long *wrong)
     int blocky = o->op == B_ALL_GATHER || o->op == B_REDUCE_SCATTER || o->op == B_ALL_TO_ALL;
     r->block = blocky ? elems / (size_t)r->n : elems;
     r->count = blocky ? r->block * (size_t)r->n : elems;
-    fill_inputs(r);
-    int rc = run_iters(r, o->warmup);
+    int rc = fill_inputs(r);
     if (rc == 0)
-        rc = c10d_barrier_sync(r->pg);
+        rc = run_iters(r, o->warmup);
+    if (rc == 0)
+        rc = barrier(r);
     double t0 = now_s();
     if (rc == 0)
         rc = run_iters(r, o->iters);
@@ -405,24 +496,79 @@ static int run_size(struct run *r, size_t bytes, double *time_us, long *wrong)
         return rc;
     /* The slowest rank's time, as nccl-tests reports. */
     double slowest = mine;
-    rc = c10d_all_reduce_sync(r->pg, &slowest, &slowest, 1, C10D_FLOAT64, C10D_MAX);
+    rc = agree(r, &slowest, C10D_FLOAT64, C10D_MAX);
     if (rc != 0)
         return rc;
     *time_us = slowest;
     *wrong = 0;
     if (o->check) {
-        fill_inputs(r);
         c10d_work *w = NULL;
-        rc = issue(r, &w);
+        rc = fill_inputs(r);
+        if (rc == 0)
+            rc = issue(r, &w);
         if (rc == 0)
             rc = c10d_work_wait_release(w);
+        if (rc == 0)
+            rc = get(r, r->hrecv, r->recv, r->count * r->esize);
         if (rc != 0)
             return rc;
         int64_t bad = check_outputs(r);
-        rc = c10d_all_reduce_sync(r->pg, &bad, &bad, 1, C10D_INT64, C10D_SUM);
+        rc = agree(r, &bad, C10D_INT64, C10D_SUM);
         *wrong = (long)bad;
     }
     return rc;
+}
+
+#ifdef C10D_BENCH_CUDA
+/* One GPU per rank: LOCAL_RANK (c10drun and torchrun set it), else RANK
+ * modulo the devices visible. It is made current before the group exists,
+ * so that the group's communicator and the buffers land on it. */
+static int pick_device(const struct c10d__cudart_api *cu, int *out)
+{
+    int n = 0;
+    C10D__CUDA_CHECK(cu, cu->cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+    if (n <= 0)
+        return c10d__fail(C10D_EUNSUPPORTED, "no CUDA device is visible");
+    const char *local = getenv("LOCAL_RANK"), *rank = getenv("RANK");
+    int dev = 0;
+    if (local != NULL && *local != '\0') {
+        if (parse_int(local, 0, &dev) != 0 || dev >= n)
+            return c10d__fail(C10D_EINVAL,
+                              "LOCAL_RANK=%s names no CUDA device (%d visible; one GPU per rank)",
+                              local, n);
+    } else if (rank != NULL && parse_int(rank, 0, &dev) == 0) {
+        dev %= n;
+    }
+    char what[64];
+    snprintf(what, sizeof what, "cudaSetDevice(%d)", dev);
+    C10D__CUDA_CHECK(cu, cu->cudaSetDevice(dev), what);
+    *out = dev;
+    return 0;
+}
+
+/* The op buffers on the device, their host twins in host memory. */
+static int alloc_device(struct run *r, size_t cap)
+{
+    C10D__CUDA_CHECK(r->cu, r->cu->cudaMalloc(&r->send, cap), "cudaMalloc");
+    C10D__CUDA_CHECK(r->cu, r->cu->cudaMalloc(&r->recv, cap), "cudaMalloc");
+    C10D__CUDA_CHECK(r->cu, r->cu->cudaMalloc(&r->scratch, sizeof(int64_t)), "cudaMalloc");
+    return 0;
+}
+#endif
+
+static void free_buffers(struct run *r)
+{
+#ifdef C10D_BENCH_CUDA
+    if (on_device(r)) {
+        /* After the group is gone: cudaFree waits for the device, and a
+         * failed op's stream may be stuck until its communicator is aborted. */
+        r->cu->cudaFree(r->send);
+        r->cu->cudaFree(r->recv);
+        r->cu->cudaFree(r->scratch);
+    }
+#endif
+    free(r->hsend);
+    free(r->hrecv);
 }
 
 int main(int argc, char **argv)
@@ -430,8 +576,24 @@ int main(int argc, char **argv)
     struct opts o;
     if (parse_args(argc, argv, &o) != 0)
         return 2;
-    c10d_pg_opts po = {0};
+    struct run r = {0};
+    r.o = &o;
+    c10d_pg_opts po = C10D_PG_OPTS_INIT;
     po.backend = o.backend;
+#ifdef C10D_BENCH_CUDA
+    if (on_device(&r)) {
+        int dev = 0;
+        if (c10d__cuda_load(&r.cu) != 0 || pick_device(r.cu, &dev) != 0) {
+            fprintf(stderr, "c10d-bench: %s\n", c10d_last_error());
+            return 1;
+        }
+        /* Bound: the communicator is made now, so a missing library or a
+         * peer that never comes fails here, not inside the first timed op. */
+        po.bind_device = 1;
+        po.device_index = dev;
+        r.op_opts.device_index = dev;
+    }
+#endif
     c10d_pg *pg;
     int rc = c10d_pg_init(&po, &pg);
     if (rc != 0) {
@@ -439,13 +601,12 @@ int main(int argc, char **argv)
                 c10d_last_error());
         return 1;
     }
-    struct run r = {0};
-    r.o = &o;
     r.pg = pg;
     r.rank = c10d_pg_rank(pg);
     r.n = c10d_pg_size(pg);
     r.esize = c10d_dtype_size(o.dtype);
     r.op_opts.device_type = o.device;
+    r.book_opts = r.op_opts;
     r.op_opts.premul_factor = o.redop == C10D_PREMUL_SUM ? 0.5 : 0;
     int exit_code = 0;
     if (o.root >= r.n || (o.op == B_SENDRECV && r.n < 2)) {
@@ -463,12 +624,27 @@ int main(int argc, char **argv)
     }
     size_t cap = o.max_bytes + (size_t)r.n * r.esize;
     /* all_gather writes n blocks; the others stay within the size. */
-    r.send = malloc(cap > 0 ? cap : 1);
-    r.recv = malloc(cap > 0 ? cap : 1);
-    if (r.send == NULL || r.recv == NULL) {
+    r.hsend = malloc(cap);
+    r.hrecv = malloc(cap);
+    if (r.hsend == NULL || r.hrecv == NULL) {
         fprintf(stderr, "c10d-bench: out of memory for %zu-byte buffers\n", cap);
         return 1;
     }
+    r.send = r.hsend;
+    r.recv = r.hrecv;
+#ifdef C10D_BENCH_CUDA
+    if (on_device(&r)) {
+        r.send = r.recv = NULL;
+        if (alloc_device(&r, cap) != 0) {
+            fprintf(stderr, "c10d-bench: rank %d: %zu-byte device buffers: %s\n", r.rank, cap,
+                    c10d_last_error());
+            c10d_pg_abort(pg, "c10d-bench failed");
+            free_buffers(&r);
+            c10d_shutdown();
+            return 1;
+        }
+    }
+#endif
     const char *redop = is_reduction(o.op) ? c10d_reduce_op_name(o.redop) : "none";
     int root = o.op == B_BROADCAST || o.op == B_REDUCE ? o.root : -1;
     if (r.rank == 0) {
@@ -517,12 +693,11 @@ int main(int argc, char **argv)
     }
     if (total_wrong != 0)
         exit_code = 1;
-    free(r.send);
-    free(r.recv);
     if (exit_code == 0)
         c10d_pg_destroy(pg);
     else
         c10d_pg_abort(pg, "c10d-bench failed");
+    free_buffers(&r);
     c10d_shutdown();
     return exit_code;
 }

@@ -63,6 +63,9 @@
     X(NCCL_NONBLOCKING, "C10D_NCCL_NONBLOCKING", "TORCH_NCCL_USE_COMM_NONBLOCKING", "0",          \
       "nccl backend: 1 makes communicators nonblocking (every NCCL call bounded, but NCCL "        \
       "starts a thread per op); c10d_nccl_opts.nonblocking sets it per group")                    \
+    X(NCCL_RANKS_PER_ROOT, "C10D_NCCL_RANKS_PER_ROOT", "TORCH_NCCL_RANKS_PER_ROOT", "128",       \
+      "nccl backend: a communicator of more ranks than this initialises through several "         \
+      "bootstrap roots (ncclCommInitRankScalable), one per this many ranks")                      \
     X(NCCL_PEER_CHECK_MS, "C10D_NCCL_PEER_CHECK_MS", NULL, "1000",                                 \
       "nccl backend: while ops are in flight, how often a rank looks in the store for another "    \
       "rank's failure of the group (0: never; each rank then fails by its own timeout)")

@@ -73,11 +73,16 @@ static void to_host(void *dst, const void *src, size_t bytes)
         abort();
 }
 
+/* This rank's device: LOCAL_RANK modulo the devices visible, as a job with
+ * one GPU per rank has it (ctest gives the simulation three devices, so
+ * ranks of one communicator sit on different devices). Set by init_group. */
+static int my_device;
+
 static c10d_op_opts gpu_opts(void)
 {
     c10d_op_opts o = C10D_OP_OPTS_INIT;
     o.device_type = C10D_DEVICE_CUDA;
-    o.device_index = 0;
+    o.device_index = my_device;
     o.premul_factor = 0.5;
     return o;
 }
@@ -99,6 +104,13 @@ static int use_nonblocking;
 
 static c10d_pg *init_group(int bind, int64_t timeout_ms)
 {
+    int ndev = 0;
+    const char *local = getenv("LOCAL_RANK");
+    if (cu->cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1)
+        return NULL;
+    my_device = (local != NULL ? atoi(local) : 0) % ndev;
+    if (cu->cudaSetDevice(my_device) != cudaSuccess)
+        return NULL;
     c10d_nccl_opts no = C10D_NCCL_OPTS_INIT;
     no.nonblocking = use_nonblocking;
     c10d_pg_opts po = C10D_PG_OPTS_INIT;
@@ -106,7 +118,7 @@ static c10d_pg *init_group(int bind, int64_t timeout_ms)
     po.backend = "cpu:tcp,cuda:nccl";
     po.timeout_ms = timeout_ms;
     po.bind_device = bind;
-    po.device_index = 0;
+    po.device_index = my_device;
     c10d_pg *pg = NULL;
     if (c10d_pg_init(&po, &pg) != 0) {
         fprintf(stderr, "init: %s\n", c10d_last_error());
@@ -492,6 +504,33 @@ static void test_ops_3_bound(void **s)
     run(3, ops_main, (void *)1, 240);
 }
 
+/* Several bootstrap roots (ncclCommInitRankScalable): one per rank here,
+ * lazily and bound; ranks that disagreed on the ids would never meet. */
+static int roots_main(int rank, int n, void *arg)
+{
+    setenv("C10D_NCCL_RANKS_PER_ROOT", "1", 1);
+    c10d__env_reload();
+    if (c10d__cuda_load(&cu) != 0)
+        return 1;
+    c10d_pg *pg = init_group(arg != NULL, 30000);
+    MP_CHECK(pg != NULL, "init");
+    for (int op = 0; op < C10D_REDUCE_OP_COUNT; op++)
+        if (check_all_reduce(pg, rank, n, C10D_FLOAT32, (c10d_reduce_op)op, 100, op % 2))
+            return 1;
+    if (check_others(pg, rank, n, C10D_INT32, 33))
+        return 1;
+    MP_CHECK(c10d_pg_destroy(pg) == 0, "destroy: %s", c10d_last_error());
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_scalable_init(void **s)
+{
+    (void)s;
+    run(3, roots_main, NULL, 90);
+    run(3, roots_main, (void *)1, 90);
+}
+
 /* ---------------------------------------------------------------- faults */
 
 #define FAULT_TIMEOUT_MS 1500
@@ -801,6 +840,7 @@ int main(void)
         cmocka_unit_test(test_ops_2_lazy),
         cmocka_unit_test(test_ops_2_nonblocking),
         cmocka_unit_test(test_ops_3_bound),
+        cmocka_unit_test(test_scalable_init),
         cmocka_unit_test(test_hang_times_out),
         cmocka_unit_test(test_async_error),
         cmocka_unit_test(test_init_never_joins),

@@ -165,6 +165,35 @@ int c10d__nccl_comm_blocking(const struct nccl_comm *c)
     return !s->nccl_opts.nonblocking && !c10d__env_bool(C10D_ENV_NCCL_NONBLOCKING);
 }
 
+/* Above C10D_NCCL_RANKS_PER_ROOT ranks, init goes through several
+ * bootstrap roots (ncclCommInitRankScalable), so no single process accepts
+ * every rank's connection. */
+static int roots_for(int nranks)
+{
+    int64_t per = c10d__env_int(C10D_ENV_NCCL_RANKS_PER_ROOT);
+    if (per < 1)
+        per = 1;
+    int64_t n = (nranks + per - 1) / per;
+    return n < 1 ? 1 : n > C10D__NCCL_MAX_ROOTS ? C10D__NCCL_MAX_ROOTS : (int)n;
+}
+
+/* The rank that makes root i's unique id: the first rank NCCL assigns to
+ * that root (the id carries the address of the bootstrap thread that
+ * ncclGetUniqueId starts in the calling process). */
+static int root_rank(int i, int nranks, int nroots)
+{
+    int rem = nranks % nroots;
+    return i * (nranks / nroots) + (i < rem ? i : rem);
+}
+
+static void id_key(const struct nccl_comm *c, int i, int nroots, char *key, size_t len)
+{
+    if (nroots == 1)
+        snprintf(key, len, "%s", c->key);
+    else
+        snprintf(key, len, "%s/root%d", c->key, i);
+}
+
 /* Worker: everything before polling. Errors land in c->init_error. */
 static void start_work(void *arg)
 {
@@ -210,35 +239,53 @@ static void start_work(void *arg)
                             c10d__nccl_error_text(api, r, buf, sizeof buf));
         return;
     }
-    ncclUniqueId id;
-    if (c->rank == 0) {
-        r = api->nccl.ncclGetUniqueId(&id);
+    ncclUniqueId ids[C10D__NCCL_MAX_ROOTS];
+    int nroots = roots_for(c->nranks);
+    for (int i = 0; i < nroots; i++) {
+        if (c->rank != root_rank(i, c->nranks, nroots))
+            continue;
+        r = api->nccl.ncclGetUniqueId(&ids[i]);
         if (r != ncclSuccess) {
             comm_fail_start(c, C10D_EIO, "ncclGetUniqueId: %s",
                             c10d__nccl_error_text(api, r, buf, sizeof buf));
             return;
         }
-        if (c10d_store_set_sync(s->store, c->key, &id, sizeof id) != 0) {
+        char key[96];
+        id_key(c, i, nroots, key, sizeof key);
+        if (c10d_store_set_sync(s->store, key, &ids[i], sizeof ids[i]) != 0) {
             comm_fail_start(c, C10D_ESTORE, "cannot publish the unique id: %s", c10d_last_error());
             return;
         }
-    } else {
+    }
+    for (int i = 0; i < nroots; i++) {
+        if (c->rank == root_rank(i, c->nranks, nroots))
+            continue;
+        char key[96];
+        id_key(c, i, nroots, key, sizeof key);
         void *v = NULL;
         size_t len = 0;
-        int rc = c10d_store_get_sync(s->store, c->key, &v, &len);
-        if (rc != 0 || len != sizeof id) {
+        int rc = c10d_store_get_sync(s->store, key, &v, &len);
+        if (rc != 0 || len != sizeof ids[i]) {
             comm_fail_start(c, rc != 0 ? rc : C10D_EPROTO,
-                            "no unique id from rank 0 of the communicator (store key %s): %s",
-                            c->key, rc != 0 ? c10d_last_error() : "wrong size");
+                            "no unique id from rank %d of the communicator (store key %s): %s",
+                            root_rank(i, c->nranks, nroots), key,
+                            rc != 0 ? c10d_last_error() : "wrong size");
             free(v);
             return;
         }
-        memcpy(&id, v, sizeof id);
+        memcpy(&ids[i], v, sizeof ids[i]);
         free(v);
     }
-    r = api->nccl.ncclCommInitRankConfig(&c->comm, c->nranks, id, c->rank, &cfg);
+    if (nroots == 1) {
+        r = api->nccl.ncclCommInitRankConfig(&c->comm, c->nranks, ids[0], c->rank, &cfg);
+        if (r != ncclSuccess && r != ncclInProgress)
+            comm_fail_start(c, C10D_EIO, "ncclCommInitRankConfig: %s",
+                            c10d__nccl_error_text(api, r, buf, sizeof buf));
+        return;
+    }
+    r = api->nccl.ncclCommInitRankScalable(&c->comm, c->nranks, c->rank, nroots, ids, &cfg);
     if (r != ncclSuccess && r != ncclInProgress)
-        comm_fail_start(c, C10D_EIO, "ncclCommInitRankConfig: %s",
+        comm_fail_start(c, C10D_EIO, "ncclCommInitRankScalable (%d roots): %s", nroots,
                         c10d__nccl_error_text(api, r, buf, sizeof buf));
 }
 
@@ -359,15 +406,31 @@ static struct nccl_comm *comm_new(struct nccl_state *s, int device, int peer)
     c->peer = peer;
     c->nranks = peer < 0 ? s->size : 2;
     c->rank = peer < 0 ? s->rank : s->rank < peer ? 0 : 1;
-    if (peer < 0)
-        snprintf(c->key, sizeof c->key, "nccl/uid/%d", device);
-    else
-        snprintf(c->key, sizeof c->key, "nccl/uid/%d/%d-%d", device,
-                 s->rank < peer ? s->rank : peer, s->rank < peer ? peer : s->rank);
     uv_mutex_init(&c->lock);
     atomic_init(&c->phase, COMM_STARTING);
     c10d__poll_queue_init(&c->completions);
     return c;
+}
+
+/* Names the store key of c's unique id and puts c on the group's list; under
+ * s->mutex. The key cannot hold the device index: with one GPU per rank,
+ * every rank makes the same communicator on a different device. It counts
+ * instead the communicators of the same kind (the group's, or the pair's)
+ * this rank made before, as PyTorch counts its communicators: ranks make
+ * them in the same order, since they issue the same ops in the same order. */
+static void comm_insert(struct nccl_state *s, struct nccl_comm *c)
+{
+    int before = 0;
+    for (const struct nccl_comm *o = s->comms; o != NULL; o = o->next)
+        before += o->peer == c->peer;
+    if (c->peer < 0)
+        snprintf(c->key, sizeof c->key, "nccl/uid/%d", before);
+    else
+        snprintf(c->key, sizeof c->key, "nccl/uid/p2p/%d-%d/%d",
+                 s->rank < c->peer ? s->rank : c->peer, s->rank < c->peer ? c->peer : s->rank,
+                 before);
+    c->next = s->comms;
+    s->comms = c;
 }
 
 static void start_task(void *arg)
@@ -395,10 +458,8 @@ struct nccl_comm *c10d__nccl_comm_get(struct nccl_state *s, int device, int peer
         return c;
     }
     c = comm_new(s, device, peer);
-    if (c != NULL) {
-        c->next = s->comms;
-        s->comms = c;
-    }
+    if (c != NULL)
+        comm_insert(s, c);
     uv_mutex_unlock(&s->mutex);
     if (c != NULL && c10d__engine_call(start_task, c) != 0) {
         /* Stays STARTING with nothing to settle it: the group is ending. */
@@ -417,8 +478,7 @@ int c10d__nccl_comm_start_eager(struct nccl_state *s, int device, c10d__backend_
     c->ready_done = done;
     c->ready_arg = arg;
     uv_mutex_lock(&s->mutex);
-    c->next = s->comms;
-    s->comms = c;
+    comm_insert(s, c);
     uv_mutex_unlock(&s->mutex);
     int rc = comm_start(c);
     if (rc != 0)
@@ -442,8 +502,7 @@ int c10d__nccl_comm_split(struct nccl_state *child, struct nccl_state *parent_st
     c->ready_done = done;
     c->ready_arg = arg;
     uv_mutex_lock(&owner->mutex);
-    c->next = owner->comms;
-    owner->comms = c;
+    comm_insert(owner, c);
     uv_mutex_unlock(&owner->mutex);
     int rc = comm_start(c);
     if (rc != 0)
@@ -470,8 +529,7 @@ int c10d__nccl_comm_shrink(struct nccl_state *child, struct nccl_comm *parent, c
     c->ready_done = done;
     c->ready_arg = arg;
     uv_mutex_lock(&child->mutex);
-    c->next = child->comms;
-    child->comms = c;
+    comm_insert(child, c);
     uv_mutex_unlock(&child->mutex);
     int rc = comm_start(c);
     if (rc != 0)

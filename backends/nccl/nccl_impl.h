@@ -47,6 +47,9 @@ struct nccl_op;
 
 enum { START_IDLE, START_BUSY, START_ORPHANED };
 
+/* Most bootstrap roots of one init (ncclCommInitRankScalable). */
+#define C10D__NCCL_MAX_ROOTS 256
+
 /* One NCCL communicator: the group's on a device, or a pair's for P2P. */
 struct nccl_comm {
     struct nccl_state *s;

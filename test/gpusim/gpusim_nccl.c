@@ -447,9 +447,17 @@ SIM_API ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, i
         return r;
     if (nId < 1 || commIds == NULL)
         return fail(ncclInvalidArgument, "%s: needs at least one unique id", who);
-    if ((r = check_id(&commIds[0], who)) != ncclSuccess)
-        return r;
-    return comm_create(newcomm, nranks, myrank, commIds[0].internal, NULL, 0, 0, 0, config, who);
+    /* The segment is named by every id, in order: ranks that disagree on
+     * the list never meet, as they would not in NCCL. */
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < nId; i++) {
+        if ((r = check_id(&commIds[i], who)) != ncclSuccess)
+            return r;
+        h = fnv1a(commIds[i].internal, h);
+    }
+    char name[64];
+    derive_name(name, commIds[0].internal, "roots", h, nId);
+    return comm_create(newcomm, nranks, myrank, name, NULL, 0, 0, 0, config, who);
 }
 
 SIM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
