@@ -66,6 +66,9 @@
     X(NCCL_RANKS_PER_ROOT, "C10D_NCCL_RANKS_PER_ROOT", "TORCH_NCCL_RANKS_PER_ROOT", "128",       \
       "nccl backend: a communicator of more ranks than this initialises through several "         \
       "bootstrap roots (ncclCommInitRankScalable), one per this many ranks")                      \
+    X(NCCL_NAN_CHECK, "C10D_NCCL_NAN_CHECK", "TORCH_NCCL_NAN_CHECK", "0",                        \
+      "nccl backend: 1 checks every floating-point input for NaN on the GPU before the op; a "     \
+      "NaN fails the op and the group (the process is not killed)")                               \
     X(NCCL_PEER_CHECK_MS, "C10D_NCCL_PEER_CHECK_MS", NULL, "1000",                                 \
       "nccl backend: while ops are in flight, how often a rank looks in the store for another "    \
       "rank's failure of the group (0: never; each rank then fails by its own timeout)")

@@ -628,6 +628,112 @@ static void test_async_error(void **s)
     run(2, async_main, NULL, 60);
 }
 
+/* C10D_NCCL_NAN_CHECK: a NaN in an input fails that op on its rank, and
+ * the other ranks through the store; infinities and clean inputs pass. */
+static void put_bits(void *buf, size_t i, c10d_dtype dt, uint64_t bits)
+{
+    memcpy((char *)buf + i * c10d_dtype_size(dt), &bits, c10d_dtype_size(dt)); /* little endian */
+}
+
+static const struct {
+    c10d_dtype dt;
+    uint64_t nan, inf; /* inf 0: the type has none */
+} nan_types[] = {
+    {C10D_FLOAT32, 0xffc00001u, 0x7f800000u},
+    {C10D_FLOAT64, 0x7ff8000000000000ull, 0xfff0000000000000ull},
+    {C10D_FLOAT16, 0x7c01u, 0xfc00u},
+    {C10D_BFLOAT16, 0xffc1u, 0x7f80u},
+    {C10D_FLOAT8_E4M3, 0xffu, 0},
+    {C10D_FLOAT8_E5M2, 0x7du, 0x7cu},
+};
+
+static int nan_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    setenv("C10D_NCCL_NAN_CHECK", "1", 1);
+    setenv("C10D_NCCL_PEER_CHECK_MS", "200", 1);
+    c10d__env_reload();
+    if (c10d__cuda_load(&cu) != 0)
+        return 1;
+    const size_t count = 3000;
+    void *buf = dev_alloc(count * 8);
+    char *h = malloc(count * 8);
+    c10d_work *w;
+    if (n == 1) {
+        /* Each float type: an infinity passes, a NaN fails naming op and dtype. */
+        for (size_t t = 0; t < sizeof nan_types / sizeof *nan_types; t++) {
+            c10d_dtype dt = nan_types[t].dt;
+            c10d_pg *pg = init_group(1, 30000);
+            MP_CHECK(pg != NULL, "init");
+            c10d_op_opts o = gpu_opts(); /* after init_group: this rank's device */
+            data_fill(h, count, 0, rank, dt, C10D_MAX);
+            if (nan_types[t].inf != 0)
+                put_bits(h, 17, dt, nan_types[t].inf);
+            to_dev(buf, h, count * c10d_dtype_size(dt));
+            int rc = finish(c10d_all_reduce(pg, buf, buf, count, dt, C10D_MAX, &o, &w), &w);
+            MP_CHECK(rc == 0, "%s without NaN: %s", c10d_dtype_name(dt), c10d_last_error());
+            put_bits(h, count - 1, dt, nan_types[t].nan);
+            to_dev(buf, h, count * c10d_dtype_size(dt));
+            rc = finish(c10d_all_reduce(pg, buf, buf, count, dt, C10D_MAX, &o, &w), &w);
+            MP_CHECK(rc == C10D_EINVAL, "%s with a NaN: %d %s", c10d_dtype_name(dt), rc,
+                     c10d_last_error());
+            char want[96];
+            snprintf(want, sizeof want, "NaN found in the input of ALLREDUCE (SeqNum=2, dtype %s)",
+                     c10d_dtype_name(dt));
+            MP_CHECK(strstr(c10d_last_error(), want) != NULL, "message: %s", c10d_last_error());
+            c10d_pg_abort(pg, "test");
+        }
+        /* Integers are not checked: NaN's bits are just a number there. */
+        c10d_pg *pg = init_group(1, 30000);
+        MP_CHECK(pg != NULL, "init");
+        c10d_op_opts o = gpu_opts();
+        put_bits(h, 0, C10D_INT32, 0x7fc00000u);
+        to_dev(buf, h, 4);
+        MP_CHECK(finish(c10d_all_reduce(pg, buf, buf, 1, C10D_INT32, C10D_SUM, &o, &w), &w) == 0,
+                 "int32: %s", c10d_last_error());
+        c10d_pg_destroy(pg);
+    } else {
+        /* Rank 1, the root of a broadcast, sends a NaN: it fails at once,
+         * rank 0 (whose input is not checked) on its next op, from the store. */
+        c10d_pg *pg = init_group(1, 30000);
+        MP_CHECK(pg != NULL, "init");
+        c10d_op_opts o = gpu_opts();
+        if (check_all_reduce(pg, rank, n, C10D_BFLOAT16, C10D_SUM, 1000, 1))
+            return 1;
+        data_fill(h, count, 0, rank, C10D_FLOAT32, C10D_SUM);
+        if (rank == 1)
+            put_bits(h, 1234, C10D_FLOAT32, 0x7fc00000u);
+        to_dev(buf, h, count * 4);
+        int rc = finish(c10d_broadcast(pg, buf, buf, count, C10D_FLOAT32, 1, &o, &w), &w);
+        if (rank == 1) {
+            MP_CHECK(rc == C10D_EINVAL, "root with a NaN: %d %s", rc, c10d_last_error());
+        } else {
+            MP_CHECK(rc == 0, "receiver: %s", c10d_last_error());
+            uint64_t t0 = now_ms();
+            rc = finish(c10d_barrier(pg, &o, &w), &w);
+            MP_CHECK(rc != 0, "rank 0's next op passed");
+            MP_CHECK(now_ms() - t0 < 5000, "rank 0 learnt of it after %llu ms",
+                     (unsigned long long)(now_ms() - t0));
+        }
+        MP_CHECK(strstr(c10d_last_error(), "NaN found in the input of BROADCAST") != NULL,
+                 "message: %s", c10d_last_error());
+        MP_CHECK(strstr(c10d_last_error(), "on rank 1") != NULL, "message: %s", c10d_last_error());
+        c10d_pg_abort(pg, "test");
+        if (rank == 1)
+            usleep(1000 * 1000); /* rank 0 reads the news from the store rank 0 hosts */
+    }
+    free(h);
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_nan_check(void **s)
+{
+    (void)s;
+    run(1, nan_main, NULL, 60);
+    run(2, nan_main, NULL, 60);
+}
+
 static uint64_t probe_fired_ms;
 
 static void probe_cb(c10d_work *w, int status, void *arg)
@@ -843,6 +949,7 @@ int main(void)
         cmocka_unit_test(test_scalable_init),
         cmocka_unit_test(test_hang_times_out),
         cmocka_unit_test(test_async_error),
+        cmocka_unit_test(test_nan_check),
         cmocka_unit_test(test_init_never_joins),
         cmocka_unit_test(test_loop_never_blocks),
         cmocka_unit_test(test_shrink),

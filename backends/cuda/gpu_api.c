@@ -68,7 +68,9 @@ static const char *const cudart_names[] = {
                             NAME(cudaEventQuery) NAME(cudaEventSynchronize) NAME(cudaLaunchHostFunc)
                                 NAME(cudaMalloc) NAME(cudaFree) NAME(cudaHostAlloc)
                                     NAME(cudaFreeHost) NAME(cudaMemcpy) NAME(cudaMemcpyAsync)
-                                        NAME(cudaMemsetAsync) NAME(cudaDeviceSynchronize)};
+                                        NAME(cudaMemsetAsync) NAME(cudaDeviceSynchronize)
+                                            NAME(cudaLibraryLoadData) NAME(cudaLibraryGetKernel)
+                                                NAME(cudaLaunchKernel)};
 static const char *const nccl_names[] = {
     NAME(ncclGetVersion) NAME(ncclGetErrorString) NAME(ncclGetLastError) NAME(ncclGetUniqueId)
         NAME(ncclCommInitRankConfig) NAME(ncclCommInitRankScalable) NAME(ncclCommSplit)

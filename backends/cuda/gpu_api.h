@@ -48,6 +48,10 @@ struct c10d__cudart_api {
     C10D__GPU_FN(cudaMemcpyAsync);
     C10D__GPU_FN(cudaMemsetAsync);
     C10D__GPU_FN(cudaDeviceSynchronize);
+    /* the NaN check kernel (nan_check.h) */
+    C10D__GPU_FN(cudaLibraryLoadData);
+    C10D__GPU_FN(cudaLibraryGetKernel);
+    C10D__GPU_FN(cudaLaunchKernel);
 };
 
 /* The NCCL entries the nccl backend uses. */

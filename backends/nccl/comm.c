@@ -16,6 +16,7 @@
  * launch.c waits out in place (bounded by the op's timeout). */
 #include "nccl_impl.h"
 
+#include "backends/cuda/nan_check.h"
 #include "engine/env.h"
 
 #include "engine/error.h"
@@ -216,6 +217,24 @@ static void start_work(void *arg)
         comm_fail_start(c, C10D_EIO, "cannot create the communicator's stream: %s",
                         api->cuda.cudaGetErrorString(e));
         return;
+    }
+    if (s->nan_check) {
+        if (c10d__nan_check_load(&api->cuda) != 0) {
+            comm_fail_start(c, C10D_EUNSUPPORTED, "%s", c10d_last_error());
+            return;
+        }
+        /* Mapped and portable: with unified addressing every device
+         * writes it through the host pointer. */
+        void *flag = NULL;
+        e = api->cuda.cudaHostAlloc(&flag, sizeof *c->nan_flag,
+                                    cudaHostAllocMapped | cudaHostAllocPortable);
+        if (e != cudaSuccess) {
+            comm_fail_start(c, C10D_EIO, "C10D_NCCL_NAN_CHECK: cannot allocate its flag: %s",
+                            api->cuda.cudaGetErrorString(e));
+            return;
+        }
+        c->nan_flag = flag;
+        *c->nan_flag = 0;
     }
     char name[256];
     ncclConfig_t cfg;
@@ -572,6 +591,9 @@ static void comm_release(struct nccl_comm *c, int abort)
     if (c->barrier_buf != NULL)
         api->cuda.cudaFree(c->barrier_buf);
     c->barrier_buf = NULL;
+    if (c->nan_flag != NULL)
+        api->cuda.cudaFreeHost((void *)c->nan_flag);
+    c->nan_flag = NULL;
 }
 
 static void comm_free(struct nccl_comm *c)

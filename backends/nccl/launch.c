@@ -5,6 +5,7 @@
  * batches included, is one ncclGroupStart/ncclGroupEnd. */
 #include "nccl_impl.h"
 
+#include "backends/cuda/nan_check.h"
 #include "engine/error.h"
 #include "engine/kernels/reduce.h"
 #include "engine/loop.h"
@@ -228,6 +229,61 @@ static ncclResult_t launch_one(struct launch *l, const struct c10d__op *op)
     default:
         return ncclInvalidArgument;
     }
+}
+
+/* ------------------------------------------------------------ NaN check */
+
+static int check_input(struct nccl_comm *c, const void *buf, size_t count, c10d_dtype dt,
+                       uint64_t tag)
+{
+    return c10d__nan_check_launch(&c->s->api->cuda, buf, count, dt, (uint64_t *)c->nan_flag, tag,
+                                  c->stream);
+}
+
+/* The inputs of one op: what this rank sends or reduces. */
+static int check_one(struct nccl_comm *c, const struct c10d__op *op, uint64_t tag)
+{
+    int size = c->nranks, me = c->rank, rc = 0;
+    size_t es = c10d_dtype_size(op->dtype);
+    switch (op->kind) {
+    case C10D_OP_ALL_REDUCE:
+    case C10D_OP_REDUCE:
+    case C10D_OP_ALL_GATHER:
+    case C10D_OP_GATHER:
+    case C10D_OP_SEND:
+        return check_input(c, op->send, op->count, op->dtype, tag);
+    case C10D_OP_BROADCAST:
+        return me == op->root ? check_input(c, op->send, op->count, op->dtype, tag) : 0;
+    case C10D_OP_SCATTER:
+        return me == op->root ? check_input(c, op->send, op->count * (size_t)size, op->dtype, tag)
+                              : 0;
+    case C10D_OP_REDUCE_SCATTER:
+        if (op->sends == NULL)
+            return check_input(c, op->send, op->count * (size_t)size, op->dtype, tag);
+        for (int p = 0; p < size && rc == 0; p++)
+            rc = check_input(c, op->sends[p], op->count, op->dtype, tag);
+        return rc;
+    case C10D_OP_ALL_TO_ALL: {
+        size_t even = op->count / (size_t)size, off = 0;
+        for (int p = 0; p < size && rc == 0; p++) {
+            size_t n = block(op->send_counts, even, p);
+            const void *b = op->sends != NULL ? op->sends[p] : (const char *)op->send + off * es;
+            rc = check_input(c, b, n, op->dtype, tag);
+            off += n;
+        }
+        return rc;
+    }
+    default: /* recv, barrier: no input */
+        return 0;
+    }
+}
+
+int c10d__nccl_nan_check(struct nccl_comm *c, const struct c10d__op *op, uint64_t tag)
+{
+    int rc = 0;
+    for (; op != NULL && rc == 0; op = op->next)
+        rc = check_one(c, op, tag);
+    return rc;
 }
 
 /* A nonblocking communicator may answer ncclInProgress: the call is not

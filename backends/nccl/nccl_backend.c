@@ -13,6 +13,7 @@
  * watchdog thread and nothing kills the process. */
 #include "nccl_impl.h"
 
+#include "engine/env.h"
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/loop.h"
@@ -100,6 +101,16 @@ static int op_ready(struct c10d__poll_item *item)
     if (no->started_ms != 0) {
         cudaError_t e = api->cuda.cudaEventQuery(no->end_ev);
         if (e == cudaSuccess) {
+            /* The flag may hold a later op's tag already: only ours is ours. */
+            if (no->nan_tag != 0 && *c->nan_flag == no->nan_tag) {
+                no->status = C10D_EINVAL;
+                snprintf(no->why, sizeof no->why,
+                         "NaN found in the input of %s (SeqNum=%llu, dtype %s) on rank %d of "
+                         "process group %s (C10D_NCCL_NAN_CHECK); the op ran, and its output on "
+                         "every rank is suspect",
+                         op_type(no->op), (unsigned long long)no->op->seq,
+                         c10d_dtype_name(no->op->dtype), c->s->rank, c->s->name);
+            }
             ready = 1;
         } else if (e != cudaErrorNotReady) {
             no->status = C10D_EIO;
@@ -171,6 +182,11 @@ static int issue(struct nccl_comm *c, struct nccl_op *no)
         e = api->cuda.cudaEventRecord(no->start_ev, c->stream);
     if (e != cudaSuccess)
         rc = c10d__fail(C10D_EIO, "nccl %s: %s", op_type(no->op), api->cuda.cudaGetErrorString(e));
+    /* Not in a capture: a graph's replays would write a flag nobody reads. */
+    if (rc == 0 && c->nan_flag != NULL && !no->captured) {
+        no->nan_tag = ++c->nan_tags;
+        rc = c10d__nccl_nan_check(c, no->op, no->nan_tag);
+    }
     if (rc == 0)
         rc = c10d__nccl_launch(c, no->op);
     if (rc == 0 && (e = api->cuda.cudaEventRecord(no->end_ev, c->stream)) != cudaSuccess)
@@ -355,6 +371,7 @@ static struct nccl_state *state_new(const struct c10d__gpu_api *api,
     if (cfg->nccl_opts != NULL)
         s->nccl_opts = *cfg->nccl_opts;
     s->bound_device = bound_device;
+    s->nan_check = c10d__env_bool(C10D_ENV_NCCL_NAN_CHECK);
     uv_mutex_init(&s->mutex);
     return s;
 }

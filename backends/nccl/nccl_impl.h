@@ -62,6 +62,10 @@ struct nccl_comm {
     ncclComm_t comm;
     cudaStream_t stream;
     void *barrier_buf; /* one float on the device, for barrier */
+    /* C10D_NCCL_NAN_CHECK: mapped host memory the check kernel writes the
+     * tag of an op with a NaN input to; NULL when the check is off. */
+    volatile uint64_t *nan_flag;
+    uint64_t nan_tags; /* under lock: the last tag given out */
     struct nccl_event_pool *pool;
     struct c10d__poll_queue completions;           /* ops in stream order */
     struct nccl_op *deferred_head, *deferred_tail; /* under lock, while STARTING */
@@ -98,6 +102,7 @@ struct nccl_op {
     cudaEvent_t end_ev;   /* after it */
     _Atomic int issued;   /* start/end events recorded */
     int captured;         /* issued into a CUDA graph capture: nothing to poll */
+    uint64_t nan_tag;     /* its inputs' NaN check wrote this where it found one; 0: none */
     uint64_t started_ms;  /* loop: when start_ev was first seen done; 0 before */
     int status;           /* loop: what to complete with (0: success) */
     char why[384];
@@ -112,6 +117,7 @@ struct nccl_state {
     c10d_store *store;
     c10d_nccl_opts nccl_opts; /* strings point into the group, which outlives us */
     int bound_device;         /* the device the group is bound to, -1: none */
+    int nan_check;            /* C10D_NCCL_NAN_CHECK: inputs checked for NaN before each op */
     uv_mutex_t mutex;         /* the comms list and the first error */
     struct nccl_comm *comms;
     _Atomic int poisoned;
@@ -168,6 +174,11 @@ int c10d__nccl_check(const struct c10d__op *op);
  * ops linked after it, on c->stream, inside one NCCL group. 0 or C10D_EIO
  * with the message set. */
 int c10d__nccl_launch(struct nccl_comm *c, const struct c10d__op *op);
+/* Under c->lock, with c->device current, before the op's NCCL calls: the
+ * NaN check of every floating-point input of `op` and of the ops linked
+ * after it, on c->stream, writing `tag` to c->nan_flag where one has a NaN.
+ * 0 or C10D_EIO with the message set. */
+int c10d__nccl_nan_check(struct nccl_comm *c, const struct c10d__op *op, uint64_t tag);
 /* NCCL's name for `r` and its last error text, for messages. */
 const char *c10d__nccl_error_text(const struct c10d__gpu_api *api, ncclResult_t r, char *buf,
                                   size_t len);

@@ -6,7 +6,8 @@
  * timing means nothing. This header is private to the three sources:
  *   gpusim_cuda.c  devices, memory, streams (one thread each), events
  *   gpusim_nccl.c  communicators: init, split, shrink, abort, errors, knobs
- *   gpusim_coll.c  collectives, P2P and groups through a shared segment */
+ *   gpusim_coll.c  collectives, P2P and groups through a shared segment
+ *   gpusim_kernel.c  libraries and the one kernel libc10d launches, on the CPU */
 #ifndef C10D_GPUSIM_H
 #define C10D_GPUSIM_H
 
