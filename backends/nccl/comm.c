@@ -1,19 +1,23 @@
 /* Communicators of the nccl backend (nccl_impl.h).
  *
  * Start: a worker thread sets the device, creates the stream, the barrier
- * buffer and the event pool, exchanges the unique id through the group's
- * store (rank 0 of the communicator publishes it) and calls
- * ncclCommInitRankConfig (or ncclCommSplit) on a nonblocking communicator;
- * the loop then polls ncclCommGetAsyncError through the completion poller
- * until the communicator is ready, failed, or the group's timeout passed.
- * Nothing here blocks the loop: a rank that never joins costs a poll every
- * few milliseconds until the deadline.
+ * buffer and the event pool, exchanges the unique id(s) through the group's
+ * store (the first rank of each bootstrap root publishes one) and calls
+ * ncclCommInitRankConfig, ncclCommInitRankScalable, ncclCommSplit or
+ * ncclCommShrink. The loop watches the start through the completion poller
+ * until the communicator is ready, failed, or the group's timeout passed;
+ * nothing here blocks the loop.
  *
- * Why nonblocking: a blocking init cannot be aborted (its handle is returned
- * only when it is done), so a rank that never joins would pin a thread and a
- * communicator for ever. The ops themselves are issued on callers' threads;
- * a nonblocking communicator may answer them with ncclInProgress, which
- * launch.c waits out in place (bounded by the op's timeout). */
+ * Blocking communicators by default, as PyTorch and torchcomms: NCCL 2.28
+ * starts a thread for every ncclGroupEnd of a nonblocking communicator, a
+ * cost on every op. A blocking init cannot be aborted (its handle exists
+ * only once it returns), so it runs on a worker under the poller's
+ * deadline: past it the group fails on every rank, and the worker, if NCCL
+ * never lets it go, is left to its continuation, which aborts what it made
+ * should it ever return. Nonblocking communicators (an option) are polled
+ * with ncclCommGetAsyncError instead, and an op they answer with
+ * ncclInProgress is waited out in place, bounded by its timeout
+ * (launch.c). */
 #include "nccl_impl.h"
 
 #include "backends/cuda/nan_check.h"
