@@ -21,6 +21,7 @@
 #include "engine/env.h"
 #include "mp_harness.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -580,6 +581,73 @@ static void test_hang_times_out(void **s)
     run(2, hang_main, NULL, 60);
 }
 
+/* A stalled stream, as on a GPU (no fault knob): rank 1's caller stream is
+ * held by a host function, so its all_reduce never starts. Rank 0's starts
+ * and waits in NCCL for rank 1: it times out by its own clock (counted from
+ * its start), rank 1, whose op never started, learns of it through the
+ * store. Both within T + 2 s; abort returns within its bound with the stream
+ * still held. */
+static _Atomic int stall_gate;
+
+static void CUDART_CB stall_fn(void *arg)
+{
+    (void)arg;
+    /* Bounded: the stream must not outlive a broken test for ever. */
+    for (int i = 0; i < 30000 && !atomic_load(&stall_gate); i++)
+        usleep(1000);
+}
+
+static int stalled_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    (void)n;
+    setenv("C10D_NCCL_PEER_CHECK_MS", "200", 1);
+    c10d__env_reload();
+    if (c10d__cuda_load(&cu) != 0)
+        return 1;
+    c10d_pg *pg = init_group(1, FAULT_TIMEOUT_MS);
+    MP_CHECK(pg != NULL, "init");
+    c10d_op_opts o = gpu_opts();
+    float *buf = dev_alloc(4 * 1024);
+    c10d_work *w;
+    int rc = finish(c10d_all_reduce(pg, buf, buf, 1024, C10D_FLOAT32, C10D_SUM, &o, &w), &w);
+    MP_CHECK(rc == 0, "first all_reduce: %s", c10d_last_error());
+    if (rank == 1)
+        MP_CHECK(cu->cudaLaunchHostFunc(NULL, stall_fn, NULL) == cudaSuccess, "host func");
+    uint64_t t0 = now_ms();
+    rc = c10d_all_reduce(pg, buf, buf, 1024, C10D_FLOAT32, C10D_SUM, &o, &w);
+    if (rc == 0)
+        rc = c10d_work_wait_release(w); /* not finish(): the stream is held */
+    uint64_t took = now_ms() - t0;
+    MP_CHECK(rc != 0, "the all_reduce behind a stalled stream passed");
+    MP_CHECK(took <= FAULT_TIMEOUT_MS + 2000, "failure took %llu ms", (unsigned long long)took);
+    if (rank == 0)
+        MP_CHECK(rc == C10D_ETIMEDOUT &&
+                     strstr(c10d_last_error(), "Watchdog caught collective operation timeout: "
+                                               "WorkNCCL(SeqNum=2, OpType=ALLREDUCE") != NULL,
+                 "rank 0: %d %s", rc, c10d_last_error());
+    else
+        MP_CHECK(strstr(c10d_last_error(), "rank 0 failed") != NULL &&
+                     strstr(c10d_last_error(), "Watchdog caught collective operation timeout") !=
+                         NULL,
+                 "rank 1: %d %s", rc, c10d_last_error());
+    uint64_t a0 = now_ms();
+    c10d_pg_abort(pg, "test");
+    uint64_t abort_ms = now_ms() - a0;
+    MP_CHECK(abort_ms < 12000, "abort took %llu ms", (unsigned long long)abort_ms);
+    atomic_store(&stall_gate, 1);
+    if (rank == 0)
+        usleep(1000 * 1000); /* rank 1 reads the news from the store rank 0 hosts */
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_stalled_stream(void **s)
+{
+    (void)s;
+    run(2, stalled_main, NULL, 60);
+}
+
 /* Rank 0's communicator reports an async error after two ops: its pending
  * op fails at once naming it, and rank 1, whose op waits for rank 0 with a
  * 30 s timeout, learns of it through the store within its check interval. */
@@ -948,6 +1016,7 @@ int main(void)
         cmocka_unit_test(test_ops_3_bound),
         cmocka_unit_test(test_scalable_init),
         cmocka_unit_test(test_hang_times_out),
+        cmocka_unit_test(test_stalled_stream),
         cmocka_unit_test(test_async_error),
         cmocka_unit_test(test_nan_check),
         cmocka_unit_test(test_init_never_joins),
