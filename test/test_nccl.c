@@ -870,6 +870,7 @@ static int slow_main(int rank, int n, void *arg)
     (void)rank;
     setenv("C10D_SIM_INIT_DELAY_MS", "800", 1);
     setenv("C10D_SIM_ABORT_DELAY_MS", "1500", 1);
+    setenv("C10D_SIM_FIRST_LAUNCH_DELAY_MS", "1500", 1);
     if (c10d__cuda_load(&cu) != 0)
         return 1;
     c10d_pg *pg = init_group(0, 30000);
@@ -886,6 +887,19 @@ static int slow_main(int rank, int n, void *arg)
         usleep(1000);
     MP_CHECK(probe_fired_ms - t0 < 400, "a 100 ms timer fired after %llu ms during init",
              (unsigned long long)(probe_fired_ms - t0));
+    c10d_work_release(probe);
+    /* Around 800 ms the communicator is ready and the op that waited for it
+     * is issued; its first launch then blocks 1.5 s in NCCL, off the loop. */
+    while (now_ms() - t0 < 750)
+        usleep(1000);
+    uint64_t t1 = now_ms();
+    probe = probe_start();
+    MP_CHECK(c10d_work_wait(probe, 5000) == C10D_ETIMEDOUT, "probe");
+    while (probe_fired_ms == 0)
+        usleep(1000);
+    MP_CHECK(probe_fired_ms - t1 < 400,
+             "a 100 ms timer fired after %llu ms while the first launch blocked",
+             (unsigned long long)(probe_fired_ms - t1));
     c10d_work_release(probe);
     MP_CHECK(finish(0, &w) == 0, "op: %s", c10d_last_error());
     /* An abort stuck 1.5 s in NCCL: the loop still keeps time. */

@@ -122,15 +122,16 @@ static void pool_close(struct nccl_event_pool *p, const struct c10d__gpu_api *ap
 
 /* ----------------------------------------------------------------- start */
 
-static void comm_fail_start(struct nccl_comm *c, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void comm_fail_start(struct nccl_comm *c, int status, const char *fmt, ...)
+void c10d__nccl_comm_fail_start(struct nccl_comm *c, int status, const char *fmt, ...)
 {
+    int unclaimed = 0;
+    if (!atomic_compare_exchange_strong(&c->init_claimed, &unclaimed, 1))
+        return;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(c->init_error, sizeof c->init_error, fmt, ap);
     va_end(ap);
-    c->init_status = status;
+    atomic_store(&c->init_status, status);
 }
 
 static void fill_config(const struct nccl_state *s, const struct nccl_comm *c, ncclConfig_t *cfg,
@@ -140,7 +141,7 @@ static void fill_config(const struct nccl_state *s, const struct nccl_comm *c, n
     *cfg = init;
     /* A child made from a parent keeps its mode: NCCL runs the parent and
      * the child in one group, which cannot mix the two. */
-    cfg->blocking = c10d__nccl_comm_blocking(c);
+    cfg->blocking = c->blocking;
     const c10d_nccl_opts *o = &s->nccl_opts;
     if (o->cga_cluster_size > 0)
         cfg->cgaClusterSize = o->cga_cluster_size;
@@ -162,12 +163,6 @@ static void fill_config(const struct nccl_state *s, const struct nccl_comm *c, n
         snprintf(name, namelen, "%.60s:%.100s:p2p %d-%d", s->name, s->desc,
                  s->rank < c->peer ? s->rank : c->peer, s->rank < c->peer ? c->peer : s->rank);
     cfg->commName = name;
-}
-
-int c10d__nccl_comm_blocking(const struct nccl_comm *c)
-{
-    const struct nccl_state *s = c->split_parent != NULL ? c->split_parent->s : c->s;
-    return !s->nccl_opts.nonblocking && !c10d__env_bool(C10D_ENV_NCCL_NONBLOCKING);
 }
 
 /* Above C10D_NCCL_RANKS_PER_ROOT ranks, init goes through several
@@ -207,8 +202,8 @@ static void start_work(void *arg)
     const struct c10d__gpu_api *api = s->api;
     cudaError_t e = api->cuda.cudaSetDevice(c->device);
     if (e != cudaSuccess) {
-        comm_fail_start(c, C10D_EIO, "cudaSetDevice(%d): %s", c->device,
-                        api->cuda.cudaGetErrorString(e));
+        c10d__nccl_comm_fail_start(c, C10D_EIO, "cudaSetDevice(%d): %s", c->device,
+                                   api->cuda.cudaGetErrorString(e));
         return;
     }
     int lo, hi;
@@ -218,13 +213,13 @@ static void start_work(void *arg)
     if (e == cudaSuccess)
         e = api->cuda.cudaMalloc(&c->barrier_buf, 16);
     if (e != cudaSuccess) {
-        comm_fail_start(c, C10D_EIO, "cannot create the communicator's stream: %s",
-                        api->cuda.cudaGetErrorString(e));
+        c10d__nccl_comm_fail_start(c, C10D_EIO, "cannot create the communicator's stream: %s",
+                                   api->cuda.cudaGetErrorString(e));
         return;
     }
     if (s->nan_check) {
         if (c10d__nan_check_load(&api->cuda) != 0) {
-            comm_fail_start(c, C10D_EUNSUPPORTED, "%s", c10d_last_error());
+            c10d__nccl_comm_fail_start(c, C10D_EUNSUPPORTED, "%s", c10d_last_error());
             return;
         }
         /* Mapped and portable: with unified addressing every device
@@ -233,8 +228,9 @@ static void start_work(void *arg)
         e = api->cuda.cudaHostAlloc(&flag, sizeof *c->nan_flag,
                                     cudaHostAllocMapped | cudaHostAllocPortable);
         if (e != cudaSuccess) {
-            comm_fail_start(c, C10D_EIO, "C10D_NCCL_NAN_CHECK: cannot allocate its flag: %s",
-                            api->cuda.cudaGetErrorString(e));
+            c10d__nccl_comm_fail_start(c, C10D_EIO,
+                                       "C10D_NCCL_NAN_CHECK: cannot allocate its flag: %s",
+                                       api->cuda.cudaGetErrorString(e));
             return;
         }
         c->nan_flag = flag;
@@ -258,8 +254,8 @@ static void start_work(void *arg)
                                         c->split_key, &c->comm, &cfg);
         uv_mutex_unlock(&p->lock);
         if (r != ncclSuccess && r != ncclInProgress)
-            comm_fail_start(c, C10D_EIO, "%s: %s", fn,
-                            c10d__nccl_error_text(api, r, buf, sizeof buf));
+            c10d__nccl_comm_fail_start(c, C10D_EIO, "%s: %s", fn,
+                                       c10d__nccl_error_text(api, r, buf, sizeof buf));
         return;
     }
     ncclUniqueId ids[C10D__NCCL_MAX_ROOTS];
@@ -269,14 +265,15 @@ static void start_work(void *arg)
             continue;
         r = api->nccl.ncclGetUniqueId(&ids[i]);
         if (r != ncclSuccess) {
-            comm_fail_start(c, C10D_EIO, "ncclGetUniqueId: %s",
-                            c10d__nccl_error_text(api, r, buf, sizeof buf));
+            c10d__nccl_comm_fail_start(c, C10D_EIO, "ncclGetUniqueId: %s",
+                                       c10d__nccl_error_text(api, r, buf, sizeof buf));
             return;
         }
         char key[96];
         id_key(c, i, nroots, key, sizeof key);
-        if (c10d_store_set_sync(s->store, key, &ids[i], sizeof ids[i]) != 0) {
-            comm_fail_start(c, C10D_ESTORE, "cannot publish the unique id: %s", c10d_last_error());
+        if (c10d_store_set_sync(c->store, key, &ids[i], sizeof ids[i]) != 0) {
+            c10d__nccl_comm_fail_start(c, C10D_ESTORE, "cannot publish the unique id: %s",
+                                       c10d_last_error());
             return;
         }
     }
@@ -287,12 +284,12 @@ static void start_work(void *arg)
         id_key(c, i, nroots, key, sizeof key);
         void *v = NULL;
         size_t len = 0;
-        int rc = c10d_store_get_sync(s->store, key, &v, &len);
+        int rc = c10d_store_get_sync(c->store, key, &v, &len);
         if (rc != 0 || len != sizeof ids[i]) {
-            comm_fail_start(c, rc != 0 ? rc : C10D_EPROTO,
-                            "no unique id from rank %d of the communicator (store key %s): %s",
-                            root_rank(i, c->nranks, nroots), key,
-                            rc != 0 ? c10d_last_error() : "wrong size");
+            c10d__nccl_comm_fail_start(
+                c, rc != 0 ? rc : C10D_EPROTO,
+                "no unique id from rank %d of the communicator (store key %s): %s",
+                root_rank(i, c->nranks, nroots), key, rc != 0 ? c10d_last_error() : "wrong size");
             free(v);
             return;
         }
@@ -302,14 +299,14 @@ static void start_work(void *arg)
     if (nroots == 1) {
         r = api->nccl.ncclCommInitRankConfig(&c->comm, c->nranks, ids[0], c->rank, &cfg);
         if (r != ncclSuccess && r != ncclInProgress)
-            comm_fail_start(c, C10D_EIO, "ncclCommInitRankConfig: %s",
-                            c10d__nccl_error_text(api, r, buf, sizeof buf));
+            c10d__nccl_comm_fail_start(c, C10D_EIO, "ncclCommInitRankConfig: %s",
+                                       c10d__nccl_error_text(api, r, buf, sizeof buf));
         return;
     }
     r = api->nccl.ncclCommInitRankScalable(&c->comm, c->nranks, c->rank, nroots, ids, &cfg);
     if (r != ncclSuccess && r != ncclInProgress)
-        comm_fail_start(c, C10D_EIO, "ncclCommInitRankScalable (%d roots): %s", nroots,
-                        c10d__nccl_error_text(api, r, buf, sizeof buf));
+        c10d__nccl_comm_fail_start(c, C10D_EIO, "ncclCommInitRankScalable (%d roots): %s", nroots,
+                                   c10d__nccl_error_text(api, r, buf, sizeof buf));
 }
 
 /* Loop, through the poller: is the nonblocking init (or split) done? */
@@ -318,7 +315,7 @@ static int init_ready(struct c10d__poll_item *item)
     struct nccl_comm *c =
         (struct nccl_comm *)((char *)item - offsetof(struct nccl_comm, init_item));
     const struct c10d__gpu_api *api = c->s->api;
-    if (c10d__nccl_comm_blocking(c) && atomic_load(&c->start_busy)) {
+    if (c->blocking && atomic_load(&c->start_busy)) {
         /* A blocking init is under way on a worker: only its deadline. The
          * worker stays in NCCL; closing the group waits for it off the loop
          * and aborts what it made, if it ever returns. */
@@ -326,10 +323,11 @@ static int init_ready(struct c10d__poll_item *item)
             c10d__nccl_peer_error_poll(c->s);
             return 0;
         }
-        comm_fail_start(c, C10D_ETIMEDOUT,
-                        "the NCCL communicator (%d ranks, blocking) did not finish initialising "
-                        "within %lld ms: a rank never joined, or its unique id never came",
-                        c->nranks, (long long)c->s->timeout_ms);
+        c10d__nccl_comm_fail_start(
+            c, C10D_ETIMEDOUT,
+            "the NCCL communicator (%d ranks, blocking) did not finish initialising "
+            "within %lld ms: a rank never joined, or its unique id never came",
+            c->nranks, (long long)c->s->timeout_ms);
         return 1;
     }
     if (c->init_status != 0)
@@ -344,16 +342,18 @@ static int init_ready(struct c10d__poll_item *item)
             c10d__nccl_peer_error_poll(c->s);
             return 0;
         }
-        comm_fail_start(c, C10D_ETIMEDOUT,
-                        "the NCCL communicator (%d ranks) did not finish initialising within "
-                        "%lld ms: a rank never joined, or its unique id never came",
-                        c->nranks, (long long)c->s->timeout_ms);
+        c10d__nccl_comm_fail_start(
+            c, C10D_ETIMEDOUT,
+            "the NCCL communicator (%d ranks) did not finish initialising within "
+            "%lld ms: a rank never joined, or its unique id never came",
+            c->nranks, (long long)c->s->timeout_ms);
         return 1;
     }
     char buf[256];
     if (st != ncclSuccess || pst != ncclSuccess)
-        comm_fail_start(c, C10D_EIO, "NCCL communicator init failed: %s",
-                        c10d__nccl_error_text(api, st != ncclSuccess ? st : pst, buf, sizeof buf));
+        c10d__nccl_comm_fail_start(
+            c, C10D_EIO, "NCCL communicator init failed: %s",
+            c10d__nccl_error_text(api, st != ncclSuccess ? st : pst, buf, sizeof buf));
     return 1;
 }
 
@@ -364,31 +364,28 @@ static void init_done(struct c10d__poll_item *item)
     c10d__nccl_comm_settled(c);
 }
 
-static void orphan_work(void *arg);
-static void orphan_after(void *arg);
-
 static void start_after(void *arg)
 {
     struct nccl_comm *c = arg;
     int busy = START_BUSY;
     if (!atomic_compare_exchange_strong(&c->start_busy, &busy, START_IDLE)) {
         /* The group closed without us: its state may be gone; c is ours. */
-        if (c10d__engine_offload(orphan_work, orphan_after, c) != 0)
-            orphan_after(c);
+        c10d__nccl_comm_orphan_release(c);
         return;
     }
-    if (c10d__nccl_comm_blocking(c))
+    if (c->blocking)
         return; /* the init item, queued at the start, sees it */
     if (c->init_status != 0 || c->s->closing) {
         if (c->init_status == 0)
-            comm_fail_start(c, C10D_EABORTED, "the group ended during communicator setup");
+            c10d__nccl_comm_fail_start(c, C10D_EABORTED,
+                                       "the group ended during communicator setup");
         c10d__nccl_comm_settled(c);
         return;
     }
     c->init_item.ready = init_ready;
     c->init_item.done = init_done;
     if (c10d__poll_push(&c->completions, &c->init_item) != 0) {
-        comm_fail_start(c, C10D_EABORTED, "the engine is shutting down");
+        c10d__nccl_comm_fail_start(c, C10D_EABORTED, "the engine is shutting down");
         c10d__nccl_comm_settled(c);
     }
 }
@@ -404,14 +401,16 @@ static int comm_start(struct nccl_comm *c)
     }
     /* Blocking: the worker returns only once init is over, so the deadline
      * is kept from now by the poller. */
-    if (c10d__nccl_comm_blocking(c)) {
+    if (c->blocking) {
         c->init_item.ready = init_ready;
         c->init_item.done = init_done;
         if (c10d__poll_push(&c->completions, &c->init_item) != 0)
-            comm_fail_start(c, C10D_EABORTED, "the engine is shutting down");
+            c10d__nccl_comm_fail_start(c, C10D_EABORTED, "the engine is shutting down");
     }
     return 0;
 }
+
+static void comm_free(struct nccl_comm *c);
 
 static struct nccl_comm *comm_new(struct nccl_state *s, int device, int peer)
 {
@@ -429,6 +428,9 @@ static struct nccl_comm *comm_new(struct nccl_state *s, int device, int peer)
     c->peer = peer;
     c->nranks = peer < 0 ? s->size : 2;
     c->rank = peer < 0 ? s->rank : s->rank < peer ? 0 : 1;
+    c->blocking = !s->nccl_opts.nonblocking && !c10d__env_bool(C10D_ENV_NCCL_NONBLOCKING);
+    c->store = s->store;
+    c10d_store_retain(c->store);
     uv_mutex_init(&c->lock);
     atomic_init(&c->phase, COMM_STARTING);
     c10d__poll_queue_init(&c->completions);
@@ -460,12 +462,13 @@ static void start_task(void *arg)
 {
     struct nccl_comm *c = arg;
     if (c->s->closing) {
-        comm_fail_start(c, C10D_EABORTED, "the group ended before its communicator started");
+        c10d__nccl_comm_fail_start(c, C10D_EABORTED,
+                                   "the group ended before its communicator started");
         c10d__nccl_comm_settled(c);
         return;
     }
     if (comm_start(c) != 0) {
-        comm_fail_start(c, C10D_EIO, "%s", c10d_last_error());
+        c10d__nccl_comm_fail_start(c, C10D_EIO, "%s", c10d_last_error());
         c10d__nccl_comm_settled(c);
     }
 }
@@ -520,6 +523,7 @@ int c10d__nccl_comm_split(struct nccl_state *child, struct nccl_state *parent_st
     if (c == NULL)
         return C10D_ENOMEM;
     c->split_parent = parent;
+    c->blocking = parent->blocking; /* NCCL's children keep the parent's mode */
     c->split_color = color;
     c->split_key = key;
     c->ready_done = done;
@@ -541,14 +545,13 @@ int c10d__nccl_comm_shrink(struct nccl_state *child, struct nccl_comm *parent, c
         return C10D_ENOMEM;
     c->shrink_excluded = malloc((size_t)nexcluded * sizeof(int));
     if (c->shrink_excluded == NULL) {
-        pool_close(c->pool, child->api);
-        uv_mutex_destroy(&c->lock);
-        free(c);
+        comm_free(c);
         return c10d__fail(C10D_ENOMEM, "nccl: out of memory");
     }
     memcpy(c->shrink_excluded, excluded, (size_t)nexcluded * sizeof(int));
     c->shrink_nexcluded = nexcluded;
     c->split_parent = parent;
+    c->blocking = parent->blocking;
     c->ready_done = done;
     c->ready_arg = arg;
     uv_mutex_lock(&child->mutex);
@@ -605,6 +608,7 @@ static void comm_free(struct nccl_comm *c)
     if (c->pool != NULL)
         pool_close(c->pool, c->api);
     uv_mutex_destroy(&c->lock);
+    c10d_store_release(c->store);
     free(c->shrink_excluded);
     free(c);
 }
@@ -617,6 +621,12 @@ static void orphan_work(void *arg)
 static void orphan_after(void *arg)
 {
     comm_free(arg);
+}
+
+void c10d__nccl_comm_orphan_release(struct nccl_comm *c)
+{
+    if (c10d__engine_offload(orphan_work, orphan_after, c) != 0)
+        orphan_after(c);
 }
 
 static void close_work(void *arg)

@@ -17,6 +17,7 @@
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/loop.h"
+#include "engine/offload.h"
 #include "engine/work.h"
 
 #include <stdarg.h>
@@ -221,37 +222,112 @@ static void fail_op(struct nccl_op *no, int status, const char *why)
     c10d_work_release(w); /* the deferred list's */
 }
 
+/* The ops that waited for a communicator are issued by a worker, never by
+ * the loop: a blocking communicator's first op may wait in NCCL for its
+ * peers (connections are made on first use). The worker holds c->lock, so
+ * callers that come meanwhile queue behind it in order; c stays START_BUSY
+ * (a close leaves it to drain_after) and the state keeps a pending call. */
+struct drain {
+    struct nccl_comm *c;
+    struct nccl_state *s;
+    struct nccl_op *failed; /* ops that could not be issued, with status and why */
+    c10d__backend_done_fn ready_done;
+    void *ready_arg;
+};
+
+static void drain_work(void *arg)
+{
+    struct drain *d = arg;
+    struct nccl_comm *c = d->c;
+    struct nccl_op **tail = &d->failed;
+    uv_mutex_lock(&c->lock);
+    while (c->deferred_head != NULL) {
+        struct nccl_op *no = c->deferred_head;
+        c->deferred_head = no->next_deferred;
+        no->next_deferred = NULL;
+        int poisoned = atomic_load(&d->s->poisoned);
+        int rc = poisoned ? C10D_EABORTED : issue(c, no);
+        if (rc != 0) {
+            no->status = rc;
+            snprintf(no->why, sizeof no->why, "nccl %s seq %llu: %.300s", op_type(no->op),
+                     (unsigned long long)no->op->seq,
+                     poisoned ? d->s->first_error : c10d_last_error());
+            *tail = no;
+            tail = &no->next_deferred;
+        }
+    }
+    c->deferred_tail = NULL;
+    atomic_store(&c->phase, COMM_READY);
+    uv_mutex_unlock(&c->lock);
+}
+
+static void drain_after(void *arg)
+{
+    struct drain *d = arg;
+    struct nccl_state *s = d->s;
+    while (d->failed != NULL) {
+        struct nccl_op *no = d->failed;
+        d->failed = no->next_deferred;
+        c10d_work *w = no->op->work;
+        c10d__nccl_fail(s, no->status, "%s", no->why);
+        c10d__work_complete(w, no->status, "%s", no->why);
+        c10d_work_release(w); /* the deferred list's */
+    }
+    int busy = START_BUSY;
+    if (!atomic_compare_exchange_strong(&d->c->start_busy, &busy, START_IDLE))
+        c10d__nccl_comm_orphan_release(d->c);
+    if (d->ready_done != NULL)
+        d->ready_done(d->ready_arg, 0);
+    atomic_fetch_sub(&s->pending_calls, 1);
+    free(d);
+    c10d__nccl_state_maybe_free(s);
+}
+
 void c10d__nccl_comm_settled(struct nccl_comm *c)
 {
     struct nccl_state *s = c->s;
+    int ok = atomic_load(&c->init_status) == 0;
     uv_mutex_lock(&c->lock);
+    if (ok && c->deferred_head != NULL) {
+        struct drain *d = calloc(1, sizeof *d);
+        if (d != NULL) {
+            *d = (struct drain){c, s, NULL, c->ready_done, c->ready_arg};
+            c->ready_done = NULL;
+            atomic_store(&c->start_busy, START_BUSY);
+            atomic_fetch_add(&s->pending_calls, 1);
+            if (c10d__engine_offload(drain_work, drain_after, d) == 0) {
+                uv_mutex_unlock(&c->lock);
+                return;
+            }
+            atomic_fetch_sub(&s->pending_calls, 1);
+            atomic_store(&c->start_busy, START_IDLE);
+            c->ready_done = d->ready_done;
+            free(d);
+        }
+        ok = 0;
+        c10d__nccl_comm_fail_start(c, C10D_EABORTED,
+                                   "cannot issue the ops that waited for the communicator (out "
+                                   "of memory, or the engine is shutting down)");
+    }
     struct nccl_op *list = c->deferred_head;
     c->deferred_head = c->deferred_tail = NULL;
-    int ok = c->init_status == 0;
     if (!ok) {
         atomic_store(&c->phase, COMM_FAILED);
         C10D_WARN("nccl", "[PG %s Rank %d] communicator on device %d: %s", s->name, s->rank,
                   c->device, c->init_error);
+    } else {
+        atomic_store(&c->phase, COMM_READY);
     }
+    uv_mutex_unlock(&c->lock);
+    /* Here only when nothing waited, or the communicator failed. */
     char why[512];
     while (list != NULL) {
         struct nccl_op *no = list;
         list = no->next_deferred;
-        int rc = ok && !atomic_load(&s->poisoned) ? issue(c, no) : C10D_EABORTED;
-        if (rc != 0) {
-            snprintf(why, sizeof why, "nccl %s seq %llu: %.400s", op_type(no->op),
-                     (unsigned long long)no->op->seq,
-                     !ok                         ? c->init_error
-                     : atomic_load(&s->poisoned) ? s->first_error
-                                                 : c10d_last_error());
-            uv_mutex_unlock(&c->lock);
-            fail_op(no, rc == C10D_EABORTED && !ok ? c->init_status : rc, why);
-            uv_mutex_lock(&c->lock);
-        }
+        snprintf(why, sizeof why, "nccl %s seq %llu: %.400s", op_type(no->op),
+                 (unsigned long long)no->op->seq, c->init_error);
+        fail_op(no, atomic_load(&c->init_status), why);
     }
-    if (ok)
-        atomic_store(&c->phase, COMM_READY);
-    uv_mutex_unlock(&c->lock);
     if (!ok && c->ready_done == NULL)
         c10d__nccl_fail(s, c->init_status, "%s", c->init_error);
     if (c->ready_done != NULL) {
@@ -276,10 +352,7 @@ static void fail_pending(struct nccl_state *s, int status, const char *why)
             struct c10d__poll_item *it = items;
             items = items->next;
             if (it == &c->init_item) {
-                if (c->init_status == 0) {
-                    c->init_status = status;
-                    snprintf(c->init_error, sizeof c->init_error, "%s", why);
-                }
+                c10d__nccl_comm_fail_start(c, status, "%s", why);
                 c10d__nccl_comm_settled(c);
                 continue;
             }

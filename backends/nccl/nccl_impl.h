@@ -84,8 +84,14 @@ struct nccl_comm {
     int split_color, split_key;
     int *shrink_excluded; /* a shrink (ncclCommShrink) rather than a split; owned */
     int shrink_nexcluded;
+    /* The first failure of the start wins (a worker and the loop's deadline
+     * may both fail it): init_claimed is taken, init_error written, then
+     * init_status stored, so whoever reads a status finds its words. */
+    _Atomic int init_claimed;
     char init_error[320];
-    int init_status;
+    _Atomic int init_status;
+    int blocking;      /* a blocking NCCL communicator (fixed at creation) */
+    c10d_store *store; /* the group's, retained: a start worker may outlive the group */
     struct nccl_comm *next;
 };
 
@@ -158,8 +164,12 @@ int c10d__nccl_comm_shrink(struct nccl_state *child, struct nccl_comm *parent, c
  * offload worker, then calls done(arg) on the loop (never if the worker is
  * stuck: the group's timer bounds the wait). Frees the communicators. */
 void c10d__nccl_comms_close(struct nccl_state *s, int abort, void (*done)(void *arg), void *arg);
-/* Any thread: does `c` use a blocking NCCL communicator? */
-int c10d__nccl_comm_blocking(const struct nccl_comm *c);
+/* Loop: c was left to its start's continuation by the group's close
+ * (START_ORPHANED): aborts and frees it off the loop. */
+void c10d__nccl_comm_orphan_release(struct nccl_comm *c);
+/* Any thread: fails c's start, unless it failed already (the first wins). */
+void c10d__nccl_comm_fail_start(struct nccl_comm *c, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Event pool. get: 0 or C10D_EIO; put and unref: any thread. */
 int c10d__nccl_event_get(struct nccl_event_pool *p, const struct c10d__gpu_api *api,
                          cudaEvent_t *ev);

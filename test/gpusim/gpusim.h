@@ -83,6 +83,8 @@ struct sim_comm {
     /* knobs, read from the environment at creation */
     long hang_at, async_at, abort_delay_ms, init_delay_ms;
     int init_never;
+    long first_launch_delay_ms; /* the first ncclGroupEnd on it blocks this long */
+    _Atomic int launched;
     /* running */
     _Atomic int aborted;
     _Atomic int refs;      /* the user's, one per queued task, a split child's */

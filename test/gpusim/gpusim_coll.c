@@ -15,6 +15,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------ datatypes */
 size_t sim_dtype_size(ncclDataType_t dt)
@@ -610,6 +611,12 @@ SIM_API ncclResult_t ncclGroupEnd(void)
     if (--t_depth > 0)
         return ncclSuccess;
     ncclResult_t r = t_group_error;
+    /* A blocking NCCL makes a communicator's connections at its first
+     * launch, waiting for the peers there: the calling thread blocks. */
+    struct sim_comm *first = t_nops > 0 ? t_ops[0].c : NULL;
+    if (r == ncclSuccess && first != NULL && first->first_launch_delay_ms > 0 &&
+        atomic_exchange(&first->launched, 1) == 0)
+        usleep((useconds_t)first->first_launch_delay_ms * 1000);
     if (r == ncclSuccess && t_nops > 0)
         r = submit(t_ops, t_nops);
     free(t_ops); /* a failed group runs nothing, as NCCL's */

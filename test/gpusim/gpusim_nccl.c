@@ -374,6 +374,7 @@ static ncclResult_t comm_create(ncclComm_t *out, int nranks, int rank, const cha
     c->abort_delay_ms = env_long("C10D_SIM_ABORT_DELAY_MS");
     c->init_delay_ms = env_long("C10D_SIM_INIT_DELAY_MS");
     c->init_never = env_long("C10D_SIM_INIT_NEVER") != 0;
+    c->first_launch_delay_ms = env_long("C10D_SIM_FIRST_LAUNCH_DELAY_MS");
     if (parent != NULL) {
         atomic_fetch_add(&parent->refs, 1);
         c->parent = parent;
