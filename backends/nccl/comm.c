@@ -577,8 +577,10 @@ struct close_job {
 static void comm_release(struct nccl_comm *c, int abort)
 {
     const struct c10d__gpu_api *api = c->api;
-    /* Waits for a caller that is inside NCCL on this communicator: its
-     * call is bounded (launch.c), and new ones see the group poisoned. */
+    /* Waits for a caller that is inside NCCL on this communicator (new ones
+     * see the group poisoned). A nonblocking communicator bounds that call
+     * by the op's timeout (launch.c); a blocking one may not (docs/nccl.md,
+     * known gaps), and the group's close timer then goes on without us. */
     uv_mutex_lock(&c->lock);
     if (c->comm != NULL) {
         if (abort)
