@@ -758,6 +758,29 @@ static int nan_main(int rank, int n, void *arg)
             MP_CHECK(strstr(c10d_last_error(), want) != NULL, "message: %s", c10d_last_error());
             c10d_pg_abort(pg, "test");
         }
+        /* Two ops in flight, both with a NaN: the first is the one named. */
+        {
+            c10d_pg *pg = init_group(1, 30000);
+            MP_CHECK(pg != NULL, "init");
+            c10d_op_opts o = gpu_opts();
+            void *second = dev_alloc(count * 4);
+            data_fill(h, count, 0, rank, C10D_FLOAT32, C10D_SUM);
+            put_bits(h, 5, C10D_FLOAT32, 0x7fc00000u);
+            to_dev(buf, h, count * 4);
+            to_dev(second, h, count * 4);
+            c10d_work *w1, *w2;
+            MP_CHECK(c10d_all_reduce(pg, buf, buf, count, C10D_FLOAT32, C10D_SUM, &o, &w1) == 0 &&
+                         c10d_all_reduce(pg, second, second, count, C10D_FLOAT32, C10D_SUM, &o,
+                                         &w2) == 0,
+                     "issue: %s", c10d_last_error());
+            int rc = c10d_work_wait_release(w1);
+            MP_CHECK(rc == C10D_EINVAL && strstr(c10d_last_error(), "SeqNum=1,") != NULL,
+                     "first of two: %d %s", rc, c10d_last_error());
+            c10d_work_wait_release(w2);
+            c10d_pg_abort(pg, "test");
+            cu->cudaDeviceSynchronize();
+            cu->cudaFree(second);
+        }
         /* Integers are not checked: NaN's bits are just a number there. */
         c10d_pg *pg = init_group(1, 30000);
         MP_CHECK(pg != NULL, "init");

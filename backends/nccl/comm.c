@@ -225,7 +225,7 @@ static void start_work(void *arg)
         /* Mapped and portable: with unified addressing every device
          * writes it through the host pointer. */
         void *flag = NULL;
-        e = api->cuda.cudaHostAlloc(&flag, sizeof *c->nan_flag,
+        e = api->cuda.cudaHostAlloc(&flag, C10D__NCCL_NAN_SLOTS * sizeof *c->nan_flag,
                                     cudaHostAllocMapped | cudaHostAllocPortable);
         if (e != cudaSuccess) {
             c10d__nccl_comm_fail_start(c, C10D_EIO,
@@ -234,7 +234,8 @@ static void start_work(void *arg)
             return;
         }
         c->nan_flag = flag;
-        *c->nan_flag = 0;
+        for (int i = 0; i < C10D__NCCL_NAN_SLOTS; i++)
+            c->nan_flag[i] = 0;
     }
     char name[256];
     ncclConfig_t cfg;

@@ -236,7 +236,8 @@ static ncclResult_t launch_one(struct launch *l, const struct c10d__op *op)
 static int check_input(struct nccl_comm *c, const void *buf, size_t count, c10d_dtype dt,
                        uint64_t tag)
 {
-    return c10d__nan_check_launch(&c->s->api->cuda, buf, count, dt, (uint64_t *)c->nan_flag, tag,
+    return c10d__nan_check_launch(&c->s->api->cuda, buf, count, dt,
+                                  (uint64_t *)&c->nan_flag[tag % C10D__NCCL_NAN_SLOTS], tag,
                                   c->stream);
 }
 

@@ -102,8 +102,10 @@ static int op_ready(struct c10d__poll_item *item)
     if (no->started_ms != 0) {
         cudaError_t e = api->cuda.cudaEventQuery(no->end_ev);
         if (e == cudaSuccess) {
-            /* The flag may hold a later op's tag already: only ours is ours. */
-            if (no->nan_tag != 0 && *c->nan_flag == no->nan_tag) {
+            /* Tags are unique: a slot holding ours was written by our check
+             * (a later op's in the same slot, 64 ops on, may overwrite it). */
+            if (no->nan_tag != 0 &&
+                c->nan_flag[no->nan_tag % C10D__NCCL_NAN_SLOTS] == no->nan_tag) {
                 no->status = C10D_EINVAL;
                 snprintf(no->why, sizeof no->why,
                          "NaN found in the input of %s (SeqNum=%llu, dtype %s) on rank %d of "

@@ -47,6 +47,9 @@ struct nccl_op;
 
 enum { START_IDLE, START_BUSY, START_ORPHANED };
 
+/* NaN check flags per communicator (nan_flag). */
+#define C10D__NCCL_NAN_SLOTS 64
+
 /* Most bootstrap roots of one init (ncclCommInitRankScalable). */
 #define C10D__NCCL_MAX_ROOTS 256
 
@@ -62,8 +65,10 @@ struct nccl_comm {
     ncclComm_t comm;
     cudaStream_t stream;
     void *barrier_buf; /* one float on the device, for barrier */
-    /* C10D_NCCL_NAN_CHECK: mapped host memory the check kernel writes the
-     * tag of an op with a NaN input to; NULL when the check is off. */
+    /* C10D_NCCL_NAN_CHECK: mapped host memory, C10D__NCCL_NAN_SLOTS flags;
+     * the check of the op tagged t writes t into slot t % SLOTS where it
+     * finds a NaN, so up to that many ops in flight are told apart. NULL
+     * when the check is off. */
     volatile uint64_t *nan_flag;
     uint64_t nan_tags; /* under lock: the last tag given out */
     struct nccl_event_pool *pool;
@@ -186,7 +191,8 @@ int c10d__nccl_check(const struct c10d__op *op);
 int c10d__nccl_launch(struct nccl_comm *c, const struct c10d__op *op);
 /* Under c->lock, with c->device current, before the op's NCCL calls: the
  * NaN check of every floating-point input of `op` and of the ops linked
- * after it, on c->stream, writing `tag` to c->nan_flag where one has a NaN.
+ * after it, on c->stream, writing `tag` to its slot of c->nan_flag where one
+ * has a NaN.
  * 0 or C10D_EIO with the message set. */
 int c10d__nccl_nan_check(struct nccl_comm *c, const struct c10d__op *op, uint64_t tag);
 /* NCCL's name for `r` and its last error text, for messages. */
