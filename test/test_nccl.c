@@ -649,6 +649,56 @@ static int stalled_main(int rank, int n, void *arg)
     return 0;
 }
 
+/* Rank 0's first launch on its communicator blocks in NCCL for 20 s (NCCL
+ * making connections on first use while a peer is away; the knob stands in
+ * for it): the caller's all_reduce still returns at once (a worker issues
+ * the first ops), and abort returns within C10D_BACKEND_CLOSE_MS although
+ * that worker is still inside NCCL. Rank 1 fails with rank 0's abort. */
+static int first_launch_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    (void)n;
+    if (rank == 0)
+        setenv("C10D_SIM_FIRST_LAUNCH_DELAY_MS", "20000", 1);
+    setenv("C10D_BACKEND_CLOSE_MS", "1500", 1);
+    setenv("C10D_NCCL_PEER_CHECK_MS", "200", 1);
+    c10d__env_reload();
+    if (c10d__cuda_load(&cu) != 0)
+        return 1;
+    c10d_pg *pg = init_group(1, 30000);
+    MP_CHECK(pg != NULL, "init");
+    c10d_op_opts o = gpu_opts();
+    float *buf = dev_alloc(4 * 1024);
+    c10d_work *w;
+    uint64_t t0 = now_ms();
+    MP_CHECK(c10d_all_reduce(pg, buf, buf, 1024, C10D_FLOAT32, C10D_SUM, &o, &w) == 0, "issue: %s",
+             c10d_last_error());
+    MP_CHECK(now_ms() - t0 < 1000, "the caller waited %llu ms in c10d_all_reduce",
+             (unsigned long long)(now_ms() - t0));
+    if (rank == 0) {
+        usleep(300 * 1000);
+        uint64_t a0 = now_ms();
+        c10d_pg_abort(pg, "test: the first launch is stuck");
+        uint64_t abort_ms = now_ms() - a0;
+        MP_CHECK(abort_ms < 1500 + 1500, "abort took %llu ms", (unsigned long long)abort_ms);
+        MP_CHECK(c10d_work_wait_release(w) != 0, "the stuck op passed");
+        usleep(1000 * 1000); /* rank 1 reads the news from the store rank 0 hosts */
+    } else {
+        int rc = c10d_work_wait_release(w);
+        MP_CHECK(rc != 0 && now_ms() - t0 < 5000, "rank 1: %d after %llu ms: %s", rc,
+                 (unsigned long long)(now_ms() - t0), c10d_last_error());
+        c10d_pg_abort(pg, "test");
+    }
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_first_launch_blocks(void **s)
+{
+    (void)s;
+    run(2, first_launch_main, NULL, 60);
+}
+
 static void test_stalled_stream(void **s)
 {
     (void)s;
@@ -832,7 +882,7 @@ static void test_nan_check(void **s)
     run(2, nan_main, NULL, 60);
 }
 
-static uint64_t probe_fired_ms;
+static _Atomic uint64_t probe_fired_ms; /* written by the loop thread */
 
 static void probe_cb(c10d_work *w, int status, void *arg)
 {
@@ -1061,6 +1111,7 @@ int main(void)
         cmocka_unit_test(test_scalable_init),
         cmocka_unit_test(test_hang_times_out),
         cmocka_unit_test(test_stalled_stream),
+        cmocka_unit_test(test_first_launch_blocks),
         cmocka_unit_test(test_async_error),
         cmocka_unit_test(test_nan_check),
         cmocka_unit_test(test_init_never_joins),

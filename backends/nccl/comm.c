@@ -433,6 +433,7 @@ static struct nccl_comm *comm_new(struct nccl_state *s, int device, int peer)
     c->store = s->store;
     c10d_store_retain(c->store);
     uv_mutex_init(&c->lock);
+    uv_mutex_init(&c->defer_mu);
     atomic_init(&c->phase, COMM_STARTING);
     c10d__poll_queue_init(&c->completions);
     return c;
@@ -611,6 +612,7 @@ static void comm_free(struct nccl_comm *c)
     if (c->pool != NULL)
         pool_close(c->pool, c->api);
     uv_mutex_destroy(&c->lock);
+    uv_mutex_destroy(&c->defer_mu);
     c10d_store_release(c->store);
     free(c->shrink_excluded);
     free(c);

@@ -224,11 +224,14 @@ static void fail_op(struct nccl_op *no, int status, const char *why)
     c10d_work_release(w); /* the deferred list's */
 }
 
-/* The ops that waited for a communicator are issued by a worker, never by
- * the loop: a blocking communicator's first op may wait in NCCL for its
- * peers (connections are made on first use). The worker holds c->lock, so
- * callers that come meanwhile queue behind it in order; c stays START_BUSY
- * (a close leaves it to drain_after) and the state keeps a pending call. */
+/* The ops that waited for a communicator (STARTING), and the first ops on
+ * it (COLD), are issued by a worker, never by the loop or a caller: the
+ * first launch on a blocking communicator makes NCCL's connections and may
+ * wait there for the peers. The worker holds c->lock (no abort meanwhile);
+ * callers only append under defer_mu, so none waits for NCCL holding the
+ * group's lock. Once the list is empty the communicator is READY. c stays
+ * START_BUSY meanwhile (a close leaves it to drain_after) and the state
+ * keeps a pending call. */
 struct drain {
     struct nccl_comm *c;
     struct nccl_state *s;
@@ -243,23 +246,44 @@ static void drain_work(void *arg)
     struct nccl_comm *c = d->c;
     struct nccl_op **tail = &d->failed;
     uv_mutex_lock(&c->lock);
-    while (c->deferred_head != NULL) {
+    for (;;) {
+        /* One at a time: what is still in the list, and the op being
+         * issued, are what a failure of the group fails at once
+         * (fail_pending), even while this thread is stuck in NCCL. */
+        uv_mutex_lock(&c->defer_mu);
         struct nccl_op *no = c->deferred_head;
-        c->deferred_head = no->next_deferred;
-        no->next_deferred = NULL;
-        int poisoned = atomic_load(&d->s->poisoned);
-        int rc = poisoned ? C10D_EABORTED : issue(c, no);
+        if (no == NULL) {
+            c->deferred_tail = NULL;
+            c->drain_scheduled = 0;
+            atomic_store(&c->phase, COMM_READY);
+        } else {
+            c->deferred_head = no->next_deferred;
+            if (c->deferred_head == NULL)
+                c->deferred_tail = NULL;
+            no->next_deferred = NULL;
+            c->issuing = no->op->work;
+            c10d_work_retain(c->issuing);
+        }
+        uv_mutex_unlock(&c->defer_mu);
+        if (no == NULL)
+            break;
+        int gone = atomic_load(&d->s->poisoned) || atomic_load(&c->start_busy) == START_ORPHANED;
+        int rc = gone ? C10D_EABORTED : issue(c, no);
         if (rc != 0) {
             no->status = rc;
             snprintf(no->why, sizeof no->why, "nccl %s seq %llu: %.300s", op_type(no->op),
                      (unsigned long long)no->op->seq,
-                     poisoned ? d->s->first_error : c10d_last_error());
+                     gone ? "the process group failed or was closed before the op was issued"
+                          : c10d_last_error());
             *tail = no;
             tail = &no->next_deferred;
         }
+        uv_mutex_lock(&c->defer_mu);
+        c10d_work *w = c->issuing;
+        c->issuing = NULL;
+        uv_mutex_unlock(&c->defer_mu);
+        c10d_work_release(w);
     }
-    c->deferred_tail = NULL;
-    atomic_store(&c->phase, COMM_READY);
     uv_mutex_unlock(&c->lock);
 }
 
@@ -267,6 +291,7 @@ static void drain_after(void *arg)
 {
     struct drain *d = arg;
     struct nccl_state *s = d->s;
+    struct nccl_comm *c = d->c;
     while (d->failed != NULL) {
         struct nccl_op *no = d->failed;
         d->failed = no->next_deferred;
@@ -276,8 +301,20 @@ static void drain_after(void *arg)
         c10d_work_release(w); /* the deferred list's */
     }
     int busy = START_BUSY;
-    if (!atomic_compare_exchange_strong(&d->c->start_busy, &busy, START_IDLE))
-        c10d__nccl_comm_orphan_release(d->c);
+    if (!atomic_compare_exchange_strong(&c->start_busy, &busy, START_IDLE)) {
+        /* The group closed meanwhile and left c to us: what the worker
+         * issued is still queued for the poller, which must let go of it
+         * before c goes. */
+        struct c10d__poll_item *items = c10d__poll_cancel(&c->completions);
+        while (items != NULL) {
+            struct c10d__poll_item *it = items;
+            items = items->next;
+            c10d_work *w = ((struct nccl_op *)it)->op->work;
+            c10d__work_complete(w, C10D_EABORTED, "nccl: process group %s was closed", s->name);
+            c10d_work_release(w); /* the poll item's */
+        }
+        c10d__nccl_comm_orphan_release(c);
+    }
     if (d->ready_done != NULL)
         d->ready_done(d->ready_arg, 0);
     atomic_fetch_sub(&s->pending_calls, 1);
@@ -285,43 +322,55 @@ static void drain_after(void *arg)
     c10d__nccl_state_maybe_free(s);
 }
 
+/* Under c->defer_mu, any thread, with ops in `deferred`: starts the worker
+ * that issues them, unless one is on its way. 0, or C10D_EABORTED (the
+ * engine is shutting down) or C10D_ENOMEM. */
+static int drain_schedule(struct nccl_comm *c, c10d__backend_done_fn ready_done, void *ready_arg)
+{
+    if (c->drain_scheduled)
+        return 0;
+    struct drain *d = calloc(1, sizeof *d);
+    if (d == NULL)
+        return c10d__fail(C10D_ENOMEM, "nccl: out of memory");
+    *d = (struct drain){c, c->s, NULL, ready_done, ready_arg};
+    atomic_store(&c->start_busy, START_BUSY);
+    atomic_fetch_add(&c->s->pending_calls, 1);
+    if (c10d__engine_offload(drain_work, drain_after, d) != 0) {
+        atomic_fetch_sub(&c->s->pending_calls, 1);
+        atomic_store(&c->start_busy, START_IDLE);
+        free(d);
+        return c10d__fail(C10D_EABORTED, "nccl: the engine is shutting down");
+    }
+    c->drain_scheduled = 1;
+    return 0;
+}
+
 void c10d__nccl_comm_settled(struct nccl_comm *c)
 {
     struct nccl_state *s = c->s;
     int ok = atomic_load(&c->init_status) == 0;
-    uv_mutex_lock(&c->lock);
-    if (ok && c->deferred_head != NULL) {
-        struct drain *d = calloc(1, sizeof *d);
-        if (d != NULL) {
-            *d = (struct drain){c, s, NULL, c->ready_done, c->ready_arg};
-            c->ready_done = NULL;
-            atomic_store(&c->start_busy, START_BUSY);
-            atomic_fetch_add(&s->pending_calls, 1);
-            if (c10d__engine_offload(drain_work, drain_after, d) == 0) {
-                uv_mutex_unlock(&c->lock);
+    uv_mutex_lock(&c->defer_mu);
+    if (ok) {
+        atomic_store(&c->phase, COMM_COLD);
+        if (c->deferred_head != NULL) {
+            if (drain_schedule(c, c->ready_done, c->ready_arg) == 0) {
+                c->ready_done = NULL;
+                uv_mutex_unlock(&c->defer_mu);
                 return;
             }
-            atomic_fetch_sub(&s->pending_calls, 1);
-            atomic_store(&c->start_busy, START_IDLE);
-            c->ready_done = d->ready_done;
-            free(d);
+            ok = 0;
+            c10d__nccl_comm_fail_start(c, C10D_EABORTED, "%s", c10d_last_error());
         }
-        ok = 0;
-        c10d__nccl_comm_fail_start(c, C10D_EABORTED,
-                                   "cannot issue the ops that waited for the communicator (out "
-                                   "of memory, or the engine is shutting down)");
     }
-    struct nccl_op *list = c->deferred_head;
-    c->deferred_head = c->deferred_tail = NULL;
+    struct nccl_op *list = NULL;
     if (!ok) {
+        list = c->deferred_head;
+        c->deferred_head = c->deferred_tail = NULL;
         atomic_store(&c->phase, COMM_FAILED);
         C10D_WARN("nccl", "[PG %s Rank %d] communicator on device %d: %s", s->name, s->rank,
                   c->device, c->init_error);
-    } else {
-        atomic_store(&c->phase, COMM_READY);
     }
-    uv_mutex_unlock(&c->lock);
-    /* Here only when nothing waited, or the communicator failed. */
+    uv_mutex_unlock(&c->defer_mu);
     char why[512];
     while (list != NULL) {
         struct nccl_op *no = list;
@@ -349,6 +398,14 @@ static void fail_pending(struct nccl_state *s, int status, const char *why)
     struct nccl_comm *comms = s->comms;
     uv_mutex_unlock(&s->mutex);
     for (struct nccl_comm *c = comms; c != NULL; c = c->next) {
+        /* Ops a worker has yet to issue (or is stuck issuing) fail now; the
+         * worker drops them later (completing a work twice does nothing). */
+        uv_mutex_lock(&c->defer_mu);
+        for (struct nccl_op *no = c->deferred_head; no != NULL; no = no->next_deferred)
+            c10d__work_complete(no->op->work, status, "%s", why);
+        if (c->issuing != NULL)
+            c10d__work_complete(c->issuing, status, "%s", why);
+        uv_mutex_unlock(&c->defer_mu);
         struct c10d__poll_item *items = c10d__poll_cancel(&c->completions);
         while (items != NULL) {
             struct c10d__poll_item *it = items;
@@ -538,28 +595,37 @@ static int nccl_enqueue(void *state, struct c10d__op *op)
         c10d__work_set_payload(op->work, &payload_kind, no, op_free);
         c10d__work_set_stream_wait(op->work, op_stream_wait, no);
         c10d_work_retain(op->work);
-        uv_mutex_lock(&c->lock);
+        uv_mutex_lock(&c->defer_mu);
         int phase = atomic_load(&c->phase);
-        if (phase == COMM_STARTING && no->captured) {
+        int deferred = 0;
+        if ((phase == COMM_STARTING || phase == COMM_COLD) && no->captured) {
             rc = c10d__fail(C10D_EINVAL,
-                            "nccl %s: cannot capture an op into a CUDA graph while the group's "
-                            "communicator is still starting (bind the group to its device, or run "
-                            "one op before capturing)",
+                            "nccl %s: cannot capture an op into a CUDA graph before the group's "
+                            "communicator has run an op (run one op before capturing)",
                             op_type(op));
-        } else if (phase == COMM_STARTING) {
-            if (c->deferred_tail != NULL)
-                c->deferred_tail->next_deferred = no;
-            else
-                c->deferred_head = no;
-            c->deferred_tail = no;
-        } else if (phase == COMM_READY && !atomic_load(&s->poisoned)) {
-            rc = issue(c, no);
-        } else {
-            rc = c10d__fail(C10D_EABORTED, "nccl %s: process group %s failed earlier: %s",
-                            op_type(op), s->name,
-                            s->first_error[0] ? s->first_error : c->init_error);
+        } else if (phase == COMM_STARTING || phase == COMM_COLD) {
+            rc = phase == COMM_COLD ? drain_schedule(c, NULL, NULL) : 0;
+            if (rc == 0) {
+                if (c->deferred_tail != NULL)
+                    c->deferred_tail->next_deferred = no;
+                else
+                    c->deferred_head = no;
+                c->deferred_tail = no;
+            }
+            deferred = 1;
         }
-        uv_mutex_unlock(&c->lock);
+        uv_mutex_unlock(&c->defer_mu);
+        if (!deferred && rc == 0) {
+            /* READY (it never goes back), or failed. */
+            uv_mutex_lock(&c->lock);
+            if (phase == COMM_READY && !atomic_load(&s->poisoned))
+                rc = issue(c, no);
+            else
+                rc = c10d__fail(C10D_EABORTED, "nccl %s: process group %s failed earlier: %s",
+                                op_type(op), s->name,
+                                s->first_error[0] ? s->first_error : c->init_error);
+            uv_mutex_unlock(&c->lock);
+        }
     }
     if (prev >= 0 && prev != c->device)
         api->cuda.cudaSetDevice(prev);
@@ -684,8 +750,9 @@ static struct nccl_comm *bound_comm(struct nccl_state *ps)
         return NULL;
     uv_mutex_lock(&ps->mutex);
     struct nccl_comm *pc = ps->comms;
-    while (pc != NULL && (pc->peer != -1 || pc->device != ps->bound_device ||
-                          atomic_load(&pc->phase) != COMM_READY))
+    while (pc != NULL &&
+           (pc->peer != -1 || pc->device != ps->bound_device ||
+            (atomic_load(&pc->phase) != COMM_READY && atomic_load(&pc->phase) != COMM_COLD)))
         pc = pc->next;
     uv_mutex_unlock(&ps->mutex);
     return pc;

@@ -39,7 +39,12 @@ struct nccl_event_pool {
 
 enum nccl_comm_phase {
     COMM_STARTING, /* unique id and init under way; ops wait in `deferred` */
-    COMM_READY,
+    /* Made, nothing launched yet: ops still go to `deferred`, and a worker
+     * issues them. NCCL makes its connections at the first launch, which
+     * may wait for the peers; a caller's thread must not wait there, since
+     * it holds the group's lock. */
+    COMM_COLD,
+    COMM_READY,  /* callers issue their ops themselves, under `lock` */
     COMM_FAILED, /* init failed or the communicator was aborted */
 };
 
@@ -72,9 +77,15 @@ struct nccl_comm {
     volatile uint64_t *nan_flag;
     uint64_t nan_tags; /* under lock: the last tag given out */
     struct nccl_event_pool *pool;
-    struct c10d__poll_queue completions;           /* ops in stream order */
-    struct nccl_op *deferred_head, *deferred_tail; /* under lock, while STARTING */
-    struct c10d__poll_item init_item;              /* polls a nonblocking init */
+    struct c10d__poll_queue completions; /* ops in stream order */
+    /* Ops waiting for a worker to issue them (STARTING, COLD), in call
+     * order, and the phase's changes: under defer_mu, never held across
+     * an NCCL call, so a caller never waits for NCCL to append. */
+    uv_mutex_t defer_mu;
+    struct nccl_op *deferred_head, *deferred_tail;
+    int drain_scheduled; /* a worker is to issue `deferred` (under defer_mu) */
+    c10d_work *issuing;  /* the op that worker is issuing now, retained (under defer_mu) */
+    struct c10d__poll_item init_item; /* polls a nonblocking init */
     uint64_t init_started_ms;
     /* START_BUSY while a start worker or its continuation is pending; a close
      * that finds it so hands the communicator over (START_ORPHANED) to that
