@@ -206,8 +206,9 @@ static int issue(struct nccl_comm *c, struct nccl_op *no)
         return rc;
     atomic_store(&no->issued, 1);
     if (no->captured) {
-        c10d__work_complete(no->op->work, 0, NULL);
-        c10d_work_release(no->op->work); /* the queue's, never queued */
+        c10d_work *w = no->op->work; /* completing it may free no->op */
+        c10d__work_complete(w, 0, NULL);
+        c10d_work_release(w); /* the queue's, never queued */
         return 0;
     }
     return c10d__poll_push(&c->completions, &no->item);
@@ -247,9 +248,9 @@ static void drain_work(void *arg)
     struct nccl_op **tail = &d->failed;
     uv_mutex_lock(&c->lock);
     for (;;) {
-        /* One at a time: what is still in the list, and the op being
-         * issued, are what a failure of the group fails at once
-         * (fail_pending), even while this thread is stuck in NCCL. */
+        /* One at a time: what is still in the list is what a failure of
+         * the group takes out and fails at once (fail_pending), even while
+         * this thread is stuck in NCCL with the op it took. */
         uv_mutex_lock(&c->defer_mu);
         struct nccl_op *no = c->deferred_head;
         if (no == NULL) {
@@ -261,8 +262,6 @@ static void drain_work(void *arg)
             if (c->deferred_head == NULL)
                 c->deferred_tail = NULL;
             no->next_deferred = NULL;
-            c->issuing = no->op->work;
-            c10d_work_retain(c->issuing);
         }
         uv_mutex_unlock(&c->defer_mu);
         if (no == NULL)
@@ -278,11 +277,6 @@ static void drain_work(void *arg)
             *tail = no;
             tail = &no->next_deferred;
         }
-        uv_mutex_lock(&c->defer_mu);
-        c10d_work *w = c->issuing;
-        c->issuing = NULL;
-        uv_mutex_unlock(&c->defer_mu);
-        c10d_work_release(w);
     }
     uv_mutex_unlock(&c->lock);
 }
@@ -398,14 +392,24 @@ static void fail_pending(struct nccl_state *s, int status, const char *why)
     struct nccl_comm *comms = s->comms;
     uv_mutex_unlock(&s->mutex);
     for (struct nccl_comm *c = comms; c != NULL; c = c->next) {
-        /* Ops a worker has yet to issue (or is stuck issuing) fail now; the
-         * worker drops them later (completing a work twice does nothing). */
+        /* Ops a worker has yet to issue leave its list and fail now. (The
+         * one it may be stuck issuing is its own until NCCL lets go: its
+         * record is in use.) While the communicator starts, its settling
+         * fails the list instead. */
+        struct nccl_op *list = NULL;
         uv_mutex_lock(&c->defer_mu);
-        for (struct nccl_op *no = c->deferred_head; no != NULL; no = no->next_deferred)
-            c10d__work_complete(no->op->work, status, "%s", why);
-        if (c->issuing != NULL)
-            c10d__work_complete(c->issuing, status, "%s", why);
+        if (atomic_load(&c->phase) != COMM_STARTING) {
+            list = c->deferred_head;
+            c->deferred_head = c->deferred_tail = NULL;
+        }
         uv_mutex_unlock(&c->defer_mu);
+        while (list != NULL) {
+            struct nccl_op *no = list;
+            list = no->next_deferred;
+            c10d_work *w = no->op->work; /* completing it may free no->op */
+            c10d__work_complete(w, status, "%s", why);
+            c10d_work_release(w); /* the deferred list's */
+        }
         struct c10d__poll_item *items = c10d__poll_cancel(&c->completions);
         while (items != NULL) {
             struct c10d__poll_item *it = items;

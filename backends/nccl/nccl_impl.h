@@ -84,7 +84,6 @@ struct nccl_comm {
     uv_mutex_t defer_mu;
     struct nccl_op *deferred_head, *deferred_tail;
     int drain_scheduled; /* a worker is to issue `deferred` (under defer_mu) */
-    c10d_work *issuing;  /* the op that worker is issuing now, retained (under defer_mu) */
     struct c10d__poll_item init_item; /* polls a nonblocking init */
     uint64_t init_started_ms;
     /* START_BUSY while a start worker or its continuation is pending; a close
