@@ -310,13 +310,18 @@ int c10d__nccl_launch(struct nccl_comm *c, const struct c10d__op *op)
 {
     struct launch l = {.c = c, .api = c->s->api};
     ncclResult_t r = l.api->nccl.ncclGroupStart();
-    const struct c10d__op *failed = op;
+    /* What the messages need is read now: once ncclGroupEnd returns, a
+     * shutdown meanwhile may have completed the op and freed its record. */
+    const char *kind = c10d__op_kind_name(op->kind);
+    unsigned long long seq = (unsigned long long)op->seq;
+    long long timeout_ms = (long long)op->timeout_ms;
     ncclResult_t call = ncclSuccess;
     for (const struct c10d__op *o = op; o != NULL && call == ncclSuccess; o = o->next) {
-        failed = o;
+        kind = c10d__op_kind_name(o->kind);
+        seq = (unsigned long long)o->seq;
         call = launch_one(&l, o);
     }
-    r = settle(&l, l.api->nccl.ncclGroupEnd(), op->timeout_ms);
+    r = settle(&l, l.api->nccl.ncclGroupEnd(), timeout_ms);
     for (int i = 0; i < l.npremul; i++)
         l.api->nccl.ncclRedOpDestroy(l.premul[i], c->comm);
     if (call == ncclSuccess)
@@ -326,10 +331,8 @@ int c10d__nccl_launch(struct nccl_comm *c, const struct c10d__op *op)
     char buf[256];
     if (call == ncclInProgress)
         return c10d__fail(C10D_ETIMEDOUT,
-                          "nccl %s seq %llu: NCCL did not accept the op within %lld ms",
-                          c10d__op_kind_name(failed->kind), (unsigned long long)failed->seq,
-                          (long long)failed->timeout_ms);
-    return c10d__fail(C10D_EIO, "nccl %s seq %llu: %s", c10d__op_kind_name(failed->kind),
-                      (unsigned long long)failed->seq,
+                          "nccl %s seq %llu: NCCL did not accept the op within %lld ms", kind, seq,
+                          timeout_ms);
+    return c10d__fail(C10D_EIO, "nccl %s seq %llu: %s", kind, seq,
                       c10d__nccl_error_text(l.api, call, buf, sizeof buf));
 }

@@ -184,7 +184,7 @@ static int issue(struct nccl_comm *c, struct nccl_op *no)
     if (e == cudaSuccess)
         e = api->cuda.cudaEventRecord(no->start_ev, c->stream);
     if (e != cudaSuccess)
-        rc = c10d__fail(C10D_EIO, "nccl %s: %s", op_type(no->op), api->cuda.cudaGetErrorString(e));
+        rc = c10d__fail(C10D_EIO, "nccl %s: %s", no->type, api->cuda.cudaGetErrorString(e));
     /* Not in a capture: a graph's replays would write a flag nobody reads. */
     if (rc == 0 && c->nan_flag != NULL && !no->captured) {
         no->nan_tag = ++c->nan_tags;
@@ -193,13 +193,13 @@ static int issue(struct nccl_comm *c, struct nccl_op *no)
     if (rc == 0)
         rc = c10d__nccl_launch(c, no->op);
     if (rc == 0 && (e = api->cuda.cudaEventRecord(no->end_ev, c->stream)) != cudaSuccess)
-        rc = c10d__fail(C10D_EIO, "nccl %s: %s", op_type(no->op), api->cuda.cudaGetErrorString(e));
+        rc = c10d__fail(C10D_EIO, "nccl %s: %s", no->type, api->cuda.cudaGetErrorString(e));
     /* Captured: the caller's stream joins the communicator's stream back
      * (a capture must end on its origin stream), and the work is done now. */
     if (rc == 0 && no->captured &&
         (e = api->cuda.cudaStreamWaitEvent((cudaStream_t)no->op->stream, no->end_ev, 0)) !=
             cudaSuccess)
-        rc = c10d__fail(C10D_EIO, "nccl %s: %s", op_type(no->op), api->cuda.cudaGetErrorString(e));
+        rc = c10d__fail(C10D_EIO, "nccl %s: %s", no->type, api->cuda.cudaGetErrorString(e));
     if (prev >= 0 && prev != c->device)
         api->cuda.cudaSetDevice(prev);
     if (rc != 0)
@@ -270,8 +270,8 @@ static void drain_work(void *arg)
         int rc = gone ? C10D_EABORTED : issue(c, no);
         if (rc != 0) {
             no->status = rc;
-            snprintf(no->why, sizeof no->why, "nccl %s seq %llu: %.300s", op_type(no->op),
-                     (unsigned long long)no->op->seq,
+            snprintf(no->why, sizeof no->why, "nccl %s seq %llu: %.300s", no->type,
+                     (unsigned long long)no->seq,
                      gone ? "the process group failed or was closed before the op was issued"
                           : c10d_last_error());
             *tail = no;
@@ -566,6 +566,8 @@ static int nccl_enqueue(void *state, struct c10d__op *op)
         return c10d__fail(C10D_ENOMEM, "nccl: out of memory");
     no->item.ready = op_ready;
     no->item.done = op_done;
+    no->type = op_type(op);
+    no->seq = op->seq;
     no->c = c;
     no->op = op;
     no->api = api;

@@ -83,7 +83,7 @@ struct nccl_comm {
      * an NCCL call, so a caller never waits for NCCL to append. */
     uv_mutex_t defer_mu;
     struct nccl_op *deferred_head, *deferred_tail;
-    int drain_scheduled; /* a worker is to issue `deferred` (under defer_mu) */
+    int drain_scheduled;              /* a worker is to issue `deferred` (under defer_mu) */
     struct c10d__poll_item init_item; /* polls a nonblocking init */
     uint64_t init_started_ms;
     /* START_BUSY while a start worker or its continuation is pending; a close
@@ -124,6 +124,8 @@ struct nccl_op {
     _Atomic int issued;   /* start/end events recorded */
     int captured;         /* issued into a CUDA graph capture: nothing to poll */
     uint64_t nan_tag;     /* its inputs' NaN check wrote this where it found one; 0: none */
+    const char *type;     /* op_type(op) and op->seq, for a worker's messages after NCCL */
+    uint64_t seq;         /* returned (the record may be gone by then) */
     uint64_t started_ms;  /* loop: when start_ev was first seen done; 0 before */
     int status;           /* loop: what to complete with (0: success) */
     char why[384];
