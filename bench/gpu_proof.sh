@@ -24,6 +24,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 if [ "$mode" = bundle ]; then
     mkdir -p "$build/gpu-libs"
     for exe in "$build/test/test_nccl" "$build/bench/c10d-bench" "$build/bench/bench_nccl_host"; do
+        [ -x "$exe" ] || { echo "gpu_proof.sh: $exe is not built (configure with tests and benchmarks)" >&2; exit 1; }
         ldd "$exe" | awk '/libuv|libjansson|libcmocka/ {print $3}'
     done | sort -u | while read -r lib; do
         cp -L "$lib" "$build/gpu-libs/"
@@ -44,14 +45,18 @@ for d in $1.__path__:
     if os.path.exists(p): print(p); sys.exit(0)
 sys.exit(1)" 2>/dev/null
 }
-nccl=$(wheel_lib nvidia.nccl libnccl.so.2) || nccl=""
-cudart=$(wheel_lib nvidia.cuda_runtime libcudart.so.13) ||
-    cudart=$(wheel_lib nvidia.cu13 libcudart.so.13) || cudart=""
-[ -n "$cudart" ] || for f in /usr/local/cuda/lib64/libcudart.so.13 /usr/local/cuda/lib64/libcudart.so.12; do
-    [ -e "$f" ] && cudart=$f && break
-done
-[ -n "$nccl" ] && export C10D_NCCL_LIBRARY="$nccl"
-[ -n "$cudart" ] && export C10D_CUDART_LIBRARY="$cudart"
+# Libraries named in the environment win; else torch's wheels; else the defaults.
+if [ -z "${C10D_NCCL_LIBRARY:-}" ]; then
+    nccl=$(wheel_lib nvidia.nccl libnccl.so.2) && export C10D_NCCL_LIBRARY="$nccl"
+fi
+if [ -z "${C10D_CUDART_LIBRARY:-}" ]; then
+    cudart=$(wheel_lib nvidia.cuda_runtime libcudart.so.13) ||
+        cudart=$(wheel_lib nvidia.cu13 libcudart.so.13) || cudart=""
+    [ -n "$cudart" ] || for f in /usr/local/cuda/lib64/libcudart.so.13 /usr/local/cuda/lib64/libcudart.so.12; do
+        [ -e "$f" ] && cudart=$f && break
+    done
+    [ -n "$cudart" ] && export C10D_CUDART_LIBRARY="$cudart"
+fi
 unset C10D_SIM_DEVICES
 
 {
