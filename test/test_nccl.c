@@ -103,8 +103,13 @@ static int finish(int rc, c10d_work **w)
 /* Set before init_group: nonblocking NCCL communicators. */
 static int use_nonblocking;
 
+/* Loads CUDA (once) and makes the group on this rank's device. */
 static c10d_pg *init_group(int bind, int64_t timeout_ms)
 {
+    if (c10d__cuda_load(&cu) != 0) {
+        fprintf(stderr, "%s\n", c10d_last_error());
+        return NULL;
+    }
     int ndev = 0;
     const char *local = getenv("LOCAL_RANK");
     if (cu->cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1)
@@ -431,8 +436,6 @@ static int ops_main(int rank, int n, void *arg)
 {
     int bind = arg != NULL;
     use_nonblocking = arg == (void *)2;
-    if (c10d__cuda_load(&cu) != 0)
-        return fprintf(stderr, "%s\n", c10d_last_error()), 1;
     c10d_pg *pg = init_group(bind, 60000);
     MP_CHECK(pg != NULL, "init");
     static const size_t sizes[] = {0, 1, 7, 1000};
@@ -518,8 +521,6 @@ static int roots_main(int rank, int n, void *arg)
 {
     setenv("C10D_NCCL_RANKS_PER_ROOT", "1", 1);
     c10d__env_reload();
-    if (c10d__cuda_load(&cu) != 0)
-        return 1;
     c10d_pg *pg = init_group(arg != NULL, 30000);
     MP_CHECK(pg != NULL, "init");
     for (int op = 0; op < C10D_REDUCE_OP_COUNT; op++)
@@ -552,8 +553,6 @@ static int hang_main(int rank, int n, void *arg)
     (void)n;
     if (rank == 1)
         setenv("C10D_SIM_HANG_AT", "3", 1);
-    if (c10d__cuda_load(&cu) != 0)
-        return 1;
     c10d_pg *pg = init_group(1, FAULT_TIMEOUT_MS);
     MP_CHECK(pg != NULL, "init");
     c10d_op_opts o = gpu_opts();
@@ -610,8 +609,6 @@ static int stalled_main(int rank, int n, void *arg)
     (void)n;
     setenv("C10D_NCCL_PEER_CHECK_MS", "200", 1);
     c10d__env_reload();
-    if (c10d__cuda_load(&cu) != 0)
-        return 1;
     c10d_pg *pg = init_group(1, FAULT_TIMEOUT_MS);
     MP_CHECK(pg != NULL, "init");
     c10d_op_opts o = gpu_opts();
@@ -663,8 +660,6 @@ static int first_launch_main(int rank, int n, void *arg)
     setenv("C10D_BACKEND_CLOSE_MS", "1500", 1);
     setenv("C10D_NCCL_PEER_CHECK_MS", "200", 1);
     c10d__env_reload();
-    if (c10d__cuda_load(&cu) != 0)
-        return 1;
     c10d_pg *pg = init_group(1, 30000);
     MP_CHECK(pg != NULL, "init");
     c10d_op_opts o = gpu_opts();
@@ -717,8 +712,6 @@ static int async_main(int rank, int n, void *arg)
         setenv("C10D_SIM_ASYNC_ERROR_AT", "2", 1);
     setenv("C10D_NCCL_PEER_CHECK_MS", "200", 1);
     c10d__env_reload();
-    if (c10d__cuda_load(&cu) != 0)
-        return 1;
     c10d_pg *pg = init_group(1, 30000);
     MP_CHECK(pg != NULL, "init");
     c10d_op_opts o = gpu_opts();
@@ -945,8 +938,6 @@ static int slow_main(int rank, int n, void *arg)
     setenv("C10D_SIM_INIT_DELAY_MS", "800", 1);
     setenv("C10D_SIM_ABORT_DELAY_MS", "1500", 1);
     setenv("C10D_SIM_FIRST_LAUNCH_DELAY_MS", "1500", 1);
-    if (c10d__cuda_load(&cu) != 0)
-        return 1;
     c10d_pg *pg = init_group(0, 30000);
     MP_CHECK(pg != NULL, "init");
     c10d_op_opts o = gpu_opts();
@@ -1025,8 +1016,6 @@ static int shrink_main(int rank, int n, void *arg)
     int after_failure = arg != NULL;
     setenv("C10D_NCCL_PEER_CHECK_MS", "200", 1);
     c10d__env_reload();
-    if (c10d__cuda_load(&cu) != 0)
-        return 1;
     c10d_pg *pg = init_group(1, after_failure ? FAULT_TIMEOUT_MS : 30000);
     MP_CHECK(pg != NULL, "init");
     int excluded[1] = {1}, sum = 0;

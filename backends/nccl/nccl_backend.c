@@ -538,6 +538,36 @@ static int nccl_create(const struct c10d__backend_config *cfg, c10d__backend_don
     return rc;
 }
 
+/* Caller's thread: puts `no` on c's waiting list while c has not launched
+ * an op yet (a worker issues it). 1 if so, or if that failed (*rc set); 0
+ * if c is READY or failed: the caller issues or fails it itself. A warm
+ * communicator costs one atomic load here: READY never goes back. */
+static int defer_op(struct nccl_comm *c, struct nccl_op *no, int *rc)
+{
+    if (atomic_load(&c->phase) == COMM_READY)
+        return 0;
+    uv_mutex_lock(&c->defer_mu);
+    int phase = atomic_load(&c->phase);
+    int waits = phase == COMM_STARTING || phase == COMM_COLD;
+    if (waits && no->captured) {
+        *rc = c10d__fail(C10D_EINVAL,
+                         "nccl %s: cannot capture an op into a CUDA graph before the group's "
+                         "communicator has run an op (run one op before capturing)",
+                         no->type);
+    } else if (waits) {
+        *rc = phase == COMM_COLD ? drain_schedule(c, NULL, NULL) : 0;
+        if (*rc == 0) {
+            if (c->deferred_tail != NULL)
+                c->deferred_tail->next_deferred = no;
+            else
+                c->deferred_head = no;
+            c->deferred_tail = no;
+        }
+    }
+    uv_mutex_unlock(&c->defer_mu);
+    return waits;
+}
+
 static int nccl_enqueue(void *state, struct c10d__op *op)
 {
     struct nccl_state *s = state;
@@ -601,30 +631,10 @@ static int nccl_enqueue(void *state, struct c10d__op *op)
         c10d__work_set_payload(op->work, &payload_kind, no, op_free);
         c10d__work_set_stream_wait(op->work, op_stream_wait, no);
         c10d_work_retain(op->work);
-        uv_mutex_lock(&c->defer_mu);
-        int phase = atomic_load(&c->phase);
-        int deferred = 0;
-        if ((phase == COMM_STARTING || phase == COMM_COLD) && no->captured) {
-            rc = c10d__fail(C10D_EINVAL,
-                            "nccl %s: cannot capture an op into a CUDA graph before the group's "
-                            "communicator has run an op (run one op before capturing)",
-                            op_type(op));
-        } else if (phase == COMM_STARTING || phase == COMM_COLD) {
-            rc = phase == COMM_COLD ? drain_schedule(c, NULL, NULL) : 0;
-            if (rc == 0) {
-                if (c->deferred_tail != NULL)
-                    c->deferred_tail->next_deferred = no;
-                else
-                    c->deferred_head = no;
-                c->deferred_tail = no;
-            }
-            deferred = 1;
-        }
-        uv_mutex_unlock(&c->defer_mu);
-        if (!deferred && rc == 0) {
+        if (!defer_op(c, no, &rc)) {
             /* READY (it never goes back), or failed. */
             uv_mutex_lock(&c->lock);
-            if (phase == COMM_READY && !atomic_load(&s->poisoned))
+            if (atomic_load(&c->phase) == COMM_READY && !atomic_load(&s->poisoned))
                 rc = issue(c, no);
             else
                 rc = c10d__fail(C10D_EABORTED, "nccl %s: process group %s failed earlier: %s",
