@@ -11,7 +11,6 @@ extern const unsigned char c10d__nan_check_fatbin[];
 #endif
 
 static uv_once_t load_once = UV_ONCE_INIT;
-static const struct c10d__cudart_api *load_api;
 static int load_status;
 static char load_error[256];
 static cudaKernel_t kernel;
@@ -19,7 +18,12 @@ static cudaKernel_t kernel;
 static void load(void)
 {
 #ifdef C10D_HAVE_NAN_KERNEL
-    const struct c10d__cudart_api *api = load_api;
+    const struct c10d__cudart_api *api;
+    if (c10d__cuda_load(&api) != 0) { /* loaded already by whoever asks */
+        snprintf(load_error, sizeof load_error, "C10D_NCCL_NAN_CHECK: %s", c10d_last_error());
+        load_status = C10D_EUNSUPPORTED;
+        return;
+    }
     cudaLibrary_t lib;
     cudaError_t e =
         api->cudaLibraryLoadData(&lib, c10d__nan_check_fatbin, NULL, NULL, 0, NULL, NULL, 0);
@@ -47,10 +51,8 @@ int c10d__nan_check_applies(c10d_dtype dt)
            dt == C10D_FLOAT8_E4M3 || dt == C10D_FLOAT8_E5M2;
 }
 
-int c10d__nan_check_load(const struct c10d__cudart_api *api)
+int c10d__nan_check_load(void)
 {
-    /* One runtime per process (gpu_api.c loads it once). */
-    load_api = api;
     uv_once(&load_once, load);
     return load_status == 0 ? 0 : c10d__fail(load_status, "%s", load_error);
 }

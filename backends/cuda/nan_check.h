@@ -18,10 +18,11 @@
 
 /* Does the check apply to dtype? (the float types) */
 int c10d__nan_check_applies(c10d_dtype dt);
-/* Any thread, once per process: loads the kernel through `api`. 0, or
+/* Any thread, once per process: loads the kernel through the CUDA runtime
+ * libc10d loaded (c10d__cuda_load). 0, or
  * C10D_EUNSUPPORTED naming why (this build has no kernel, or the runtime
  * refused it: no image for the device). */
-int c10d__nan_check_load(const struct c10d__cudart_api *api);
+int c10d__nan_check_load(void);
 /* Enqueues the check of count elements at buf on `stream` (the current
  * device's); where one is NaN the kernel sets *flag = tag. 0 or C10D_EIO. */
 int c10d__nan_check_launch(const struct c10d__cudart_api *api, const void *buf, size_t count,

@@ -218,7 +218,7 @@ static void start_work(void *arg)
         return;
     }
     if (s->nan_check) {
-        if (c10d__nan_check_load(&api->cuda) != 0) {
+        if (c10d__nan_check_load() != 0) {
             c10d__nccl_comm_fail_start(c, C10D_EUNSUPPORTED, "%s", c10d_last_error());
             return;
         }
