@@ -3,6 +3,7 @@
 
 #include "engine/error.h"
 
+#include <stdio.h>
 #include <uv.h>
 
 #ifdef C10D_HAVE_NAN_KERNEL
