@@ -55,6 +55,7 @@ struct c10d_pg {
     /* Guarded by mutex. */
     enum c10d__pg_state state;
     uint64_t coll_seq, p2p_seq;
+    uint64_t detail_round; /* C10D_DEBUG=DETAIL checks made, rejected calls included */
     size_t pending; /* ops whose work has not completed */
     int first_status;
     char *first_error;
@@ -153,6 +154,13 @@ int c10d__pg_noop(const c10d_pg *pg, const char *opname, const c10d_op_opts *opt
                   c10d_work **work);
 /* 0, or the error a call must return now (group failed earlier, destroyed). */
 int c10d__pg_usable_locked(const c10d_pg *pg, const char *opname);
+
+/* detail_check.c: C10D_DEBUG=DETAIL's fingerprint exchange before a
+ * collective (caller's thread, blocking, bounded by timeout_ms); 0 or the
+ * failure of this call, naming the ranks and what differs. */
+int c10d__pg_detail_enabled(void);
+int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op *op,
+                          int64_t timeout_ms);
 
 /* pg_store.c: the store and backend steps of group creation. */
 int c10d__pg_rendezvous(const char *url, int rank, int world_size, int64_t timeout_ms,

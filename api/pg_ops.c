@@ -100,35 +100,6 @@ void c10d__pg_poison(c10d_pg *pg, int status, const char *message)
 
 /* ------------------------------------------------------------ submission */
 
-static void numel(const c10d_pg *pg, const struct c10d__op *op, size_t *in, size_t *out)
-{
-    size_t n = op->count, s = (size_t)pg->size;
-    switch (op->kind) {
-    case C10D_OP_ALL_GATHER:
-    case C10D_OP_GATHER:
-        *in = n, *out = n * s;
-        return;
-    case C10D_OP_SCATTER:
-    case C10D_OP_REDUCE_SCATTER:
-        *in = n * s, *out = n;
-        return;
-    case C10D_OP_ALL_TO_ALL:
-        *in = *out = 0;
-        for (int i = 0; i < pg->size; i++) {
-            *in += op->send_counts != NULL ? op->send_counts[i] : n / s;
-            *out += op->recv_counts != NULL ? op->recv_counts[i] : n / s;
-        }
-        if (op->sends == NULL && op->send_counts == NULL)
-            *in = n;
-        return;
-    case C10D_OP_BARRIER:
-        *in = *out = 0;
-        return;
-    default:
-        *in = *out = n;
-    }
-}
-
 static void describe(const c10d_pg *pg, const char *optype, uint64_t seq, size_t in, size_t out,
                      int64_t timeout_ms, char *buf, size_t len)
 {
@@ -275,7 +246,7 @@ int c10d__pg_submit(c10d_pg *pg, const char *opname, struct c10d__pg_op *po,
     uint64_t *counter = is_p2p(po->op.kind) ? &pg->p2p_seq : &pg->coll_seq;
     uint64_t seq = ++*counter;
     size_t in, out;
-    numel(pg, &po->op, &in, &out);
+    c10d__op_numel(&po->op, pg->size, &in, &out);
     int handed;
     rc = post_locked(pg, po, c10d__op_kind_name(po->op.kind), seq, in, out, opts, work, &handed);
     if (rc != 0 && !handed) {
@@ -390,6 +361,9 @@ static int dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args
             return c10d__fail(rc, "%s %s: %s", pg->backend_name, opname, why);
         }
     }
+    if (!is_p2p(op.kind) && c10d__pg_detail_enabled())
+        C10D_CHECK(c10d__pg_detail_check(pg, opname, &op,
+                                         opts->timeout_ms > 0 ? opts->timeout_ms : pg->timeout_ms));
     size_t s = (size_t)pg->size;
     size_t extra = 2 * s * sizeof(void *) + 2 * s * sizeof(size_t);
     struct c10d__pg_op *po = c10d__pg_op_new(pg, dev, extra);
@@ -727,7 +701,7 @@ int c10d_coalesce_end(c10d_pg *pg, const c10d_op_opts *user_opts, c10d_work **wo
     size_t tin = 0, tout = 0;
     for (struct c10d__pg_op *po = head; po != NULL; po = po->next_in_list) {
         size_t in, out;
-        numel(pg, &po->op, &in, &out);
+        c10d__op_numel(&po->op, pg->size, &in, &out);
         tin += in, tout += out;
     }
     int handed;

@@ -39,6 +39,10 @@ enum c10d__op_kind {
 /* Op names as torch's flight recorder and messages spell them ("ALLREDUCE"...). */
 const char *c10d__op_kind_name(enum c10d__op_kind kind);
 
+struct c10d__op;
+/* The op's NumelIn / NumelOut as torch reports them, in a group of `size`. */
+void c10d__op_numel(const struct c10d__op *op, int size, size_t *in, size_t *out);
+
 struct c10d__op {
     enum c10d__op_kind kind;
     const void *send; /* single-buffer forms */

@@ -1,5 +1,5 @@
-/* Op names as torch's OpType spells them, for messages and the flight
- * recorder. Backends and the group layer all print through this one table. */
+/* Op names as torch's OpType spells them, and the element counts torch's
+ * messages and flight recorder show, for every layer that prints an op. */
 #include "backends/backend.h"
 
 const char *c10d__op_kind_name(enum c10d__op_kind kind)
@@ -18,4 +18,33 @@ const char *c10d__op_kind_name(enum c10d__op_kind kind)
         [C10D_OP_RECV] = "RECV",
     };
     return (unsigned)kind < C10D_OP_KIND_COUNT ? names[kind] : "UNKNOWN";
+}
+
+void c10d__op_numel(const struct c10d__op *op, int size, size_t *in, size_t *out)
+{
+    size_t n = op->count, s = (size_t)size;
+    switch (op->kind) {
+    case C10D_OP_ALL_GATHER:
+    case C10D_OP_GATHER:
+        *in = n, *out = n * s;
+        return;
+    case C10D_OP_SCATTER:
+    case C10D_OP_REDUCE_SCATTER:
+        *in = n * s, *out = n;
+        return;
+    case C10D_OP_ALL_TO_ALL:
+        *in = *out = 0;
+        for (int i = 0; i < size; i++) {
+            *in += op->send_counts != NULL ? op->send_counts[i] : n / s;
+            *out += op->recv_counts != NULL ? op->recv_counts[i] : n / s;
+        }
+        if (op->sends == NULL && op->send_counts == NULL)
+            *in = n;
+        return;
+    case C10D_OP_BARRIER:
+        *in = *out = 0;
+        return;
+    default:
+        *in = *out = n;
+    }
 }

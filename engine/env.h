@@ -23,6 +23,9 @@
     X(BACKEND_CLOSE_MS, "C10D_BACKEND_CLOSE_MS", NULL, "10000",                                   \
       "how long ending a group (destroy, abort, a failure) waits for each backend's abort and "  \
       "destroy, which may block in a driver, before it goes on without them")                    \
+    X(DEBUG, "C10D_DEBUG", "TORCH_DISTRIBUTED_DEBUG", "OFF",                                        \
+      "OFF, INFO or DETAIL: DETAIL checks before each collective, through the store, that every "  \
+      "rank calls it with the same op, dtype, count, reduce op and root")                          \
     X(TCP_LAZY_INIT, "C10D_TCP_LAZY_INIT", NULL, "0",                                              \
       "tcp backend: connect to a peer on first use instead of the full mesh at group creation")    \
     X(SOCKET_IFNAME, "C10D_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "",                               \

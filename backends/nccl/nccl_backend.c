@@ -66,24 +66,12 @@ static const char *op_type(const struct c10d__op *op)
                : c10d__op_kind_name(op->kind);
 }
 
+/* torch's NCCL barrier is an all_reduce of one element, and says so. */
 static void numel(const struct nccl_state *s, const struct c10d__op *op, size_t *in, size_t *out)
 {
-    size_t n = op->count, z = (size_t)s->size;
-    switch (op->kind) {
-    case C10D_OP_ALL_GATHER:
-    case C10D_OP_GATHER:
-        *in = n, *out = n * z;
-        return;
-    case C10D_OP_SCATTER:
-    case C10D_OP_REDUCE_SCATTER:
-        *in = n * z, *out = n;
-        return;
-    case C10D_OP_BARRIER:
+    c10d__op_numel(op, s->size, in, out);
+    if (op->kind == C10D_OP_BARRIER)
         *in = *out = 1;
-        return;
-    default:
-        *in = *out = n;
-    }
 }
 
 /* Loop, through the poller: started? done? late? failed? */

@@ -64,6 +64,7 @@ static struct c10d__tcp_xfer *chain_xfer(struct c10d__tcp_chain *ch, int peer, u
     x->kind = (uint8_t)c->op->kind;
     x->sub = c->sub_base | sub;
     x->tag = c->op->seq;
+    x->fp = c->fp;
     x->buf = buf;
     x->len = bytes;
     x->work = c->op->work;

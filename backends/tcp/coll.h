@@ -46,7 +46,8 @@ struct c10d__tcp_coll {
     const struct c10d__tcp_tuning *tune;
     struct c10d__op *op;
     int rank, size;
-    uint32_t sub_base; /* distinguishes the members of a coalesced list */
+    uint32_t sub_base;  /* distinguishes the members of a coalesced list */
+    struct c10d__fp fp; /* the op's fingerprint, carried by every frame */
     size_t esz;
     int nchains, chains_left;
     struct c10d__tcp_chain chains[C10D_TCP_MAX_CHAINS];

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #define HELLO_MAGIC     0x43313044u /* "C10D" */
-#define HELLO_VERSION   2
+#define HELLO_VERSION   3
 #define HELLO_ACCEPTED  1u
 #define STRANGER_LOG_MS 1000
 

@@ -12,7 +12,8 @@
  * completes when the receiver acknowledges (ACK) that it met a posted receive.
  * Either way a P2P send completes only once its receiver has posted, and a
  * receive from any source picks its sender among the messages announced so
- * far. A size or op kind that differs from the other side's fails the
+ * far. A collective frame whose fingerprint differs from the op this rank
+ * runs (fingerprint.c), or a size that differs from the posted one, fails the
  * transport: the collective was called differently on the two ranks. */
 #include "transport_impl.h"
 
@@ -156,7 +157,7 @@ void c10d__tcp_send(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
         return;
     struct peer *pe = &t->peers[x->peer];
     if (!x->p2p && x->len <= t->cfg.eager_max) {
-        c10d__tcp_wire_encode(x->data_hdr, F_EAGER, x->kind, 0, x->sub, x->tag, x->len);
+        c10d__tcp_wire_encode(x->data_hdr, F_EAGER, x->kind, 0, x->sub, x->tag, x->len, &x->fp);
         c10d__tcp_peer_write(t, pe, x, W_DATA);
         return;
     }
@@ -167,7 +168,8 @@ void c10d__tcp_send(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
         x->await_ack = 1;
         pe->eager_out += x->len;
         xlist_push(&pe->sends, L_SENDS, x);
-        c10d__tcp_wire_encode(x->data_hdr, F_EAGER, x->kind, FLAG_P2P, x->peer_sub, x->tag, x->len);
+        c10d__tcp_wire_encode(x->data_hdr, F_EAGER, x->kind, FLAG_P2P, x->peer_sub, x->tag, x->len,
+                              &x->fp);
         c10d__tcp_peer_write(t, pe, x, W_DATA);
         return;
     }
@@ -187,7 +189,7 @@ void c10d__tcp_send(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
     }
     xlist_push(&pe->sends, L_SENDS, x);
     c10d__tcp_wire_encode(x->ctl_hdr, F_RTS, x->kind, x->p2p ? FLAG_P2P : 0,
-                          c10d__tcp_xfer_key_sub(x), x->tag, x->len);
+                          c10d__tcp_xfer_key_sub(x), x->tag, x->len, &x->fp);
     c10d__tcp_peer_write(t, pe, x, W_CTL);
 }
 
@@ -387,6 +389,9 @@ void c10d__tcp_handle_frame(struct conn *c, const struct wire *w)
     struct peer *pe = &t->peers[c->rank];
     int p2p = (w->flags & FLAG_P2P) != 0;
     struct c10d__tcp_xfer *x;
+    if (!p2p && (w->type == F_EAGER || w->type == F_RTS || w->type == F_CTS) &&
+        c10d__tcp_fp_check(t, c->rank, w) < 0)
+        return;
     switch (w->type) {
     case F_EAGER:
         if (p2p) {

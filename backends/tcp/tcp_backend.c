@@ -226,14 +226,15 @@ static void on_work_done(c10d_work *work, int status, void *arg)
         found->coll.failed = 1;
         unlink_op(s, found);
         uint64_t ran = c10d__now_ms() - found->start_ms;
+        size_t in, out;
+        c10d__op_numel(found->head, s->size, &in, &out);
         if (status == C10D_ETIMEDOUT)
             group_fail(s, status,
                        "Watchdog caught collective operation timeout: Work(SeqNum=%llu, "
                        "OpType=%s, NumelIn=%zu, NumelOut=%zu, Timeout(ms)=%lld) ran for %llu "
                        "milliseconds before timing out.",
                        (unsigned long long)found->head->seq, c10d__op_kind_name(found->head->kind),
-                       found->head->count, found->head->count, (long long)found->head->timeout_ms,
-                       (unsigned long long)ran);
+                       in, out, (long long)found->head->timeout_ms, (unsigned long long)ran);
         else
             group_fail(s, status < 0 ? status : C10D_EABORTED,
                        "%s seq %llu was completed outside the backend (%s): %s",
@@ -293,6 +294,10 @@ static void run_member(struct tcp_op *o)
     c->scratch = scratch_get;
     c->scratch_arg = s;
     c->finished = coll_finished;
+    c10d__fp_of(op, &c->fp);
+    c10d__tcp_expect(s->t, op->seq, (uint32_t)(o->idx & 0xff), &c->fp);
+    if (o->completed)
+        return; /* frames already here disagree: the group failed */
     int rc;
     switch (op->kind) {
     case C10D_OP_ALL_REDUCE:
@@ -370,7 +375,8 @@ static void run_p2p(struct tcp_state *s, struct tcp_op *o)
         o->head->kind == C10D_OP_RECV && o->head->next == NULL && o->head->peer == C10D_ANY_SOURCE;
     for (struct c10d__op *op = o->head; op != NULL && !o->completed; op = op->next) {
         if (op->kind != C10D_OP_SEND && op->kind != C10D_OP_RECV) {
-            group_fail(s, C10D_EUNSUPPORTED, "a batch of P2P ops holds a %s", c10d__op_kind_name(op->kind));
+            group_fail(s, C10D_EUNSUPPORTED, "a batch of P2P ops holds a %s",
+                       c10d__op_kind_name(op->kind));
             return;
         }
         if (op->peer == s->rank) {
@@ -422,8 +428,8 @@ static void tcp_run(void *state, struct c10d__op *op)
     if (s->poisoned || s->destroyed) {
         c10d__work_complete(op->work, s->poisoned ? s->poison_status : C10D_EABORTED,
                             "tcp %s seq %llu (group %s, rank %d): the group failed earlier: %s",
-                            c10d__op_kind_name(op->kind), (unsigned long long)op->seq, s->group_name,
-                            s->rank, s->poisoned ? s->poison_msg : "destroyed");
+                            c10d__op_kind_name(op->kind), (unsigned long long)op->seq,
+                            s->group_name, s->rank, s->poisoned ? s->poison_msg : "destroyed");
         return;
     }
     struct tcp_op *o = calloc(1, sizeof *o);

@@ -6,6 +6,8 @@
  *   match.c     posting sends and receives, matching them with what arrives;
  *               the eager / clear-to-send protocol is described there
  *   wire.c      frames on the socket: writes, the flow-control frames, reading
+ *   mismatch.c  what each collective frame says about its op, compared
+ *               with what this rank runs (mismatched calls fail at once)
  *   conn.c      connecting, retrying, accepting, losing a peer, deadlines
  *   hello.c     the handshake that admits a connection to the group
  *   iface.c     which interface and address to listen on */
@@ -258,7 +260,7 @@ void c10d__tcp_transport_fail(struct c10d__tcp_transport *t, int status, const c
     if (mlen > ABORT_MSG_MAX)
         mlen = ABORT_MSG_MAX;
     unsigned char hdr[HDR_LEN];
-    c10d__tcp_wire_encode(hdr, F_ABORT, 0, 0, 0, (uint64_t)(int64_t)status, mlen);
+    c10d__tcp_wire_encode(hdr, F_ABORT, 0, 0, 0, (uint64_t)(int64_t)status, mlen, NULL);
     uv_buf_t b[2] = {uv_buf_init((char *)hdr, HDR_LEN),
                      uv_buf_init((char *)message, (unsigned)mlen)};
     tell_idle_peers(t, b, 2);
@@ -270,7 +272,7 @@ void c10d__tcp_transport_fail(struct c10d__tcp_transport *t, int status, const c
 static void transport_close_quietly(struct c10d__tcp_transport *t)
 {
     unsigned char hdr[HDR_LEN];
-    c10d__tcp_wire_encode(hdr, F_BYE, 0, 0, 0, 0, 0);
+    c10d__tcp_wire_encode(hdr, F_BYE, 0, 0, 0, 0, 0, NULL);
     uv_buf_t b = uv_buf_init((char *)hdr, HDR_LEN);
     tell_idle_peers(t, &b, 1);
     t->failed = 1;

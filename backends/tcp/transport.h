@@ -9,6 +9,7 @@
 #ifndef C10D_BACKENDS_TCP_TRANSPORT_H
 #define C10D_BACKENDS_TCP_TRANSPORT_H
 
+#include "backends/fingerprint.h"
 #include "c10d.h"
 
 #include <stddef.h>
@@ -22,14 +23,15 @@ struct c10d__tcp_transport;
  * the data was already there), then the owner gives it back with
  * c10d__tcp_xfer_put. */
 struct c10d__tcp_xfer {
-    int peer;        /* group rank; C10D_ANY_SOURCE for a P2P receive */
-    uint8_t kind;    /* the op kind (c10d__op_kind), checked against the sender's */
-    uint8_t p2p;     /* 1: user send/recv matched by (peer, tag) in order */
-    uint32_t sub;    /* collectives: which message of the op */
-    uint64_t tag;    /* collectives: the op's sequence number; P2P: the user tag */
-    void *buf;       /* send: the bytes; receive: where they go */
-    size_t len;      /* send: length; receive: capacity */
-    c10d_work *work; /* once complete (timed out), the buffer is no longer touched */
+    int peer;           /* group rank; C10D_ANY_SOURCE for a P2P receive */
+    uint8_t kind;       /* the op kind (c10d__op_kind), checked against the sender's */
+    uint8_t p2p;        /* 1: user send/recv matched by (peer, tag) in order */
+    uint32_t sub;       /* collectives: which message of the op */
+    uint64_t tag;       /* collectives: the op's sequence number; P2P: the user tag */
+    struct c10d__fp fp; /* collectives: carried in the frames, checked by the peer */
+    void *buf;          /* send: the bytes; receive: where they go */
+    size_t len;         /* send: length; receive: capacity */
+    c10d_work *work;    /* once complete (timed out), the buffer is no longer touched */
     void (*done)(struct c10d__tcp_xfer *x);
     void *ctx;
     /* Set on completion of a receive. */
@@ -49,7 +51,7 @@ struct c10d__tcp_xfer {
     uint32_t peer_sub; /* P2P: the sender's message id */
     uint64_t order;    /* P2P receives: posting order */
     uv_write_t ctl_req, data_req;
-    unsigned char ctl_hdr[24], data_hdr[24];
+    unsigned char ctl_hdr[40], data_hdr[40]; /* HDR_LEN */
 };
 
 struct c10d__tcp_transport_config {
@@ -81,6 +83,13 @@ int c10d__tcp_transport_connect(struct c10d__tcp_transport *t, const char *const
 
 struct c10d__tcp_xfer *c10d__tcp_xfer_get(struct c10d__tcp_transport *t);
 void c10d__tcp_xfer_put(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x);
+
+/* Declares that this rank now runs collective `seq` (member `member` of a
+ * coalesced list) as `fp`: frames of that op that already arrived are
+ * compared at once, later ones as they come (mismatch.c). A mismatch fails
+ * the transport (on_error) before this returns. */
+void c10d__tcp_expect(struct c10d__tcp_transport *t, uint64_t seq, uint32_t member,
+                      const struct c10d__fp *fp);
 
 void c10d__tcp_send(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x);
 void c10d__tcp_recv(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x);

@@ -18,7 +18,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#define HDR_LEN     24
+#define HDR_LEN     40
 #define HELLO_FIXED 32
 #define HELLO_MAX   (HELLO_FIXED + C10D_TOKEN_MAX)
 /* An inbound connection that has not completed its hello by then is closed:
@@ -43,6 +43,18 @@ struct wire {
     uint32_t sub;
     uint64_t tag;
     uint64_t len;
+    struct c10d__fp fp; /* collective frames; zero in the others */
+};
+
+/* The fingerprints of the collectives this rank ran last, by (seq, member):
+ * a frame of a finished op can still arrive (a broadcast both ranks think
+ * they are the root of completes on both before either hears the other). */
+#define FP_SLOTS 64
+struct fp_slot {
+    uint64_t seq;
+    uint32_t member;
+    int used;
+    struct c10d__fp fp;
 };
 
 struct xlist {
@@ -139,6 +151,7 @@ struct c10d__tcp_transport {
     struct xlist any_recvs;
     struct c10d__tcp_xfer *pool, *all_xfers;
     struct unexp *unexp_pool;
+    struct fp_slot fps[FP_SLOTS];
     uint64_t next_order;
     void (*ready)(void *arg, int status);
     void *ready_arg;
@@ -149,9 +162,12 @@ struct c10d__tcp_transport {
 /* Helpers small and hot enough that every part gets its own inlined copy. */
 
 static inline void c10d__tcp_wire_encode(unsigned char *out, int type, int kind, int flags,
-                                         uint32_t sub, uint64_t tag, uint64_t len)
+                                         uint32_t sub, uint64_t tag, uint64_t len,
+                                         const struct c10d__fp *fp)
 {
-    struct wire w = {(uint8_t)type, (uint8_t)kind, (uint8_t)flags, 0, sub, tag, len};
+    struct wire w = {(uint8_t)type, (uint8_t)kind, (uint8_t)flags, 0, sub, tag, len, {0}};
+    if (fp != NULL)
+        w.fp = *fp;
     memcpy(out, &w, HDR_LEN);
 }
 
@@ -185,6 +201,11 @@ void c10d__tcp_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 /* match.c: what an arriving frame means, and where its body goes. */
 void c10d__tcp_handle_frame(struct conn *c, const struct wire *w);
 void c10d__tcp_body_done(struct conn *c);
+
+/* mismatch.c: 0, or -1 when the collective frame `w` from rank `from`
+ * disagrees with what this rank runs for that op (the transport has failed,
+ * naming both ranks and what differs). */
+int c10d__tcp_fp_check(struct c10d__tcp_transport *t, int from, const struct wire *w);
 
 /* hello.c: the handshake; strangers are dropped here without failing anything. */
 size_t c10d__tcp_hello_encode(const struct c10d__tcp_transport *t, unsigned char *out,

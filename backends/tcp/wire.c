@@ -152,7 +152,7 @@ void c10d__tcp_send_cts(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
 {
     x->cts_sent = 1;
     c10d__tcp_wire_encode(x->ctl_hdr, F_CTS, x->kind, x->p2p ? FLAG_P2P : 0,
-                          c10d__tcp_xfer_key_sub(x), x->tag, x->len);
+                          c10d__tcp_xfer_key_sub(x), x->tag, x->len, &x->fp);
     c10d__tcp_peer_write(t, &t->peers[x->source], x, W_CTL);
 }
 
@@ -170,20 +170,21 @@ void c10d__tcp_send_data(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x
                 t, C10D_EINVAL,
                 "tcp %s seq %llu: sending %zu bytes to rank %d, which posted %llu bytes "
                 "(collective mismatch?)",
-                c10d__op_kind_name((enum c10d__op_kind)x->kind), (unsigned long long)x->tag, x->len, x->peer,
-                (unsigned long long)cap);
+                c10d__op_kind_name((enum c10d__op_kind)x->kind), (unsigned long long)x->tag, x->len,
+                x->peer, (unsigned long long)cap);
         return;
     }
     if (c10d__tcp_work_gone(x))
         return;
     c10d__tcp_wire_encode(x->data_hdr, F_DATA, x->kind, x->p2p ? FLAG_P2P : 0,
-                          c10d__tcp_xfer_key_sub(x), x->tag, x->len);
+                          c10d__tcp_xfer_key_sub(x), x->tag, x->len, &x->fp);
     c10d__tcp_peer_write(t, &t->peers[x->peer], x, W_DATA);
 }
 
 void c10d__tcp_send_ack(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
 {
-    c10d__tcp_wire_encode(x->ctl_hdr, F_ACK, x->kind, FLAG_P2P, x->peer_sub, x->tag, x->received);
+    c10d__tcp_wire_encode(x->ctl_hdr, F_ACK, x->kind, FLAG_P2P, x->peer_sub, x->tag, x->received,
+                          NULL);
     c10d__tcp_peer_write(t, &t->peers[x->source], x, W_CTL);
 }
 

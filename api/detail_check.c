@@ -1,0 +1,129 @@
+/* C10D_DEBUG=DETAIL (torch's TORCH_DISTRIBUTED_DEBUG=DETAIL): before each
+ * collective every rank publishes the op's fingerprint in the group's store
+ * and compares it with every other rank's, so ranks that call a collective
+ * differently fail that call, every one of them, before any byte moves.
+ *
+ * The tcp backend catches most mismatches for free from the fingerprints its
+ * frames carry; this catches the rest (ranks that exchange nothing for the
+ * op, a root whose part is send-only) and covers backends whose wire carries
+ * none (nccl). It costs a store round trip and a wait for the slowest rank
+ * per collective, and blocks the calling thread for them, as torch's check
+ * does: a debugging mode. */
+#include "pg.h"
+
+#include "backends/fingerprint.h"
+#include "engine/env.h"
+#include "engine/error.h"
+#include "engine/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+int c10d__pg_detail_enabled(void)
+{
+    return strcasecmp(c10d__env_str(C10D_ENV_DEBUG), "DETAIL") == 0;
+}
+
+static void key_of(char *buf, size_t cap, uint64_t round, int rank)
+{
+    snprintf(buf, cap, "detail/%llu/%d", (unsigned long long)round, rank);
+}
+
+int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op *op,
+                          int64_t timeout_ms)
+{
+    if (pg->store == NULL || pg->size < 2)
+        return 0;
+    if (c10d_on_loop_thread()) {
+        static int warned;
+        if (!warned) {
+            warned = 1;
+            C10D_WARN("pg", "C10D_DEBUG=DETAIL: collectives called from a completion callback "
+                            "are not checked (the check would block the loop)");
+        }
+        return 0;
+    }
+    /* The number this op will take: the check assumes, as torch's does, that
+     * one thread at a time submits to a group. */
+    uv_mutex_lock(&pg->mutex);
+    uint64_t seq = pg->coll_seq + 1;
+    int coalescing = pg->coalescing;
+    /* Keys are per check, not per sequence number: a call this check
+     * rejects takes no number, so the next call has the same one, and must
+     * not read the rejected call's keys. Every rank rejects the same calls
+     * (any difference is seen by every rank), so rounds stay in step. */
+    uint64_t round = coalescing ? 0 : ++pg->detail_round;
+    uv_mutex_unlock(&pg->mutex);
+    if (coalescing)
+        return 0; /* members of a list may differ, as in torch */
+    struct c10d__fp mine;
+    c10d__fp_of(op, &mine);
+    char key[64];
+    key_of(key, sizeof key, round, pg->rank);
+    int rc = c10d_store_set_sync(pg->store, key, &mine, sizeof mine);
+    if (rc != 0)
+        return c10d__fail(rc, "%s %s: C10D_DEBUG=DETAIL: publishing the fingerprint: %s",
+                          pg->backend_name, opname, c10d_last_error());
+    int n = pg->size;
+    char(*names)[64] = calloc((size_t)n, sizeof *names);
+    const char **keys = calloc((size_t)n, sizeof *keys);
+    void **values = calloc((size_t)n, sizeof *values);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    if (names == NULL || keys == NULL || values == NULL || lens == NULL) {
+        rc = c10d__fail(C10D_ENOMEM, "%s %s: out of memory", pg->backend_name, opname);
+        goto out;
+    }
+    for (int r = 0; r < n; r++) {
+        key_of(names[r], sizeof names[r], round, r);
+        keys[r] = names[r];
+    }
+    rc = c10d_store_wait_sync(pg->store, keys, (size_t)n, timeout_ms);
+    if (rc != 0) {
+        rc = c10d__fail(rc,
+                        "%s %s: C10D_DEBUG=DETAIL: not every rank reached collective "
+                        "SeqNum=%llu within %lld ms: %s",
+                        pg->backend_name, opname, (unsigned long long)seq, (long long)timeout_ms,
+                        c10d_last_error());
+        goto out;
+    }
+    rc = c10d_store_multi_get_sync(pg->store, keys, (size_t)n, values, lens);
+    if (rc != 0) {
+        rc = c10d__fail(rc, "%s %s: C10D_DEBUG=DETAIL: reading the fingerprints: %s",
+                        pg->backend_name, opname, c10d_last_error());
+        goto out;
+    }
+    for (int r = 0; r < n; r++) {
+        struct c10d__fp theirs;
+        if (lens[r] != sizeof theirs) {
+            rc = c10d__fail(C10D_EPROTO,
+                            "%s %s: C10D_DEBUG=DETAIL: rank %d's fingerprint has %zu bytes",
+                            pg->backend_name, opname, r, lens[r]);
+            goto out;
+        }
+        memcpy(&theirs, values[r], sizeof theirs);
+        if (!c10d__fp_equal(&mine, &theirs)) {
+            char msg[1024];
+            c10d__fp_mismatch_message(msg, sizeof msg, seq, 0, pg->rank, &mine, r, &theirs);
+            rc = c10d__fail(C10D_EINVAL, "%s %s: %s", pg->backend_name, opname, msg);
+            goto out;
+        }
+    }
+    /* Every rank has published this round, so every rank has read the
+     * previous round's keys: this rank's key of the round before that is
+     * read by nobody any more. */
+    if (round > 2) {
+        key_of(key, sizeof key, round - 2, pg->rank);
+        c10d_store_delete_key(pg->store, key, NULL, NULL);
+    }
+out:
+    if (values != NULL)
+        for (int r = 0; r < n; r++)
+            free(values[r]);
+    free(values);
+    free(lens);
+    free(keys);
+    free(names);
+    return rc;
+}
