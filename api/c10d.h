@@ -284,9 +284,45 @@ C10D_EXPORT int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks,
  * parent's shrinks, so the world's other group names stay in step. */
 C10D_EXPORT int c10d_pg_shrink(c10d_pg *parent, const int *excluded, int nexcluded,
                                const c10d_pg_opts *opts, c10d_pg **out);
+/* MPI_Comm_split / ncclCommSplit: every rank of `parent` calls it; ranks
+ * with one color form a group, ordered by key (ties: parent rank). A rank
+ * with C10D_SPLIT_NO_COLOR gets a handle for which c10d_pg_is_member is 0.
+ * Only the parent's ranks take part (torch's use_local_synchronization); a
+ * backend that can splits the parent's state (nccl: ncclCommSplit, all
+ * colors in one call), else each group connects through the store. Named
+ * "<parent name>/split<k>.<color>", k counting the parent's splits. */
+#define C10D_SPLIT_NO_COLOR (-1)
+C10D_EXPORT int c10d_pg_split(c10d_pg *parent, int color, int key, const c10d_pg_opts *opts,
+                              c10d_pg **out);
+/* torch's new_subgroups: the parent cut into consecutive groups of
+ * `group_size` ranks (which must divide its size); *out is this rank's. */
+C10D_EXPORT int c10d_pg_new_subgroups(c10d_pg *parent, int group_size, const c10d_pg_opts *opts,
+                                      c10d_pg **out);
+/* torch's new_subgroups_by_enumeration: lists[i] (sizes[i] parent ranks) is
+ * group i; a rank in two lists is an error; a rank in none gets a
+ * non-member handle. Every parent rank calls it with the same lists. */
+C10D_EXPORT int c10d_pg_new_subgroups_by_enumeration(c10d_pg *parent, const int *const *lists,
+                                                     const int *sizes, int nlists,
+                                                     const c10d_pg_opts *opts, c10d_pg **out);
 C10D_EXPORT int c10d_pg_rank(const c10d_pg *pg);
 C10D_EXPORT int c10d_pg_size(const c10d_pg *pg);
 C10D_EXPORT int c10d_pg_is_member(const c10d_pg *pg);
+/* Rank translation (torch's get_global_rank / get_group_rank /
+ * get_process_group_ranks); global means the default group's rank. A rank
+ * not in the group: C10D_ENOTFOUND. c10d_pg_ranks writes up to `cap` global
+ * ranks in group order and returns the group's size. */
+C10D_EXPORT int c10d_pg_global_rank(const c10d_pg *pg, int group_rank);
+C10D_EXPORT int c10d_pg_group_rank(const c10d_pg *pg, int global_rank);
+C10D_EXPORT int c10d_pg_ranks(const c10d_pg *pg, int *ranks, int cap);
+/* The group's name ("0" for the default group), description, backend
+ * ("tcp", "nccl", "tcp+nccl") and the sequence number of its last
+ * collective (torch's _get_sequence_number_for_group); NULL / 0 for NULL. */
+C10D_EXPORT const char *c10d_pg_name(const c10d_pg *pg);
+C10D_EXPORT const char *c10d_pg_desc(const c10d_pg *pg);
+C10D_EXPORT const char *c10d_pg_backend(const c10d_pg *pg);
+C10D_EXPORT uint64_t c10d_pg_seq(c10d_pg *pg);
+/* 1 while the default group exists (torch's is_initialized). */
+C10D_EXPORT int c10d_is_initialized(void);
 /* Graceful: waits (bounded) for pending ops, then frees. */
 C10D_EXPORT int c10d_pg_destroy(c10d_pg *pg);
 /* Immediate: fails pending works with C10D_EABORTED, closes transports, frees. */

@@ -56,7 +56,7 @@ struct c10d_pg {
     enum c10d__pg_state state;
     uint64_t coll_seq, p2p_seq;
     uint64_t detail_round; /* C10D_DEBUG=DETAIL checks made, rejected calls included */
-    size_t pending; /* ops whose work has not completed */
+    size_t pending;        /* ops whose work has not completed */
     int first_status;
     char *first_error;
     /* Set when the group ended without a destroy or abort of its own (the
@@ -68,6 +68,8 @@ struct c10d_pg {
     int inherited;
     int coalescing;
     int shrink_count; /* groups shrunk from this one (their names) */
+    int split_count;  /* c10d_pg_split calls on this one (their names and keys) */
+    int split_color;  /* the color this group was split with (backend splits) */
     struct c10d__pg_op *coal_head, *coal_tail;
     size_t coal_n;
     /* Loop thread only. */

@@ -197,7 +197,7 @@ static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtabl
     if (parent != NULL) {
         c10d__pg_ref(parent);
         cc->parent = parent;
-        cc->color = 0;
+        cc->color = pg->split_color;
         cc->key = pg->rank;
     }
     if (excluded != NULL) {

@@ -525,6 +525,212 @@ int c10d_pg_shrink(c10d_pg *parent, const int *excluded, int nexcluded, const c1
     return 0;
 }
 
+/* ---------------------------------------------------------------- split */
+
+struct split_entry {
+    int color, key, parent_rank;
+};
+
+static int cmp_split(const void *a, const void *b)
+{
+    const struct split_entry *x = a, *y = b;
+    if (x->key != y->key)
+        return (x->key > y->key) - (x->key < y->key);
+    return (x->parent_rank > y->parent_rank) - (x->parent_rank < y->parent_rank);
+}
+
+/* Every parent rank's (color, key), through the parent's store: ranks
+ * outside the parent take no part, so no world-wide name or barrier. */
+static int split_exchange(c10d_pg *parent, int k, int color, int key, int64_t timeout,
+                          struct split_entry *all)
+{
+    int n = parent->size, rc;
+    char(*names)[48] = calloc((size_t)n, sizeof *names);
+    const char **keys = calloc((size_t)n, sizeof *keys);
+    void **values = calloc((size_t)n, sizeof *values);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    if (names == NULL || keys == NULL || values == NULL || lens == NULL) {
+        rc = c10d__fail(C10D_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int r = 0; r < n; r++) {
+        snprintf(names[r], sizeof names[r], "split%d/%d", k, r);
+        keys[r] = names[r];
+    }
+    int32_t mine[2] = {color, key};
+    rc = c10d_store_set_sync(parent->store, keys[parent->rank], mine, sizeof mine);
+    if (rc == 0)
+        rc = c10d_store_wait_sync(parent->store, keys, (size_t)n, timeout);
+    if (rc == 0)
+        rc = c10d_store_multi_get_sync(parent->store, keys, (size_t)n, values, lens);
+    for (int r = 0; r < n && rc == 0; r++) {
+        int32_t v[2];
+        if (lens[r] != sizeof v) {
+            rc = c10d__fail(C10D_EPROTO, "rank %d's color and key have %zu bytes", r, lens[r]);
+            break;
+        }
+        memcpy(v, values[r], sizeof v);
+        all[r] = (struct split_entry){v[0] < 0 ? -1 : v[0], v[1], r};
+    }
+out:
+    if (values != NULL)
+        for (int r = 0; r < n; r++)
+            free(values[r]);
+    free(values);
+    free(lens);
+    free(keys);
+    free(names);
+    return rc;
+}
+
+int c10d_pg_split(c10d_pg *parent, int color, int key, const c10d_pg_opts *opts, c10d_pg **out)
+{
+    static const char what[] = "c10d_pg_split";
+    uv_once(&registry_once, registry_init);
+    if (out == NULL)
+        return c10d__fail(C10D_EINVAL, "%s: out is NULL", what);
+    *out = NULL;
+    if (parent == NULL)
+        return c10d__fail(C10D_EINVAL, "%s: parent is NULL", what);
+    c10d_pg_opts o;
+    C10D_CHECK(c10d__opts_read(&o, sizeof o, C10D__PG_OPTS_V1_SIZE, opts, what));
+    if (c10d__on_loop_thread())
+        return c10d__fail(C10D_EDEADLK, "%s blocks: it cannot run inside a callback", what);
+    if (parent->rank < 0)
+        return c10d__fail(C10D_EINVAL, "%s: this rank is not a member of parent group %s", what,
+                          parent->name);
+    if (parent->store == NULL)
+        return c10d__fail(C10D_EUNSUPPORTED, "%s: parent group %s has no store", what,
+                          parent->name);
+    if (o.store != NULL || o.init_method != NULL || o.backend != NULL)
+        return c10d__fail(C10D_EINVAL,
+                          "%s: a split group keeps its parent's store and backends (no store, "
+                          "init_method or backend)",
+                          what);
+    if (o.timeout_ms < 0)
+        return c10d__fail(C10D_EINVAL, "%s: invalid timeout %lld ms", what,
+                          (long long)o.timeout_ms);
+    if (color < 0 && color != C10D_SPLIT_NO_COLOR)
+        return c10d__fail(C10D_EINVAL, "%s: invalid color %d (>= 0, or C10D_SPLIT_NO_COLOR)", what,
+                          color);
+    uv_mutex_lock(&parent->mutex);
+    int k = ++parent->split_count;
+    uv_mutex_unlock(&parent->mutex);
+    int64_t timeout = o.timeout_ms > 0 ? o.timeout_ms : parent->timeout_ms;
+    struct split_entry *all = calloc((size_t)parent->size, sizeof *all);
+    int *global = malloc((size_t)parent->size * sizeof(int));
+    if (all == NULL || global == NULL) {
+        free(all);
+        free(global);
+        return c10d__fail(C10D_ENOMEM, "%s: out of memory", what);
+    }
+    int rc = split_exchange(parent, k, color, key, timeout, all);
+    if (rc != 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", c10d_last_error());
+        free(all);
+        free(global);
+        return c10d__fail(rc, "%s: group %s: exchanging colors: %s", what, parent->name, why);
+    }
+    /* MPI_Comm_split's order: by key, ties by parent rank. */
+    int n = 0;
+    for (int r = 0; r < parent->size; r++)
+        if (color >= 0 && all[r].color == color)
+            all[n++] = all[r];
+    qsort(all, (size_t)n, sizeof *all, cmp_split);
+    int my_rank = -1;
+    for (int i = 0; i < n; i++) {
+        global[i] = parent->global_ranks[all[i].parent_rank];
+        if (all[i].parent_rank == parent->rank)
+            my_rank = i;
+    }
+    free(all);
+    char name[96];
+    snprintf(name, sizeof name, "%.60s/split%d.%d", parent->name, k, color < 0 ? 0 : color);
+    const struct c10d__backend_vtable *vts[C10D__PG_NDEV];
+    for (int d = 0; d < C10D__PG_NDEV; d++)
+        vts[d] = parent->backends[d].vt;
+    c10d_pg *pg;
+    rc = c10d__pg_alloc(name, o.group_desc != NULL ? o.group_desc : parent->desc, my_rank,
+                        my_rank >= 0 ? n : -1, parent->global_rank, global, timeout, &pg);
+    free(global);
+    if (rc != 0)
+        return rc;
+    pg->split_color = color;
+    rc = set_device_opts(pg, &o, parent, what);
+    if (rc == 0 && my_rank < 0)
+        set_backend_name(pg, vts);
+    if (rc == 0)
+        rc = pg_start(pg, parent->base_store, vts, parent);
+    if (rc == 0 && my_rank >= 0)
+        rc = c10d__pg_store_barrier(parent->base_store, name, n, timeout);
+    if (rc != 0) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", c10d_last_error());
+        pg_close(pg, 0, "creation failed");
+        c10d__pg_unref(pg);
+        return c10d__fail(rc, "%s: group %s: %s", what, name, why);
+    }
+    *out = pg;
+    return 0;
+}
+
+int c10d_pg_new_subgroups(c10d_pg *parent, int group_size, const c10d_pg_opts *opts, c10d_pg **out)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (parent == NULL || parent->rank < 0)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_new_subgroups: %s",
+                          parent == NULL ? "parent is NULL" : "this rank is not a member");
+    if (group_size <= 0 || parent->size % group_size != 0)
+        return c10d__fail(C10D_EINVAL,
+                          "c10d_pg_new_subgroups: the group size %d must divide the parent's %d",
+                          group_size, parent->size);
+    return c10d_pg_split(parent, parent->rank / group_size, parent->rank, opts, out);
+}
+
+int c10d_pg_new_subgroups_by_enumeration(c10d_pg *parent, const int *const *lists, const int *sizes,
+                                         int nlists, const c10d_pg_opts *opts, c10d_pg **out)
+{
+    static const char what[] = "c10d_pg_new_subgroups_by_enumeration";
+    if (out != NULL)
+        *out = NULL;
+    if (parent == NULL || parent->rank < 0)
+        return c10d__fail(C10D_EINVAL, "%s: %s", what,
+                          parent == NULL ? "parent is NULL" : "this rank is not a member");
+    if (nlists <= 0 || lists == NULL || sizes == NULL)
+        return c10d__fail(C10D_EINVAL, "%s: no lists", what);
+    int *owner = malloc((size_t)parent->size * sizeof(int));
+    if (owner == NULL)
+        return c10d__fail(C10D_ENOMEM, "%s: out of memory", what);
+    for (int r = 0; r < parent->size; r++)
+        owner[r] = -1;
+    int rc = 0;
+    for (int l = 0; l < nlists && rc == 0; l++) {
+        if (sizes[l] <= 0 || lists[l] == NULL) {
+            rc = c10d__fail(C10D_EINVAL, "%s: list %d is empty", what, l);
+            break;
+        }
+        for (int i = 0; i < sizes[l] && rc == 0; i++) {
+            int r = lists[l][i];
+            if (r < 0 || r >= parent->size)
+                rc = c10d__fail(C10D_EINVAL, "%s: rank %d in list %d is out of range (size %d)",
+                                what, r, l, parent->size);
+            else if (owner[r] >= 0)
+                rc = c10d__fail(C10D_EINVAL, "%s: rank %d is in list %d and in list %d", what, r,
+                                owner[r], l);
+            else
+                owner[r] = l;
+        }
+    }
+    int color = rc == 0 && owner[parent->rank] >= 0 ? owner[parent->rank] : C10D_SPLIT_NO_COLOR;
+    free(owner);
+    if (rc != 0)
+        return rc;
+    /* Ranks in ascending order within each subgroup, as torch's new_group. */
+    return c10d_pg_split(parent, color, parent->rank, opts, out);
+}
+
 /* --------------------------------------------------------------- queries */
 
 int c10d_pg_rank(const c10d_pg *pg)
@@ -544,6 +750,76 @@ int c10d_pg_size(const c10d_pg *pg)
 int c10d_pg_is_member(const c10d_pg *pg)
 {
     return pg != NULL && pg->rank >= 0;
+}
+
+int c10d_pg_global_rank(const c10d_pg *pg, int group_rank)
+{
+    if (pg == NULL || pg->rank < 0)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_global_rank: %s",
+                          pg == NULL ? "pg is NULL" : "this rank is not a member of the group");
+    if (group_rank < 0 || group_rank >= pg->size)
+        return c10d__fail(C10D_ENOTFOUND, "c10d_pg_global_rank: group %s has no rank %d (size %d)",
+                          pg->name, group_rank, pg->size);
+    return pg->global_ranks[group_rank];
+}
+
+int c10d_pg_group_rank(const c10d_pg *pg, int global_rank)
+{
+    if (pg == NULL || pg->rank < 0)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_group_rank: %s",
+                          pg == NULL ? "pg is NULL" : "this rank is not a member of the group");
+    for (int i = 0; i < pg->size; i++)
+        if (pg->global_ranks[i] == global_rank)
+            return i;
+    return c10d__fail(C10D_ENOTFOUND, "c10d_pg_group_rank: global rank %d is not in group %s",
+                      global_rank, pg->name);
+}
+
+int c10d_pg_ranks(const c10d_pg *pg, int *ranks, int cap)
+{
+    if (pg == NULL || pg->rank < 0)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_ranks: %s",
+                          pg == NULL ? "pg is NULL" : "this rank is not a member of the group");
+    if (cap < 0 || (ranks == NULL && cap > 0))
+        return c10d__fail(C10D_EINVAL, "c10d_pg_ranks: invalid buffer (%p, %d entries)",
+                          (void *)ranks, cap);
+    for (int i = 0; i < pg->size && i < cap; i++)
+        ranks[i] = pg->global_ranks[i];
+    return pg->size;
+}
+
+const char *c10d_pg_name(const c10d_pg *pg)
+{
+    return pg != NULL ? pg->name : NULL;
+}
+
+const char *c10d_pg_desc(const c10d_pg *pg)
+{
+    return pg != NULL ? pg->desc : NULL;
+}
+
+const char *c10d_pg_backend(const c10d_pg *pg)
+{
+    return pg != NULL ? pg->backend_name : NULL;
+}
+
+uint64_t c10d_pg_seq(c10d_pg *pg)
+{
+    if (pg == NULL)
+        return 0;
+    uv_mutex_lock(&pg->mutex);
+    uint64_t seq = pg->coll_seq;
+    uv_mutex_unlock(&pg->mutex);
+    return seq;
+}
+
+int c10d_is_initialized(void)
+{
+    uv_once(&registry_once, registry_init);
+    c10d__pg_registry_lock();
+    int up = default_pg != NULL;
+    c10d__pg_registry_unlock();
+    return up;
 }
 
 /* ------------------------------------------------------------------- end */

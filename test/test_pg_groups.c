@@ -1,0 +1,183 @@
+/* Groups made from a parent: split by color and key, torch's new_subgroups
+ * and new_subgroups_by_enumeration, rank translation and the getters. Real
+ * processes on the tcp backend; every group is checked by running
+ * collectives on it. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "c10d.h"
+#include "mp_harness.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int init(c10d_pg **pg)
+{
+    c10d_pg_opts po = {0};
+    po.timeout_ms = 60000;
+    return c10d_pg_init(&po, pg);
+}
+
+/* Sum of the global ranks of the group, by all_reduce, against its members. */
+static int check_group(c10d_pg *g, int global_rank, const char *axis)
+{
+    int ranks[16];
+    int n = c10d_pg_ranks(g, ranks, 16);
+    MP_CHECK(n == c10d_pg_size(g), "%s: c10d_pg_ranks %d, size %d", axis, n, c10d_pg_size(g));
+    int me = c10d_pg_rank(g);
+    MP_CHECK(ranks[me] == global_rank, "%s: ranks[%d] = %d, global rank %d", axis, me, ranks[me],
+             global_rank);
+    MP_CHECK(c10d_pg_global_rank(g, me) == global_rank, "%s: global_rank", axis);
+    MP_CHECK(c10d_pg_group_rank(g, global_rank) == me, "%s: group_rank", axis);
+    MP_CHECK(c10d_pg_group_rank(g, 1000) == C10D_ENOTFOUND, "%s: rank 1000 found", axis);
+    int32_t expect = 0;
+    for (int i = 0; i < n; i++)
+        expect += ranks[i];
+    int32_t v = global_rank;
+    MP_CHECK(c10d_all_reduce_sync(g, &v, &v, 1, C10D_INT32, C10D_SUM) == 0, "%s: all_reduce: %s",
+             axis, c10d_last_error());
+    MP_CHECK(v == expect, "%s: sum %d, expected %d", axis, v, expect);
+    /* A broadcast from the group's last rank reaches everyone. */
+    int32_t b = me == n - 1 ? 1000 + global_rank : -1;
+    MP_CHECK(c10d_broadcast_sync(g, &b, &b, 1, C10D_INT32, n - 1) == 0, "%s: broadcast: %s", axis,
+             c10d_last_error());
+    MP_CHECK(b == 1000 + ranks[n - 1], "%s: broadcast got %d", axis, b);
+    return 0;
+}
+
+/* 8 ranks as dp x pp x tp = 2 x 2 x 2, rank = dp * 4 + pp * 2 + tp. */
+static int mesh_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    (void)n;
+    c10d_pg *world = NULL;
+    MP_CHECK(init(&world) == 0, "init: %s", c10d_last_error());
+    MP_CHECK(c10d_is_initialized() == 1, "is_initialized");
+    MP_CHECK(strcmp(c10d_pg_name(world), "0") == 0, "name %s", c10d_pg_name(world));
+    MP_CHECK(strcmp(c10d_pg_backend(world), "tcp") == 0, "backend %s", c10d_pg_backend(world));
+    int dp = rank / 4, pp = rank / 2 % 2, tp = rank % 2;
+    c10d_pg *tpg = NULL, *ppg = NULL, *dpg = NULL;
+    MP_CHECK(c10d_pg_split(world, dp * 2 + pp, rank, NULL, &tpg) == 0, "tp split: %s",
+             c10d_last_error());
+    MP_CHECK(c10d_pg_split(world, dp * 2 + tp, rank, NULL, &ppg) == 0, "pp split: %s",
+             c10d_last_error());
+    MP_CHECK(c10d_pg_split(world, pp * 2 + tp, rank, NULL, &dpg) == 0, "dp split: %s",
+             c10d_last_error());
+    MP_CHECK(c10d_pg_size(tpg) == 2 && c10d_pg_rank(tpg) == tp, "tp rank %d", c10d_pg_rank(tpg));
+    MP_CHECK(c10d_pg_size(ppg) == 2 && c10d_pg_rank(ppg) == pp, "pp rank %d", c10d_pg_rank(ppg));
+    MP_CHECK(c10d_pg_size(dpg) == 2 && c10d_pg_rank(dpg) == dp, "dp rank %d", c10d_pg_rank(dpg));
+    /* Interleaved, as a training step does. */
+    for (int step = 0; step < 3; step++) {
+        if (check_group(tpg, rank, "tp") || check_group(ppg, rank, "pp") ||
+            check_group(dpg, rank, "dp") || check_group(world, rank, "world"))
+            return 1;
+    }
+    MP_CHECK(c10d_pg_seq(tpg) == 6, "tp seq %llu", (unsigned long long)c10d_pg_seq(tpg));
+    c10d_pg_destroy(dpg);
+    c10d_pg_destroy(ppg);
+    c10d_pg_destroy(tpg);
+    c10d_pg_destroy(world);
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_mesh_2x2x2_by_split(void **state)
+{
+    (void)state;
+    struct mp_opts o = {0};
+    o.nranks = 8;
+    o.timeout_s = 120;
+    o.kill_on_failure = 1;
+    struct mp_result res;
+    mp_run(&o, mesh_main, NULL, &res);
+    assert_false(res.timed_out);
+    for (int r = 0; r < 8; r++)
+        assert_int_equal(res.codes[r], 0);
+}
+
+/* Keys order the new group; no color: not a member; subgroups. */
+static int forms_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    c10d_pg *world = NULL;
+    MP_CHECK(init(&world) == 0, "init: %s", c10d_last_error());
+    /* Reversed by key; rank 3 stays out. */
+    c10d_pg *rev = NULL;
+    int color = rank == 3 ? C10D_SPLIT_NO_COLOR : 7;
+    MP_CHECK(c10d_pg_split(world, color, -rank, NULL, &rev) == 0, "split: %s", c10d_last_error());
+    if (rank == 3) {
+        MP_CHECK(!c10d_pg_is_member(rev), "rank 3 is a member");
+    } else {
+        MP_CHECK(c10d_pg_size(rev) == 3 && c10d_pg_rank(rev) == 2 - rank, "reversed rank %d",
+                 c10d_pg_rank(rev));
+        if (check_group(rev, rank, "reversed"))
+            return 1;
+    }
+    c10d_pg *sub = NULL;
+    MP_CHECK(c10d_pg_new_subgroups(world, 3, NULL, &sub) == C10D_EINVAL, "3 does not divide 4");
+    MP_CHECK(c10d_pg_new_subgroups(world, 2, NULL, &sub) == 0, "subgroups: %s", c10d_last_error());
+    MP_CHECK(c10d_pg_size(sub) == 2 && c10d_pg_rank(sub) == rank % 2, "subgroup rank");
+    if (check_group(sub, rank, "subgroup"))
+        return 1;
+    /* [0, 3] and [1]; rank 2 in none. */
+    int l0[] = {3, 0}, l1[] = {1};
+    const int *lists[] = {l0, l1};
+    int sizes[] = {2, 1};
+    c10d_pg *en = NULL;
+    MP_CHECK(c10d_pg_new_subgroups_by_enumeration(world, lists, sizes, 2, NULL, &en) == 0,
+             "enumeration: %s", c10d_last_error());
+    if (rank == 2) {
+        MP_CHECK(!c10d_pg_is_member(en), "rank 2 is a member");
+    } else {
+        MP_CHECK(c10d_pg_size(en) == (rank == 1 ? 1 : 2), "enumerated size %d", c10d_pg_size(en));
+        if (rank != 1 && check_group(en, rank, "enumerated"))
+            return 1;
+    }
+    /* A rank in two lists: an error on every rank, nothing created. */
+    int d0[] = {0, 1}, d1[] = {1, 2};
+    const int *dup[] = {d0, d1};
+    int dsizes[] = {2, 2};
+    c10d_pg *bad = NULL;
+    MP_CHECK(c10d_pg_new_subgroups_by_enumeration(world, dup, dsizes, 2, NULL, &bad) == C10D_EINVAL,
+             "a rank in two lists was accepted");
+    MP_CHECK(strstr(c10d_last_error(), "rank 1 is in list 0 and in list 1") != NULL, "message: %s",
+             c10d_last_error());
+    /* The world is unharmed. */
+    if (check_group(world, rank, "world"))
+        return 1;
+    MP_CHECK(c10d_pg_size(world) == n, "world size");
+    c10d_pg_destroy(en);
+    c10d_pg_destroy(sub);
+    c10d_pg_destroy(rev);
+    c10d_pg_destroy(world);
+    MP_CHECK(c10d_is_initialized() == 0, "still initialized after the world's destroy");
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_split_forms(void **state)
+{
+    (void)state;
+    struct mp_opts o = {0};
+    o.nranks = 4;
+    o.timeout_s = 90;
+    o.kill_on_failure = 1;
+    struct mp_result res;
+    mp_run(&o, forms_main, NULL, &res);
+    assert_false(res.timed_out);
+    for (int r = 0; r < 4; r++)
+        assert_int_equal(res.codes[r], 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mesh_2x2x2_by_split),
+        cmocka_unit_test(test_split_forms),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
