@@ -315,6 +315,65 @@ static int cmp_int(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+static int format_ranks(char *buf, size_t cap, const int *ranks, int n)
+{
+    size_t k = 0;
+    for (int i = 0; i < n && k + 16 < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%d", i > 0 ? "," : "", ranks[i]);
+    return (int)k;
+}
+
+/* Every rank of the world creates every group, in the same order: group k
+ * must have the same members everywhere. A rank that created its groups in
+ * another order would otherwise connect to the wrong peers and hang; here
+ * every rank sees every rank's list, so all of them fail, naming the group
+ * and both lists. */
+static int check_same_members(c10d_store *base, const char *name, int me, int world_size,
+                              const int *global, int n, int64_t timeout)
+{
+    if (base == NULL || world_size < 2)
+        return 0;
+    char mine[1024];
+    format_ranks(mine, sizeof mine, global, n);
+    char(*names)[64] = calloc((size_t)world_size, sizeof *names);
+    const char **keys = calloc((size_t)world_size, sizeof *keys);
+    void **values = calloc((size_t)world_size, sizeof *values);
+    size_t *lens = calloc((size_t)world_size, sizeof *lens);
+    int rc = 0;
+    if (names == NULL || keys == NULL || values == NULL || lens == NULL) {
+        rc = c10d__fail(C10D_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int r = 0; r < world_size; r++) {
+        snprintf(names[r], sizeof names[r], "%s/members/%d", name, r);
+        keys[r] = names[r];
+    }
+    rc = c10d_store_set_sync(base, keys[me], mine, strlen(mine));
+    if (rc == 0)
+        rc = c10d_store_wait_sync(base, keys, (size_t)world_size, timeout);
+    if (rc == 0)
+        rc = c10d_store_multi_get_sync(base, keys, (size_t)world_size, values, lens);
+    for (int r = 0; r < world_size && rc == 0; r++) {
+        if (lens[r] == strlen(mine) && memcmp(values[r], mine, lens[r]) == 0)
+            continue;
+        rc = c10d__fail(C10D_EINVAL,
+                        "global rank %d creates group %s with global ranks [%s], but global "
+                        "rank %d creates it with [%.*s]: groups were created in a different "
+                        "order (or with different ranks) on different ranks",
+                        me, name, mine, r, (int)(lens[r] < 900 ? lens[r] : 900),
+                        (const char *)values[r]);
+    }
+out:
+    if (values != NULL)
+        for (int r = 0; r < world_size; r++)
+            free(values[r]);
+    free(values);
+    free(lens);
+    free(keys);
+    free(names);
+    return rc;
+}
+
 int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_pg_opts *opts,
                       c10d_pg **out)
 {
@@ -389,6 +448,14 @@ int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_
     char name[16];
     snprintf(name, sizeof name, "%d", id);
     int64_t timeout = opts != NULL && opts->timeout_ms > 0 ? opts->timeout_ms : parent->timeout_ms;
+    rc = check_same_members(parent->base_store, name, parent->global_rank, world_size, global, n,
+                            timeout);
+    if (rc != 0) {
+        free(global);
+        char why[1200];
+        snprintf(why, sizeof why, "%s", c10d_last_error());
+        return c10d__fail(rc, "c10d_pg_new_group: %s", why);
+    }
     c10d_pg *pg;
     rc = c10d__pg_alloc(name, opts != NULL ? opts->group_desc : NULL, my_rank,
                         my_rank >= 0 ? n : -1, parent->global_rank, global, timeout, &pg);

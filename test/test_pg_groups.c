@@ -173,11 +173,50 @@ static void test_split_forms(void **state)
         assert_int_equal(res.codes[r], 0);
 }
 
+/* Rank 0 makes {0,1} then {0,2}; the others {0,2} then {0,1}. */
+static int order_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    (void)n;
+    c10d_pg *world = NULL;
+    MP_CHECK(init(&world) == 0, "init: %s", c10d_last_error());
+    int a[] = {0, 1}, b[] = {0, 2};
+    c10d_pg *g = NULL;
+    int rc = c10d_pg_new_group(world, rank == 0 ? a : b, 2, NULL, &g);
+    MP_CHECK(rc == C10D_EINVAL, "creation in another order returned %s", c10d_status_name(rc));
+    const char *why = c10d_last_error();
+    fprintf(stderr, "rank %d: %s\n", rank, why);
+    MP_CHECK(strstr(why, "group 1 with global ranks") != NULL &&
+                 strstr(why, "created in a different order") != NULL,
+             "message: %s", why);
+    MP_CHECK(strstr(why, rank == 0 ? "[0,2]" : "[0,1]") != NULL, "the other list: %s", why);
+    if (check_group(world, rank, "world"))
+        return 1;
+    c10d_pg_destroy(world);
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_groups_created_in_different_orders(void **state)
+{
+    (void)state;
+    struct mp_opts o = {0};
+    o.nranks = 3;
+    o.timeout_s = 60;
+    o.kill_on_failure = 1;
+    struct mp_result res;
+    mp_run(&o, order_main, NULL, &res);
+    assert_false(res.timed_out);
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(res.codes[r], 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mesh_2x2x2_by_split),
         cmocka_unit_test(test_split_forms),
+        cmocka_unit_test(test_groups_created_in_different_orders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
