@@ -69,7 +69,6 @@ static void op_done(c10d_work *w, int status, void *arg)
 {
     struct c10d__pg_op *po = arg;
     c10d_pg *pg = po->pg;
-    c10d__fr_completed(po->fr_id, status);
     if (status < 0 && !po->internal) {
         c10d__pg_poison(pg, status, c10d_work_message(w));
         c10d__pg_fr_on_failure(pg, status, c10d_work_message(w));
@@ -189,8 +188,9 @@ static int post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *optype
         po->op.work = w;
         po->op.next = po->next_in_list != NULL ? &po->next_in_list->op : NULL;
     }
-    c10d__pg_fr_record(pg, head, head->next_in_list != NULL ? optype : NULL, seq, in, out,
-                       timeout);
+    c10d__pg_fr_record(pg, head, head->next_in_list != NULL ? optype : NULL, seq, in, out, timeout);
+    if (head->fr_id != 0)
+        c10d__work_set_fr_id(w, head->fr_id);
     int rc = c10d__work_on_complete(w, op_done, head);
     if (rc != 0) {
         /* Nothing registered (out of memory): fail the work, free the op. */

@@ -299,8 +299,8 @@ static struct fr_snapshot *snapshot_take(const char *reason)
     s->n = n;
     s->rank = fr_rank;
     for (struct fr_group *g = fr_groups; g != NULL; g = g->next) {
-        json_t *c = json_pack("{s:s, s:s, s:s}", "name", g->name, "desc", g->desc, "ranks",
-                              g->ranks);
+        json_t *c =
+            json_pack("{s:s, s:s, s:s}", "name", g->name, "desc", g->desc, "ranks", g->ranks);
         if (c != NULL)
             json_object_set_new(s->pg_config, g->name, c);
     }
@@ -311,7 +311,7 @@ static struct fr_snapshot *snapshot_take(const char *reason)
 /* PyTorch's ScalarType names, so dumps of both compare. */
 static const char *torch_dtype(int dtype)
 {
-    static const char *names[] = {"Float", "Double", "Half",  "BFloat16",     "Char",        "Byte",
+    static const char *names[] = {"Float", "Double", "Half", "BFloat16",      "Char",       "Byte",
                                   "Int",   "Long",   "Bool", "Float8_e4m3fn", "Float8_e5m2"};
     if (dtype < 0 || (size_t)dtype >= sizeof names / sizeof names[0])
         return "Unknown";
