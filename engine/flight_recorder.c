@@ -120,9 +120,13 @@ static uint64_t wall_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static void copy_str(char *dst, size_t len, const char *src)
+/* Truncating copies without snprintf: they are on every op's path. */
+static size_t copy_str(char *dst, size_t len, const char *src)
 {
-    snprintf(dst, len, "%s", src != NULL ? src : "");
+    size_t n = src != NULL ? strnlen(src, len - 1) : 0;
+    memcpy(dst, src != NULL ? src : "", n);
+    dst[n] = '\0';
+    return n;
 }
 
 uint64_t c10d__fr_record(const struct c10d__fr_op *op)
@@ -132,8 +136,10 @@ uint64_t c10d__fr_record(const struct c10d__fr_op *op)
     struct fr_entry e;
     copy_str(e.pg_name, sizeof e.pg_name, op->pg_name);
     copy_str(e.pg_desc, sizeof e.pg_desc, op->pg_desc);
-    snprintf(e.profiling_name, sizeof e.profiling_name, "%s:%s",
-             op->backend != NULL ? op->backend : "c10d", op->op != NULL ? op->op : "?");
+    size_t n = copy_str(e.profiling_name, sizeof e.profiling_name - 1,
+                        op->backend != NULL ? op->backend : "c10d");
+    e.profiling_name[n++] = ':';
+    copy_str(e.profiling_name + n, sizeof e.profiling_name - n, op->op != NULL ? op->op : "?");
     e.coll_seq = op->coll_seq;
     e.p2p_seq = op->p2p_seq;
     e.op_id = op->op_id;
