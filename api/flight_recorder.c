@@ -18,6 +18,7 @@
 #include "engine/log.h"
 #include "engine/loop.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,9 +123,34 @@ static int watch_timer_open;
 static int watch_busy; /* a CHECK is in flight */
 static struct c10d__shutdown_hook watch_hook;
 
+/* A forked child starts with no engine: the parent's timer and store are
+ * not its own (the store is left to the parent, as the group's is). */
+static void watch_fork_prepare(void)
+{
+    uv_mutex_lock(&watch_mutex);
+}
+
+static void watch_fork_parent(void)
+{
+    uv_mutex_unlock(&watch_mutex);
+}
+
+static void watch_fork_child(void)
+{
+    uv_mutex_init(&watch_mutex);
+    watch_store = NULL;
+    watch_pg = NULL;
+    watch_timer_open = 0;
+    watch_busy = 0;
+    atomic_store(&watch_armed, 0);
+    atomic_store(&watch_done, 0);
+    atomic_store(&last_auto_ms, 0);
+}
+
 static void watch_init(void)
 {
     uv_mutex_init(&watch_mutex);
+    pthread_atfork(watch_fork_prepare, watch_fork_parent, watch_fork_child);
 }
 
 static c10d_store *watch_store_get(void)

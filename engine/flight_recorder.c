@@ -61,9 +61,27 @@ static uint64_t fr_next;
 static struct fr_group *fr_groups;
 static int fr_rank = -1;
 
+/* A fork while another thread records must not leave the child's copy of
+ * the lock held: the child records its own groups' ops. */
+static void fr_fork_prepare(void)
+{
+    uv_mutex_lock(&fr_mutex);
+}
+
+static void fr_fork_parent(void)
+{
+    uv_mutex_unlock(&fr_mutex);
+}
+
+static void fr_fork_child(void)
+{
+    uv_mutex_init(&fr_mutex);
+}
+
 static void fr_init_mutex(void)
 {
     uv_mutex_init(&fr_mutex);
+    pthread_atfork(fr_fork_prepare, fr_fork_parent, fr_fork_child);
 }
 
 /* Under fr_mutex. */

@@ -600,6 +600,15 @@ static void report_p2p(json_t *jout, int as_json)
     json_object_set_new(jout, "p2p_pending", a);
 }
 
+static void free_dumps(void)
+{
+    for (size_t d = 0; d < ndumps; d++) {
+        free(dumps[d].file);
+        json_decref(dumps[d].root);
+    }
+    free(dumps);
+}
+
 static int cmp_dump(const void *a, const void *b)
 {
     return cmp_int(&((const struct dump *)a)->rank, &((const struct dump *)b)->rank);
@@ -632,8 +641,10 @@ int main(int argc, char **argv)
             return 2;
         } else {
             nargs++;
-            if (load_arg(argv[i]) != 0)
+            if (load_arg(argv[i]) != 0) {
+                free_dumps();
                 return 2;
+            }
         }
     }
     if (nargs == 0) {
@@ -726,5 +737,17 @@ int main(int argc, char **argv)
         printf("no culprit: every rank completed every recorded collective, and the ranks' "
                "entries agree\n");
     }
-    return culprit.set ? 1 : 0;
+    int rc = culprit.set ? 1 : 0;
+    /* Freed so that leak checkers (the sanitizer builds run this tool) stay quiet. */
+    json_decref(out);
+    for (size_t k = 0; k < ng; k++)
+        free((char *)gnames[k]);
+    free(gnames);
+    free(gdescs);
+    free(ents);
+    free(sub);
+    free_dumps();
+    free(culprit.text);
+    free(culprit.group);
+    return rc;
 }
