@@ -506,6 +506,33 @@ int c10d__fr_dump(const char *path, const char *reason)
     return rc;
 }
 
+/* Dumps being written by their threads: a process that returns from main
+ * right after a failure waits for them at exit (bounded), so its dump is not
+ * lost to the exit. */
+static uv_mutex_t async_mutex;
+static uv_cond_t async_cond;
+static int async_running;
+static uv_once_t async_once = UV_ONCE_INIT;
+
+static void async_wait_at_exit(void)
+{
+    uint64_t deadline = uv_hrtime() + 2000000000u;
+    uv_mutex_lock(&async_mutex);
+    while (async_running > 0) {
+        uint64_t now = uv_hrtime();
+        if (now >= deadline || uv_cond_timedwait(&async_cond, &async_mutex, deadline - now) != 0)
+            break;
+    }
+    uv_mutex_unlock(&async_mutex);
+}
+
+static void async_init(void)
+{
+    uv_mutex_init(&async_mutex);
+    uv_cond_init(&async_cond);
+    atexit(async_wait_at_exit);
+}
+
 struct async_dump {
     struct fr_snapshot *snap;
     char path[4096];
@@ -520,6 +547,10 @@ static void *async_main(void *p)
         C10D_WARN("fr", "%s", c10d_last_error());
     snapshot_free(a->snap);
     free(a);
+    uv_mutex_lock(&async_mutex);
+    if (--async_running == 0)
+        uv_cond_broadcast(&async_cond);
+    uv_mutex_unlock(&async_mutex);
     return NULL;
 }
 
@@ -535,6 +566,10 @@ int c10d__fr_dump_async(const char *reason)
         free(a);
         return rc;
     }
+    uv_once(&async_once, async_init);
+    uv_mutex_lock(&async_mutex);
+    async_running++;
+    uv_mutex_unlock(&async_mutex);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
@@ -542,6 +577,9 @@ int c10d__fr_dump_async(const char *reason)
     int err = pthread_create(&t, &attr, async_main, a);
     pthread_attr_destroy(&attr);
     if (err != 0) {
+        uv_mutex_lock(&async_mutex);
+        async_running--;
+        uv_mutex_unlock(&async_mutex);
         snapshot_free(a->snap);
         free(a);
         return c10d__fail(C10D_EIO, "flight recorder: cannot start the dump thread: %s",
