@@ -328,6 +328,14 @@ C10D_EXPORT int c10d_pg_destroy(c10d_pg *pg);
 /* Immediate: fails pending works with C10D_EABORTED, closes transports, frees. */
 C10D_EXPORT int c10d_pg_abort(c10d_pg *pg, const char *reason);
 
+/* The flight recorder (docs/debugging.md): writes the last ops of every
+ * group of this process as JSON to `path`, or with NULL to
+ * "<C10D_TRACE_FILE_PREFIX><rank>.json", through a temporary file and a
+ * rename, on the calling thread. Returns 0, C10D_EUNSUPPORTED when the
+ * recorder is off (C10D_TRACE_BUFFER_SIZE=0), C10D_EINVAL for NULL before any
+ * op gave this process a rank, C10D_EIO when the file cannot be written. */
+C10D_EXPORT int c10d_flight_recorder_dump(const char *path);
+
 /* Collectives. NCCL-style buffers: `send` and `recv` may be the same pointer
  * (in place). Counts are elements of `dtype`. Each returns 0 and, when `work`
  * is not NULL, a work the caller must release; on error nothing was sent,

@@ -89,6 +89,7 @@ struct c10d__pg_op {
     struct c10d__op op;
     struct c10d__pg_op *next_in_list; /* coalesced / batched members */
     void *storage;                    /* copied arrays */
+    uint64_t fr_id;                   /* flight recorder record id + 1; 0: not recorded */
 };
 
 /* check.c: docs/semantics.md, 2. Returns 0 or C10D_EINVAL with
@@ -163,6 +164,18 @@ int c10d__pg_usable_locked(const c10d_pg *pg, const char *opname);
 int c10d__pg_detail_enabled(void);
 int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op *op,
                           int64_t timeout_ms);
+/* flight_recorder.c: the group layer's side of the flight recorder
+ * (engine/flight_recorder.h, docs/debugging.md). */
+/* Under pg->mutex, once the op (list) has its number and timeout: records it
+ * in head->fr_id. `label` is the torch OpType of a list ("COALESCED",
+ * "BATCH_P2P"), NULL for a single op. */
+void c10d__pg_fr_record(c10d_pg *pg, struct c10d__pg_op *head, const char *label, uint64_t seq,
+                        size_t in, size_t out, int64_t timeout_ms);
+/* An op of the group failed: dumps (once per burst of failures) and asks the
+ * other ranks to dump, through the default group's store. Loop thread. */
+void c10d__pg_fr_on_failure(c10d_pg *pg, int status, const char *message);
+/* The group is being freed: the store watch lets go of its store. */
+void c10d__pg_fr_forget(c10d_pg *pg);
 
 /* pg_store.c: the store and backend steps of group creation. */
 int c10d__pg_rendezvous(const char *url, int rank, int world_size, int64_t timeout_ms,

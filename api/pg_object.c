@@ -116,6 +116,7 @@ void c10d__pg_ref(c10d_pg *pg)
 static void pg_free(c10d_pg *pg)
 {
     registry_remove(pg);
+    c10d__pg_fr_forget(pg);
     if (!pg->inherited) {
         for (int d = 0; d < C10D__PG_NDEV; d++)
             c10d__pg_store_release(pg->backends[d].store);

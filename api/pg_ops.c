@@ -5,6 +5,7 @@
 #include "pg.h"
 
 #include "engine/error.h"
+#include "engine/flight_recorder.h"
 #include "engine/log.h"
 #include "engine/loop.h"
 #include "engine/work.h"
@@ -48,6 +49,7 @@ static void run_task(struct c10d__task *t)
                             c10d__op_kind_name(po->op.kind), pg->name,
                             why != NULL ? why : "closed");
     } else {
+        c10d__fr_started(po->fr_id);
         b->vt->run(b->state, &po->op);
     }
     free(why);
@@ -67,8 +69,10 @@ static void op_done(c10d_work *w, int status, void *arg)
 {
     struct c10d__pg_op *po = arg;
     c10d_pg *pg = po->pg;
-    if (status < 0 && !po->internal)
+    if (status < 0 && !po->internal) {
         c10d__pg_poison(pg, status, c10d_work_message(w));
+        c10d__pg_fr_on_failure(pg, status, c10d_work_message(w));
+    }
     uv_mutex_lock(&pg->mutex);
     if (--pg->pending == 0)
         uv_cond_broadcast(&pg->idle_cond);
@@ -155,6 +159,9 @@ static int post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *optype
         po->op.work = w;
         po->op.next = po->next_in_list != NULL ? &po->next_in_list->op : NULL;
     }
+    c10d__pg_fr_record(pg, head, head->next_in_list != NULL ? optype : NULL, seq, in, out, timeout);
+    if (head->fr_id != 0)
+        c10d__work_set_fr_id(w, head->fr_id);
     int rc = c10d__work_on_complete(w, op_done, head);
     if (rc != 0) {
         /* Nothing registered (out of memory): fail the work, free the op. */
@@ -178,6 +185,7 @@ static int post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *optype
             c10d__work_complete(w, rc, "%s", c10d_last_error());
             return rc;
         }
+        c10d__fr_started(head->fr_id);
     } else {
         rc = c10d__engine_post(&head->task);
     }

@@ -74,7 +74,19 @@
       "NaN fails the op and the group (the process is not killed)")                               \
     X(NCCL_PEER_CHECK_MS, "C10D_NCCL_PEER_CHECK_MS", NULL, "1000",                                 \
       "nccl backend: while ops are in flight, how often a rank looks in the store for another "    \
-      "rank's failure of the group (0: never; each rank then fails by its own timeout)")
+      "rank's failure of the group (0: never; each rank then fails by its own timeout)")           \
+    X(TRACE_BUFFER_SIZE, "C10D_TRACE_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "2000",         \
+      "flight recorder: how many of the last ops (every group, every backend) the process "        \
+      "keeps for its dump (0: off)")                                                               \
+    X(TRACE_FILE_PREFIX, "C10D_TRACE_FILE_PREFIX", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",              \
+      "/tmp/c10d_trace_rank_", "flight recorder: dumps are written to <prefix><rank>.json")        \
+    X(TRACE_DUMP_ON_FAILURE, "C10D_TRACE_DUMP_ON_FAILURE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "1",      \
+      "flight recorder: dump when an op times out or fails, and ask every rank to dump too "       \
+      "(through the default group's store)")                                                       \
+    X(TRACE_SIGNAL_CHECK_MS, "C10D_TRACE_SIGNAL_CHECK_MS", "TORCH_NCCL_COORD_CHECK_MILSEC",        \
+      "1000",                                                                                      \
+      "flight recorder: how often a rank looks in the default group's store for another rank's "   \
+      "request to dump (0: never)")
 
 enum c10d__env_id {
 #define C10D_ENV_ENUM(id, name, fallback, def, doc) C10D_ENV_##id,

@@ -8,6 +8,7 @@
 #include "work.h"
 
 #include "env.h"
+#include "flight_recorder.h"
 #include "list.h"
 #include "log.h"
 #include "loop.h"
@@ -79,6 +80,8 @@ struct c10d_work {
     int64_t timeout_ms;
     uint64_t created_ms;
     atomic_int source_rank;
+    /* Its flight recorder entry (record id + 1; 0: none), completed with it. */
+    _Atomic uint64_t fr_id;
     /* Loop thread only. */
     enum timer_state timer_state;
     uv_timer_t timer;
@@ -283,6 +286,11 @@ static int work_vcomplete(c10d_work *w, int status, const char *fmt, va_list ap)
     w->done = 1;
     w->status = status;
     w->message = message;
+    /* Before done_flag: a waiter that returns and dumps at once sees its op
+     * completed. */
+    uint64_t rid = atomic_load(&w->fr_id);
+    if (rid != 0)
+        c10d__fr_completed(rid, status);
     atomic_store(&w->done_flag, 1);
     int run_inline = 0;
     int rc = schedule_drain_locked(w, &run_inline);
@@ -605,6 +613,11 @@ int c10d_work_source_rank(c10d_work *w)
 void c10d__work_set_source_rank(c10d_work *w, int rank)
 {
     atomic_store(&w->source_rank, rank);
+}
+
+void c10d__work_set_fr_id(c10d_work *w, uint64_t rid)
+{
+    atomic_store(&w->fr_id, rid);
 }
 
 void c10d__work_abort_all(int status, const char *message)

@@ -6,6 +6,8 @@
 #include "c10d.h"
 #include "error.h"
 
+#include <stdint.h>
+
 /* As c10d_work_complete, with a printf-style message. Returns 1 if this call
  * completed the work, 0 if it was already complete. Any thread. */
 int c10d__work_complete(c10d_work *work, int status, const char *fmt, ...) C10D_PRINTF(3, 4);
@@ -29,6 +31,11 @@ void c10d__work_set_stream_wait(c10d_work *w, int (*fn)(c10d_work *w, void *stre
 void c10d__work_set_cancel(c10d_work *w, int (*fn)(c10d_work *w, void *arg), void *arg);
 
 void c10d__work_set_source_rank(c10d_work *work, int rank);
+
+/* The flight recorder entry (engine/flight_recorder.h) this work completes:
+ * marked completed (or retired, on failure) at the moment the work completes,
+ * before any waiter returns. */
+void c10d__work_set_fr_id(c10d_work *work, uint64_t rid);
 
 /* A producer's result carried by the work (set before anyone else sees the
  * work; read after it completed), freed by free_fn with the work. `kind` is

@@ -1,0 +1,627 @@
+/* The flight recorder (flight_recorder.h, docs/debugging.md).
+ *
+ * One mutex guards the ring: an op costs a lock, a fixed-size copy into a
+ * preallocated slot and an unlock, and nothing is allocated per op. An entry
+ * is found again by its record id (slot = id % capacity); the slot's own id
+ * says whether the ring has reused it since, so a late completion never
+ * touches a newer op's entry. A dump copies the ring under the lock and
+ * builds the JSON outside it. */
+#include "flight_recorder.h"
+
+#include "env.h"
+#include "error.h"
+#include "log.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+/* Version of the dump layout: PyTorch's field names and meanings, as of its
+ * layout 2.4, plus fields of our own (root, peer, status, dump_reason). */
+#define FR_VERSION "2.4"
+
+enum { FR_SCHEDULED = 0, FR_STARTED, FR_COMPLETED };
+
+struct fr_entry {
+    uint64_t id; /* record id; UINT64_MAX: never used */
+    char pg_name[64];
+    char pg_desc[64];
+    char profiling_name[48];
+    uint64_t coll_seq, p2p_seq, op_id;
+    uint64_t t_created, t_started, t_completed; /* wall clock ns; 0: not yet */
+    int64_t timeout_ms;
+    size_t in_numel, out_numel;
+    int in_tensors, out_tensors;
+    int dtype, root, peer;
+    int status;
+    unsigned char state, is_p2p, retired;
+};
+
+struct fr_group {
+    struct fr_group *next;
+    char *name, *desc, *ranks; /* ranks: "[0, 1, 2]", as PyTorch writes it */
+};
+
+enum { FR_UNREAD = 0, FR_ON, FR_OFF };
+
+static uv_once_t fr_once = UV_ONCE_INIT;
+static uv_mutex_t fr_mutex;
+static atomic_int fr_mode; /* FR_UNREAD until the first use reads the environment */
+/* Guarded by fr_mutex. */
+static struct fr_entry *fr_ring;
+static size_t fr_cap;
+static uint64_t fr_next;
+static struct fr_group *fr_groups;
+static int fr_rank = -1;
+
+/* A fork while another thread records must not leave the child's copy of
+ * the lock held: the child records its own groups' ops. */
+static void fr_fork_prepare(void)
+{
+    uv_mutex_lock(&fr_mutex);
+}
+
+static void fr_fork_parent(void)
+{
+    uv_mutex_unlock(&fr_mutex);
+}
+
+static void fr_fork_child(void)
+{
+    uv_mutex_init(&fr_mutex);
+}
+
+static void fr_init_mutex(void)
+{
+    uv_mutex_init(&fr_mutex);
+    pthread_atfork(fr_fork_prepare, fr_fork_parent, fr_fork_child);
+}
+
+/* Under fr_mutex. */
+static void fr_configure_locked(void)
+{
+    free(fr_ring);
+    fr_ring = NULL;
+    fr_cap = 0;
+    fr_next = 0;
+    int64_t n = c10d__env_int(C10D_ENV_TRACE_BUFFER_SIZE);
+    if (n < 0) {
+        C10D_WARN("fr", "C10D_TRACE_BUFFER_SIZE=%lld is negative: the flight recorder is off",
+                  (long long)n);
+        n = 0;
+    }
+    if (n > 0) {
+        fr_ring = malloc((size_t)n * sizeof *fr_ring);
+        if (fr_ring == NULL) {
+            C10D_WARN("fr", "no memory for %lld flight recorder entries: the recorder is off",
+                      (long long)n);
+            n = 0;
+        } else {
+            for (int64_t i = 0; i < n; i++)
+                fr_ring[i].id = UINT64_MAX;
+        }
+    }
+    fr_cap = (size_t)n;
+    atomic_store(&fr_mode, n > 0 ? FR_ON : FR_OFF);
+}
+
+static void fr_ensure(void)
+{
+    uv_once(&fr_once, fr_init_mutex);
+    uv_mutex_lock(&fr_mutex);
+    if (atomic_load(&fr_mode) == FR_UNREAD)
+        fr_configure_locked();
+    uv_mutex_unlock(&fr_mutex);
+}
+
+int c10d__fr_enabled(void)
+{
+    int m = atomic_load_explicit(&fr_mode, memory_order_relaxed);
+    if (m == FR_UNREAD) {
+        fr_ensure();
+        m = atomic_load(&fr_mode);
+    }
+    return m == FR_ON;
+}
+
+static uint64_t wall_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Truncating copies without snprintf: they are on every op's path. */
+static size_t copy_str(char *dst, size_t len, const char *src)
+{
+    size_t n = src != NULL ? strnlen(src, len - 1) : 0;
+    memcpy(dst, src != NULL ? src : "", n);
+    dst[n] = '\0';
+    return n;
+}
+
+uint64_t c10d__fr_record(const struct c10d__fr_op *op)
+{
+    if (atomic_load_explicit(&fr_mode, memory_order_relaxed) == FR_OFF || !c10d__fr_enabled())
+        return 0;
+    struct fr_entry e;
+    copy_str(e.pg_name, sizeof e.pg_name, op->pg_name);
+    copy_str(e.pg_desc, sizeof e.pg_desc, op->pg_desc);
+    size_t n = copy_str(e.profiling_name, sizeof e.profiling_name - 1,
+                        op->backend != NULL ? op->backend : "c10d");
+    e.profiling_name[n++] = ':';
+    copy_str(e.profiling_name + n, sizeof e.profiling_name - n, op->op != NULL ? op->op : "?");
+    e.coll_seq = op->coll_seq;
+    e.p2p_seq = op->p2p_seq;
+    e.op_id = op->op_id;
+    e.t_created = wall_ns();
+    e.t_started = e.t_completed = 0;
+    e.timeout_ms = op->timeout_ms;
+    e.in_numel = op->in_numel;
+    e.out_numel = op->out_numel;
+    e.in_tensors = op->in_tensors;
+    e.out_tensors = op->out_tensors;
+    e.dtype = op->dtype;
+    e.root = op->root;
+    e.peer = op->peer;
+    e.status = 0;
+    e.state = FR_SCHEDULED;
+    e.is_p2p = op->is_p2p != 0;
+    e.retired = 0;
+    uv_mutex_lock(&fr_mutex);
+    if (fr_cap == 0) {
+        uv_mutex_unlock(&fr_mutex);
+        return 0;
+    }
+    e.id = fr_next++;
+    fr_ring[e.id % fr_cap] = e;
+    uv_mutex_unlock(&fr_mutex);
+    return e.id + 1;
+}
+
+/* Under fr_mutex: the entry of rid if the ring still holds it. */
+static struct fr_entry *entry_locked(uint64_t rid)
+{
+    if (rid == 0 || fr_cap == 0)
+        return NULL;
+    struct fr_entry *e = &fr_ring[(rid - 1) % fr_cap];
+    return e->id == rid - 1 ? e : NULL;
+}
+
+void c10d__fr_started(uint64_t rid)
+{
+    if (rid == 0)
+        return;
+    uint64_t now = wall_ns();
+    uv_mutex_lock(&fr_mutex);
+    struct fr_entry *e = entry_locked(rid);
+    if (e != NULL && e->state == FR_SCHEDULED && !e->retired) {
+        e->state = FR_STARTED;
+        e->t_started = now;
+    }
+    uv_mutex_unlock(&fr_mutex);
+}
+
+void c10d__fr_completed(uint64_t rid, int status)
+{
+    if (rid == 0)
+        return;
+    uint64_t now = wall_ns();
+    uv_mutex_lock(&fr_mutex);
+    struct fr_entry *e = entry_locked(rid);
+    if (e != NULL && !e->retired) {
+        e->retired = 1;
+        e->status = status;
+        if (status >= 0) {
+            if (e->t_started == 0)
+                e->t_started = now;
+            e->state = FR_COMPLETED;
+            e->t_completed = now;
+        }
+    }
+    uv_mutex_unlock(&fr_mutex);
+}
+
+void c10d__fr_register_pg(const char *name, const char *desc, const int *ranks, int nranks,
+                          int global_rank)
+{
+    if (!c10d__fr_enabled() || name == NULL)
+        return;
+    uv_mutex_lock(&fr_mutex);
+    fr_rank = global_rank;
+    for (struct fr_group *g = fr_groups; g != NULL; g = g->next)
+        if (strcmp(g->name, name) == 0) {
+            uv_mutex_unlock(&fr_mutex);
+            return;
+        }
+    uv_mutex_unlock(&fr_mutex);
+    /* Built outside the lock: ops of other threads need not wait for it. */
+    struct fr_group *g = calloc(1, sizeof *g);
+    size_t cap = 3 + (size_t)(nranks > 0 ? nranks : 0) * 13;
+    char *r = malloc(cap);
+    if (g == NULL || r == NULL) {
+        free(g);
+        free(r);
+        return;
+    }
+    size_t off = 0;
+    r[off++] = '[';
+    for (int i = 0; i < nranks; i++)
+        off += (size_t)snprintf(r + off, cap - off, "%s%d", i ? ", " : "", ranks[i]);
+    snprintf(r + off, cap - off, "]");
+    g->name = strdup(name);
+    g->desc = strdup(desc != NULL ? desc : "undefined");
+    g->ranks = r;
+    if (g->name == NULL || g->desc == NULL) {
+        free(g->name);
+        free(g->desc);
+        free(r);
+        free(g);
+        return;
+    }
+    uv_mutex_lock(&fr_mutex);
+    for (struct fr_group *o = fr_groups; o != NULL; o = o->next)
+        if (strcmp(o->name, name) == 0) {
+            uv_mutex_unlock(&fr_mutex);
+            free(g->name);
+            free(g->desc);
+            free(r);
+            free(g);
+            return;
+        }
+    g->next = fr_groups;
+    fr_groups = g;
+    uv_mutex_unlock(&fr_mutex);
+}
+
+/* ------------------------------------------------------------------ dump */
+
+struct fr_snapshot {
+    struct fr_entry *entries; /* oldest first */
+    size_t n;
+    json_t *pg_config;
+    int rank;
+    char *reason;
+};
+
+static void snapshot_free(struct fr_snapshot *s)
+{
+    if (s == NULL)
+        return;
+    free(s->entries);
+    json_decref(s->pg_config);
+    free(s->reason);
+    free(s);
+}
+
+static struct fr_snapshot *snapshot_take(const char *reason)
+{
+    fr_ensure();
+    struct fr_snapshot *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return NULL;
+    s->reason = strdup(reason != NULL ? reason : "");
+    s->pg_config = json_object();
+    uv_mutex_lock(&fr_mutex);
+    size_t n = fr_next < fr_cap ? (size_t)fr_next : fr_cap;
+    s->entries = n > 0 ? malloc(n * sizeof *s->entries) : NULL;
+    if (s->reason == NULL || s->pg_config == NULL || (n > 0 && s->entries == NULL)) {
+        uv_mutex_unlock(&fr_mutex);
+        snapshot_free(s);
+        return NULL;
+    }
+    uint64_t first = fr_next - n;
+    for (size_t i = 0; i < n; i++)
+        s->entries[i] = fr_ring[(first + i) % fr_cap];
+    s->n = n;
+    s->rank = fr_rank;
+    for (struct fr_group *g = fr_groups; g != NULL; g = g->next) {
+        json_t *c =
+            json_pack("{s:s, s:s, s:s}", "name", g->name, "desc", g->desc, "ranks", g->ranks);
+        if (c != NULL)
+            json_object_set_new(s->pg_config, g->name, c);
+    }
+    uv_mutex_unlock(&fr_mutex);
+    return s;
+}
+
+/* PyTorch's ScalarType names, so dumps of both compare. */
+static const char *torch_dtype(int dtype)
+{
+    static const char *names[] = {"Float", "Double", "Half", "BFloat16",      "Char",       "Byte",
+                                  "Int",   "Long",   "Bool", "Float8_e4m3fn", "Float8_e5m2"};
+    if (dtype < 0 || (size_t)dtype >= sizeof names / sizeof names[0])
+        return "Unknown";
+    return names[dtype];
+}
+
+static json_t *sizes_json(size_t numel, int ntensors)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < ntensors; i++)
+        json_array_append_new(a, json_pack("[I]", (json_int_t)numel));
+    return a;
+}
+
+static json_t *dtypes_json(int dtype, int ntensors)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < ntensors; i++)
+        json_array_append_new(a, json_string(torch_dtype(dtype)));
+    return a;
+}
+
+static const char *state_name(int state)
+{
+    return state == FR_COMPLETED ? "completed" : state == FR_STARTED ? "started" : "scheduled";
+}
+
+static json_t *entry_json(const struct fr_entry *e)
+{
+    json_t *o = json_object();
+    if (o == NULL)
+        return NULL;
+    char *end = NULL;
+    long long pg_id = strtoll(e->pg_name, &end, 10);
+    if (end == e->pg_name || *end != '\0')
+        pg_id = -1;
+    json_object_set_new(o, "record_id", json_integer((json_int_t)e->id));
+    json_object_set_new(o, "pg_id", json_integer(pg_id));
+    json_object_set_new(o, "process_group", json_pack("[s, s]", e->pg_name, e->pg_desc));
+    json_object_set_new(o, "collective_seq_id", json_integer((json_int_t)e->coll_seq));
+    json_object_set_new(o, "p2p_seq_id", json_integer((json_int_t)e->p2p_seq));
+    json_object_set_new(o, "op_id", json_integer((json_int_t)e->op_id));
+    json_object_set_new(o, "profiling_name", json_string(e->profiling_name));
+    json_object_set_new(o, "time_created_ns", json_integer((json_int_t)e->t_created));
+    json_object_set_new(o, "time_discovered_started_ns",
+                        e->t_started ? json_integer((json_int_t)e->t_started) : json_null());
+    json_object_set_new(o, "time_discovered_completed_ns",
+                        e->t_completed ? json_integer((json_int_t)e->t_completed) : json_null());
+    json_object_set_new(o, "duration_ms",
+                        e->t_completed && e->t_started
+                            ? json_real((double)(e->t_completed - e->t_started) / 1e6)
+                            : json_null());
+    json_object_set_new(o, "state", json_string(state_name(e->state)));
+    json_object_set_new(o, "input_sizes", sizes_json(e->in_numel, e->in_tensors));
+    json_object_set_new(o, "input_dtypes", dtypes_json(e->dtype, e->in_tensors));
+    json_object_set_new(o, "output_sizes", sizes_json(e->out_numel, e->out_tensors));
+    json_object_set_new(o, "output_dtypes", dtypes_json(e->dtype, e->out_tensors));
+    json_object_set_new(o, "timeout_ms", json_integer((json_int_t)e->timeout_ms));
+    json_object_set_new(o, "is_p2p", json_boolean(e->is_p2p));
+    json_object_set_new(o, "retired", json_boolean(e->retired));
+    json_object_set_new(o, "frames", json_array());
+    json_object_set_new(o, "root", json_integer(e->root));
+    json_object_set_new(o, "peer", json_integer(e->peer));
+    json_object_set_new(o, "status", json_integer(e->status));
+    return o;
+}
+
+/* pg_status as PyTorch writes it (values are strings), derived from the
+ * entries still in the ring: the highest collective number per state. */
+static json_t *pg_status_json(const struct fr_snapshot *s)
+{
+    json_t *st = json_object();
+    for (size_t i = 0; i < s->n; i++) {
+        const struct fr_entry *e = &s->entries[i];
+        if (e->is_p2p)
+            continue;
+        json_t *g = json_object_get(st, e->pg_name);
+        if (g == NULL) {
+            g = json_pack("{s:s, s:s, s:s}", "last_enqueued_collective", "-1",
+                          "last_started_collective", "-1", "last_completed_collective", "-1");
+            json_object_set_new(st, e->pg_name, g);
+        }
+        char seq[24];
+        snprintf(seq, sizeof seq, "%llu", (unsigned long long)e->coll_seq);
+        json_object_set_new(g, "last_enqueued_collective", json_string(seq));
+        if (e->state >= FR_STARTED)
+            json_object_set_new(g, "last_started_collective", json_string(seq));
+        if (e->state == FR_COMPLETED)
+            json_object_set_new(g, "last_completed_collective", json_string(seq));
+    }
+    return st;
+}
+
+static json_t *snapshot_json(const struct fr_snapshot *s)
+{
+    json_t *entries = json_array();
+    for (size_t i = 0; i < s->n; i++)
+        json_array_append_new(entries, entry_json(&s->entries[i]));
+    json_t *root = json_object();
+    json_object_set_new(root, "version", json_string(FR_VERSION));
+    json_object_set_new(root, "rank", json_integer(s->rank));
+    json_object_set_new(root, "dump_reason", json_string(s->reason));
+    json_object_set_new(root, "pg_config", json_incref(s->pg_config));
+    json_object_set_new(root, "pg_status", pg_status_json(s));
+    json_object_set_new(root, "nccl_comm_state", json_object());
+    json_object_set_new(root, "entries", entries);
+    return root;
+}
+
+int c10d__fr_default_path(char *buf, size_t len)
+{
+    fr_ensure();
+    uv_mutex_lock(&fr_mutex);
+    int rank = fr_rank;
+    uv_mutex_unlock(&fr_mutex);
+    if (rank < 0)
+        return c10d__fail(C10D_EINVAL,
+                          "flight recorder: this process has no rank yet (no op of a process "
+                          "group was recorded), so its dump file has no name; pass a path");
+    int n = snprintf(buf, len, "%s%d.json", c10d__env_str(C10D_ENV_TRACE_FILE_PREFIX), rank);
+    if (n < 0 || (size_t)n >= len)
+        return c10d__fail(C10D_EINVAL, "flight recorder: C10D_TRACE_FILE_PREFIX is too long");
+    return 0;
+}
+
+static int write_snapshot(const struct fr_snapshot *s, const char *path)
+{
+    json_t *root = snapshot_json(s);
+    if (root == NULL)
+        return c10d__fail(C10D_ENOMEM, "flight recorder: out of memory building the dump");
+    char tmp[4200];
+    int n = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    if (n < 0 || (size_t)n >= sizeof tmp) {
+        json_decref(root);
+        return c10d__fail(C10D_EINVAL, "flight recorder: dump path too long: %s", path);
+    }
+    int rc = json_dump_file(root, tmp, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    if (rc != 0) {
+        unlink(tmp);
+        return c10d__fail(C10D_EIO, "flight recorder: cannot write %s (for %s): %s", tmp, path,
+                          strerror(errno));
+    }
+    if (rename(tmp, path) != 0) {
+        int err = errno;
+        unlink(tmp);
+        return c10d__fail(C10D_EIO, "flight recorder: cannot rename %s to %s: %s", tmp, path,
+                          strerror(err));
+    }
+    return 0;
+}
+
+int c10d__fr_dump(const char *path, const char *reason)
+{
+    char def[4096];
+    if (path == NULL) {
+        C10D_CHECK(c10d__fr_default_path(def, sizeof def));
+        path = def;
+    }
+    struct fr_snapshot *s = snapshot_take(reason);
+    if (s == NULL)
+        return c10d__fail(C10D_ENOMEM, "flight recorder: out of memory taking the snapshot");
+    int rc = write_snapshot(s, path);
+    snapshot_free(s);
+    if (rc == 0)
+        C10D_WARN("fr", "flight recorder dump written to %s (%s)", path,
+                  reason != NULL ? reason : "on request");
+    return rc;
+}
+
+/* Dumps being written by their threads: a process that returns from main
+ * right after a failure waits for them at exit (bounded), so its dump is not
+ * lost to the exit. */
+static uv_mutex_t async_mutex;
+static uv_cond_t async_cond;
+static int async_running;
+static uv_once_t async_once = UV_ONCE_INIT;
+
+static void async_wait_at_exit(void)
+{
+    uint64_t deadline = uv_hrtime() + 2000000000u;
+    uv_mutex_lock(&async_mutex);
+    while (async_running > 0) {
+        uint64_t now = uv_hrtime();
+        if (now >= deadline || uv_cond_timedwait(&async_cond, &async_mutex, deadline - now) != 0)
+            break;
+    }
+    uv_mutex_unlock(&async_mutex);
+}
+
+static void async_init(void)
+{
+    uv_mutex_init(&async_mutex);
+    uv_cond_init(&async_cond);
+    atexit(async_wait_at_exit);
+}
+
+struct async_dump {
+    struct fr_snapshot *snap;
+    char path[4096];
+};
+
+static void *async_main(void *p)
+{
+    struct async_dump *a = p;
+    if (write_snapshot(a->snap, a->path) == 0)
+        C10D_WARN("fr", "flight recorder dump written to %s (%s)", a->path, a->snap->reason);
+    else
+        C10D_WARN("fr", "%s", c10d_last_error());
+    snapshot_free(a->snap);
+    free(a);
+    uv_mutex_lock(&async_mutex);
+    if (--async_running == 0)
+        uv_cond_broadcast(&async_cond);
+    uv_mutex_unlock(&async_mutex);
+    return NULL;
+}
+
+int c10d__fr_dump_async(const char *reason)
+{
+    struct async_dump *a = malloc(sizeof *a);
+    if (a == NULL)
+        return c10d__fail(C10D_ENOMEM, "flight recorder: out of memory");
+    int rc = c10d__fr_default_path(a->path, sizeof a->path);
+    if (rc == 0 && (a->snap = snapshot_take(reason)) == NULL)
+        rc = c10d__fail(C10D_ENOMEM, "flight recorder: out of memory taking the snapshot");
+    if (rc != 0) {
+        free(a);
+        return rc;
+    }
+    uv_once(&async_once, async_init);
+    uv_mutex_lock(&async_mutex);
+    async_running++;
+    uv_mutex_unlock(&async_mutex);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t t;
+    int err = pthread_create(&t, &attr, async_main, a);
+    pthread_attr_destroy(&attr);
+    if (err != 0) {
+        uv_mutex_lock(&async_mutex);
+        async_running--;
+        uv_mutex_unlock(&async_mutex);
+        snapshot_free(a->snap);
+        free(a);
+        return c10d__fail(C10D_EIO, "flight recorder: cannot start the dump thread: %s",
+                          strerror(err));
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------------- tests */
+
+void c10d__fr_reset(void)
+{
+    uv_once(&fr_once, fr_init_mutex);
+    c10d__env_reload();
+    uv_mutex_lock(&fr_mutex);
+    while (fr_groups != NULL) {
+        struct fr_group *g = fr_groups;
+        fr_groups = g->next;
+        free(g->name);
+        free(g->desc);
+        free(g->ranks);
+        free(g);
+    }
+    fr_rank = -1;
+    fr_configure_locked();
+    uv_mutex_unlock(&fr_mutex);
+}
+
+size_t c10d__fr_capacity(void)
+{
+    fr_ensure();
+    uv_mutex_lock(&fr_mutex);
+    size_t c = fr_cap;
+    uv_mutex_unlock(&fr_mutex);
+    return c;
+}
+
+uint64_t c10d__fr_next_id(void)
+{
+    fr_ensure();
+    uv_mutex_lock(&fr_mutex);
+    uint64_t n = fr_next;
+    uv_mutex_unlock(&fr_mutex);
+    return n;
+}

@@ -1,0 +1,71 @@
+/* The flight recorder: a process-wide ring of the last C10D_TRACE_BUFFER_SIZE
+ * ops (default 2000, 0: off) and its JSON dump, in the layout of PyTorch's
+ * NCCL flight recorder (docs/debugging.md). The group layer records an op
+ * when it is numbered, marks it started when the backend gets it and
+ * completed (or retired, when it failed) when its work completes; it also
+ * decides when to dump. Any thread. */
+#ifndef C10D_ENGINE_FLIGHT_RECORDER_H
+#define C10D_ENGINE_FLIGHT_RECORDER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* What the group layer knows of an op when it numbers it. Strings are copied
+ * (truncated to the entry's fixed fields), so the caller keeps them. */
+struct c10d__fr_op {
+    const char *pg_name, *pg_desc;
+    const char *backend; /* "tcp", "nccl": profiling_name is "<backend>:<op>" */
+    const char *op;      /* "all_reduce", "coalesced", ... */
+    uint64_t coll_seq, p2p_seq, op_id;
+    int is_p2p;
+    /* Each of in_tensors inputs holds in_numel elements (likewise outputs). */
+    size_t in_numel, out_numel;
+    int in_tensors, out_tensors;
+    int dtype; /* c10d_dtype */
+    int root;  /* -1: none */
+    int peer;  /* P2P peer (group rank); -1: none */
+    int64_t timeout_ms;
+};
+
+/* 1 when recording is on. The first call reads the environment. */
+int c10d__fr_enabled(void);
+
+/* Records an op as scheduled. Returns its record id + 1, or 0 when the
+ * recorder is off (then the call cost one branch). */
+uint64_t c10d__fr_record(const struct c10d__fr_op *op);
+
+/* Marks record `rid` (c10d__fr_record's value; 0 is ignored) started or
+ * completed. An entry the ring has reused since is left alone. `status` < 0
+ * retires the entry without completing it, as PyTorch's watchdog does for a
+ * timed-out op: it stays "scheduled" or "started", which is where it hung. */
+void c10d__fr_started(uint64_t rid);
+void c10d__fr_completed(uint64_t rid, int status);
+
+/* A group's member ranks (global ranks) for the dump's pg_config; once per
+ * group name is enough (later calls with the same name are ignored).
+ * `global_rank` is this process's rank, which names its dump file. */
+void c10d__fr_register_pg(const char *name, const char *desc, const int *ranks, int nranks,
+                          int global_rank);
+
+/* Writes the dump to `path` (NULL: "<prefix><rank>.json", prefix from
+ * C10D_TRACE_FILE_PREFIX) through a temporary file and a rename, on the
+ * calling thread. `reason` goes into the dump. Returns 0 or a negative status
+ * with c10d_last_error() naming the file and what failed. */
+int c10d__fr_dump(const char *path, const char *reason);
+
+/* The same, on a detached thread of its own (the snapshot is taken here, the
+ * JSON built and written there), so the loop never waits for a disk. A
+ * failure is logged. Returns 0 or a negative status. */
+int c10d__fr_dump_async(const char *reason);
+
+/* The file a dump without a path goes to; buf holds at least `len` bytes.
+ * Returns 0, or C10D_EINVAL when this process has no rank yet. */
+int c10d__fr_default_path(char *buf, size_t len);
+
+/* Tests: drops every entry and group and reads the environment again. */
+void c10d__fr_reset(void);
+/* Tests: the ring's capacity (0: off) and the next record id. */
+size_t c10d__fr_capacity(void);
+uint64_t c10d__fr_next_id(void);
+
+#endif
