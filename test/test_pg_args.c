@@ -460,8 +460,11 @@ static void test_timeout_message(void **state)
     assert_int_equal(c10d_all_reduce(pg, a, a, 8, C10D_FLOAT32, C10D_SUM, &o, &w), 0);
     assert_int_equal(c10d_work_wait(w, 20000), C10D_ETIMEDOUT);
     const char *m = c10d_work_message(w);
-    assert_non_null(strstr(m, "[PG test (test) Rank 0] Work(SeqNum=1, OpType=ALLREDUCE, "
-                              "NumelIn=8, NumelOut=8, Timeout(ms)=100) timed out"));
+    /* torch's watchdog text, exactly, after the group's prefix. */
+    assert_non_null(strstr(m, "[PG test (test) Rank 0] Watchdog caught collective operation "
+                              "timeout: Work(SeqNum=1, OpType=ALLREDUCE, NumelIn=8, NumelOut=8, "
+                              "Timeout(ms)=100) ran for "));
+    assert_non_null(strstr(m, " milliseconds before timing out."));
     c10d_work_release(w);
     /* The timeout aborted the backend: its other pending ops were dropped. */
     for (int i = 0;
