@@ -424,6 +424,38 @@ C10D_EXPORT int c10d_broadcast_sync(c10d_pg *pg, const void *send, void *recv, s
                                     c10d_dtype dtype, int root);
 C10D_EXPORT int c10d_barrier_sync(c10d_pg *pg);
 
+/* Object collectives (torch's *_object and *_object_list) over byte strings
+ * the caller serialized: sizes first (int64), then the payloads, so each rank
+ * may pass a different length (docs/api.md). They block the calling thread
+ * (C10D_EDEADLK inside a callback) and run as ordinary ops of the group on
+ * host buffers, each bounded by `opts->timeout_ms` (NULL: the group's).
+ * Received strings are malloc'd: free them with c10d_bytes_free. A failure
+ * fails the call; the group's state is that of the failed op. */
+typedef struct c10d_bytes {
+    void *data;
+    size_t len;
+} c10d_bytes;
+C10D_EXPORT void c10d_bytes_free(c10d_bytes *items, int n);
+/* out[size]: every rank's string, in group rank order. */
+C10D_EXPORT int c10d_all_gather_object(c10d_pg *pg, const void *obj, size_t len, c10d_bytes *out,
+                                       const c10d_op_opts *opts);
+/* out[size] on the root (NULL elsewhere). */
+C10D_EXPORT int c10d_gather_object(c10d_pg *pg, const void *obj, size_t len, c10d_bytes *out,
+                                   int root, const c10d_op_opts *opts);
+/* objs[n]: the root's strings are sent; the others' are replaced (any data
+ * they held is not freed). Every rank passes the same n. */
+C10D_EXPORT int c10d_broadcast_object_list(c10d_pg *pg, c10d_bytes *objs, int n, int root,
+                                           const c10d_op_opts *opts);
+/* in[size] on the root: rank i receives in[i] into *out. */
+C10D_EXPORT int c10d_scatter_object_list(c10d_pg *pg, const c10d_bytes *in, c10d_bytes *out,
+                                         int root, const c10d_op_opts *opts);
+/* n strings to / from one peer (tag 0, as torch); the receiver passes the
+ * same n and gets them in objs. */
+C10D_EXPORT int c10d_send_object_list(c10d_pg *pg, const c10d_bytes *objs, int n, int dst,
+                                      const c10d_op_opts *opts);
+C10D_EXPORT int c10d_recv_object_list(c10d_pg *pg, c10d_bytes *objs, int n, int src,
+                                      const c10d_op_opts *opts);
+
 /* ------------------------------------------------------------------ store
  * (docs/store_client.md)
  *
