@@ -162,13 +162,21 @@ static void rank0_arrivals_done(struct mb *mb)
             mb_finish(mb, C10D_ENOMEM, "monitoredBarrier: out of memory");
         return;
     }
-    char msg[640];
-    if (mb->wait_all)
+    char msg[1536];
+    if (mb->wait_all) {
         snprintf(msg, sizeof msg, "[Rank 0]: Ranks %s failed to pass monitoredBarrier in %lld ms",
                  list, (long long)mb->timeout_ms);
-    else
-        snprintf(msg, sizeof msg, "[Rank 0]: Rank %s failed to pass monitoredBarrier in %lld ms",
-                 list, (long long)mb->timeout_ms);
+    } else {
+        /* torch's text, then why the receive from that rank failed. */
+        const char *why = NULL;
+        for (int r = 1; r < pg->size && why == NULL; r++)
+            if (slot_failed_itself(&mb->slots[r]))
+                why = mb->slots[r].message;
+        snprintf(msg, sizeof msg,
+                 "[Rank 0]: Rank %s failed to pass monitoredBarrier in %lld ms\n Original "
+                 "exception: \n%s",
+                 list, (long long)mb->timeout_ms, why != NULL ? why : "unknown error");
+    }
     /* A dead peer is ECLOSED; anything else (timeout, or aborted by another
      * rank's timeout) is the barrier's timeout. */
     mb_finish(mb, first_status == C10D_ECLOSED ? C10D_ECLOSED : C10D_ETIMEDOUT, msg);
@@ -181,7 +189,7 @@ static void all_done(struct mb *mb)
         rank0_arrivals_done(mb);
         return;
     }
-    char msg[256];
+    char msg[1536];
     if (pg->rank == 0) {
         for (int r = 1; r < pg->size; r++) {
             int st = mb->slots[r].status;
@@ -201,10 +209,13 @@ static void all_done(struct mb *mb)
         mb_finish(mb, 0, NULL);
         return;
     }
+    const char *why =
+        mb->slots[0].message != NULL ? mb->slots[0].message : mb->slots[pg->rank].message;
     snprintf(msg, sizeof msg,
-             "[Rank %d]: Rank 0 failed to pass monitoredBarrier in %lld ms (no release from rank "
-             "0)",
-             pg->rank, (long long)mb->timeout_ms);
+             "Rank %d successfully reached monitoredBarrier, but received errors while waiting "
+             "for send/recv from rank 0. Please check rank 0 logs for faulty rank.\n Original "
+             "exception: \n%s",
+             pg->rank, why != NULL ? why : "unknown error");
     mb_finish(mb, st == C10D_ECLOSED ? C10D_ECLOSED : C10D_ETIMEDOUT, msg);
 }
 

@@ -482,6 +482,11 @@ int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_
         c10d__pg_unref(pg);
         return c10d__fail(rc, "c10d_pg_new_group: group %s: %s", name, why);
     }
+    /* Every rank passed the barrier, so every rank has read every member
+     * list: this rank's is no longer needed. */
+    char key[64];
+    snprintf(key, sizeof key, "%s/members/%d", name, parent->global_rank);
+    c10d_store_delete_key(base, key, NULL, NULL);
     if (my_rank < 0)
         C10D_INFO("pg", "group %s created; this rank is not a member", name);
     *out = pg;
@@ -626,6 +631,13 @@ static int split_exchange(c10d_pg *parent, int k, int color, int key, int64_t ti
     }
     int32_t mine[2] = {color, key};
     rc = c10d_store_set_sync(parent->store, keys[parent->rank], mine, sizeof mine);
+    if (rc == 0 && k > 2) {
+        /* Every rank published split k - 1 only after it had read all of
+         * k - 2: this rank's key of k - 2 is read by nobody any more. */
+        char old[48];
+        snprintf(old, sizeof old, "split%d/%d", k - 2, parent->rank);
+        c10d_store_delete_key(parent->store, old, NULL, NULL);
+    }
     if (rc == 0)
         rc = c10d_store_wait_sync(parent->store, keys, (size_t)n, timeout);
     if (rc == 0)

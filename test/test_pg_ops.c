@@ -521,9 +521,24 @@ static int mb_main(int rank, int n, void *arg)
                      n - 1);
         else
             snprintf(want, sizeof want,
-                     "[Rank 0]: Rank %d failed to pass monitoredBarrier in 1500 ms", n - 1);
-        MP_CHECK(strcmp(c10d_last_error(), want) == 0, "message \"%s\", want \"%s\"",
-                 c10d_last_error(), want);
+                     "[Rank 0]: Rank %d failed to pass monitoredBarrier in 1500 ms\n Original "
+                     "exception: \n",
+                     n - 1);
+        /* wait_all: exactly torch's text; else torch's, then the receive's reason. */
+        MP_CHECK(wait_all ? strcmp(c10d_last_error(), want) == 0
+                          : strncmp(c10d_last_error(), want, strlen(want)) == 0,
+                 "message \"%s\", want \"%s\"", c10d_last_error(), want);
+        MP_CHECK(strstr(c10d_last_error(), "Watchdog caught") == NULL,
+                 "an internal op's watchdog text leaked: %s", c10d_last_error());
+    } else {
+        char want[256];
+        snprintf(want, sizeof want,
+                 "Rank %d successfully reached monitoredBarrier, but received errors while "
+                 "waiting for send/recv from rank 0. Please check rank 0 logs for faulty rank.\n "
+                 "Original exception: \n",
+                 rank);
+        MP_CHECK(strncmp(c10d_last_error(), want, strlen(want)) == 0, "message \"%s\"",
+                 c10d_last_error());
     }
     c10d_pg_abort(pg, "test done");
     c10d_shutdown();

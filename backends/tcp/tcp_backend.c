@@ -225,16 +225,11 @@ static void on_work_done(c10d_work *work, int status, void *arg)
         found->completed = 1;
         found->coll.failed = 1;
         unlink_op(s, found);
-        uint64_t ran = c10d__now_ms() - found->start_ms;
-        size_t in, out;
-        c10d__op_numel(found->head, s->size, &in, &out);
+        /* The deadline's own text: torch's watchdog words for a user's op
+         * (SeqNum, NumelIn/Out as the group counts them), the internal op's
+         * own name for the group's helpers (monitored_barrier). */
         if (status == C10D_ETIMEDOUT)
-            group_fail(s, status,
-                       "Watchdog caught collective operation timeout: Work(SeqNum=%llu, "
-                       "OpType=%s, NumelIn=%zu, NumelOut=%zu, Timeout(ms)=%lld) ran for %llu "
-                       "milliseconds before timing out.",
-                       (unsigned long long)found->head->seq, c10d__op_kind_name(found->head->kind),
-                       in, out, (long long)found->head->timeout_ms, (unsigned long long)ran);
+            group_fail(s, status, "%s", c10d_work_message(work));
         else
             group_fail(s, status < 0 ? status : C10D_EABORTED,
                        "%s seq %llu was completed outside the backend (%s): %s",
