@@ -11,6 +11,7 @@
 #include "c10d.h"
 #include "mp_harness.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,6 +174,55 @@ static void test_split_forms(void **state)
         assert_int_equal(res.codes[r], 0);
 }
 
+/* Rank 2 of 4 is killed (kill -9) mid-job; the survivors' op fails, they
+ * shrink the world without it, and go on with correct collectives. */
+static int shrink_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    (void)n;
+    c10d_pg *world = NULL;
+    c10d_pg_opts po = {0};
+    po.timeout_ms = 20000;
+    MP_CHECK(c10d_pg_init(&po, &world) == 0, "init: %s", c10d_last_error());
+    int32_t v = rank;
+    MP_CHECK(c10d_all_reduce_sync(world, &v, &v, 1, C10D_INT32, C10D_SUM) == 0 && v == 6,
+             "first all_reduce: %d: %s", v, c10d_last_error());
+    if (rank == 2)
+        raise(SIGKILL);
+    /* Fails once the dead rank's connection is gone (ECLOSED), well within the timeout. */
+    v = rank;
+    int rc = c10d_all_reduce_sync(world, &v, &v, 1, C10D_INT32, C10D_SUM);
+    MP_CHECK(rc == C10D_ECLOSED, "all_reduce with a dead rank: %s: %s", c10d_status_name(rc),
+             c10d_last_error());
+    c10d_pg *rest = NULL;
+    MP_CHECK(c10d_pg_shrink(world, (int[]){2}, 1, NULL, &rest) == 0, "shrink: %s",
+             c10d_last_error());
+    MP_CHECK(c10d_pg_size(rest) == 3 && c10d_pg_rank(rest) == (rank < 2 ? rank : rank - 1),
+             "shrunk rank %d size %d", c10d_pg_rank(rest), c10d_pg_size(rest));
+    for (int i = 0; i < 3; i++)
+        if (check_group(rest, rank, "survivors"))
+            return 1;
+    c10d_pg_destroy(rest);
+    c10d_pg_abort(world, "test over");
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_shrink_after_kill(void **state)
+{
+    (void)state;
+    struct mp_opts o = {0};
+    o.nranks = 4;
+    o.timeout_s = 60;
+    struct mp_result res;
+    mp_run(&o, shrink_main, NULL, &res);
+    assert_false(res.timed_out);
+    assert_int_equal(res.codes[0], 0);
+    assert_int_equal(res.codes[1], 0);
+    assert_int_equal(res.codes[2], 128 + SIGKILL);
+    assert_int_equal(res.codes[3], 0);
+}
+
 /* Rank 0 makes {0,1} then {0,2}; the others {0,2} then {0,1}. */
 static int order_main(int rank, int n, void *arg)
 {
@@ -217,6 +267,7 @@ int main(void)
         cmocka_unit_test(test_mesh_2x2x2_by_split),
         cmocka_unit_test(test_split_forms),
         cmocka_unit_test(test_groups_created_in_different_orders),
+        cmocka_unit_test(test_shrink_after_kill),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
