@@ -1055,6 +1055,53 @@ static int shrink_main(int rank, int n, void *arg)
     return 0;
 }
 
+/* c10d_pg_split of a bound group splits its communicator with every rank's
+ * color in one ncclCommSplit (rank 1: no color), ordered by key; then
+ * C10D_DEBUG=DETAIL catches a dtype mismatch NCCL's wire cannot carry: the
+ * call fails on every rank, and the group goes on. */
+static int split_detail_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    c10d_pg *pg = init_group(1, 60000);
+    MP_CHECK(pg != NULL, "init");
+    c10d_pg *sub = NULL;
+    MP_CHECK(c10d_pg_split(pg, rank == 1 ? C10D_SPLIT_NO_COLOR : 5, -rank, NULL, &sub) == 0,
+             "split: %s", c10d_last_error());
+    if (rank == 1) {
+        MP_CHECK(!c10d_pg_is_member(sub), "rank 1 is a member");
+    } else {
+        /* Keys -2 and 0: rank 2 comes first. */
+        MP_CHECK(c10d_pg_size(sub) == 2 && c10d_pg_rank(sub) == (rank == 2 ? 0 : 1),
+                 "split rank %d", c10d_pg_rank(sub));
+        if (check_all_reduce(sub, c10d_pg_rank(sub), 2, C10D_INT32, C10D_SUM, 33, 0))
+            return 1;
+    }
+    MP_CHECK(c10d_pg_destroy(sub) == 0, "destroy split: %s", c10d_last_error());
+    setenv("C10D_DEBUG", "DETAIL", 1);
+    c10d__env_reload();
+    void *buf = dev_alloc(64);
+    c10d_op_opts o = gpu_opts();
+    c10d_work *w = NULL;
+    int rc =
+        c10d_all_reduce(pg, buf, buf, 4, rank == 0 ? C10D_FLOAT32 : C10D_INT32, C10D_SUM, &o, &w);
+    MP_CHECK(rc == C10D_EINVAL &&
+                 strstr(c10d_last_error(), "Detected mismatch between collectives") != NULL &&
+                 strstr(c10d_last_error(), "Tensor dtypes: ") != NULL,
+             "DETAIL: %s: %s", c10d_status_name(rc), c10d_last_error());
+    if (check_all_reduce(pg, rank, n, C10D_FLOAT32, C10D_SUM, 9, 0))
+        return 1;
+    cu->cudaFree(buf);
+    MP_CHECK(c10d_pg_destroy(pg) == 0, "destroy: %s", c10d_last_error());
+    c10d_shutdown();
+    return fails ? 1 : 0;
+}
+
+static void test_split_and_detail(void **s)
+{
+    (void)s;
+    run(3, split_detail_main, NULL, 90);
+}
+
 static void test_shrink(void **s)
 {
     (void)s;
@@ -1107,6 +1154,7 @@ int main(void)
         cmocka_unit_test(test_init_never_joins),
         cmocka_unit_test(test_loop_never_blocks),
         cmocka_unit_test(test_shrink),
+        cmocka_unit_test(test_split_and_detail),
         cmocka_unit_test(test_missing_library),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
