@@ -220,6 +220,10 @@ typedef struct c10d_pg_opts {
     int bind_device;
     int device_index;
     const struct c10d_nccl_opts *nccl; /* NULL: NCCL's defaults (copied at creation) */
+    /* c10d_pg_new_group: 1: only the members call it and wait for each other
+     * (torch's use_local_synchronization); the group is named from its
+     * members, not from the world's group counter. */
+    int use_local_synchronization;
 } c10d_pg_opts;
 
 /* The nccl backend's communicator settings (ncclConfig_t); zero: NCCL's

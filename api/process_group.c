@@ -374,6 +374,77 @@ out:
     return rc;
 }
 
+/* Groups made with use_local_synchronization, by member list: the members
+ * name the k-th group of one list alike without asking anyone else. */
+struct local_count {
+    struct local_count *next;
+    uint64_t hash;
+    int count;
+};
+static struct local_count *local_counts; /* under the registry lock */
+
+static uint64_t hash_ranks(const int *global, int n)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (int i = 0; i < n; i++)
+        for (int b = 0; b < 4; b++) {
+            h ^= (uint8_t)((unsigned)global[i] >> (8 * b));
+            h *= 1099511628211ull;
+        }
+    return h;
+}
+
+static int new_local_group(c10d_pg *parent, const int *global, int n, int my_rank,
+                           const c10d_pg_opts *o, const struct c10d__backend_vtable *vts[],
+                           c10d_pg **out)
+{
+    static const char what[] = "c10d_pg_new_group";
+    if (my_rank < 0) {
+        /* torch: a non-member need not call; if it does, it gets a handle. */
+        c10d_pg *pg;
+        C10D_CHECK(c10d__pg_alloc("local:non-member", o->group_desc, -1, -1, parent->global_rank,
+                                  NULL, parent->timeout_ms, &pg));
+        set_backend_name(pg, vts);
+        *out = pg;
+        return 0;
+    }
+    uint64_t h = hash_ranks(global, n);
+    c10d__pg_registry_lock();
+    struct local_count *lc = local_counts;
+    while (lc != NULL && lc->hash != h)
+        lc = lc->next;
+    if (lc == NULL && (lc = calloc(1, sizeof *lc)) != NULL) {
+        lc->hash = h;
+        lc->next = local_counts;
+        local_counts = lc;
+    }
+    int k = lc != NULL ? lc->count++ : -1;
+    c10d__pg_registry_unlock();
+    if (k < 0)
+        return c10d__fail(C10D_ENOMEM, "%s: out of memory", what);
+    char name[64];
+    snprintf(name, sizeof name, "local:%016llx.%d", (unsigned long long)h, k);
+    int64_t timeout = o->timeout_ms > 0 ? o->timeout_ms : parent->timeout_ms;
+    c10d_pg *pg;
+    C10D_CHECK(
+        c10d__pg_alloc(name, o->group_desc, my_rank, n, parent->global_rank, global, timeout, &pg));
+    int rc = set_device_opts(pg, o, parent, what);
+    /* No split from the parent: its other ranks take no part. */
+    if (rc == 0)
+        rc = pg_start(pg, parent->base_store, vts, NULL);
+    if (rc == 0)
+        rc = c10d__pg_store_barrier(parent->base_store, name, n, timeout);
+    if (rc != 0) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", c10d_last_error());
+        pg_close(pg, 0, "creation failed");
+        c10d__pg_unref(pg);
+        return c10d__fail(rc, "%s: group %s: %s", what, name, why);
+    }
+    *out = pg;
+    return 0;
+}
+
 int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_pg_opts *opts,
                       c10d_pg **out)
 {
@@ -436,6 +507,11 @@ int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_
         rc = c10d__backend_parse(opts->backend, vts);
     free(sorted);
     if (rc != 0) {
+        free(global);
+        return rc;
+    }
+    if (opts->use_local_synchronization) {
+        rc = new_local_group(parent, global, n, my_rank, opts, vts, out);
         free(global);
         return rc;
     }

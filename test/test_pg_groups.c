@@ -174,6 +174,54 @@ static void test_split_forms(void **state)
         assert_int_equal(res.codes[r], 0);
 }
 
+/* use_local_synchronization: {1,3} and {0,2} are made by their members
+ * alone, twice over, while the world's own new_group numbering stays in step. */
+static int local_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    c10d_pg *world = NULL;
+    MP_CHECK(init(&world) == 0, "init: %s", c10d_last_error());
+    int odd[] = {1, 3}, even[] = {0, 2};
+    c10d_pg_opts lo = C10D_PG_OPTS_INIT;
+    lo.use_local_synchronization = 1;
+    for (int round = 0; round < 2; round++) {
+        c10d_pg *mine = NULL;
+        MP_CHECK(c10d_pg_new_group(world, rank % 2 ? odd : even, 2, &lo, &mine) == 0,
+                 "local group: %s", c10d_last_error());
+        MP_CHECK(c10d_pg_rank(mine) == rank / 2, "local rank %d", c10d_pg_rank(mine));
+        MP_CHECK(strncmp(c10d_pg_name(mine), "local:", 6) == 0, "name %s", c10d_pg_name(mine));
+        if (check_group(mine, rank, "local"))
+            return 1;
+        c10d_pg_destroy(mine);
+    }
+    /* A world-synchronized group after them: same name and members everywhere. */
+    c10d_pg *all = NULL;
+    MP_CHECK(c10d_pg_new_group(world, NULL, 0, NULL, &all) == 0, "new_group: %s",
+             c10d_last_error());
+    MP_CHECK(strcmp(c10d_pg_name(all), "1") == 0, "name %s", c10d_pg_name(all));
+    if (check_group(all, rank, "all"))
+        return 1;
+    MP_CHECK(c10d_pg_size(all) == n, "size");
+    c10d_pg_destroy(all);
+    c10d_pg_destroy(world);
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_local_synchronization(void **state)
+{
+    (void)state;
+    struct mp_opts o = {0};
+    o.nranks = 4;
+    o.timeout_s = 60;
+    o.kill_on_failure = 1;
+    struct mp_result res;
+    mp_run(&o, local_main, NULL, &res);
+    assert_false(res.timed_out);
+    for (int r = 0; r < 4; r++)
+        assert_int_equal(res.codes[r], 0);
+}
+
 /* Rank 2 of 4 is killed (kill -9) mid-job; the survivors' op fails, they
  * shrink the world without it, and go on with correct collectives. */
 static int shrink_main(int rank, int n, void *arg)
@@ -268,6 +316,7 @@ int main(void)
         cmocka_unit_test(test_split_forms),
         cmocka_unit_test(test_groups_created_in_different_orders),
         cmocka_unit_test(test_shrink_after_kill),
+        cmocka_unit_test(test_local_synchronization),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
