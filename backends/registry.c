@@ -5,6 +5,8 @@
 
 #include "engine/error.h"
 
+#include <ctype.h>
+#include <stdio.h>
 #include <string.h>
 
 int c10d__backend_find(const char *name, const struct c10d__backend_vtable **out)
@@ -34,12 +36,25 @@ static int device_index(const char *dev, size_t len)
     return -1;
 }
 
-int c10d__backend_parse(const char *spec, const struct c10d__backend_vtable *out[C10D__DEVICE_TYPES])
+int c10d__backend_parse(const char *user_spec,
+                        const struct c10d__backend_vtable *out[C10D__DEVICE_TYPES])
 {
     for (int d = 0; d < C10D__DEVICE_TYPES; d++)
         out[d] = NULL;
-    if (spec == NULL || *spec == '\0')
-        spec = "tcp";
+    /* As torch's BackendConfig: case does not matter ("GLOO", "cpu:Gloo"),
+     * and "undefined" is the default. Unlike torch's default, which adds
+     * cuda:nccl whenever NCCL is compiled in, ours stays host-only: the nccl
+     * backend loads its libraries when a group is created, and a host-only
+     * job must not need them; ask for "cpu:tcp,cuda:nccl" by name. */
+    char spec[128];
+    if (user_spec != NULL && strlen(user_spec) >= sizeof spec)
+        return c10d__fail(C10D_EINVAL, "backend config \"%.60s...\" is too long", user_spec);
+    size_t n = 0;
+    for (const char *p = user_spec != NULL ? user_spec : ""; *p != '\0'; p++)
+        spec[n++] = (char)tolower((unsigned char)*p);
+    spec[n] = '\0';
+    if (n == 0 || strcmp(spec, "undefined") == 0)
+        snprintf(spec, sizeof spec, "tcp");
     if (strchr(spec, ':') == NULL) {
         /* A single name maps every device it supports. */
         const struct c10d__backend_vtable *vt;

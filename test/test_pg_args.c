@@ -592,6 +592,27 @@ static void test_init_rules(void **state)
 
 /* Options carry their size: an older caller's shorter struct is read only as
  * far as it goes, a newer caller's unknown fields must be zero. */
+/* Backend config strings as torch's BackendConfig reads them. */
+static void test_backend_config_strings(void **state)
+{
+    (void)state;
+    const struct c10d__backend_vtable *vts[C10D__DEVICE_TYPES];
+    static const char *const host_only[] = {"gloo",      "GLOO",      "Tcp", "cpu:Gloo",
+                                            "undefined", "UNDEFINED", ""};
+    for (size_t i = 0; i < sizeof host_only / sizeof *host_only; i++) {
+        assert_int_equal(c10d__backend_parse(host_only[i], vts), 0);
+        assert_ptr_equal(vts[0], &c10d__tcp_backend);
+        assert_null(vts[1]);
+    }
+    assert_int_equal(c10d__backend_parse(NULL, vts), 0);
+    assert_ptr_equal(vts[0], &c10d__tcp_backend);
+    assert_int_equal(c10d__backend_parse("cpu:gloo:x", vts), C10D_EINVAL);
+    assert_int_equal(c10d__backend_parse("MPI", vts), C10D_EINVAL);
+    assert_non_null(strstr(c10d_last_error(), "unknown backend \"mpi\""));
+    assert_int_equal(c10d__backend_parse("CPU:tcp,cpu:TCP", vts), C10D_EINVAL);
+    assert_non_null(strstr(c10d_last_error(), "appears twice"));
+}
+
 static void test_opts_struct_size(void **state)
 {
     (void)state;
@@ -654,6 +675,7 @@ int main(void)
         cmocka_unit_test(test_submit_races_shutdown),
         cmocka_unit_test(test_init_rules),
         cmocka_unit_test(test_opts_struct_size),
+        cmocka_unit_test(test_backend_config_strings),
         cmocka_unit_test(test_monitored_barrier_single),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
