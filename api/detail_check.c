@@ -16,6 +16,7 @@
 #include "engine/error.h"
 #include "engine/log.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,20 +27,14 @@ int c10d__pg_detail_enabled(void)
     return strcasecmp(c10d__env_str(C10D_ENV_DEBUG), "DETAIL") == 0;
 }
 
-static void key_of(char *buf, size_t cap, uint64_t round, int rank)
-{
-    snprintf(buf, cap, "detail/%llu/%d", (unsigned long long)round, rank);
-}
-
 int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op *op,
                           int64_t timeout_ms)
 {
     if (pg->store == NULL || pg->size < 2)
         return 0;
     if (c10d_on_loop_thread()) {
-        static int warned;
-        if (!warned) {
-            warned = 1;
+        static atomic_int warned;
+        if (atomic_exchange(&warned, 1) == 0) {
             C10D_WARN("pg", "C10D_DEBUG=DETAIL: collectives called from a completion callback "
                             "are not checked (the check would block the loop)");
         }
@@ -60,38 +55,23 @@ int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op
         return 0; /* members of a list may differ, as in torch */
     struct c10d__fp mine;
     c10d__fp_of(op, &mine);
-    char key[64];
-    key_of(key, sizeof key, round, pg->rank);
-    int rc = c10d_store_set_sync(pg->store, key, &mine, sizeof mine);
-    if (rc != 0)
-        return c10d__fail(rc, "%s %s: C10D_DEBUG=DETAIL: publishing the fingerprint: %s",
-                          pg->backend_name, opname, c10d_last_error());
+    char prefix[48];
+    snprintf(prefix, sizeof prefix, "detail/%llu", (unsigned long long)round);
     int n = pg->size;
-    char(*names)[64] = calloc((size_t)n, sizeof *names);
-    const char **keys = calloc((size_t)n, sizeof *keys);
     void **values = calloc((size_t)n, sizeof *values);
     size_t *lens = calloc((size_t)n, sizeof *lens);
-    if (names == NULL || keys == NULL || values == NULL || lens == NULL) {
-        rc = c10d__fail(C10D_ENOMEM, "%s %s: out of memory", pg->backend_name, opname);
-        goto out;
-    }
-    for (int r = 0; r < n; r++) {
-        key_of(names[r], sizeof names[r], round, r);
-        keys[r] = names[r];
-    }
-    rc = c10d_store_wait_sync(pg->store, keys, (size_t)n, timeout_ms);
+    int rc = 0;
+    if (values == NULL || lens == NULL)
+        rc = c10d__fail(C10D_ENOMEM, "out of memory");
+    else
+        rc = c10d__pg_store_exchange(pg->store, prefix, pg->rank, n, &mine, sizeof mine, timeout_ms,
+                                     values, lens);
     if (rc != 0) {
         rc = c10d__fail(rc,
                         "%s %s: C10D_DEBUG=DETAIL: not every rank reached collective "
                         "SeqNum=%llu within %lld ms: %s",
                         pg->backend_name, opname, (unsigned long long)seq, (long long)timeout_ms,
                         c10d_last_error());
-        goto out;
-    }
-    rc = c10d_store_multi_get_sync(pg->store, keys, (size_t)n, values, lens);
-    if (rc != 0) {
-        rc = c10d__fail(rc, "%s %s: C10D_DEBUG=DETAIL: reading the fingerprints: %s",
-                        pg->backend_name, opname, c10d_last_error());
         goto out;
     }
     for (int r = 0; r < n; r++) {
@@ -114,8 +94,8 @@ int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op
      * previous round's keys: this rank's key of the round before that is
      * read by nobody any more. */
     if (round > 2) {
-        key_of(key, sizeof key, round - 2, pg->rank);
-        c10d_store_delete_key(pg->store, key, NULL, NULL);
+        snprintf(prefix, sizeof prefix, "detail/%llu", (unsigned long long)(round - 2));
+        c10d__pg_store_forget(pg->store, prefix, pg->rank);
     }
 out:
     if (values != NULL)
@@ -123,7 +103,5 @@ out:
             free(values[r]);
     free(values);
     free(lens);
-    free(keys);
-    free(names);
     return rc;
 }

@@ -185,6 +185,14 @@ void c10d__pg_store_retain(c10d_store *store);
 void c10d__pg_store_release(c10d_store *store);
 /* torch's _store_based_barrier on `store` for group `name`. */
 int c10d__pg_store_barrier(c10d_store *store, const char *name, int world_size, int64_t timeout_ms);
+/* Every one of n ranks publishes `mine` as "<prefix>/<me>" and reads all n
+ * ("<prefix>/<r>" into values[r] / lens[r], malloc'd), waiting up to
+ * timeout_ms for the last; the caller's thread, blocking. On failure nothing
+ * is returned. c10d__pg_store_forget deletes this rank's key once nobody
+ * reads it any more (asynchronous, best effort). */
+int c10d__pg_store_exchange(c10d_store *s, const char *prefix, int me, int n, const void *mine,
+                            size_t len, int64_t timeout_ms, void **values, size_t *lens);
+void c10d__pg_store_forget(c10d_store *s, const char *prefix, int me);
 
 /* pg_object.c: references (a group is forgotten at its last unref). */
 void c10d__pg_ref(c10d_pg *pg);

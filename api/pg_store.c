@@ -132,3 +132,43 @@ void c10d__pg_sweep_keys(c10d_pg *pg)
         on_counted_out(&none, k);
     }
 }
+
+/* ------------------------------------------------------------- exchange */
+
+int c10d__pg_store_exchange(c10d_store *s, const char *prefix, int me, int n, const void *mine,
+                            size_t len, int64_t timeout_ms, void **values, size_t *lens)
+{
+    char(*names)[80] = calloc((size_t)n, sizeof *names);
+    const char **keys = calloc((size_t)n, sizeof *keys);
+    if (names == NULL || keys == NULL) {
+        free(names);
+        free(keys);
+        return c10d__fail(C10D_ENOMEM, "out of memory");
+    }
+    for (int r = 0; r < n; r++) {
+        snprintf(names[r], sizeof names[r], "%.60s/%d", prefix, r);
+        keys[r] = names[r];
+        values[r] = NULL;
+        lens[r] = 0;
+    }
+    int rc = c10d_store_set_sync(s, keys[me], mine, len);
+    if (rc == 0)
+        rc = c10d_store_wait_sync(s, keys, (size_t)n, timeout_ms);
+    if (rc == 0)
+        rc = c10d_store_multi_get_sync(s, keys, (size_t)n, values, lens);
+    if (rc != 0)
+        for (int r = 0; r < n; r++) {
+            free(values[r]);
+            values[r] = NULL;
+        }
+    free(keys);
+    free(names);
+    return rc;
+}
+
+void c10d__pg_store_forget(c10d_store *s, const char *prefix, int me)
+{
+    char key[80];
+    snprintf(key, sizeof key, "%.60s/%d", prefix, me);
+    c10d_store_delete_key(s, key, NULL, NULL);
+}

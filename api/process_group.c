@@ -335,24 +335,16 @@ static int check_same_members(c10d_store *base, const char *name, int me, int wo
         return 0;
     char mine[1024];
     format_ranks(mine, sizeof mine, global, n);
-    char(*names)[64] = calloc((size_t)world_size, sizeof *names);
-    const char **keys = calloc((size_t)world_size, sizeof *keys);
+    char prefix[48];
+    snprintf(prefix, sizeof prefix, "%s/members", name);
     void **values = calloc((size_t)world_size, sizeof *values);
     size_t *lens = calloc((size_t)world_size, sizeof *lens);
     int rc = 0;
-    if (names == NULL || keys == NULL || values == NULL || lens == NULL) {
+    if (values == NULL || lens == NULL)
         rc = c10d__fail(C10D_ENOMEM, "out of memory");
-        goto out;
-    }
-    for (int r = 0; r < world_size; r++) {
-        snprintf(names[r], sizeof names[r], "%s/members/%d", name, r);
-        keys[r] = names[r];
-    }
-    rc = c10d_store_set_sync(base, keys[me], mine, strlen(mine));
-    if (rc == 0)
-        rc = c10d_store_wait_sync(base, keys, (size_t)world_size, timeout);
-    if (rc == 0)
-        rc = c10d_store_multi_get_sync(base, keys, (size_t)world_size, values, lens);
+    else
+        rc = c10d__pg_store_exchange(base, prefix, me, world_size, mine, strlen(mine), timeout,
+                                     values, lens);
     for (int r = 0; r < world_size && rc == 0; r++) {
         if (lens[r] == strlen(mine) && memcmp(values[r], mine, lens[r]) == 0)
             continue;
@@ -363,14 +355,11 @@ static int check_same_members(c10d_store *base, const char *name, int me, int wo
                         me, name, mine, r, (int)(lens[r] < 900 ? lens[r] : 900),
                         (const char *)values[r]);
     }
-out:
     if (values != NULL)
         for (int r = 0; r < world_size; r++)
             free(values[r]);
     free(values);
     free(lens);
-    free(keys);
-    free(names);
     return rc;
 }
 
@@ -560,9 +549,9 @@ int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_
     }
     /* Every rank passed the barrier, so every rank has read every member
      * list: this rank's is no longer needed. */
-    char key[64];
-    snprintf(key, sizeof key, "%s/members/%d", name, parent->global_rank);
-    c10d_store_delete_key(base, key, NULL, NULL);
+    char prefix[48];
+    snprintf(prefix, sizeof prefix, "%s/members", name);
+    c10d__pg_store_forget(base, prefix, parent->global_rank);
     if (my_rank < 0)
         C10D_INFO("pg", "group %s created; this rank is not a member", name);
     *out = pg;
@@ -692,32 +681,17 @@ static int cmp_split(const void *a, const void *b)
 static int split_exchange(c10d_pg *parent, int k, int color, int key, int64_t timeout,
                           struct split_entry *all)
 {
-    int n = parent->size, rc;
-    char(*names)[48] = calloc((size_t)n, sizeof *names);
-    const char **keys = calloc((size_t)n, sizeof *keys);
+    int n = parent->size, rc = 0;
     void **values = calloc((size_t)n, sizeof *values);
     size_t *lens = calloc((size_t)n, sizeof *lens);
-    if (names == NULL || keys == NULL || values == NULL || lens == NULL) {
-        rc = c10d__fail(C10D_ENOMEM, "out of memory");
-        goto out;
-    }
-    for (int r = 0; r < n; r++) {
-        snprintf(names[r], sizeof names[r], "split%d/%d", k, r);
-        keys[r] = names[r];
-    }
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "split%d", k);
     int32_t mine[2] = {color, key};
-    rc = c10d_store_set_sync(parent->store, keys[parent->rank], mine, sizeof mine);
-    if (rc == 0 && k > 2) {
-        /* Every rank published split k - 1 only after it had read all of
-         * k - 2: this rank's key of k - 2 is read by nobody any more. */
-        char old[48];
-        snprintf(old, sizeof old, "split%d/%d", k - 2, parent->rank);
-        c10d_store_delete_key(parent->store, old, NULL, NULL);
-    }
-    if (rc == 0)
-        rc = c10d_store_wait_sync(parent->store, keys, (size_t)n, timeout);
-    if (rc == 0)
-        rc = c10d_store_multi_get_sync(parent->store, keys, (size_t)n, values, lens);
+    if (values == NULL || lens == NULL)
+        rc = c10d__fail(C10D_ENOMEM, "out of memory");
+    else
+        rc = c10d__pg_store_exchange(parent->store, prefix, parent->rank, n, mine, sizeof mine,
+                                     timeout, values, lens);
     for (int r = 0; r < n && rc == 0; r++) {
         int32_t v[2];
         if (lens[r] != sizeof v) {
@@ -727,14 +701,17 @@ static int split_exchange(c10d_pg *parent, int k, int color, int key, int64_t ti
         memcpy(v, values[r], sizeof v);
         all[r] = (struct split_entry){v[0] < 0 ? -1 : v[0], v[1], r};
     }
-out:
+    if (rc == 0 && k > 2) {
+        /* Every rank published split k - 1 only after it had read all of
+         * k - 2: this rank's key of k - 2 is read by nobody any more. */
+        snprintf(prefix, sizeof prefix, "split%d", k - 2);
+        c10d__pg_store_forget(parent->store, prefix, parent->rank);
+    }
     if (values != NULL)
         for (int r = 0; r < n; r++)
             free(values[r]);
     free(values);
     free(lens);
-    free(keys);
-    free(names);
     return rc;
 }
 
