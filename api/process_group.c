@@ -363,6 +363,37 @@ static int check_same_members(c10d_store *base, const char *name, int me, int wo
     return rc;
 }
 
+/* Creates a group of `n` members (this rank `my_rank`, -1: not a member)
+ * that only its members wait for: split (from `split_from` with `color`,
+ * where its backends can) and local groups. */
+static int start_members_group(c10d_pg *parent, const char *what, const char *name,
+                               const int *global, int n, int my_rank, const c10d_pg_opts *o,
+                               const struct c10d__backend_vtable *vts[], c10d_pg *split_from,
+                               int color, c10d_pg **out)
+{
+    int64_t timeout = o->timeout_ms > 0 ? o->timeout_ms : parent->timeout_ms;
+    c10d_pg *pg;
+    C10D_CHECK(c10d__pg_alloc(name, o->group_desc != NULL ? o->group_desc : parent->desc, my_rank,
+                              my_rank >= 0 ? n : -1, parent->global_rank, global, timeout, &pg));
+    pg->split_color = color;
+    int rc = set_device_opts(pg, o, parent, what);
+    if (rc == 0 && my_rank < 0)
+        set_backend_name(pg, vts);
+    if (rc == 0)
+        rc = pg_start(pg, parent->base_store, vts, split_from);
+    if (rc == 0 && my_rank >= 0)
+        rc = c10d__pg_store_barrier(parent->base_store, name, n, timeout);
+    if (rc != 0) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", c10d_last_error());
+        pg_close(pg, 0, "creation failed");
+        c10d__pg_unref(pg);
+        return c10d__fail(rc, "%s: group %s: %s", what, name, why);
+    }
+    *out = pg;
+    return 0;
+}
+
 /* Groups made with use_local_synchronization, by member list: the members
  * name the k-th group of one list alike without asking anyone else. */
 struct local_count {
@@ -413,25 +444,8 @@ static int new_local_group(c10d_pg *parent, const int *global, int n, int my_ran
         return c10d__fail(C10D_ENOMEM, "%s: out of memory", what);
     char name[64];
     snprintf(name, sizeof name, "local:%016llx.%d", (unsigned long long)h, k);
-    int64_t timeout = o->timeout_ms > 0 ? o->timeout_ms : parent->timeout_ms;
-    c10d_pg *pg;
-    C10D_CHECK(
-        c10d__pg_alloc(name, o->group_desc, my_rank, n, parent->global_rank, global, timeout, &pg));
-    int rc = set_device_opts(pg, o, parent, what);
     /* No split from the parent: its other ranks take no part. */
-    if (rc == 0)
-        rc = pg_start(pg, parent->base_store, vts, NULL);
-    if (rc == 0)
-        rc = c10d__pg_store_barrier(parent->base_store, name, n, timeout);
-    if (rc != 0) {
-        char why[1024];
-        snprintf(why, sizeof why, "%s", c10d_last_error());
-        pg_close(pg, 0, "creation failed");
-        c10d__pg_unref(pg);
-        return c10d__fail(rc, "%s: group %s: %s", what, name, why);
-    }
-    *out = pg;
-    return 0;
+    return start_members_group(parent, what, name, global, n, my_rank, o, vts, NULL, 0, out);
 }
 
 int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_pg_opts *opts,
@@ -782,29 +796,9 @@ int c10d_pg_split(c10d_pg *parent, int color, int key, const c10d_pg_opts *opts,
     const struct c10d__backend_vtable *vts[C10D__PG_NDEV];
     for (int d = 0; d < C10D__PG_NDEV; d++)
         vts[d] = parent->backends[d].vt;
-    c10d_pg *pg;
-    rc = c10d__pg_alloc(name, o.group_desc != NULL ? o.group_desc : parent->desc, my_rank,
-                        my_rank >= 0 ? n : -1, parent->global_rank, global, timeout, &pg);
+    rc = start_members_group(parent, what, name, global, n, my_rank, &o, vts, parent, color, out);
     free(global);
-    if (rc != 0)
-        return rc;
-    pg->split_color = color;
-    rc = set_device_opts(pg, &o, parent, what);
-    if (rc == 0 && my_rank < 0)
-        set_backend_name(pg, vts);
-    if (rc == 0)
-        rc = pg_start(pg, parent->base_store, vts, parent);
-    if (rc == 0 && my_rank >= 0)
-        rc = c10d__pg_store_barrier(parent->base_store, name, n, timeout);
-    if (rc != 0) {
-        char why[1024];
-        snprintf(why, sizeof why, "%s", c10d_last_error());
-        pg_close(pg, 0, "creation failed");
-        c10d__pg_unref(pg);
-        return c10d__fail(rc, "%s: group %s: %s", what, name, why);
-    }
-    *out = pg;
-    return 0;
+    return rc;
 }
 
 int c10d_pg_new_subgroups(c10d_pg *parent, int group_size, const c10d_pg_opts *opts, c10d_pg **out)
