@@ -53,6 +53,22 @@ static const char *op_name(enum c10d__op_kind kind)
 
 static void watch_arm(c10d_pg *pg);
 
+void c10d__pg_fr_on_created(c10d_pg *pg)
+{
+    if (!c10d__fr_enabled())
+        return;
+    /* Armed now, not at the first op: a job that starts with
+     * monitored_barrier (not recorded) or uses only subgroups must still
+     * hear another rank's request to dump. */
+    uv_mutex_lock(&pg->mutex);
+    if (!pg->fr_seen) {
+        pg->fr_seen = 1;
+        c10d__fr_register_pg(pg->name, pg->desc, pg->global_ranks, pg->size, pg->global_rank);
+        watch_arm(pg);
+    }
+    uv_mutex_unlock(&pg->mutex);
+}
+
 void c10d__pg_fr_record(c10d_pg *pg, struct c10d__pg_op *head, const char *label, uint64_t seq,
                         size_t in, size_t out, int64_t timeout_ms)
 {
@@ -63,8 +79,10 @@ void c10d__pg_fr_record(c10d_pg *pg, struct c10d__pg_op *head, const char *label
     int is_p2p = op->kind == C10D_OP_SEND || op->kind == C10D_OP_RECV;
     if (label != NULL)
         is_p2p = strcmp(label, "BATCH_P2P") == 0;
-    /* A group's first op: its members for pg_config, and the store watch. */
-    if ((is_p2p ? pg->p2p_seq : pg->coll_seq) == 1) {
+    /* A group's first recorded op (or its creation, for the default group):
+     * its members for pg_config, and the store watch. */
+    if (!pg->fr_seen) {
+        pg->fr_seen = 1;
         c10d__fr_register_pg(pg->name, pg->desc, pg->global_ranks, pg->size, pg->global_rank);
         watch_arm(pg);
     }
@@ -122,6 +140,7 @@ static uv_timer_t watch_timer;
 static int watch_timer_open;
 static int watch_busy; /* a CHECK is in flight */
 static struct c10d__shutdown_hook watch_hook;
+static int watch_hook_registered; /* the hook stays registered while the timer stops and starts */
 
 /* A forked child starts with no engine: the parent's timer and store are
  * not its own (the store is left to the parent, as the group's is). */
@@ -142,6 +161,7 @@ static void watch_fork_child(void)
     watch_pg = NULL;
     watch_timer_open = 0;
     watch_busy = 0;
+    watch_hook_registered = 0;
     atomic_store(&watch_armed, 0);
     atomic_store(&watch_done, 0);
     atomic_store(&last_auto_ms, 0);
@@ -192,6 +212,7 @@ static void watch_stop(void)
 static void watch_on_shutdown(struct c10d__shutdown_hook *h)
 {
     (void)h;
+    watch_hook_registered = 0; /* the engine popped it */
     watch_stop();
 }
 
@@ -248,8 +269,13 @@ static void watch_start(void *arg)
     watch_timer_open = 1;
     watch_busy = 0;
     uv_timer_start(&watch_timer, watch_tick, (uint64_t)every, (uint64_t)every);
-    watch_hook.fn = watch_on_shutdown;
-    c10d__engine_on_shutdown(&watch_hook);
+    /* Registered once: pushing the same hook twice would loop the engine's
+     * list and lose the hooks registered before it. */
+    if (!watch_hook_registered) {
+        watch_hook_registered = 1;
+        watch_hook.fn = watch_on_shutdown;
+        c10d__engine_on_shutdown(&watch_hook);
+    }
 }
 
 /* Under pg->mutex (a first op): the default group's store becomes the one

@@ -12,6 +12,7 @@
 #include "engine/error.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,8 +55,15 @@ static int enter(c10d_pg *pg, const char *what)
     return 0;
 }
 
+/* What a root whose own arguments were rejected announces instead of a
+ * size, so that the other ranks fail at once instead of at the timeout. */
+#define REFUSED ((int64_t)-1)
+
 static int check_size(const char *what, int64_t size, int from)
 {
+    if (size == REFUSED)
+        return c10d__fail(C10D_EINVAL, "%s: rank %d rejected its own arguments (see its error)",
+                          what, from);
     if (size < 0 || size > OBJECT_MAX)
         return c10d__fail(C10D_EPROTO, "%s: rank %d announced an object of %lld bytes", what, from,
                           (long long)size);
@@ -128,11 +136,10 @@ static int gather_common(c10d_pg *pg, const char *what, const void *obj, size_t 
                  : c10d_gather(pg, pad, buf, (size_t)max, C10D_UINT8, root, &o, &w);
         rc = finish(rc, &w);
     }
-    if (rc == 0 && (all || me == root)) {
-        for (int r = 0; r < n && rc == 0; r++)
-            rc = copy_out(what, &out[r], buf + (size_t)r * (size_t)max, (size_t)sizes[r]);
+    for (int r = 0; rc == 0 && (all || me == root) && r < n; r++) {
+        rc = copy_out(what, &out[r], buf + (size_t)r * (size_t)max, (size_t)sizes[r]);
         if (rc != 0)
-            c10d_bytes_free(out, n);
+            c10d_bytes_free(out, r); /* only those filled: the rest are the caller's */
     }
     free(buf);
     free(pad);
@@ -229,8 +236,17 @@ int c10d_broadcast_object_list(c10d_pg *pg, c10d_bytes *objs, int n, int root,
     size_t total = 0;
     int rc = me == root ? sizes_of(what, objs, n, sizes, &total) : 0;
     c10d_work *w = NULL;
-    if (rc == 0)
-        rc = finish(c10d_broadcast(pg, sizes, sizes, (size_t)n, C10D_INT64, root, &o, &w), &w);
+    if (rc != 0) {
+        /* Tell the others, then fail with the reason. */
+        char why[512];
+        snprintf(why, sizeof why, "%s", c10d_last_error());
+        sizes[0] = REFUSED;
+        if (c10d_broadcast(pg, sizes, sizes, (size_t)n, C10D_INT64, root, &o, &w) == 0)
+            c10d_work_wait_release(w);
+        free(sizes);
+        return c10d__fail(rc, "%s", why);
+    }
+    rc = finish(c10d_broadcast(pg, sizes, sizes, (size_t)n, C10D_INT64, root, &o, &w), &w);
     if (rc == 0 && me != root)
         rc = total_of(what, sizes, n, root, &total);
     char *cat = NULL;
@@ -271,9 +287,17 @@ int c10d_scatter_object_list(c10d_pg *pg, const c10d_bytes *in, c10d_bytes *out,
         if (sizes[r] > max)
             max = sizes[r];
     c10d_work *w = NULL;
+    if (rc != 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", c10d_last_error());
+        max = REFUSED;
+        if (c10d_broadcast(pg, &max, &max, 1, C10D_INT64, root, &o, &w) == 0)
+            c10d_work_wait_release(w);
+        free(sizes);
+        return c10d__fail(rc, "%s", why);
+    }
     /* The largest size first: every rank needs it to post its receive. */
-    if (rc == 0)
-        rc = finish(c10d_broadcast(pg, &max, &max, 1, C10D_INT64, root, &o, &w), &w);
+    rc = finish(c10d_broadcast(pg, &max, &max, 1, C10D_INT64, root, &o, &w), &w);
     if (rc == 0)
         rc = check_size(what, max, root);
     char *padded = NULL, *mine_buf = NULL;

@@ -20,6 +20,11 @@
 #define C10D__TAG_RESERVED          0x7fff0000
 #define C10D__TAG_MONITORED_BARRIER (C10D__TAG_RESERVED + 1)
 
+/* The longest group name: derived names ("<parent>/split<k>.<color>",
+ * "<parent>/shrink<k>") that would exceed it are refused, never cut (a cut
+ * name could be a sibling's, and share its store keys). */
+#define C10D__PG_NAME_MAX 120
+
 /* Per-device backends a group can hold ("cpu:tcp,cuda:nccl"). */
 #define C10D__PG_NDEV C10D__DEVICE_TYPES
 
@@ -69,6 +74,7 @@ struct c10d_pg {
     int coalescing;
     int shrink_count; /* groups shrunk from this one (their names) */
     int split_count;  /* c10d_pg_split calls on this one (their names and keys) */
+    int fr_seen;      /* the flight recorder knows the group (pg_config, store watch) */
     int split_color;  /* the color this group was split with (backend splits) */
     struct c10d__pg_op *coal_head, *coal_tail;
     size_t coal_n;
@@ -176,6 +182,9 @@ void c10d__pg_fr_record(c10d_pg *pg, struct c10d__pg_op *head, const char *label
 void c10d__pg_fr_on_failure(c10d_pg *pg, int status, const char *message);
 /* The group is being freed: the store watch lets go of its store. */
 void c10d__pg_fr_forget(c10d_pg *pg);
+/* The default group was created: the recorder learns it and starts watching
+ * the store for other ranks' requests to dump. */
+void c10d__pg_fr_on_created(c10d_pg *pg);
 
 /* pg_store.c: the store and backend steps of group creation. */
 int c10d__pg_rendezvous(const char *url, int rank, int world_size, int64_t timeout_ms,

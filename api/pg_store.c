@@ -65,7 +65,7 @@ struct key_sweep {
     c10d_store *base, *group;
     c10d_store *dev[C10D__PG_NDEV];
     const char *fmt[C10D__PG_NDEV];
-    char name[64];
+    char name[C10D__PG_NAME_MAX + 1];
     int size;
 };
 
@@ -138,7 +138,7 @@ void c10d__pg_sweep_keys(c10d_pg *pg)
 int c10d__pg_store_exchange(c10d_store *s, const char *prefix, int me, int n, const void *mine,
                             size_t len, int64_t timeout_ms, void **values, size_t *lens)
 {
-    char(*names)[80] = calloc((size_t)n, sizeof *names);
+    char(*names)[C10D__PG_NAME_MAX + 40] = calloc((size_t)n, sizeof *names);
     const char **keys = calloc((size_t)n, sizeof *keys);
     if (names == NULL || keys == NULL) {
         free(names);
@@ -146,7 +146,7 @@ int c10d__pg_store_exchange(c10d_store *s, const char *prefix, int me, int n, co
         return c10d__fail(C10D_ENOMEM, "out of memory");
     }
     for (int r = 0; r < n; r++) {
-        snprintf(names[r], sizeof names[r], "%.60s/%d", prefix, r);
+        snprintf(names[r], sizeof names[r], "%s/%d", prefix, r);
         keys[r] = names[r];
         values[r] = NULL;
         lens[r] = 0;
@@ -168,7 +168,7 @@ int c10d__pg_store_exchange(c10d_store *s, const char *prefix, int me, int n, co
 
 void c10d__pg_store_forget(c10d_store *s, const char *prefix, int me)
 {
-    char key[80];
-    snprintf(key, sizeof key, "%.60s/%d", prefix, me);
+    char key[C10D__PG_NAME_MAX + 40];
+    snprintf(key, sizeof key, "%s/%d", prefix, me);
     c10d_store_delete_key(s, key, NULL, NULL);
 }

@@ -192,7 +192,7 @@ static int pg_start(c10d_pg *pg, c10d_store *base, const struct c10d__backend_vt
     c10d__engine_call(register_groups_hook, NULL);
     if (pg->rank < 0)
         return parent != NULL ? c10d__pg_split_out(parent) : 0;
-    char prefix[32];
+    char prefix[C10D__PG_NAME_MAX + 2];
     snprintf(prefix, sizeof prefix, "%s/", pg->name);
     C10D_CHECK(c10d__pg_store_prefix(base, prefix, &pg->store));
     set_backend_name(pg, vts);
@@ -305,6 +305,7 @@ int c10d_pg_init(const c10d_pg_opts *opts, c10d_pg **out)
     }
     C10D_INFO("pg", "default process group ready: rank %d of %d, backend %s", rank, size,
               pg->backend_name);
+    c10d__pg_fr_on_created(pg);
     *out = pg;
     return 0;
 }
@@ -335,7 +336,7 @@ static int check_same_members(c10d_store *base, const char *name, int me, int wo
         return 0;
     char mine[1024];
     format_ranks(mine, sizeof mine, global, n);
-    char prefix[48];
+    char prefix[C10D__PG_NAME_MAX + 16];
     snprintf(prefix, sizeof prefix, "%s/members", name);
     void **values = calloc((size_t)world_size, sizeof *values);
     size_t *lens = calloc((size_t)world_size, sizeof *lens);
@@ -563,7 +564,7 @@ int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_
     }
     /* Every rank passed the barrier, so every rank has read every member
      * list: this rank's is no longer needed. */
-    char prefix[48];
+    char prefix[C10D__PG_NAME_MAX + 16];
     snprintf(prefix, sizeof prefix, "%s/members", name);
     c10d__pg_store_forget(base, prefix, parent->global_rank);
     if (my_rank < 0)
@@ -640,8 +641,12 @@ int c10d_pg_shrink(c10d_pg *parent, const int *excluded, int nexcluded, const c1
     uv_mutex_lock(&parent->mutex);
     int k = ++parent->shrink_count;
     uv_mutex_unlock(&parent->mutex);
-    char name[96];
-    snprintf(name, sizeof name, "%.60s/shrink%d", parent->name, k);
+    char name[C10D__PG_NAME_MAX + 1];
+    if (snprintf(name, sizeof name, "%s/shrink%d", parent->name, k) >= (int)sizeof name)
+        return c10d__fail(C10D_EINVAL,
+                          "%s: the name of a group shrunk from %s would exceed %d "
+                          "characters (groups nested too deep)",
+                          what, parent->name, C10D__PG_NAME_MAX);
     int64_t timeout = o.timeout_ms > 0 ? o.timeout_ms : parent->timeout_ms;
     c10d_pg *pg;
     rc = c10d__pg_alloc(name, o.group_desc != NULL ? o.group_desc : parent->desc, my_rank, n,
@@ -655,7 +660,7 @@ int c10d_pg_shrink(c10d_pg *parent, const int *excluded, int nexcluded, const c1
         pg->base_store = base;
         c10d__pg_store_retain(base);
         c10d__engine_call(register_groups_hook, NULL);
-        char prefix[112];
+        char prefix[C10D__PG_NAME_MAX + 2];
         snprintf(prefix, sizeof prefix, "%s/", name);
         rc = c10d__pg_store_prefix(base, prefix, &pg->store);
     }
@@ -791,8 +796,15 @@ int c10d_pg_split(c10d_pg *parent, int color, int key, const c10d_pg_opts *opts,
             my_rank = i;
     }
     free(all);
-    char name[96];
-    snprintf(name, sizeof name, "%.60s/split%d.%d", parent->name, k, color < 0 ? 0 : color);
+    char name[C10D__PG_NAME_MAX + 1];
+    if (snprintf(name, sizeof name, "%s/split%d.%d", parent->name, k, color < 0 ? 0 : color) >=
+        (int)sizeof name) {
+        free(global);
+        return c10d__fail(C10D_EINVAL,
+                          "%s: the name of a group split from %s would exceed %d "
+                          "characters (groups nested too deep)",
+                          what, parent->name, C10D__PG_NAME_MAX);
+    }
     const struct c10d__backend_vtable *vts[C10D__PG_NDEV];
     for (int d = 0; d < C10D__PG_NDEV; d++)
         vts[d] = parent->backends[d].vt;

@@ -97,6 +97,14 @@ static void fr_configure_locked(void)
                   (long long)n);
         n = 0;
     }
+    /* Far beyond any use (torch's default is 2000), and small enough that
+     * the size of the ring cannot overflow. */
+    const int64_t most = (int64_t)1 << 20;
+    if (n > most) {
+        C10D_WARN("fr", "C10D_TRACE_BUFFER_SIZE=%lld is too large: %lld entries kept", (long long)n,
+                  (long long)most);
+        n = most;
+    }
     if (n > 0) {
         fr_ring = malloc((size_t)n * sizeof *fr_ring);
         if (fr_ring == NULL) {

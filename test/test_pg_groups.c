@@ -192,6 +192,14 @@ static int local_main(int rank, int n, void *arg)
         MP_CHECK(strncmp(c10d_pg_name(mine), "local:", 6) == 0, "name %s", c10d_pg_name(mine));
         if (check_group(mine, rank, "local"))
             return 1;
+        /* Split of a long-named group: each half keeps a store namespace of its own. */
+        c10d_pg *half = NULL;
+        MP_CHECK(c10d_pg_split(mine, rank / 2, 0, NULL, &half) == 0, "split: %s",
+                 c10d_last_error());
+        MP_CHECK(c10d_pg_size(half) == 1, "half size %d", c10d_pg_size(half));
+        if (check_group(half, rank, "half"))
+            return 1;
+        c10d_pg_destroy(half);
         c10d_pg_destroy(mine);
     }
     /* A world-synchronized group after them: same name and members everywhere. */

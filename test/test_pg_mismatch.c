@@ -13,9 +13,11 @@
 #include "engine/env.h"
 #include "mp_harness.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum mcase {
     M_DTYPE,        /* all_reduce float32 vs int32, same byte size */
@@ -213,6 +215,50 @@ static void test_rejected_on_one_rank(void **state)
     run_case(M_REJECTED_ONE, 2, "Op type: ");
 }
 
+/* DETAIL with a dead peer: the exchange times out, the group fails, and the
+ * next call fails at once instead of waiting for the dead rank again. */
+static int detail_dead_main(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    setenv("C10D_DEBUG", "DETAIL", 1);
+    c10d__env_reload();
+    c10d_pg_opts po = {0};
+    po.timeout_ms = 2000;
+    c10d_pg *pg = NULL;
+    MP_CHECK(c10d_pg_init(&po, &pg) == 0, "init: %s", c10d_last_error());
+    if (rank == 1)
+        raise(SIGKILL);
+    float x = 1;
+    int rc = c10d_all_reduce_sync(pg, &x, &x, 1, C10D_FLOAT32, C10D_SUM);
+    MP_CHECK(rc != 0, "all_reduce with a dead peer succeeded");
+    fprintf(stderr, "rank 0: %s\n", c10d_last_error());
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    rc = c10d_all_reduce_sync(pg, &x, &x, 1, C10D_FLOAT32, C10D_SUM);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double waited = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+    MP_CHECK(rc != 0 && strstr(c10d_last_error(), "failed earlier") != NULL, "second call: %s: %s",
+             c10d_status_name(rc), c10d_last_error());
+    /* Not a timing assertion: a second full timeout (2 s) means it waited again. */
+    MP_CHECK(waited < 1.5, "the second call waited %.1f s", waited);
+    c10d_pg_abort(pg, "test over");
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_detail_dead_peer_fails_fast(void **state)
+{
+    (void)state;
+    struct mp_opts o = {0};
+    o.nranks = 2;
+    o.timeout_s = 30;
+    struct mp_result res;
+    mp_run(&o, detail_dead_main, NULL, &res);
+    assert_false(res.timed_out);
+    assert_int_equal(res.codes[0], 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -227,6 +273,7 @@ int main(void)
         cmocka_unit_test(test_dtype_detail),
         cmocka_unit_test(test_two_roots_broadcast_detail),
         cmocka_unit_test(test_rejected_on_one_rank),
+        cmocka_unit_test(test_detail_dead_peer_fails_fast),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -99,6 +99,14 @@ static int objects_main(int rank, int n, void *arg)
                  "recv_object_list: %zu, %zu, %zu bytes", got[0].len, got[1].len, got[2].len);
         c10d_bytes_free(got, 3);
     }
+    /* The root's own bad argument: it fails, and tells the others, who fail
+     * at once instead of at the timeout. */
+    c10d_bytes bad[1] = {{NULL, 5}};
+    int rc = c10d_broadcast_object_list(pg, bad, 1, 1, NULL);
+    MP_CHECK(rc == C10D_EINVAL, "a bad root object list: %s", c10d_status_name(rc));
+    if (rank != 1)
+        MP_CHECK(strstr(c10d_last_error(), "rank 1 rejected its own arguments") != NULL,
+                 "message: %s", c10d_last_error());
     /* A bad argument fails that call only. */
     MP_CHECK(c10d_broadcast_object_list(pg, list, 3, 7, NULL) == C10D_EINVAL, "root 7 accepted");
     MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier after the bad call: %s", c10d_last_error());
