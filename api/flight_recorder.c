@@ -156,7 +156,8 @@ static void watch_fork_parent(void)
 
 static void watch_fork_child(void)
 {
-    uv_mutex_init(&watch_mutex);
+    /* Taken by the forking thread in prepare, the child's only thread. */
+    uv_mutex_unlock(&watch_mutex);
     watch_store = NULL;
     watch_pg = NULL;
     watch_timer_open = 0;

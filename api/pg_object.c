@@ -31,7 +31,8 @@ static void registry_fork_parent(void)
 
 static void registry_fork_child(void)
 {
-    uv_mutex_init(&registry_mutex);
+    /* Taken by the forking thread in prepare, the child's only thread. */
+    uv_mutex_unlock(&registry_mutex);
     for (c10d_pg *g = groups; g != NULL; g = g->next_group) {
         uv_mutex_init(&g->mutex);
         uv_cond_init(&g->idle_cond);

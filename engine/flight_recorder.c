@@ -75,7 +75,9 @@ static void fr_fork_parent(void)
 
 static void fr_fork_child(void)
 {
-    uv_mutex_init(&fr_mutex);
+    /* The forking thread took it in prepare and is the child's only thread:
+     * it may release it (re-initialising a held mutex is undefined). */
+    uv_mutex_unlock(&fr_mutex);
 }
 
 static void fr_init_mutex(void)
