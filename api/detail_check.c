@@ -15,7 +15,6 @@
 #include "engine/env.h"
 #include "engine/error.h"
 #include "engine/log.h"
-#include "engine/loop.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -23,52 +22,15 @@
 #include <string.h>
 #include <strings.h>
 
-struct poison_call {
-    c10d_pg *pg;
-    int status;
-    char message[1024];
-};
-
-static void poison_on_loop(void *arg)
-{
-    struct poison_call *p = arg;
-    c10d__pg_poison(p->pg, p->status, p->message);
-    c10d__pg_unref(p->pg);
-    free(p);
-}
-
-/* The caller's thread: the group fails now for later calls; its backends
- * are aborted on the loop, where they live. */
-static void poison(c10d_pg *pg, int status, const char *message)
-{
-    uv_mutex_lock(&pg->mutex);
-    if (pg->first_status == 0) {
-        pg->first_status = status;
-        free(pg->first_error);
-        pg->first_error = strdup(message);
-    }
-    uv_mutex_unlock(&pg->mutex);
-    struct poison_call *p = calloc(1, sizeof *p);
-    if (p == NULL)
-        return; /* later calls fail anyway; the backends stay up until destroy */
-    c10d__pg_ref(pg);
-    p->pg = pg;
-    p->status = status;
-    snprintf(p->message, sizeof p->message, "%s", message);
-    if (c10d__engine_call(poison_on_loop, p) != 0) {
-        c10d__pg_unref(pg);
-        free(p);
-    }
-}
-
 int c10d__pg_detail_enabled(void)
 {
     return strcasecmp(c10d__env_str(C10D_ENV_DEBUG), "DETAIL") == 0;
 }
 
 int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op *op,
-                          int64_t timeout_ms)
+                          int64_t timeout_ms, int *fatal)
 {
+    *fatal = 0;
     if (pg->store == NULL || pg->size < 2)
         return 0;
     if (c10d_on_loop_thread()) {
@@ -82,13 +44,6 @@ int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op
     /* The number this op will take: the check assumes, as torch's does, that
      * one thread at a time submits to a group. */
     uv_mutex_lock(&pg->mutex);
-    /* A failed group fails the call at once, as without the check: the
-     * exchange would wait for ranks that are gone. */
-    int usable = c10d__pg_usable_locked(pg, opname);
-    if (usable != 0) {
-        uv_mutex_unlock(&pg->mutex);
-        return usable;
-    }
     uint64_t seq = pg->coll_seq + 1;
     int coalescing = pg->coalescing;
     /* Keys are per check, not per sequence number: a call this check
@@ -121,7 +76,7 @@ int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op
         /* A rank that comes later finds this round's keys complete and runs
          * its op alone: the ranks are out of step from here, so the group
          * fails, as it would on an op's timeout. */
-        poison(pg, rc, c10d_last_error());
+        *fatal = 1;
         goto out;
     }
     for (int r = 0; r < n; r++) {

@@ -166,10 +166,12 @@ int c10d__pg_usable_locked(const c10d_pg *pg, const char *opname);
 
 /* detail_check.c: C10D_DEBUG=DETAIL's fingerprint exchange before a
  * collective (caller's thread, blocking, bounded by timeout_ms); 0 or the
- * failure of this call, naming the ranks and what differs. */
+ * failure of this call, naming the ranks and what differs. *fatal = 1 when
+ * the exchange itself failed (a rank did not come): the ranks may be out of
+ * step from there, and the caller fails the group. */
 int c10d__pg_detail_enabled(void);
 int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op *op,
-                          int64_t timeout_ms);
+                          int64_t timeout_ms, int *fatal);
 /* flight_recorder.c: the group layer's side of the flight recorder
  * (engine/flight_recorder.h, docs/debugging.md). */
 /* Under pg->mutex, once the op (list) has its number and timeout: records it

@@ -102,6 +102,44 @@ void c10d__pg_poison(c10d_pg *pg, int status, const char *message)
                                       NULL);
 }
 
+struct poison_call {
+    c10d_pg *pg;
+    int status;
+    char message[1024];
+};
+
+static void poison_on_loop(void *arg)
+{
+    struct poison_call *p = arg;
+    c10d__pg_poison(p->pg, p->status, p->message);
+    c10d__pg_unref(p->pg);
+    free(p);
+}
+
+/* The caller's thread: the group fails now for later calls; its backends
+ * are aborted on the loop, where they live. */
+static void poison_from_caller(c10d_pg *pg, int status, const char *message)
+{
+    uv_mutex_lock(&pg->mutex);
+    if (pg->first_status == 0) {
+        pg->first_status = status;
+        free(pg->first_error);
+        pg->first_error = strdup(message);
+    }
+    uv_mutex_unlock(&pg->mutex);
+    struct poison_call *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return; /* later calls fail anyway; the backends stay up until destroy */
+    c10d__pg_ref(pg);
+    p->pg = pg;
+    p->status = status;
+    snprintf(p->message, sizeof p->message, "%s", message);
+    if (c10d__engine_call(poison_on_loop, p) != 0) {
+        c10d__pg_unref(pg);
+        free(p);
+    }
+}
+
 /* ------------------------------------------------------------ submission */
 
 static void describe(const c10d_pg *pg, const char *optype, uint64_t seq, size_t in, size_t out,
@@ -369,9 +407,20 @@ static int dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args
             return c10d__fail(rc, "%s %s: %s", pg->backend_name, opname, why);
         }
     }
-    if (!is_p2p(op.kind) && c10d__pg_detail_enabled())
-        C10D_CHECK(c10d__pg_detail_check(pg, opname, &op,
-                                         opts->timeout_ms > 0 ? opts->timeout_ms : pg->timeout_ms));
+    if (!is_p2p(op.kind) && c10d__pg_detail_enabled()) {
+        /* A failed group fails the call at once, as without the check: the
+         * exchange would wait for ranks that are gone. */
+        uv_mutex_lock(&pg->mutex);
+        int rc = c10d__pg_usable_locked(pg, opname);
+        uv_mutex_unlock(&pg->mutex);
+        C10D_CHECK(rc);
+        int fatal;
+        rc = c10d__pg_detail_check(
+            pg, opname, &op, opts->timeout_ms > 0 ? opts->timeout_ms : pg->timeout_ms, &fatal);
+        if (fatal)
+            poison_from_caller(pg, rc, c10d_last_error());
+        C10D_CHECK(rc);
+    }
     size_t s = (size_t)pg->size;
     size_t extra = 2 * s * sizeof(void *) + 2 * s * sizeof(size_t);
     struct c10d__pg_op *po = c10d__pg_op_new(pg, dev, extra);
