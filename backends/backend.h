@@ -149,6 +149,8 @@ struct c10d__backend_vtable {
 extern const struct c10d__backend_vtable c10d__tcp_backend;
 #ifdef C10D_HAVE_NCCL_BACKEND
 extern const struct c10d__backend_vtable c10d__nccl_backend;
+/* tcp for CUDA buffers, staged through pinned host memory ("cuda:tcp"). */
+extern const struct c10d__backend_vtable c10d__tcp_cuda_backend;
 #endif
 
 /* The backend called `name` ("tcp", "gloo", "nccl"): 0, C10D_EINVAL

@@ -97,5 +97,16 @@ int c10d__backend_parse(const char *user_spec,
     for (int d = 0; d < C10D__DEVICE_TYPES; d++)
         if (seen[d])
             C10D_CHECK(c10d__backend_find(names[d], &out[d]));
+    /* tcp takes CUDA buffers through pinned host staging. */
+    if (out[1] == &c10d__tcp_backend) {
+#ifdef C10D_HAVE_NCCL_BACKEND
+        out[1] = &c10d__tcp_cuda_backend;
+#else
+        return c10d__fail(C10D_EUNSUPPORTED,
+                          "backend config \"%s\": tcp with CUDA buffers needs a library built "
+                          "with CUDA",
+                          spec);
+#endif
+    }
     return 0;
 }

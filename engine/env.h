@@ -41,6 +41,9 @@
       "in between)")                                                                               \
     X(TCP_SEGMENT, "C10D_TCP_SEGMENT", NULL, "524288",                                             \
       "tcp backend: segment size in bytes of the pipelined ring")                                  \
+    X(TCP_CUDA_STAGING_MAX, "C10D_TCP_CUDA_STAGING_MAX", NULL, "268435456",                        \
+      "tcp backend, CUDA buffers: pinned host staging memory a group keeps for reuse between "     \
+      "ops (bytes; beyond it, blocks are freed after their op)")                                   \
     X(TCP_SOCKET_BUFFER, "C10D_TCP_SOCKET_BUFFER", NULL, "4194304",                                \
       "tcp backend: SO_SNDBUF/SO_RCVBUF requested for peer connections (0: the OS default)")       \
     X(MASTER_ADDR, "MASTER_ADDR", NULL, "",                                                        \

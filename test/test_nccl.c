@@ -104,6 +104,10 @@ static int finish(int rc, c10d_work **w)
 static int use_nonblocking;
 
 /* Loads CUDA (once) and makes the group on this rank's device. */
+/* 1: CUDA buffers go to the tcp backend (staged through pinned host memory)
+ * instead of nccl: the same checks, with the host backend's rules. */
+static int use_tcp_cuda;
+
 static c10d_pg *init_group(int bind, int64_t timeout_ms)
 {
     if (c10d__cuda_load(&cu) != 0) {
@@ -121,7 +125,7 @@ static c10d_pg *init_group(int bind, int64_t timeout_ms)
     no.nonblocking = use_nonblocking;
     c10d_pg_opts po = C10D_PG_OPTS_INIT;
     po.nccl = &no;
-    po.backend = "cpu:tcp,cuda:nccl";
+    po.backend = use_tcp_cuda ? "cpu:tcp,cuda:tcp" : "cpu:tcp,cuda:nccl";
     po.timeout_ms = timeout_ms;
     po.bind_device = bind;
     po.device_index = my_device;
@@ -160,6 +164,16 @@ static int check_all_reduce(c10d_pg *pg, int rank, int n, c10d_dtype dt, c10d_re
     int premul_bad = op == C10D_PREMUL_SUM &&
                      (!data_is_float(dt) || dt == C10D_FLOAT8_E4M3 || dt == C10D_FLOAT8_E5M2);
     int avg_bool = op == C10D_AVG && dt == C10D_BOOL;
+    if (use_tcp_cuda) {
+        /* The host backend's rules: what c10d_reduce_op_check accepts works. */
+        if (c10d_reduce_op_check(op, dt) != 0) {
+            EXPECT(rc == C10D_EINVAL, "tcp all_reduce %s %s: expected rejection, got %d (%s)",
+                   c10d_dtype_name(dt), c10d_reduce_op_name(op), rc, c10d_last_error());
+            cu->cudaFree(send), cu->cudaFree(recv), free(h);
+            return 0;
+        }
+        bitwise = premul_bad = avg_bool = 0;
+    }
     if (bitwise || premul_bad || avg_bool) {
         char want[96];
         snprintf(want, sizeof want,
@@ -356,9 +370,11 @@ static int check_p2p_and_lists(c10d_pg *pg, int rank, int n)
         to_host(&got, rb, 8);
         EXPECT(rc != 0 || got == 100 + prev, "ring got %lld", (long long)got);
     }
-    EXPECT(c10d_recv(pg, rb, 1, C10D_INT64, C10D_ANY_SOURCE, 0, &o, &wr) == C10D_EINVAL &&
-               strstr(c10d_last_error(), "any source") != NULL,
-           "ANY_SOURCE: %s", c10d_last_error());
+    /* NCCL has no receive from any source (tcp has, and is tested on the host). */
+    if (!use_tcp_cuda)
+        EXPECT(c10d_recv(pg, rb, 1, C10D_INT64, C10D_ANY_SOURCE, 0, &o, &wr) == C10D_EINVAL &&
+                   strstr(c10d_last_error(), "any source") != NULL,
+               "ANY_SOURCE: %s", c10d_last_error());
     c10d_p2p_op ops[2] = {{C10D_P2P_SEND, sb, 1, C10D_INT64, next, 0},
                           {C10D_P2P_RECV, rb, 1, C10D_INT64, prev, 0}};
     dev_zero(rb, 8);
@@ -427,6 +443,45 @@ static int check_streams(c10d_pg *pg, int rank, int n)
     return 0;
 }
 
+/* tcp with CUDA buffers: a write the caller enqueues on its stream right
+ * after the call must not reach the op's input (the caller's stream waits
+ * for the input copy). A large op issued just before, from another stream,
+ * keeps the copy stream busy, so that without that wait the write would
+ * land before the small op's input copy ran. */
+static int check_write_after(c10d_pg *pg, int rank, int n)
+{
+    cudaStream_t st, st2;
+    EXPECT(cu->cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, 0) == cudaSuccess &&
+               cu->cudaStreamCreateWithPriority(&st2, cudaStreamNonBlocking, 0) == cudaSuccess,
+           "streams");
+    size_t big_n = (size_t)16 << 20;
+    float *big = dev_alloc(big_n * 4);
+    float *a = dev_alloc(4), *b = dev_alloc(4), mine = (float)(rank + 1), late = 1000.0f, out = 0;
+    to_dev(a, &mine, 4);
+    c10d_op_opts o = gpu_opts(), o2 = gpu_opts();
+    o.stream = st;
+    o2.stream = st2;
+    c10d_work *w, *w2;
+    int rc2 = c10d_all_reduce(pg, big, big, big_n, C10D_FLOAT32, C10D_SUM, &o2, &w2);
+    EXPECT(rc2 == 0, "big all_reduce: %s", c10d_last_error());
+    int rc = c10d_all_reduce(pg, a, b, 1, C10D_FLOAT32, C10D_SUM, &o, &w);
+    EXPECT(rc == 0, "all_reduce: %s", c10d_last_error());
+    cu->cudaMemcpyAsync(a, &late, 4, cudaMemcpyHostToDevice, st);
+    if (rc2 == 0)
+        EXPECT(c10d_work_wait_release(w2) == 0, "big wait: %s", c10d_last_error());
+    if (rc == 0) {
+        EXPECT(c10d_work_wait_release(w) == 0, "wait: %s", c10d_last_error());
+        to_host(&out, b, 4);
+        EXPECT(out == (float)(n * (n + 1) / 2), "a write after the call reached the op: got %g",
+               out);
+    }
+    cu->cudaStreamSynchronize(st);
+    cu->cudaFree(a), cu->cudaFree(b), cu->cudaFree(big);
+    cu->cudaStreamDestroy(st);
+    cu->cudaStreamDestroy(st2);
+    return 0;
+}
+
 static const c10d_dtype dtypes[] = {C10D_FLOAT32, C10D_FLOAT64,     C10D_FLOAT16,    C10D_BFLOAT16,
                                     C10D_INT8,    C10D_UINT8,       C10D_INT32,      C10D_INT64,
                                     C10D_BOOL,    C10D_FLOAT8_E4M3, C10D_FLOAT8_E5M2};
@@ -434,7 +489,8 @@ static const c10d_dtype dtypes[] = {C10D_FLOAT32, C10D_FLOAT64,     C10D_FLOAT16
 
 static int ops_main(int rank, int n, void *arg)
 {
-    int bind = arg != NULL;
+    use_tcp_cuda = arg == (void *)3;
+    int bind = arg != NULL && !use_tcp_cuda;
     use_nonblocking = arg == (void *)2;
     c10d_pg *pg = init_group(bind, 60000);
     MP_CHECK(pg != NULL, "init");
@@ -451,6 +507,8 @@ static int ops_main(int rank, int n, void *arg)
         if (check_others(pg, rank, n, dtypes[d], d % 2 ? 5 : 300))
             return 1;
     if (check_uneven(pg, rank, n) || check_p2p_and_lists(pg, rank, n) || check_streams(pg, rank, n))
+        return 1;
+    if (use_tcp_cuda && check_write_after(pg, rank, n))
         return 1;
     /* Host buffers in the same group go to tcp. */
     int64_t v = rank;
@@ -1102,6 +1160,19 @@ static void test_split_and_detail(void **s)
     run(3, split_detail_main, NULL, 90);
 }
 
+/* CUDA buffers on the tcp backend: the whole matrix, staged. */
+static void test_tcp_cuda_2(void **s)
+{
+    (void)s;
+    run(2, ops_main, (void *)3, 180);
+}
+
+static void test_tcp_cuda_3(void **s)
+{
+    (void)s;
+    run(3, ops_main, (void *)3, 180);
+}
+
 static void test_shrink(void **s)
 {
     (void)s;
@@ -1155,6 +1226,8 @@ int main(void)
         cmocka_unit_test(test_loop_never_blocks),
         cmocka_unit_test(test_shrink),
         cmocka_unit_test(test_split_and_detail),
+        cmocka_unit_test(test_tcp_cuda_2),
+        cmocka_unit_test(test_tcp_cuda_3),
         cmocka_unit_test(test_missing_library),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,644 @@
+/* CUDA buffers on the tcp backend ("cuda:tcp"), as torch's gloo does them:
+ * each op is staged through pinned host memory around an ordinary tcp op.
+ *
+ *   caller's thread (enqueue, in submission order):
+ *     record `start` on the caller's stream; the side stream waits for it and
+ *     copies the op's inputs device -> pinned host, then records `in`; the
+ *     caller's stream waits for `in`, so a write the caller enqueues after the
+ *     call cannot reach the copy, while one enqueued before it does;
+ *   loop, once `in` fired (the completion poller, in order):
+ *     the host op runs on the inner tcp state over the pinned copies;
+ *   loop, once it completed:
+ *     the side stream copies the outputs host -> device and records `end`;
+ *   loop, once `end` fired: the user's work completes.
+ *
+ * c10d_work_wait_stream makes a stream wait for `end` without blocking the
+ * host (once `end` is recorded; before that it waits on the host, as there
+ * is nothing on a stream to wait for yet). As with torch's gloo, an op's
+ * outputs are in place only then: a later op on the same buffers must come
+ * after a wait (host or stream), or its input copy may run first.
+ *
+ * Pinned buffers come from a per-group pool, reused across ops, bounded by
+ * C10D_TCP_CUDA_STAGING_MAX bytes kept idle, freed at destroy. */
+#include "backends/backend.h"
+#include "backends/cuda/gpu_api.h"
+
+#include "engine/env.h"
+#include "engine/error.h"
+#include "engine/loop.h"
+#include "engine/poller.h"
+#include "engine/work.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DEVICES 64
+#define MAX_SEGS    64
+
+struct staging_block {
+    struct staging_block *next;
+    size_t cap;
+    char *mem; /* cudaHostAlloc'd */
+};
+
+struct staged_state {
+    const struct c10d__cudart_api *cu;
+    void *inner; /* the tcp state running the host ops */
+    int size;
+    uv_mutex_t mu; /* streams, pool */
+    cudaStream_t side[MAX_DEVICES];
+    struct staging_block *free_blocks;
+    size_t idle_bytes, idle_max;
+    struct c10d__poll_queue in_q, out_q; /* inputs copied; outputs copied */
+    atomic_int aborted;
+    int refs; /* the owner's and each op's; loop thread after create */
+    c10d__backend_done_fn destroy_done;
+    void *destroy_arg;
+};
+
+struct seg {
+    void *dev;
+    char *host;
+    size_t bytes;
+    int in, out;
+};
+
+struct staged_op {
+    struct c10d__poll_item item; /* first: the poller's view */
+    struct staged_state *s;
+    struct c10d__op *user; /* the group's record: read only until the work completes */
+    c10d_work *work;       /* the user's work: our reference until the op is finished */
+    enum c10d__op_kind kind;
+    uint64_t seq;
+    struct c10d__op *hosts; /* the same op (list) over the pinned copies */
+    int nmembers;
+    c10d_work *inner_work;
+    int device;
+    cudaEvent_t start_ev, in_ev, end_ev;
+    atomic_int end_recorded;
+    int phase; /* 0: inputs copying, 1: host op, 2: outputs copying */
+    struct seg segs[MAX_SEGS];
+    int nsegs;
+    void **host_lists; /* per member: host copies of sends / recvs (list forms) */
+    size_t *counts;    /* per member: copies of send_counts / recv_counts (all_to_all) */
+    struct staging_block *block;
+};
+
+static void state_unref(struct staged_state *s);
+
+/* ----------------------------------------------------------- the pool */
+
+static struct staging_block *block_get(struct staged_state *s, size_t bytes)
+{
+    uv_mutex_lock(&s->mu);
+    struct staging_block **pp = &s->free_blocks, *b = NULL;
+    for (; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->cap >= bytes) {
+            b = *pp;
+            *pp = b->next;
+            s->idle_bytes -= b->cap;
+            break;
+        }
+    uv_mutex_unlock(&s->mu);
+    if (b != NULL)
+        return b;
+    b = calloc(1, sizeof *b);
+    if (b == NULL)
+        return NULL;
+    /* Rounded up so that ops of similar sizes share blocks. */
+    size_t cap = 4096;
+    while (cap < bytes)
+        cap *= 2;
+    if (s->cu->cudaHostAlloc((void **)&b->mem, cap, cudaHostAllocPortable) != cudaSuccess) {
+        free(b);
+        return NULL;
+    }
+    b->cap = cap;
+    return b;
+}
+
+static void block_put(struct staged_state *s, struct staging_block *b)
+{
+    if (b == NULL)
+        return;
+    uv_mutex_lock(&s->mu);
+    int keep = s->idle_bytes + b->cap <= s->idle_max;
+    if (keep) {
+        b->next = s->free_blocks;
+        s->free_blocks = b;
+        s->idle_bytes += b->cap;
+    }
+    uv_mutex_unlock(&s->mu);
+    if (!keep) {
+        s->cu->cudaFreeHost(b->mem);
+        free(b);
+    }
+}
+
+/* ------------------------------------------------------ the op's bytes */
+
+static int seg_add(struct staged_op *so, const void *dev, size_t bytes, int in, int out)
+{
+    if (dev == NULL || bytes == 0)
+        return 0;
+    for (int i = 0; i < so->nsegs; i++)
+        if (so->segs[i].dev == dev && so->segs[i].bytes == bytes) {
+            so->segs[i].in |= in;
+            so->segs[i].out |= out;
+            return 0;
+        }
+    if (so->nsegs == MAX_SEGS)
+        return c10d__fail(C10D_EUNSUPPORTED, "tcp (cuda): too many buffers in one op");
+    so->segs[so->nsegs++] = (struct seg){(void *)dev, NULL, bytes, in, out};
+    return 0;
+}
+
+static char *host_of(struct staged_op *so, const void *dev)
+{
+    if (dev == NULL)
+        return NULL;
+    for (int i = 0; i < so->nsegs; i++)
+        if (so->segs[i].dev == dev)
+            return so->segs[i].host;
+    return NULL;
+}
+
+static size_t sum(const size_t *counts, int n)
+{
+    size_t t = 0;
+    for (int i = 0; i < n; i++)
+        t += counts[i];
+    return t;
+}
+
+/* Which device bytes the op reads and writes, as the group checked them. */
+static int plan(struct staged_op *so, const struct c10d__op *op, int size)
+{
+    size_t es = c10d_dtype_size(op->dtype), n = op->count, z = (size_t)size;
+    switch (op->kind) {
+    case C10D_OP_ALL_REDUCE:
+    case C10D_OP_BROADCAST:
+    case C10D_OP_REDUCE:
+        C10D_CHECK(seg_add(so, op->send, n * es, 1, 0));
+        return seg_add(so, op->recv, n * es, 0, 1);
+    case C10D_OP_ALL_GATHER:
+    case C10D_OP_GATHER:
+        C10D_CHECK(seg_add(so, op->send, n * es, 1, 0));
+        if (op->recvs != NULL) {
+            for (int r = 0; r < size; r++)
+                C10D_CHECK(seg_add(so, op->recvs[r], n * es, 0, 1));
+            return 0;
+        }
+        return seg_add(so, op->recv, n * z * es, 0, 1);
+    case C10D_OP_SCATTER:
+    case C10D_OP_REDUCE_SCATTER:
+        if (op->sends != NULL) {
+            for (int r = 0; r < size; r++)
+                C10D_CHECK(seg_add(so, op->sends[r], n * es, 1, 0));
+        } else {
+            C10D_CHECK(seg_add(so, op->send, n * z * es, 1, 0));
+        }
+        return seg_add(so, op->recv, n * es, 0, 1);
+    case C10D_OP_ALL_TO_ALL:
+        if (op->sends != NULL) {
+            for (int r = 0; r < size; r++) {
+                C10D_CHECK(seg_add(so, op->sends[r], op->send_counts[r] * es, 1, 0));
+                C10D_CHECK(seg_add(so, op->recvs[r], op->recv_counts[r] * es, 0, 1));
+            }
+            return 0;
+        }
+        C10D_CHECK(
+            seg_add(so, op->send, (op->send_counts ? sum(op->send_counts, size) : n) * es, 1, 0));
+        return seg_add(so, op->recv, (op->recv_counts ? sum(op->recv_counts, size) : n) * es, 0, 1);
+    case C10D_OP_SEND:
+        return seg_add(so, op->send, n * es, 1, 0);
+    case C10D_OP_RECV:
+        return seg_add(so, op->recv, n * es, 0, 1);
+    case C10D_OP_BARRIER:
+        return 0;
+    default:
+        return c10d__fail(C10D_EUNSUPPORTED, "tcp (cuda): op kind %d", (int)op->kind);
+    }
+}
+
+/* The host op (list): the user's, over the pinned copies. Its lists and
+ * counts are the op's own: the host op may outlive the group's record (a
+ * timeout aborts it while the inner op still runs). */
+static int rewrite(struct staged_op *so, int size)
+{
+    int n = 0;
+    for (const struct c10d__op *u = so->user; u != NULL; u = u->next)
+        n++;
+    so->nmembers = n;
+    so->hosts = calloc((size_t)n, sizeof *so->hosts);
+    so->host_lists = calloc(2 * (size_t)size * (size_t)n, sizeof(void *));
+    so->counts = calloc(2 * (size_t)size * (size_t)n, sizeof(size_t));
+    if (so->hosts == NULL || so->host_lists == NULL || so->counts == NULL)
+        return c10d__fail(C10D_ENOMEM, "tcp (cuda): out of memory");
+    int m = 0;
+    for (const struct c10d__op *u = so->user; u != NULL; u = u->next, m++) {
+        struct c10d__op *h = &so->hosts[m];
+        void **lists = so->host_lists + 2 * (size_t)size * (size_t)m;
+        size_t *counts = so->counts + 2 * (size_t)size * (size_t)m;
+        *h = *u;
+        h->next = m + 1 < n ? &so->hosts[m + 1] : NULL;
+        h->device_type = C10D_DEVICE_CPU;
+        h->device_index = -1;
+        h->stream = NULL;
+        h->send = host_of(so, u->send);
+        h->recv = host_of(so, u->recv);
+        for (int r = 0; r < size; r++) {
+            if (u->sends != NULL)
+                lists[r] = host_of(so, u->sends[r]);
+            if (u->recvs != NULL)
+                lists[size + r] = host_of(so, u->recvs[r]);
+            if (u->send_counts != NULL)
+                counts[r] = u->send_counts[r];
+            if (u->recv_counts != NULL)
+                counts[size + r] = u->recv_counts[r];
+        }
+        h->sends = u->sends != NULL ? (const void *const *)lists : NULL;
+        h->recvs = u->recvs != NULL ? (void *const *)(lists + size) : NULL;
+        h->send_counts = u->send_counts != NULL ? counts : NULL;
+        h->recv_counts = u->recv_counts != NULL ? counts + size : NULL;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------- lifetime */
+
+static void op_free(struct staged_op *so)
+{
+    struct staged_state *s = so->s;
+    const struct c10d__cudart_api *cu = s->cu;
+    cudaEvent_t evs[3] = {so->start_ev, so->in_ev, so->end_ev};
+    for (int i = 0; i < 3; i++)
+        if (evs[i] != NULL)
+            cu->cudaEventDestroy(evs[i]);
+    block_put(s, so->block);
+    free(so->hosts);
+    free(so->host_lists);
+    free(so->counts);
+    if (so->inner_work != NULL)
+        c10d_work_release(so->inner_work);
+    free(so);
+}
+
+/* The work's payload: freed with the work, after the stream hook's last use. */
+static const int payload_kind;
+
+static void payload_free(void *p)
+{
+    struct staged_op *so = p;
+    struct staged_state *s = so->s;
+    op_free(so);
+    state_unref(s);
+}
+
+static int stream_wait(c10d_work *w, void *stream, void *arg)
+{
+    struct staged_op *so = arg;
+    if (!atomic_load(&so->end_recorded) || c10d_work_test(w))
+        return c10d_work_wait(w, -1) < 0 ? c10d_work_status(w) : 0;
+    C10D__CUDA_CHECK(so->s->cu, so->s->cu->cudaStreamWaitEvent((cudaStream_t)stream, so->end_ev, 0),
+                     "c10d_work_wait_stream: cudaStreamWaitEvent");
+    return 0;
+}
+
+/* -------------------------------------------------------------- phases */
+
+/* The op is over for us (every path ends here once): our reference on the
+ * user's work goes, and with the work's last one the op is freed. */
+static void finish(struct staged_op *so)
+{
+    c10d_work *w = so->work;
+    so->work = NULL;
+    if (w != NULL)
+        c10d_work_release(w);
+}
+
+static void fail_op(struct staged_op *so, int status, const char *why)
+{
+    c10d__work_complete(so->work, status, "tcp (cuda) %s seq %llu: %s",
+                        c10d__op_kind_name(so->kind), (unsigned long long)so->seq, why);
+    finish(so);
+}
+
+static int event_ready(const struct c10d__cudart_api *cu, cudaEvent_t ev, int *failed)
+{
+    cudaError_t e = cu->cudaEventQuery(ev);
+    *failed = e != cudaSuccess && e != cudaErrorNotReady;
+    return e != cudaErrorNotReady;
+}
+
+static int item_ready(struct c10d__poll_item *item)
+{
+    struct staged_op *so = (struct staged_op *)item;
+    if (atomic_load(&so->s->aborted) || c10d_work_test(so->work))
+        return 1;
+    int failed;
+    return event_ready(so->s->cu, so->phase == 0 ? so->in_ev : so->end_ev, &failed);
+}
+
+static void host_done(c10d_work *w, int status, void *arg);
+
+/* Inputs are in pinned memory: the host op runs. */
+static void inputs_done(struct c10d__poll_item *item)
+{
+    struct staged_op *so = (struct staged_op *)item;
+    struct staged_state *s = so->s;
+    if (c10d_work_test(so->work)) {
+        finish(so); /* timed out or aborted: nothing more is done for it */
+        return;
+    }
+    int failed;
+    event_ready(s->cu, so->in_ev, &failed);
+    if (failed || atomic_load(&s->aborted)) {
+        fail_op(so, failed ? C10D_EIO : C10D_EABORTED,
+                failed ? "copying the inputs to the host failed" : "the group was aborted");
+        return;
+    }
+    so->phase = 1;
+    if (c10d__work_create(&so->inner_work, "tcp (cuda) host op", 0) != 0 ||
+        c10d__work_on_complete(so->inner_work, host_done, so) != 0) {
+        fail_op(so, C10D_ENOMEM, "out of memory");
+        return;
+    }
+    for (int m = 0; m < so->nmembers; m++)
+        so->hosts[m].work = so->inner_work;
+    c10d__tcp_backend.run(s->inner, &so->hosts[0]);
+}
+
+/* The host op finished: outputs go back to the device. */
+static void host_done(c10d_work *w, int status, void *arg)
+{
+    struct staged_op *so = arg;
+    struct staged_state *s = so->s;
+    if (c10d_work_test(so->work)) {
+        finish(so); /* its buffers may be gone: nothing is written into them */
+        return;
+    }
+    if (status != 0) {
+        c10d__work_complete(so->work, status, "%s", c10d_work_message(w));
+        finish(so);
+        return;
+    }
+    const struct c10d__cudart_api *cu = s->cu;
+    cudaStream_t side = s->side[so->device];
+    cudaError_t e = cu->cudaSetDevice(so->device);
+    for (int i = 0; i < so->nsegs && e == cudaSuccess; i++)
+        if (so->segs[i].out)
+            e = cu->cudaMemcpyAsync(so->segs[i].dev, so->segs[i].host, so->segs[i].bytes,
+                                    cudaMemcpyHostToDevice, side);
+    if (e == cudaSuccess)
+        e = cu->cudaEventRecord(so->end_ev, side);
+    if (e != cudaSuccess) {
+        char why[256];
+        snprintf(why, sizeof why, "copying the outputs back: %s", cu->cudaGetErrorString(e));
+        fail_op(so, C10D_EIO, why);
+        return;
+    }
+    atomic_store(&so->end_recorded, 1);
+    so->phase = 2;
+    if (c10d__poll_push(&s->out_q, &so->item) != 0)
+        fail_op(so, C10D_EABORTED, "the engine is stopping");
+}
+
+static void outputs_done(struct c10d__poll_item *item)
+{
+    struct staged_op *so = (struct staged_op *)item;
+    int failed;
+    event_ready(so->s->cu, so->end_ev, &failed);
+    if (c10d_work_test(so->work))
+        finish(so);
+    else if (failed)
+        fail_op(so, C10D_EIO, "copying the outputs to the device failed");
+    else if (atomic_load(&so->s->aborted))
+        fail_op(so, C10D_EABORTED, "the group was aborted");
+    else {
+        c10d__work_complete(so->work, 0, NULL);
+        finish(so);
+    }
+}
+
+static void item_done(struct c10d__poll_item *item)
+{
+    struct staged_op *so = (struct staged_op *)item;
+    if (so->phase == 0)
+        inputs_done(item);
+    else
+        outputs_done(item);
+}
+
+/* ------------------------------------------------------------- vtable */
+
+static int staged_check(const struct c10d__op *op)
+{
+    if (op->device_type != C10D_DEVICE_CUDA)
+        return c10d__fail(C10D_EUNSUPPORTED, "tcp (cuda): only CUDA buffers go this way");
+    if (op->device_index < 0 || op->device_index >= MAX_DEVICES)
+        return c10d__fail(C10D_EINVAL, "tcp (cuda): invalid device index %d", op->device_index);
+    struct c10d__op h = *op;
+    h.device_type = C10D_DEVICE_CPU;
+    return c10d__tcp_backend.check(&h);
+}
+
+static int staged_enqueue(void *state, struct c10d__op *op)
+{
+    struct staged_state *s = state;
+    const struct c10d__cudart_api *cu = s->cu;
+    struct staged_op *so = calloc(1, sizeof *so);
+    if (so == NULL)
+        return c10d__fail(C10D_ENOMEM, "tcp (cuda): out of memory");
+    so->s = s;
+    so->user = op;
+    so->kind = op->kind;
+    so->seq = op->seq;
+    so->device = op->device_index;
+    so->item.ready = item_ready;
+    so->item.done = item_done;
+    int rc = 0;
+    for (const struct c10d__op *m = op; m != NULL && rc == 0; m = m->next)
+        rc = plan(so, m, s->size);
+    size_t total = 0;
+    for (int i = 0; i < so->nsegs; i++)
+        total += (so->segs[i].bytes + 255) & ~(size_t)255;
+    if (rc == 0 && total > 0 && (so->block = block_get(s, total)) == NULL)
+        rc = c10d__fail(C10D_ENOMEM, "tcp (cuda): no pinned memory for %zu bytes", total);
+    size_t off = 0;
+    for (int i = 0; i < so->nsegs && rc == 0; i++) {
+        so->segs[i].host = so->block->mem + off;
+        off += (so->segs[i].bytes + 255) & ~(size_t)255;
+    }
+    if (rc == 0)
+        rc = rewrite(so, s->size);
+    if (rc != 0) {
+        op_free(so);
+        return rc;
+    }
+#define CU(expr, what)                                                                             \
+    do {                                                                                           \
+        cudaError_t e_ = (expr);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            rc = c10d__fail(C10D_EIO, "tcp (cuda): %s: %s", what, cu->cudaGetErrorString(e_));     \
+            goto fail;                                                                             \
+        }                                                                                          \
+    } while (0)
+    int prev_device = -1;
+    cu->cudaGetDevice(&prev_device);
+    CU(cu->cudaSetDevice(so->device), "cudaSetDevice");
+    uv_mutex_lock(&s->mu);
+    cudaError_t se = cudaSuccess;
+    if (s->side[so->device] == NULL)
+        se = cu->cudaStreamCreateWithPriority(&s->side[so->device], cudaStreamNonBlocking, 0);
+    uv_mutex_unlock(&s->mu);
+    CU(se, "creating the copy stream");
+    cudaStream_t side = s->side[so->device], caller = (cudaStream_t)op->stream;
+    CU(cu->cudaEventCreateWithFlags(&so->start_ev, cudaEventDisableTiming), "cudaEventCreate");
+    CU(cu->cudaEventCreateWithFlags(&so->in_ev, cudaEventDisableTiming), "cudaEventCreate");
+    CU(cu->cudaEventCreateWithFlags(&so->end_ev, cudaEventDisableTiming), "cudaEventCreate");
+    CU(cu->cudaEventRecord(so->start_ev, caller), "cudaEventRecord");
+    CU(cu->cudaStreamWaitEvent(side, so->start_ev, 0), "cudaStreamWaitEvent");
+    for (int i = 0; i < so->nsegs; i++)
+        if (so->segs[i].in)
+            CU(cu->cudaMemcpyAsync(so->segs[i].host, so->segs[i].dev, so->segs[i].bytes,
+                                   cudaMemcpyDeviceToHost, side),
+               "copying an input to the host");
+    CU(cu->cudaEventRecord(so->in_ev, side), "cudaEventRecord");
+    /* Later work on the caller's stream may overwrite the inputs: after the copy. */
+    CU(cu->cudaStreamWaitEvent(caller, so->in_ev, 0), "cudaStreamWaitEvent");
+#undef CU
+    if (prev_device >= 0 && prev_device != so->device)
+        cu->cudaSetDevice(prev_device); /* the caller's thread keeps its device */
+    uv_mutex_lock(&s->mu);
+    s->refs++;
+    uv_mutex_unlock(&s->mu);
+    c10d__work_set_payload(op->work, &payload_kind, so, payload_free);
+    c10d__work_set_stream_wait(op->work, stream_wait, so);
+    c10d_work_retain(op->work);
+    so->work = op->work;
+    if (c10d__poll_push(&s->in_q, &so->item) != 0)
+        fail_op(so, C10D_EABORTED, "the engine is stopping");
+    return 0;
+fail:
+    if (prev_device >= 0 && prev_device != so->device)
+        cu->cudaSetDevice(prev_device);
+    op_free(so);
+    return rc;
+}
+
+static void inner_created(void *arg, int status);
+
+struct create_ctx {
+    c10d__backend_done_fn done;
+    void *arg;
+};
+
+static void inner_created(void *arg, int status)
+{
+    struct create_ctx *cc = arg;
+    c10d__backend_done_fn done = cc->done;
+    void *done_arg = cc->arg;
+    free(cc);
+    done(done_arg, status);
+}
+
+static int staged_create(const struct c10d__backend_config *cfg, c10d__backend_done_fn done,
+                         void *arg, void **state)
+{
+    const struct c10d__cudart_api *cu;
+    C10D_CHECK(c10d__cuda_load(&cu));
+    struct staged_state *s = calloc(1, sizeof *s);
+    struct create_ctx *cc = calloc(1, sizeof *cc);
+    if (s == NULL || cc == NULL) {
+        free(s);
+        free(cc);
+        return c10d__fail(C10D_ENOMEM, "tcp (cuda): out of memory");
+    }
+    s->cu = cu;
+    s->size = cfg->size;
+    s->refs = 1;
+    s->idle_max = (size_t)c10d__env_int(C10D_ENV_TCP_CUDA_STAGING_MAX);
+    uv_mutex_init(&s->mu);
+    c10d__poll_queue_init(&s->in_q);
+    c10d__poll_queue_init(&s->out_q);
+    struct c10d__backend_config inner = *cfg;
+    inner.device_type = C10D_DEVICE_CPU;
+    inner.device_index = -1;
+    cc->done = done;
+    cc->arg = arg;
+    int rc = c10d__tcp_backend.create(&inner, inner_created, cc, &s->inner);
+    if (rc != 0) {
+        free(cc);
+        uv_mutex_destroy(&s->mu);
+        free(s);
+        return rc;
+    }
+    *state = s;
+    return 0;
+}
+
+static void fail_queue(struct c10d__poll_queue *q, int status, const char *reason)
+{
+    for (struct c10d__poll_item *it = c10d__poll_cancel(q), *next; it != NULL; it = next) {
+        next = it->next;
+        struct staged_op *so = (struct staged_op *)it;
+        fail_op(so, status, reason);
+    }
+}
+
+static void staged_abort(void *state, int status, const char *reason, c10d__backend_done_fn done,
+                         void *arg)
+{
+    struct staged_state *s = state;
+    atomic_store(&s->aborted, 1);
+    fail_queue(&s->in_q, status, reason != NULL ? reason : "aborted");
+    fail_queue(&s->out_q, status, reason != NULL ? reason : "aborted");
+    c10d__tcp_backend.abort(s->inner, status, reason, done, arg);
+}
+
+static void state_unref(struct staged_state *s)
+{
+    uv_mutex_lock(&s->mu);
+    int last = --s->refs == 0;
+    uv_mutex_unlock(&s->mu);
+    if (!last)
+        return;
+    const struct c10d__cudart_api *cu = s->cu;
+    for (int d = 0; d < MAX_DEVICES; d++)
+        if (s->side[d] != NULL) {
+            cu->cudaSetDevice(d);
+            cu->cudaStreamSynchronize(s->side[d]);
+            cu->cudaStreamDestroy(s->side[d]);
+        }
+    for (struct staging_block *b = s->free_blocks, *next; b != NULL; b = next) {
+        next = b->next;
+        cu->cudaFreeHost(b->mem);
+        free(b);
+    }
+    uv_mutex_destroy(&s->mu);
+    free(s);
+}
+
+static void staged_destroy(void *state, c10d__backend_done_fn done, void *arg)
+{
+    struct staged_state *s = state;
+    atomic_store(&s->aborted, 1);
+    fail_queue(&s->in_q, C10D_EABORTED, "the group was destroyed");
+    fail_queue(&s->out_q, C10D_EABORTED, "the group was destroyed");
+    c10d__tcp_backend.destroy(s->inner, done, arg);
+    state_unref(s);
+}
+
+const struct c10d__backend_vtable c10d__tcp_cuda_backend = {
+    .size = sizeof(struct c10d__backend_vtable),
+    .name = "tcp",
+    .check = staged_check,
+    .create = staged_create,
+    .enqueue = staged_enqueue,
+    .abort = staged_abort,
+    .destroy = staged_destroy,
+    .published_key_fmt = "tcp/addr/%d", /* the inner tcp state's (tcp_backend.c) */
+};
