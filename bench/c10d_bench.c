@@ -67,6 +67,8 @@ static void usage(FILE *f)
             "  -z  1: wait for each op before issuing the next, as MPI and blocking torch\n"
             "      calls do (time = latency); 0: issue all, then wait (default 0)\n"
             "  --backend nccl --device cuda: CUDA buffers, one GPU per rank (LOCAL_RANK)\n"
+            "  --backend tcp --device cuda: CUDA buffers staged through host memory (several\n"
+            "      ranks may share a GPU)\n"
             "Run one process per rank, e.g. with c10drun -n 2 c10d-bench ...\n");
 }
 
@@ -225,11 +227,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
     int nccl = strcmp(o->backend, "nccl") == 0;
     if (nccl && o->device != C10D_DEVICE_CUDA) {
         fprintf(stderr, "c10d-bench: --backend nccl takes CUDA buffers: add --device cuda\n");
-        return -1;
-    }
-    if (!nccl && o->device == C10D_DEVICE_CUDA) {
-        fprintf(stderr, "c10d-bench: --device cuda needs --backend nccl (the tcp backend takes "
-                        "host buffers only)\n");
         return -1;
     }
 #ifndef C10D_BENCH_CUDA
@@ -523,7 +520,7 @@ static int run_size(struct run *r, size_t bytes, double *time_us, long *wrong)
 /* One GPU per rank: LOCAL_RANK (c10drun and torchrun set it), else RANK
  * modulo the devices visible. It is made current before the group exists,
  * so that the group's communicator and the buffers land on it. */
-static int pick_device(const struct c10d__cudart_api *cu, int *out)
+static int pick_device(const struct c10d__cudart_api *cu, int shared, int *out)
 {
     int n = 0;
     C10D__CUDA_CHECK(cu, cu->cudaGetDeviceCount(&n), "cudaGetDeviceCount");
@@ -532,7 +529,10 @@ static int pick_device(const struct c10d__cudart_api *cu, int *out)
     const char *local = getenv("LOCAL_RANK"), *rank = getenv("RANK");
     int dev = 0;
     if (local != NULL && *local != '\0') {
-        if (parse_int(local, 0, &dev) != 0 || dev >= n)
+        /* Staged tcp lets several ranks share a GPU; NCCL wants one each. */
+        if (parse_int(local, 0, &dev) == 0 && shared)
+            dev %= n;
+        else if (parse_int(local, 0, &dev) != 0 || dev >= n)
             return c10d__fail(C10D_EINVAL,
                               "LOCAL_RANK=%s names no CUDA device (%d visible; one GPU per rank)",
                               local, n);
@@ -579,11 +579,14 @@ int main(int argc, char **argv)
     struct run r = {0};
     r.o = &o;
     c10d_pg_opts po = C10D_PG_OPTS_INIT;
-    po.backend = o.backend;
+    /* tcp with CUDA buffers: staged through pinned host memory ("cuda:tcp"). */
+    po.backend = o.device == C10D_DEVICE_CUDA && strcmp(o.backend, "tcp") == 0 ? "cpu:tcp,cuda:tcp"
+                                                                               : o.backend;
 #ifdef C10D_BENCH_CUDA
     if (on_device(&r)) {
         int dev = 0;
-        if (c10d__cuda_load(&r.cu) != 0 || pick_device(r.cu, &dev) != 0) {
+        if (c10d__cuda_load(&r.cu) != 0 ||
+            pick_device(r.cu, strcmp(o.backend, "tcp") == 0, &dev) != 0) {
             fprintf(stderr, "c10d-bench: %s\n", c10d_last_error());
             return 1;
         }

@@ -4,13 +4,14 @@
 # one device per rank).
 #
 #   test_cuda_tools.sh C10DRUN bench BENCH [ARGS...]  the data check passes (-c 1)
+#   test_cuda_tools.sh C10DRUN tcp BENCH [ARGS...]    the same on tcp with CUDA buffers
 #   test_cuda_tools.sh C10DRUN missing BENCH          NCCL is not there: fails, naming the file
 #   test_cuda_tools.sh C10DRUN ddp DDP_TINY [ARGS...] trains; both ranks end with the same weights
 #
 # c10drun bounds each job (--timeout) and stops every rank, and what a rank
 # started, when one fails or time runs out, so nothing outlives the test.
 set -u
-run=${1:?usage: test_cuda_tools.sh C10DRUN bench|missing|ddp PROGRAM [ARGS...]}
+run=${1:?usage: test_cuda_tools.sh C10DRUN bench|tcp|missing|ddp PROGRAM [ARGS...]}
 mode=${2:?mode}
 prog=${3:?program}
 shift 3
@@ -37,6 +38,13 @@ bench)
     [ "$rc" = 0 ] || fail "c10d-bench exited with status $rc"
     has "backend nccl, device cuda" || fail "no header naming backend nccl, device cuda"
     has "check 1" || fail "the data check did not run"
+    has "# Out of bounds values : 0 OK" || fail "the data check did not pass"
+    ;;
+tcp)
+    # CUDA buffers on the tcp backend, staged through host memory.
+    job "$prog" --backend tcp --device cuda -c 1 "$@"
+    [ "$rc" = 0 ] || fail "c10d-bench exited with status $rc"
+    has "backend tcp, device cuda" || fail "no header naming backend tcp, device cuda"
     has "# Out of bounds values : 0 OK" || fail "the data check did not pass"
     ;;
 missing)
