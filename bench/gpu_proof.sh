@@ -15,7 +15,11 @@
 #   2. host cost per op, 1000 back-to-back 4 B in-place all_reduces on one
 #      rank: raw NCCL vs libc10d (bench_nccl_host) vs torch.distributed
 #      (nccl_host_torch.py);
-#   3. c10d-bench --backend nccl --device cuda, all_reduce 4 B - 256 MiB, one rank.
+#   3. c10d-bench --backend nccl --device cuda, all_reduce 4 B - 256 MiB, one rank;
+#   4. CUDA buffers on tcp, 2 ranks on the one GPU, all_reduce 4 KiB - 256 MiB:
+#      c10d-bench --backend tcp --device cuda, the same on host buffers (the
+#      staging's cost), and torch gloo with CUDA tensors (gloo_cuda_torch.py).
+#      test_nccl's tcp-cuda cases (2 and 3 ranks sharing the GPU) run in 1.
 set -u
 mode=${1:?usage: gpu_proof.sh bundle|run BUILD [OUT]}
 build=${2:?build directory}
@@ -87,4 +91,12 @@ $py "$here/nccl_host_torch.py" -n 1000 -r 11 -b 4 2>&1 | tee -a "$out/host_cost.
 echo "== 3. c10d-bench all_reduce 4 B - 256 MiB, 1 rank"
 "$build/tools/c10drun/c10drun" --timeout 300 -n 1 "$build/bench/c10d-bench" --backend nccl \
     --device cuda -o all_reduce -b 4 -e 256M -f 4 -c 1 2>&1 | tee "$out/sweep.txt" || status=1
+echo "== 4. CUDA buffers on tcp, 2 ranks on one GPU, all_reduce 4 KiB - 256 MiB"
+for dev in cuda cpu; do
+    "$build/tools/c10drun/c10drun" --timeout 300 -n 2 --no-prefix "$build/bench/c10d-bench" \
+        --backend tcp --device $dev -o all_reduce -b 4K -e 256M -f 4 -z 1 -c 1 -n 20 -w 5 2>&1 |
+        tee "$out/tcp_$dev.txt" || status=1
+done
+"$build/tools/c10drun/c10drun" --timeout 300 -n 2 --no-prefix $py "$here/gloo_cuda_torch.py" \
+    -b 4K -e 256M -f 4 -n 20 -w 5 2>&1 | tee "$out/gloo_cuda_torch.txt" || status=1
 exit $status
