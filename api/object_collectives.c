@@ -9,6 +9,7 @@
  * before anything is allocated from it. */
 #include "pg.h"
 
+#include "backends/cuda/gpu_api.h"
 #include "engine/error.h"
 
 #include <stdint.h>
@@ -39,13 +40,6 @@ static c10d_op_opts step_opts(const c10d_op_opts *user)
     return o;
 }
 
-/* Takes the work's address, not its value: the call that fills it is the
- * other argument, and argument order is unspecified. */
-static int finish(int rc, c10d_work **w)
-{
-    return rc != 0 ? rc : c10d_work_wait_release(*w);
-}
-
 static int enter(c10d_pg *pg, const char *what)
 {
     if (pg == NULL)
@@ -70,6 +64,98 @@ static int check_size(const char *what, int64_t size, int from)
     return 0;
 }
 
+/* One step, waited for. A group without a host backend (nccl alone, or
+ * "cuda:tcp" alone) moves the bytes through memory of the calling thread's
+ * current CUDA device, as torch's object collectives move their tensors to
+ * the group's device. `send` and `recv` may be the same buffer (in place). */
+static int step(c10d_pg *pg, const c10d_op_opts *o, enum c10d__op_kind kind, const void *send,
+                size_t send_bytes, void *recv, size_t recv_bytes, size_t count, c10d_dtype dt,
+                int root)
+{
+    c10d_work *w = NULL;
+    int on_device =
+        pg->backends[C10D_DEVICE_CPU].vt == NULL && pg->backends[C10D_DEVICE_CUDA].vt != NULL;
+    c10d_op_opts dopts = *o;
+    const void *s = send;
+    void *r = recv;
+#ifdef C10D_HAVE_NCCL_BACKEND
+    const struct c10d__cudart_api *cu = NULL;
+    void *dsend = NULL, *drecv = NULL;
+    if (on_device) {
+        int dev = 0;
+        C10D_CHECK(c10d__cuda_load(&cu));
+        C10D__CUDA_CHECK(cu, cu->cudaGetDevice(&dev), "object collective: cudaGetDevice");
+        dopts.device_type = C10D_DEVICE_CUDA;
+        dopts.device_index = dev;
+        dopts.stream = NULL;
+        int rc = 0;
+        if (send != NULL && cu->cudaMalloc(&dsend, send_bytes > 0 ? send_bytes : 1) != cudaSuccess)
+            rc = c10d__fail(C10D_ENOMEM, "object collective: no device memory for %zu bytes",
+                            send_bytes);
+        if (rc == 0 && send != NULL && send_bytes > 0 &&
+            cu->cudaMemcpy(dsend, send, send_bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+            rc = c10d__fail(C10D_EIO, "object collective: copying to the device failed");
+        if (rc == 0 && recv != NULL && recv == send)
+            drecv = dsend;
+        else if (rc == 0 && recv != NULL &&
+                 cu->cudaMalloc(&drecv, recv_bytes > 0 ? recv_bytes : 1) != cudaSuccess)
+            rc = c10d__fail(C10D_ENOMEM, "object collective: no device memory for %zu bytes",
+                            recv_bytes);
+        if (rc != 0) {
+            if (drecv != dsend)
+                cu->cudaFree(drecv);
+            cu->cudaFree(dsend);
+            return rc;
+        }
+        s = dsend;
+        r = drecv;
+    }
+#else
+    (void)send_bytes;
+    (void)recv_bytes;
+    if (on_device)
+        return c10d__fail(C10D_EUNSUPPORTED,
+                          "object collectives need a host backend in a library built without "
+                          "CUDA");
+#endif
+    int rc;
+    switch (kind) {
+    case C10D_OP_ALL_GATHER:
+        rc = c10d_all_gather(pg, s, r, count, dt, &dopts, &w);
+        break;
+    case C10D_OP_GATHER:
+        rc = c10d_gather(pg, s, r, count, dt, root, &dopts, &w);
+        break;
+    case C10D_OP_BROADCAST:
+        rc = c10d_broadcast(pg, s, r, count, dt, root, &dopts, &w);
+        break;
+    case C10D_OP_SCATTER:
+        rc = c10d_scatter(pg, s, r, count, dt, root, &dopts, &w);
+        break;
+    case C10D_OP_SEND:
+        rc = c10d_send(pg, s, count, dt, root, 0, &dopts, &w);
+        break;
+    case C10D_OP_RECV:
+        rc = c10d_recv(pg, r, count, dt, root, 0, &dopts, &w);
+        break;
+    default:
+        rc = c10d__fail(C10D_EINTERNAL, "object collective: op kind %d", (int)kind);
+    }
+    if (rc == 0)
+        rc = c10d_work_wait_release(w);
+#ifdef C10D_HAVE_NCCL_BACKEND
+    if (on_device) {
+        if (rc == 0 && recv != NULL && recv_bytes > 0 &&
+            cu->cudaMemcpy(recv, drecv, recv_bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+            rc = c10d__fail(C10D_EIO, "object collective: copying from the device failed");
+        if (drecv != dsend)
+            cu->cudaFree(drecv);
+        cu->cudaFree(dsend);
+    }
+#endif
+    return rc;
+}
+
 /* dst->data = a malloc'd copy of len bytes (never NULL on success). */
 static int copy_out(const char *what, c10d_bytes *dst, const void *src, size_t len)
 {
@@ -89,8 +175,8 @@ static int gather_sizes(c10d_pg *pg, const char *what, size_t len, const c10d_op
     int64_t mine = (int64_t)len;
     if (len > (size_t)OBJECT_MAX)
         return c10d__fail(C10D_EINVAL, "%s: an object of %zu bytes is too large", what, len);
-    c10d_work *w = NULL;
-    C10D_CHECK(finish(c10d_all_gather(pg, &mine, sizes, 1, C10D_INT64, o, &w), &w));
+    C10D_CHECK(step(pg, o, C10D_OP_ALL_GATHER, &mine, sizeof mine, sizes,
+                    (size_t)c10d_pg_size(pg) * sizeof *sizes, 1, C10D_INT64, -1));
     *max = 0;
     for (int r = 0; r < c10d_pg_size(pg); r++) {
         C10D_CHECK(check_size(what, sizes[r], r));
@@ -131,10 +217,9 @@ static int gather_common(c10d_pg *pg, const char *what, const void *obj, size_t 
     if (rc == 0 && max > 0) {
         if (len > 0)
             memcpy(pad, obj, len);
-        c10d_work *w = NULL;
-        rc = all ? c10d_all_gather(pg, pad, buf, (size_t)max, C10D_UINT8, &o, &w)
-                 : c10d_gather(pg, pad, buf, (size_t)max, C10D_UINT8, root, &o, &w);
-        rc = finish(rc, &w);
+        size_t got = buf != NULL ? (size_t)max * (size_t)n : 0;
+        rc = step(pg, &o, all ? C10D_OP_ALL_GATHER : C10D_OP_GATHER, pad, (size_t)max, buf, got,
+                  (size_t)max, C10D_UINT8, root);
     }
     for (int r = 0; rc == 0 && (all || me == root) && r < n; r++) {
         rc = copy_out(what, &out[r], buf + (size_t)r * (size_t)max, (size_t)sizes[r]);
@@ -235,18 +320,18 @@ int c10d_broadcast_object_list(c10d_pg *pg, c10d_bytes *objs, int n, int root,
         return c10d__fail(C10D_ENOMEM, "%s: out of memory", what);
     size_t total = 0;
     int rc = me == root ? sizes_of(what, objs, n, sizes, &total) : 0;
-    c10d_work *w = NULL;
     if (rc != 0) {
         /* Tell the others, then fail with the reason. */
         char why[512];
         snprintf(why, sizeof why, "%s", c10d_last_error());
         sizes[0] = REFUSED;
-        if (c10d_broadcast(pg, sizes, sizes, (size_t)n, C10D_INT64, root, &o, &w) == 0)
-            c10d_work_wait_release(w);
+        step(pg, &o, C10D_OP_BROADCAST, sizes, (size_t)n * sizeof *sizes, sizes,
+             (size_t)n * sizeof *sizes, (size_t)n, C10D_INT64, root);
         free(sizes);
         return c10d__fail(rc, "%s", why);
     }
-    rc = finish(c10d_broadcast(pg, sizes, sizes, (size_t)n, C10D_INT64, root, &o, &w), &w);
+    rc = step(pg, &o, C10D_OP_BROADCAST, sizes, (size_t)n * sizeof *sizes, sizes,
+              (size_t)n * sizeof *sizes, (size_t)n, C10D_INT64, root);
     if (rc == 0 && me != root)
         rc = total_of(what, sizes, n, root, &total);
     char *cat = NULL;
@@ -256,7 +341,7 @@ int c10d_broadcast_object_list(c10d_pg *pg, c10d_bytes *objs, int n, int root,
             rc = c10d__fail(C10D_ENOMEM, "%s: out of memory (%zu bytes)", what, total);
     }
     if (rc == 0 && total > 0)
-        rc = finish(c10d_broadcast(pg, cat, cat, total, C10D_UINT8, root, &o, &w), &w);
+        rc = step(pg, &o, C10D_OP_BROADCAST, cat, total, cat, total, total, C10D_UINT8, root);
     if (rc == 0 && me != root)
         rc = split_out(what, objs, n, sizes, cat);
     free(cat);
@@ -286,18 +371,16 @@ int c10d_scatter_object_list(c10d_pg *pg, const c10d_bytes *in, c10d_bytes *out,
     for (int r = 0; r < n && me == root; r++)
         if (sizes[r] > max)
             max = sizes[r];
-    c10d_work *w = NULL;
     if (rc != 0) {
         char why[512];
         snprintf(why, sizeof why, "%s", c10d_last_error());
         max = REFUSED;
-        if (c10d_broadcast(pg, &max, &max, 1, C10D_INT64, root, &o, &w) == 0)
-            c10d_work_wait_release(w);
+        step(pg, &o, C10D_OP_BROADCAST, &max, sizeof max, &max, sizeof max, 1, C10D_INT64, root);
         free(sizes);
         return c10d__fail(rc, "%s", why);
     }
     /* The largest size first: every rank needs it to post its receive. */
-    rc = finish(c10d_broadcast(pg, &max, &max, 1, C10D_INT64, root, &o, &w), &w);
+    rc = step(pg, &o, C10D_OP_BROADCAST, &max, sizeof max, &max, sizeof max, 1, C10D_INT64, root);
     if (rc == 0)
         rc = check_size(what, max, root);
     char *padded = NULL, *mine_buf = NULL;
@@ -312,10 +395,11 @@ int c10d_scatter_object_list(c10d_pg *pg, const c10d_bytes *in, c10d_bytes *out,
             if (in[r].len > 0)
                 memcpy(padded + (size_t)r * (size_t)max, in[r].data, in[r].len);
     if (rc == 0 && max > 0)
-        rc = finish(c10d_scatter(pg, padded, mine_buf, (size_t)max, C10D_UINT8, root, &o, &w), &w);
+        rc = step(pg, &o, C10D_OP_SCATTER, padded, padded != NULL ? (size_t)max * (size_t)n : 0,
+                  mine_buf, (size_t)max, (size_t)max, C10D_UINT8, root);
     if (rc == 0)
-        rc = finish(c10d_scatter(pg, me == root ? sizes : NULL, &mine, 1, C10D_INT64, root, &o, &w),
-                    &w);
+        rc = step(pg, &o, C10D_OP_SCATTER, me == root ? sizes : NULL, (size_t)n * sizeof *sizes,
+                  &mine, sizeof mine, 1, C10D_INT64, root);
     if (rc == 0 && (mine < 0 || mine > max))
         rc = c10d__fail(C10D_EPROTO, "%s: root %d sent a size of %lld (largest %lld)", what, root,
                         (long long)mine, (long long)max);
@@ -342,14 +426,14 @@ int c10d_send_object_list(c10d_pg *pg, const c10d_bytes *objs, int n, int dst,
         return c10d__fail(C10D_ENOMEM, "%s: out of memory", what);
     size_t total = 0;
     int rc = sizes_of(what, objs, n, sizes, &total);
-    c10d_work *w = NULL;
     if (rc == 0)
-        rc = finish(c10d_send(pg, sizes, (size_t)n, C10D_INT64, dst, 0, &o, &w), &w);
+        rc = step(pg, &o, C10D_OP_SEND, sizes, (size_t)n * sizeof *sizes, NULL, 0, (size_t)n,
+                  C10D_INT64, dst);
     char *cat = NULL;
     if (rc == 0 && total > 0) {
         cat = concat(objs, n, total);
         rc = cat == NULL ? c10d__fail(C10D_ENOMEM, "%s: out of memory", what)
-                         : finish(c10d_send(pg, cat, total, C10D_UINT8, dst, 0, &o, &w), &w);
+                         : step(pg, &o, C10D_OP_SEND, cat, total, NULL, 0, total, C10D_UINT8, dst);
     }
     free(cat);
     free(sizes);
@@ -370,8 +454,8 @@ int c10d_recv_object_list(c10d_pg *pg, c10d_bytes *objs, int n, int src, const c
     int64_t *sizes = calloc((size_t)n, sizeof *sizes);
     if (sizes == NULL)
         return c10d__fail(C10D_ENOMEM, "%s: out of memory", what);
-    c10d_work *w = NULL;
-    int rc = finish(c10d_recv(pg, sizes, (size_t)n, C10D_INT64, src, 0, &o, &w), &w);
+    int rc = step(pg, &o, C10D_OP_RECV, NULL, 0, sizes, (size_t)n * sizeof *sizes, (size_t)n,
+                  C10D_INT64, src);
     size_t total = 0;
     if (rc == 0)
         rc = total_of(what, sizes, n, src, &total);
@@ -382,7 +466,7 @@ int c10d_recv_object_list(c10d_pg *pg, c10d_bytes *objs, int n, int src, const c
             rc = c10d__fail(C10D_ENOMEM, "%s: out of memory (%zu bytes)", what, total);
     }
     if (rc == 0 && total > 0)
-        rc = finish(c10d_recv(pg, cat, total, C10D_UINT8, src, 0, &o, &w), &w);
+        rc = step(pg, &o, C10D_OP_RECV, NULL, 0, cat, total, total, C10D_UINT8, src);
     if (rc == 0)
         rc = split_out(what, objs, n, sizes, cat);
     free(cat);

@@ -107,6 +107,8 @@ static int use_nonblocking;
 /* 1: CUDA buffers go to the tcp backend (staged through pinned host memory)
  * instead of nccl: the same checks, with the host backend's rules. */
 static int use_tcp_cuda;
+/* Non-NULL: the group's backend string as it is (no host backend, say). */
+static const char *backend_override;
 
 static c10d_pg *init_group(int bind, int64_t timeout_ms)
 {
@@ -125,7 +127,9 @@ static c10d_pg *init_group(int bind, int64_t timeout_ms)
     no.nonblocking = use_nonblocking;
     c10d_pg_opts po = C10D_PG_OPTS_INIT;
     po.nccl = &no;
-    po.backend = use_tcp_cuda ? "cpu:tcp,cuda:tcp" : "cpu:tcp,cuda:nccl";
+    po.backend = backend_override != NULL ? backend_override
+                 : use_tcp_cuda           ? "cpu:tcp,cuda:tcp"
+                                          : "cpu:tcp,cuda:nccl";
     po.timeout_ms = timeout_ms;
     po.bind_device = bind;
     po.device_index = my_device;
@@ -1165,6 +1169,69 @@ static void test_split_and_detail(void **s)
     run(3, split_detail_main, NULL, 90);
 }
 
+/* Object collectives of a group without a host backend ("nccl" alone,
+ * "cuda:tcp" alone) go through device memory: 0 B, 1 B and 1 MiB strings. */
+static size_t obj_len(int who)
+{
+    static const size_t lens[] = {0, 1, (size_t)1 << 20};
+    return lens[who % 3];
+}
+
+static int obj_same(const c10d_bytes *b, int who)
+{
+    if (b->len != obj_len(who))
+        return 0;
+    for (size_t i = 0; i < b->len; i++)
+        if (((unsigned char *)b->data)[i] != (unsigned char)(who * 7 + i))
+            return 0;
+    return 1;
+}
+
+static c10d_bytes obj_make(int who)
+{
+    c10d_bytes b = {malloc(obj_len(who) + 1), obj_len(who)};
+    for (size_t i = 0; i < b.len; i++)
+        ((unsigned char *)b.data)[i] = (unsigned char)(who * 7 + i);
+    return b;
+}
+
+static int objects_main(int rank, int n, void *arg)
+{
+    backend_override = arg != NULL ? "cuda:tcp" : "nccl";
+    c10d_pg *pg = init_group(arg == NULL, 60000);
+    MP_CHECK(pg != NULL, "init");
+    c10d_bytes mine = obj_make(rank), all[4];
+    MP_CHECK(c10d_all_gather_object(pg, mine.data, mine.len, all, NULL) == 0,
+             "all_gather_object: %s", c10d_last_error());
+    for (int r = 0; r < n; r++)
+        MP_CHECK(obj_same(&all[r], r), "all_gather_object: rank %d's %zu bytes", r, all[r].len);
+    c10d_bytes_free(all, n);
+    c10d_bytes list[3];
+    for (int i = 0; i < 3; i++)
+        list[i] = rank == 0 ? obj_make(i + 3) : (c10d_bytes){NULL, 0};
+    MP_CHECK(c10d_broadcast_object_list(pg, list, 3, 0, NULL) == 0, "broadcast_object_list: %s",
+             c10d_last_error());
+    for (int i = 0; i < 3; i++)
+        MP_CHECK(obj_same(&list[i], i + 3), "broadcast_object_list: object %d", i);
+    c10d_bytes_free(list, 3);
+    c10d_bytes_free(&mine, 1);
+    MP_CHECK(c10d_pg_destroy(pg) == 0, "destroy: %s", c10d_last_error());
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_objects_nccl_only(void **s)
+{
+    (void)s;
+    run(2, objects_main, NULL, 90);
+}
+
+static void test_objects_tcp_cuda_only(void **s)
+{
+    (void)s;
+    run_on(2, objects_main, (void *)1, 90, 1);
+}
+
 /* CUDA buffers on the tcp backend: the whole matrix, staged. */
 static void test_tcp_cuda_2(void **s)
 {
@@ -1233,6 +1300,8 @@ int main(void)
         cmocka_unit_test(test_split_and_detail),
         cmocka_unit_test(test_tcp_cuda_2),
         cmocka_unit_test(test_tcp_cuda_3),
+        cmocka_unit_test(test_objects_nccl_only),
+        cmocka_unit_test(test_objects_tcp_cuda_only),
         cmocka_unit_test(test_missing_library),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
