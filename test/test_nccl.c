@@ -713,6 +713,48 @@ static int stalled_main(int rank, int n, void *arg)
     return 0;
 }
 
+/* tcp with CUDA buffers behind a stalled caller stream on rank 1: its input
+ * copy never starts, so rank 1 times out from the call (tcp times ops from
+ * the call, as gloo does) and rank 0 with it; both within the timeout plus
+ * a margin, and abort returns at once (nothing in it waits for the device). */
+static int tcp_stalled_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    (void)n;
+    use_tcp_cuda = 1;
+    c10d_pg *pg = init_group(0, FAULT_TIMEOUT_MS);
+    MP_CHECK(pg != NULL, "init");
+    c10d_op_opts o = gpu_opts();
+    float *buf = dev_alloc(4 * 1024);
+    c10d_work *w;
+    int rc = finish(c10d_all_reduce(pg, buf, buf, 1024, C10D_FLOAT32, C10D_SUM, &o, &w), &w);
+    MP_CHECK(rc == 0, "first all_reduce: %s", c10d_last_error());
+    if (rank == 1)
+        MP_CHECK(cu->cudaLaunchHostFunc(NULL, stall_fn, NULL) == cudaSuccess, "host func");
+    uint64_t t0 = now_ms();
+    rc = c10d_all_reduce(pg, buf, buf, 1024, C10D_FLOAT32, C10D_SUM, &o, &w);
+    if (rc == 0)
+        rc = c10d_work_wait_release(w);
+    uint64_t took = now_ms() - t0;
+    MP_CHECK(rc != 0, "the all_reduce behind a stalled stream passed");
+    MP_CHECK(took <= FAULT_TIMEOUT_MS + 2000, "failure took %llu ms", (unsigned long long)took);
+    MP_CHECK(strstr(c10d_last_error(), "Watchdog caught collective operation timeout") != NULL,
+             "rank %d: %d %s", rank, rc, c10d_last_error());
+    uint64_t a0 = now_ms();
+    c10d_pg_abort(pg, "test");
+    uint64_t abort_ms = now_ms() - a0;
+    MP_CHECK(abort_ms < 2000, "abort took %llu ms", (unsigned long long)abort_ms);
+    atomic_store(&stall_gate, 1);
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_tcp_cuda_stalled_stream(void **s)
+{
+    (void)s;
+    run_on(2, tcp_stalled_main, NULL, 60, 1);
+}
+
 /* Rank 0's first launch on its communicator blocks in NCCL for 20 s (NCCL
  * making connections on first use while a peer is away; the knob stands in
  * for it): the caller's all_reduce still returns at once (a worker issues
@@ -1302,6 +1344,7 @@ int main(void)
         cmocka_unit_test(test_tcp_cuda_3),
         cmocka_unit_test(test_objects_nccl_only),
         cmocka_unit_test(test_objects_tcp_cuda_only),
+        cmocka_unit_test(test_tcp_cuda_stalled_stream),
         cmocka_unit_test(test_missing_library),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

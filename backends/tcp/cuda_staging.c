@@ -78,7 +78,9 @@ struct staged_op {
     int device;
     cudaEvent_t start_ev, in_ev, end_ev;
     atomic_int end_recorded;
-    int phase; /* 0: inputs copying, 1: host op, 2: outputs copying */
+    int in_recorded; /* the input copies were enqueued */
+    int out_started; /* output copies may have been enqueued */
+    int phase;       /* 0: inputs copying, 1: host op, 2: outputs copying */
     struct seg segs[MAX_SEGS];
     int nsegs;
     void **host_lists; /* per member: host copies of sends / recvs (list forms) */
@@ -273,11 +275,23 @@ static void op_free(struct staged_op *so)
 {
     struct staged_state *s = so->s;
     const struct c10d__cudart_api *cu = s->cu;
+    /* A copy may still run into or out of the block (the op timed out or
+     * was aborted while it was queued): the block is then never reused, nor
+     * freed (cudaFreeHost would wait for the device, possibly forever). */
+    cudaEvent_t last = atomic_load(&so->end_recorded) ? so->end_ev
+                       : so->in_recorded              ? so->in_ev
+                                                      : NULL;
+    int idle = last == NULL || cu->cudaEventQuery(last) == cudaSuccess;
+    if (so->out_started && !atomic_load(&so->end_recorded))
+        idle = 0; /* some output copies went out, with no event behind them */
     cudaEvent_t evs[3] = {so->start_ev, so->in_ev, so->end_ev};
     for (int i = 0; i < 3; i++)
         if (evs[i] != NULL)
             cu->cudaEventDestroy(evs[i]);
-    block_put(s, so->block);
+    if (idle)
+        block_put(s, so->block);
+    else if (so->block != NULL)
+        free(so->block); /* the pinned memory is left to the copy */
     free(so->hosts);
     free(so->host_lists);
     free(so->counts);
@@ -388,6 +402,7 @@ static void host_done(c10d_work *w, int status, void *arg)
     const struct c10d__cudart_api *cu = s->cu;
     cudaStream_t side = s->side[so->device];
     cudaError_t e = cu->cudaSetDevice(so->device);
+    so->out_started = 1;
     for (int i = 0; i < so->nsegs && e == cudaSuccess; i++)
         if (so->segs[i].out)
             e = cu->cudaMemcpyAsync(so->segs[i].dev, so->segs[i].host, so->segs[i].bytes,
@@ -501,6 +516,7 @@ static int staged_enqueue(void *state, struct c10d__op *op)
     CU(cu->cudaEventCreateWithFlags(&so->end_ev, cudaEventDisableTiming), "cudaEventCreate");
     CU(cu->cudaEventRecord(so->start_ev, caller), "cudaEventRecord");
     CU(cu->cudaStreamWaitEvent(side, so->start_ev, 0), "cudaStreamWaitEvent");
+    so->in_recorded = 1; /* from here copies may be in flight */
     for (int i = 0; i < so->nsegs; i++)
         if (so->segs[i].in)
             CU(cu->cudaMemcpyAsync(so->segs[i].host, so->segs[i].dev, so->segs[i].bytes,
@@ -607,12 +623,10 @@ static void state_unref(struct staged_state *s)
     if (!last)
         return;
     const struct c10d__cudart_api *cu = s->cu;
+    /* Never waits: work still on a stream finishes on its own. */
     for (int d = 0; d < MAX_DEVICES; d++)
-        if (s->side[d] != NULL) {
-            cu->cudaSetDevice(d);
-            cu->cudaStreamSynchronize(s->side[d]);
+        if (s->side[d] != NULL)
             cu->cudaStreamDestroy(s->side[d]);
-        }
     for (struct staging_block *b = s->free_blocks, *next; b != NULL; b = next) {
         next = b->next;
         cu->cudaFreeHost(b->mem);
