@@ -44,6 +44,10 @@
     X(TCP_CUDA_STAGING_MAX, "C10D_TCP_CUDA_STAGING_MAX", NULL, "268435456",                        \
       "tcp backend, CUDA buffers: pinned host staging memory a group keeps for reuse between "     \
       "ops (bytes; beyond it, blocks are freed after their op)")                                   \
+    X(TCP_CUDA_SEGMENT, "C10D_TCP_CUDA_SEGMENT", NULL, "4194304",                                 \
+      "tcp backend, CUDA buffers: all_reduce, broadcast and reduce larger than this are staged "   \
+      "in segments of about this many bytes, one segment's copies overlapping another's "         \
+      "transfer (0: whole)")                                                                       \
     X(TCP_SOCKET_BUFFER, "C10D_TCP_SOCKET_BUFFER", NULL, "4194304",                                \
       "tcp backend: SO_SNDBUF/SO_RCVBUF requested for peer connections (0: the OS default)")       \
     X(MASTER_ADDR, "MASTER_ADDR", NULL, "",                                                        \

@@ -495,6 +495,11 @@ static int ops_main(int rank, int n, void *arg)
 {
     use_tcp_cuda = arg == (void *)3;
     int bind = arg != NULL && !use_tcp_cuda;
+    if (use_tcp_cuda && n == 3) {
+        /* Small segments: large all_reduce, broadcast and reduce go in pieces. */
+        setenv("C10D_TCP_CUDA_SEGMENT", "1000", 1);
+        c10d__env_reload();
+    }
     use_nonblocking = arg == (void *)2;
     c10d_pg *pg = init_group(bind, 60000);
     MP_CHECK(pg != NULL, "init");

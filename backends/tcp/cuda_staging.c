@@ -36,6 +36,7 @@
 
 #define MAX_DEVICES 64
 #define MAX_SEGS    64
+#define MAX_PARTS   256
 
 struct staging_block {
     struct staging_block *next;
@@ -65,8 +66,21 @@ struct seg {
     int in, out;
 };
 
+/* A piece of an op staged on its own: the whole op, or one segment of a
+ * large elementwise op, so that one segment's copies overlap another's
+ * transfer. */
+struct part {
+    struct c10d__poll_item item; /* first: in the state's in_q until its inputs are in */
+    struct staged_op *so;
+    int k;
+    size_t lo, hi; /* element range of a segment (whole op: 0, 0) */
+    cudaEvent_t in_ev;
+    struct c10d__op *host; /* the host op (list) it runs */
+    c10d_work *inner_work;
+};
+
 struct staged_op {
-    struct c10d__poll_item item; /* first: the poller's view */
+    struct c10d__poll_item item; /* first: in the state's out_q until the outputs are back */
     struct staged_state *s;
     struct c10d__op *user; /* the group's record: read only until the work completes */
     c10d_work *work;       /* the user's work: our reference until the op is finished */
@@ -74,13 +88,17 @@ struct staged_op {
     uint64_t seq;
     struct c10d__op *hosts; /* the same op (list) over the pinned copies */
     int nmembers;
-    c10d_work *inner_work;
+    struct part *parts;
+    int nparts;
+    struct c10d__op *seg_hosts; /* segmented: one host op per part */
+    size_t esize;
+    int pending;   /* loop: callbacks still to come (parts, inner ops, outputs) */
+    int parts_out; /* parts whose outputs are on the copy stream */
     int device;
-    cudaEvent_t start_ev, in_ev, end_ev;
+    cudaEvent_t start_ev, end_ev;
     atomic_int end_recorded;
-    int in_recorded; /* the input copies were enqueued */
+    int in_recorded; /* input copies were enqueued */
     int out_started; /* output copies may have been enqueued */
-    int phase;       /* 0: inputs copying, 1: host op, 2: outputs copying */
     struct seg segs[MAX_SEGS];
     int nsegs;
     void **host_lists; /* per member: host copies of sends / recvs (list forms) */
@@ -278,16 +296,24 @@ static void op_free(struct staged_op *so)
     /* A copy may still run into or out of the block (the op timed out or
      * was aborted while it was queued): the block is then never reused, nor
      * freed (cudaFreeHost would wait for the device, possibly forever). */
-    cudaEvent_t last = atomic_load(&so->end_recorded) ? so->end_ev
-                       : so->in_recorded              ? so->in_ev
-                                                      : NULL;
+    cudaEvent_t last = atomic_load(&so->end_recorded)      ? so->end_ev
+                       : so->in_recorded && so->nparts > 0 ? so->parts[so->nparts - 1].in_ev
+                                                           : NULL;
     int idle = last == NULL || cu->cudaEventQuery(last) == cudaSuccess;
     if (so->out_started && !atomic_load(&so->end_recorded))
         idle = 0; /* some output copies went out, with no event behind them */
-    cudaEvent_t evs[3] = {so->start_ev, so->in_ev, so->end_ev};
-    for (int i = 0; i < 3; i++)
+    cudaEvent_t evs[2] = {so->start_ev, so->end_ev};
+    for (int i = 0; i < 2; i++)
         if (evs[i] != NULL)
             cu->cudaEventDestroy(evs[i]);
+    for (int k = 0; k < so->nparts; k++) {
+        if (so->parts[k].in_ev != NULL)
+            cu->cudaEventDestroy(so->parts[k].in_ev);
+        if (so->parts[k].inner_work != NULL)
+            c10d_work_release(so->parts[k].inner_work);
+    }
+    free(so->parts);
+    free(so->seg_hosts);
     if (idle)
         block_put(s, so->block);
     else if (so->block != NULL)
@@ -295,8 +321,6 @@ static void op_free(struct staged_op *so)
     free(so->hosts);
     free(so->host_lists);
     free(so->counts);
-    if (so->inner_work != NULL)
-        c10d_work_release(so->inner_work);
     free(so);
 }
 
@@ -323,21 +347,30 @@ static int stream_wait(c10d_work *w, void *stream, void *arg)
 
 /* -------------------------------------------------------------- phases */
 
-/* The op is over for us (every path ends here once): our reference on the
- * user's work goes, and with the work's last one the op is freed. */
-static void finish(struct staged_op *so)
+/* One of the op's outstanding callbacks is over; with the last, our
+ * reference on the user's work goes (and with the work's last one, the op). */
+static void settle(struct staged_op *so)
 {
+    if (--so->pending > 0)
+        return;
     c10d_work *w = so->work;
     so->work = NULL;
-    if (w != NULL)
-        c10d_work_release(w);
+    c10d_work_release(w);
 }
 
+/* Completes the user's work unless it already is (the first word wins). A
+ * failure of ours also fails the inner tcp state, so that the peers, which
+ * may wait for this rank's part, fail too instead of waiting for the timeout. */
 static void fail_op(struct staged_op *so, int status, const char *why)
 {
+    if (c10d_work_test(so->work))
+        return;
     c10d__work_complete(so->work, status, "tcp (cuda) %s seq %llu: %s",
                         c10d__op_kind_name(so->kind), (unsigned long long)so->seq, why);
-    finish(so);
+    if (status != C10D_EABORTED) {
+        atomic_store(&so->s->aborted, 1);
+        c10d__tcp_backend.abort(so->s->inner, status, c10d_work_message(so->work), NULL, NULL);
+    }
 }
 
 static int event_ready(const struct c10d__cudart_api *cu, cudaEvent_t ev, int *failed)
@@ -347,78 +380,109 @@ static int event_ready(const struct c10d__cudart_api *cu, cudaEvent_t ev, int *f
     return e != cudaErrorNotReady;
 }
 
-static int item_ready(struct c10d__poll_item *item)
+static int part_ready(struct c10d__poll_item *item)
 {
-    struct staged_op *so = (struct staged_op *)item;
-    if (atomic_load(&so->s->aborted) || c10d_work_test(so->work))
+    struct part *pt = (struct part *)item;
+    if (atomic_load(&pt->so->s->aborted) || c10d_work_test(pt->so->work))
         return 1;
     int failed;
-    return event_ready(so->s->cu, so->phase == 0 ? so->in_ev : so->end_ev, &failed);
+    return event_ready(pt->so->s->cu, pt->in_ev, &failed);
 }
 
 static void host_done(c10d_work *w, int status, void *arg);
 
-/* Inputs are in pinned memory: the host op runs. */
-static void inputs_done(struct c10d__poll_item *item)
+/* A part's inputs are in pinned memory: its host op runs. */
+static void part_done(struct c10d__poll_item *item)
 {
-    struct staged_op *so = (struct staged_op *)item;
+    struct part *pt = (struct part *)item;
+    struct staged_op *so = pt->so;
     struct staged_state *s = so->s;
-    if (c10d_work_test(so->work)) {
-        finish(so); /* timed out or aborted: nothing more is done for it */
-        return;
+    int failed = 0;
+    if (!c10d_work_test(so->work)) {
+        event_ready(s->cu, pt->in_ev, &failed);
+        if (failed)
+            fail_op(so, C10D_EIO, "copying the inputs to the host failed");
+        else if (atomic_load(&s->aborted))
+            fail_op(so, C10D_EABORTED, "the group was aborted");
+        else if (c10d__work_create(&pt->inner_work, "tcp (cuda) host op", 0) != 0 ||
+                 c10d__work_on_complete(pt->inner_work, host_done, pt) != 0)
+            fail_op(so, C10D_ENOMEM, "out of memory");
+        else {
+            so->pending++;
+            for (struct c10d__op *h = pt->host; h != NULL; h = h->next)
+                h->work = pt->inner_work;
+            c10d__tcp_backend.run(s->inner, pt->host);
+        }
     }
-    int failed;
-    event_ready(s->cu, so->in_ev, &failed);
-    if (failed || atomic_load(&s->aborted)) {
-        fail_op(so, failed ? C10D_EIO : C10D_EABORTED,
-                failed ? "copying the inputs to the host failed" : "the group was aborted");
-        return;
-    }
-    so->phase = 1;
-    if (c10d__work_create(&so->inner_work, "tcp (cuda) host op", 0) != 0 ||
-        c10d__work_on_complete(so->inner_work, host_done, so) != 0) {
-        fail_op(so, C10D_ENOMEM, "out of memory");
-        return;
-    }
-    for (int m = 0; m < so->nmembers; m++)
-        so->hosts[m].work = so->inner_work;
-    c10d__tcp_backend.run(s->inner, &so->hosts[0]);
+    settle(so);
 }
 
-/* The host op finished: outputs go back to the device. */
+static int copy_outputs(struct staged_op *so, struct part *pt, cudaStream_t side)
+{
+    const struct c10d__cudart_api *cu = so->s->cu;
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < so->nsegs && e == cudaSuccess; i++) {
+        struct seg *g = &so->segs[i];
+        if (!g->out)
+            continue;
+        size_t off = pt->hi > 0 ? pt->lo * so->esize : 0;
+        size_t len = pt->hi > 0 ? (pt->hi - pt->lo) * so->esize : g->bytes;
+        e = cu->cudaMemcpyAsync((char *)g->dev + off, g->host + off, len, cudaMemcpyHostToDevice,
+                                side);
+    }
+    return e;
+}
+
+/* A part's host op finished: its outputs go back to the device; after the
+ * last part's, the end event. */
 static void host_done(c10d_work *w, int status, void *arg)
 {
-    struct staged_op *so = arg;
+    struct part *pt = arg;
+    struct staged_op *so = pt->so;
     struct staged_state *s = so->s;
     if (c10d_work_test(so->work)) {
-        finish(so); /* its buffers may be gone: nothing is written into them */
+        settle(so); /* its buffers may be gone: nothing is written into them */
         return;
     }
     if (status != 0) {
-        c10d__work_complete(so->work, status, "%s", c10d_work_message(w));
-        finish(so);
+        /* The inner message numbers the host op (seq << 16 | part): name the user's op too. */
+        c10d__work_complete(so->work, status, "tcp (cuda) %s seq %llu (part %d of %d): %s",
+                            c10d__op_kind_name(so->kind), (unsigned long long)so->seq, pt->k + 1,
+                            so->nparts, c10d_work_message(w));
+        settle(so);
         return;
     }
     const struct c10d__cudart_api *cu = s->cu;
     cudaStream_t side = s->side[so->device];
     cudaError_t e = cu->cudaSetDevice(so->device);
     so->out_started = 1;
-    for (int i = 0; i < so->nsegs && e == cudaSuccess; i++)
-        if (so->segs[i].out)
-            e = cu->cudaMemcpyAsync(so->segs[i].dev, so->segs[i].host, so->segs[i].bytes,
-                                    cudaMemcpyHostToDevice, side);
     if (e == cudaSuccess)
+        e = copy_outputs(so, pt, side);
+    if (e == cudaSuccess && ++so->parts_out == so->nparts) {
         e = cu->cudaEventRecord(so->end_ev, side);
+        if (e == cudaSuccess) {
+            atomic_store(&so->end_recorded, 1);
+            if (c10d__poll_push(&s->out_q, &so->item) == 0)
+                so->pending++;
+            else
+                fail_op(so, C10D_EABORTED, "the engine is stopping");
+        }
+    }
     if (e != cudaSuccess) {
         char why[256];
         snprintf(why, sizeof why, "copying the outputs back: %s", cu->cudaGetErrorString(e));
         fail_op(so, C10D_EIO, why);
-        return;
     }
-    atomic_store(&so->end_recorded, 1);
-    so->phase = 2;
-    if (c10d__poll_push(&s->out_q, &so->item) != 0)
-        fail_op(so, C10D_EABORTED, "the engine is stopping");
+    settle(so);
+}
+
+static int outputs_ready(struct c10d__poll_item *item)
+{
+    struct staged_op *so = (struct staged_op *)item;
+    if (atomic_load(&so->s->aborted) || c10d_work_test(so->work))
+        return 1;
+    int failed;
+    return event_ready(so->s->cu, so->end_ev, &failed);
 }
 
 static void outputs_done(struct c10d__poll_item *item)
@@ -426,28 +490,63 @@ static void outputs_done(struct c10d__poll_item *item)
     struct staged_op *so = (struct staged_op *)item;
     int failed;
     event_ready(so->s->cu, so->end_ev, &failed);
-    if (c10d_work_test(so->work))
-        finish(so);
-    else if (failed)
+    if (failed)
         fail_op(so, C10D_EIO, "copying the outputs to the device failed");
     else if (atomic_load(&so->s->aborted))
         fail_op(so, C10D_EABORTED, "the group was aborted");
-    else {
+    else if (!c10d_work_test(so->work))
         c10d__work_complete(so->work, 0, NULL);
-        finish(so);
-    }
-}
-
-static void item_done(struct c10d__poll_item *item)
-{
-    struct staged_op *so = (struct staged_op *)item;
-    if (so->phase == 0)
-        inputs_done(item);
-    else
-        outputs_done(item);
+    settle(so);
 }
 
 /* ------------------------------------------------------------- vtable */
+
+/* How the op is staged: whole, or, for a large elementwise op (all_reduce,
+ * broadcast, reduce), in segments of about C10D_TCP_CUDA_SEGMENT bytes, each
+ * its own host op, so that one segment's copies overlap another's transfer.
+ * Host ops take their own sequence numbers, (seq << 16) | part, in the
+ * inner tcp state, which nothing else uses. */
+static int split_parts(struct staged_op *so, const struct c10d__op *op)
+{
+    size_t seg = (size_t)c10d__env_int(C10D_ENV_TCP_CUDA_SEGMENT);
+    size_t bytes = op->count * so->esize;
+    int elementwise =
+        op->next == NULL && (op->kind == C10D_OP_ALL_REDUCE || op->kind == C10D_OP_BROADCAST ||
+                             op->kind == C10D_OP_REDUCE);
+    size_t n = elementwise && seg > 0 && bytes > seg ? (bytes + seg - 1) / seg : 1;
+    if (n > op->count)
+        n = op->count > 0 ? op->count : 1;
+    if (n > MAX_PARTS)
+        n = MAX_PARTS; /* segments grow instead: each part costs a host op */
+    so->nparts = (int)n;
+    so->parts = calloc(n, sizeof *so->parts);
+    if (so->parts == NULL)
+        return c10d__fail(C10D_ENOMEM, "tcp (cuda): out of memory");
+    if (n > 1 && (so->seg_hosts = calloc(n, sizeof *so->seg_hosts)) == NULL)
+        return c10d__fail(C10D_ENOMEM, "tcp (cuda): out of memory");
+    for (size_t k = 0; k < n; k++) {
+        struct part *pt = &so->parts[k];
+        pt->so = so;
+        pt->k = (int)k;
+        pt->item.ready = part_ready;
+        pt->item.done = part_done;
+        if (n == 1) {
+            pt->host = &so->hosts[0];
+        } else {
+            pt->lo = (size_t)((unsigned __int128)op->count * k / n);
+            pt->hi = (size_t)((unsigned __int128)op->count * (k + 1) / n);
+            struct c10d__op *h = &so->seg_hosts[k];
+            *h = so->hosts[0];
+            h->count = pt->hi - pt->lo;
+            h->send = h->send != NULL ? (const char *)h->send + pt->lo * so->esize : NULL;
+            h->recv = h->recv != NULL ? (char *)h->recv + pt->lo * so->esize : NULL;
+            pt->host = h;
+        }
+        for (struct c10d__op *h = pt->host; h != NULL; h = h->next)
+            h->seq = (so->seq << 16) | k;
+    }
+    return 0;
+}
 
 static int staged_check(const struct c10d__op *op)
 {
@@ -472,8 +571,9 @@ static int staged_enqueue(void *state, struct c10d__op *op)
     so->kind = op->kind;
     so->seq = op->seq;
     so->device = op->device_index;
-    so->item.ready = item_ready;
-    so->item.done = item_done;
+    so->item.ready = outputs_ready;
+    so->item.done = outputs_done;
+    so->esize = c10d_dtype_size(op->dtype);
     int rc = 0;
     for (const struct c10d__op *m = op; m != NULL && rc == 0; m = m->next)
         rc = plan(so, m, s->size);
@@ -489,6 +589,8 @@ static int staged_enqueue(void *state, struct c10d__op *op)
     }
     if (rc == 0)
         rc = rewrite(so, s->size);
+    if (rc == 0)
+        rc = split_parts(so, op);
     if (rc != 0) {
         op_free(so);
         return rc;
@@ -512,19 +614,29 @@ static int staged_enqueue(void *state, struct c10d__op *op)
     CU(se, "creating the copy stream");
     cudaStream_t side = s->side[so->device], caller = (cudaStream_t)op->stream;
     CU(cu->cudaEventCreateWithFlags(&so->start_ev, cudaEventDisableTiming), "cudaEventCreate");
-    CU(cu->cudaEventCreateWithFlags(&so->in_ev, cudaEventDisableTiming), "cudaEventCreate");
     CU(cu->cudaEventCreateWithFlags(&so->end_ev, cudaEventDisableTiming), "cudaEventCreate");
+    for (int k = 0; k < so->nparts; k++)
+        CU(cu->cudaEventCreateWithFlags(&so->parts[k].in_ev, cudaEventDisableTiming),
+           "cudaEventCreate");
     CU(cu->cudaEventRecord(so->start_ev, caller), "cudaEventRecord");
     CU(cu->cudaStreamWaitEvent(side, so->start_ev, 0), "cudaStreamWaitEvent");
     so->in_recorded = 1; /* from here copies may be in flight */
-    for (int i = 0; i < so->nsegs; i++)
-        if (so->segs[i].in)
-            CU(cu->cudaMemcpyAsync(so->segs[i].host, so->segs[i].dev, so->segs[i].bytes,
+    for (int k = 0; k < so->nparts; k++) {
+        struct part *pt = &so->parts[k];
+        for (int i = 0; i < so->nsegs; i++) {
+            struct seg *g = &so->segs[i];
+            if (!g->in)
+                continue;
+            size_t from = pt->hi > 0 ? pt->lo * so->esize : 0;
+            size_t len = pt->hi > 0 ? (pt->hi - pt->lo) * so->esize : g->bytes;
+            CU(cu->cudaMemcpyAsync(g->host + from, (char *)g->dev + from, len,
                                    cudaMemcpyDeviceToHost, side),
                "copying an input to the host");
-    CU(cu->cudaEventRecord(so->in_ev, side), "cudaEventRecord");
+        }
+        CU(cu->cudaEventRecord(pt->in_ev, side), "cudaEventRecord");
+    }
     /* Later work on the caller's stream may overwrite the inputs: after the copy. */
-    CU(cu->cudaStreamWaitEvent(caller, so->in_ev, 0), "cudaStreamWaitEvent");
+    CU(cu->cudaStreamWaitEvent(caller, so->parts[so->nparts - 1].in_ev, 0), "cudaStreamWaitEvent");
 #undef CU
     if (prev_device >= 0 && prev_device != so->device)
         cu->cudaSetDevice(prev_device); /* the caller's thread keeps its device */
@@ -535,8 +647,15 @@ static int staged_enqueue(void *state, struct c10d__op *op)
     c10d__work_set_stream_wait(op->work, stream_wait, so);
     c10d_work_retain(op->work);
     so->work = op->work;
-    if (c10d__poll_push(&s->in_q, &so->item) != 0)
-        fail_op(so, C10D_EABORTED, "the engine is stopping");
+    so->pending = so->nparts;
+    for (int k = 0; k < so->nparts; k++)
+        if (c10d__poll_push(&s->in_q, &so->parts[k].item) != 0) {
+            /* Only while the engine stops: the parts not queued settle here. */
+            fail_op(so, C10D_EABORTED, "the engine is stopping");
+            for (int j = k; j < so->nparts; j++)
+                settle(so);
+            break;
+        }
     return 0;
 fail:
     if (prev_device >= 0 && prev_device != so->device)
@@ -596,12 +715,15 @@ static int staged_create(const struct c10d__backend_config *cfg, c10d__backend_d
     return 0;
 }
 
-static void fail_queue(struct c10d__poll_queue *q, int status, const char *reason)
+/* Items taken off a queue without their `done`: their ops fail and the
+ * callbacks they stood for are settled. */
+static void fail_queue(struct c10d__poll_queue *q, int parts, int status, const char *reason)
 {
     for (struct c10d__poll_item *it = c10d__poll_cancel(q), *next; it != NULL; it = next) {
         next = it->next;
-        struct staged_op *so = (struct staged_op *)it;
+        struct staged_op *so = parts ? ((struct part *)it)->so : (struct staged_op *)it;
         fail_op(so, status, reason);
+        settle(so);
     }
 }
 
@@ -610,8 +732,8 @@ static void staged_abort(void *state, int status, const char *reason, c10d__back
 {
     struct staged_state *s = state;
     atomic_store(&s->aborted, 1);
-    fail_queue(&s->in_q, status, reason != NULL ? reason : "aborted");
-    fail_queue(&s->out_q, status, reason != NULL ? reason : "aborted");
+    fail_queue(&s->in_q, 1, status, reason != NULL ? reason : "aborted");
+    fail_queue(&s->out_q, 0, status, reason != NULL ? reason : "aborted");
     c10d__tcp_backend.abort(s->inner, status, reason, done, arg);
 }
 
@@ -640,8 +762,8 @@ static void staged_destroy(void *state, c10d__backend_done_fn done, void *arg)
 {
     struct staged_state *s = state;
     atomic_store(&s->aborted, 1);
-    fail_queue(&s->in_q, C10D_EABORTED, "the group was destroyed");
-    fail_queue(&s->out_q, C10D_EABORTED, "the group was destroyed");
+    fail_queue(&s->in_q, 1, C10D_EABORTED, "the group was destroyed");
+    fail_queue(&s->out_q, 0, C10D_EABORTED, "the group was destroyed");
     c10d__tcp_backend.destroy(s->inner, done, arg);
     state_unref(s);
 }
