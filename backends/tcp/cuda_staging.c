@@ -18,6 +18,11 @@
  * outputs are in place only then: a later op on the same buffers must come
  * after a wait (host or stream), or its input copy may run first.
  *
+ * A large elementwise op (all_reduce, broadcast, reduce) goes in segments
+ * (parts), each with its own input event and host op, so that one part's
+ * copies overlap another's transfer; the end event follows the last part's
+ * output copy.
+ *
  * Pinned buffers come from a per-group pool, reused across ops, bounded by
  * C10D_TCP_CUDA_STAGING_MAX bytes kept idle, freed at destroy. */
 #include "backends/backend.h"
