@@ -486,6 +486,44 @@ static int check_write_after(c10d_pg *pg, int rank, int n)
     return 0;
 }
 
+/* NCCL's in-place forms: all_gather's input is block `rank` of its output,
+ * reduce_scatter's output is block `rank` of its input (on rank 0 the same
+ * pointer as the whole buffer, with another size). */
+static int check_in_place(c10d_pg *pg, int rank, int n)
+{
+    enum { C = 4 };
+    float h[MP_MAX_RANKS * C];
+    float *buf = dev_alloc((size_t)n * C * 4);
+    c10d_op_opts o = gpu_opts();
+    c10d_work *w;
+    for (int i = 0; i < n * C; i++)
+        h[i] = i / C == rank ? (float)(rank + 1) : -1.0f;
+    to_dev(buf, h, (size_t)n * C * 4);
+    int rc = finish(c10d_all_gather(pg, buf + rank * C, buf, C, C10D_FLOAT32, &o, &w), &w);
+    EXPECT(rc == 0, "in-place all_gather: %s", c10d_last_error());
+    to_host(h, buf, (size_t)n * C * 4);
+    for (int i = 0; rc == 0 && i < n * C; i++)
+        if (h[i] != (float)(i / C + 1)) {
+            EXPECT(0, "in-place all_gather: [%d] = %g, want %d", i, h[i], i / C + 1);
+            break;
+        }
+    for (int i = 0; i < n * C; i++)
+        h[i] = (float)((rank + 1) * (i / C + 1));
+    to_dev(buf, h, (size_t)n * C * 4);
+    rc =
+        finish(c10d_reduce_scatter(pg, buf, buf + rank * C, C, C10D_FLOAT32, C10D_SUM, &o, &w), &w);
+    EXPECT(rc == 0, "in-place reduce_scatter: %s", c10d_last_error());
+    to_host(h, buf + rank * C, C * 4);
+    float want = (float)((rank + 1) * n * (n + 1) / 2);
+    for (int i = 0; rc == 0 && i < C; i++)
+        if (h[i] != want) {
+            EXPECT(0, "in-place reduce_scatter: [%d] = %g, want %g", i, h[i], want);
+            break;
+        }
+    cu->cudaFree(buf);
+    return 0;
+}
+
 static const c10d_dtype dtypes[] = {C10D_FLOAT32, C10D_FLOAT64,     C10D_FLOAT16,    C10D_BFLOAT16,
                                     C10D_INT8,    C10D_UINT8,       C10D_INT32,      C10D_INT64,
                                     C10D_BOOL,    C10D_FLOAT8_E4M3, C10D_FLOAT8_E5M2};
@@ -517,7 +555,7 @@ static int ops_main(int rank, int n, void *arg)
             return 1;
     if (check_uneven(pg, rank, n) || check_p2p_and_lists(pg, rank, n) || check_streams(pg, rank, n))
         return 1;
-    if (use_tcp_cuda && check_write_after(pg, rank, n))
+    if (check_in_place(pg, rank, n) || (use_tcp_cuda && check_write_after(pg, rank, n)))
         return 1;
     /* Host buffers in the same group go to tcp. */
     int64_t v = rank;

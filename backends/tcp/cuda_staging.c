@@ -31,6 +31,7 @@
 #include "engine/env.h"
 #include "engine/error.h"
 #include "engine/loop.h"
+#include "engine/offload.h"
 #include "engine/poller.h"
 #include "engine/work.h"
 
@@ -52,9 +53,10 @@ struct staging_block {
 struct staged_state {
     const struct c10d__cudart_api *cu;
     void *inner; /* the tcp state running the host ops */
-    int size;
-    uv_mutex_t mu; /* streams, pool */
-    cudaStream_t side[MAX_DEVICES];
+    int rank, size;
+    uv_mutex_t mu;                      /* streams, pool */
+    cudaStream_t side[MAX_DEVICES];     /* input copies, in submission order */
+    cudaStream_t out_side[MAX_DEVICES]; /* output copies: never behind a later op's input */
     struct staging_block *free_blocks;
     size_t idle_bytes, idle_max;
     struct c10d__poll_queue in_q, out_q; /* inputs copied; outputs copied */
@@ -64,11 +66,14 @@ struct staged_state {
     void *destroy_arg;
 };
 
+/* One device buffer of the op. An in-place form may name one pointer with
+ * two sizes (all_gather's input is block 0 of its output on rank 0): one
+ * segment, copied in over in_len and out over out_len bytes from its start. */
 struct seg {
     void *dev;
     char *host;
-    size_t bytes;
-    int in, out;
+    size_t bytes; /* the larger */
+    size_t in_len, out_len;
 };
 
 /* A piece of an op staged on its own: the whole op, or one segment of a
@@ -97,13 +102,14 @@ struct staged_op {
     int nparts;
     struct c10d__op *seg_hosts; /* segmented: one host op per part */
     size_t esize;
-    int pending;   /* loop: callbacks still to come (parts, inner ops, outputs) */
-    int parts_out; /* parts whose outputs are on the copy stream */
+    atomic_int pending; /* callbacks still to come (parts, inner ops, outputs) */
+    int parts_out;      /* parts whose outputs are on the copy stream */
     int device;
     cudaEvent_t start_ev, end_ev;
     atomic_int end_recorded;
     int in_recorded; /* input copies were enqueued */
     int out_started; /* output copies may have been enqueued */
+    int tainted;     /* a copy may run with no event to tell when it is done */
     struct seg segs[MAX_SEGS];
     int nsegs;
     void **host_lists; /* per member: host copies of sends / recvs (list forms) */
@@ -144,6 +150,40 @@ static struct staging_block *block_get(struct staged_state *s, size_t bytes)
     return b;
 }
 
+/* cudaFreeHost waits for the whole device: never on the loop or a caller's
+ * thread, where a busy or stuck GPU would stall everything. */
+struct host_free {
+    const struct c10d__cudart_api *cu;
+    struct staging_block *blocks;
+};
+
+static void host_free_work(void *arg)
+{
+    struct host_free *hf = arg;
+    for (struct staging_block *b = hf->blocks, *next; b != NULL; b = next) {
+        next = b->next;
+        hf->cu->cudaFreeHost(b->mem);
+        free(b);
+    }
+}
+
+static void host_free_after(void *arg)
+{
+    free(arg);
+}
+
+static void blocks_free(const struct c10d__cudart_api *cu, struct staging_block *blocks)
+{
+    if (blocks == NULL)
+        return;
+    struct host_free *hf = malloc(sizeof *hf);
+    if (hf == NULL)
+        return; /* left pinned until the process ends */
+    *hf = (struct host_free){cu, blocks};
+    if (c10d__engine_offload(host_free_work, host_free_after, hf) != 0)
+        free(hf); /* the engine is gone: left pinned until the process ends */
+}
+
 static void block_put(struct staged_state *s, struct staging_block *b)
 {
     if (b == NULL)
@@ -157,8 +197,8 @@ static void block_put(struct staged_state *s, struct staging_block *b)
     }
     uv_mutex_unlock(&s->mu);
     if (!keep) {
-        s->cu->cudaFreeHost(b->mem);
-        free(b);
+        b->next = NULL;
+        blocks_free(s->cu, b);
     }
 }
 
@@ -168,15 +208,22 @@ static int seg_add(struct staged_op *so, const void *dev, size_t bytes, int in, 
 {
     if (dev == NULL || bytes == 0)
         return 0;
-    for (int i = 0; i < so->nsegs; i++)
-        if (so->segs[i].dev == dev && so->segs[i].bytes == bytes) {
-            so->segs[i].in |= in;
-            so->segs[i].out |= out;
-            return 0;
-        }
-    if (so->nsegs == MAX_SEGS)
-        return c10d__fail(C10D_EUNSUPPORTED, "tcp (cuda): too many buffers in one op");
-    so->segs[so->nsegs++] = (struct seg){(void *)dev, NULL, bytes, in, out};
+    struct seg *g = NULL;
+    for (int i = 0; i < so->nsegs && g == NULL; i++)
+        if (so->segs[i].dev == dev)
+            g = &so->segs[i];
+    if (g == NULL) {
+        if (so->nsegs == MAX_SEGS)
+            return c10d__fail(C10D_EUNSUPPORTED, "tcp (cuda): too many buffers in one op");
+        g = &so->segs[so->nsegs++];
+        *g = (struct seg){(void *)dev, NULL, 0, 0, 0};
+    }
+    if (bytes > g->bytes)
+        g->bytes = bytes;
+    if (in && bytes > g->in_len)
+        g->in_len = bytes;
+    if (out && bytes > g->out_len)
+        g->out_len = bytes;
     return 0;
 }
 
@@ -204,10 +251,15 @@ static int plan(struct staged_op *so, const struct c10d__op *op, int size)
     size_t es = c10d_dtype_size(op->dtype), n = op->count, z = (size_t)size;
     switch (op->kind) {
     case C10D_OP_ALL_REDUCE:
-    case C10D_OP_BROADCAST:
-    case C10D_OP_REDUCE:
         C10D_CHECK(seg_add(so, op->send, n * es, 1, 0));
         return seg_add(so, op->recv, n * es, 0, 1);
+    case C10D_OP_BROADCAST: /* only the root's input is read */
+        if (so->s->rank == op->root)
+            C10D_CHECK(seg_add(so, op->send, n * es, 1, 0));
+        return seg_add(so, op->recv, n * es, 0, 1);
+    case C10D_OP_REDUCE: /* only the root's output is written */
+        C10D_CHECK(seg_add(so, op->send, n * es, 1, 0));
+        return so->s->rank == op->root ? seg_add(so, op->recv, n * es, 0, 1) : 0;
     case C10D_OP_ALL_GATHER:
     case C10D_OP_GATHER:
         C10D_CHECK(seg_add(so, op->send, n * es, 1, 0));
@@ -305,8 +357,8 @@ static void op_free(struct staged_op *so)
                        : so->in_recorded && so->nparts > 0 ? so->parts[so->nparts - 1].in_ev
                                                            : NULL;
     int idle = last == NULL || cu->cudaEventQuery(last) == cudaSuccess;
-    if (so->out_started && !atomic_load(&so->end_recorded))
-        idle = 0; /* some output copies went out, with no event behind them */
+    if (so->tainted || (so->out_started && !atomic_load(&so->end_recorded)))
+        idle = 0; /* some copies went out with no event behind them */
     cudaEvent_t evs[2] = {so->start_ev, so->end_ev};
     for (int i = 0; i < 2; i++)
         if (evs[i] != NULL)
@@ -356,7 +408,7 @@ static int stream_wait(c10d_work *w, void *stream, void *arg)
  * reference on the user's work goes (and with the work's last one, the op). */
 static void settle(struct staged_op *so)
 {
-    if (--so->pending > 0)
+    if (atomic_fetch_sub(&so->pending, 1) > 1)
         return;
     c10d_work *w = so->work;
     so->work = NULL;
@@ -372,10 +424,8 @@ static void fail_op(struct staged_op *so, int status, const char *why)
         return;
     c10d__work_complete(so->work, status, "tcp (cuda) %s seq %llu: %s",
                         c10d__op_kind_name(so->kind), (unsigned long long)so->seq, why);
-    if (status != C10D_EABORTED) {
-        atomic_store(&so->s->aborted, 1);
+    if (status != C10D_EABORTED && !atomic_exchange(&so->s->aborted, 1) && so->s->inner != NULL)
         c10d__tcp_backend.abort(so->s->inner, status, c10d_work_message(so->work), NULL, NULL);
-    }
 }
 
 static int event_ready(const struct c10d__cudart_api *cu, cudaEvent_t ev, int *failed)
@@ -413,7 +463,7 @@ static void part_done(struct c10d__poll_item *item)
                  c10d__work_on_complete(pt->inner_work, host_done, pt) != 0)
             fail_op(so, C10D_ENOMEM, "out of memory");
         else {
-            so->pending++;
+            atomic_fetch_add(&so->pending, 1);
             for (struct c10d__op *h = pt->host; h != NULL; h = h->next)
                 h->work = pt->inner_work;
             c10d__tcp_backend.run(s->inner, pt->host);
@@ -428,10 +478,10 @@ static int copy_outputs(struct staged_op *so, struct part *pt, cudaStream_t side
     cudaError_t e = cudaSuccess;
     for (int i = 0; i < so->nsegs && e == cudaSuccess; i++) {
         struct seg *g = &so->segs[i];
-        if (!g->out)
+        if (g->out_len == 0)
             continue;
         size_t off = pt->hi > 0 ? pt->lo * so->esize : 0;
-        size_t len = pt->hi > 0 ? (pt->hi - pt->lo) * so->esize : g->bytes;
+        size_t len = pt->hi > 0 ? (pt->hi - pt->lo) * so->esize : g->out_len;
         e = cu->cudaMemcpyAsync((char *)g->dev + off, g->host + off, len, cudaMemcpyHostToDevice,
                                 side);
     }
@@ -449,6 +499,11 @@ static void host_done(c10d_work *w, int status, void *arg)
         settle(so); /* its buffers may be gone: nothing is written into them */
         return;
     }
+    if (status == 0 && atomic_load(&s->aborted)) {
+        fail_op(so, C10D_EABORTED, "the group was aborted");
+        settle(so);
+        return;
+    }
     if (status != 0) {
         /* The inner message numbers the host op (seq << 16 | part): name the user's op too. */
         c10d__work_complete(so->work, status, "tcp (cuda) %s seq %llu (part %d of %d): %s",
@@ -458,7 +513,7 @@ static void host_done(c10d_work *w, int status, void *arg)
         return;
     }
     const struct c10d__cudart_api *cu = s->cu;
-    cudaStream_t side = s->side[so->device];
+    cudaStream_t side = s->out_side[so->device];
     cudaError_t e = cu->cudaSetDevice(so->device);
     so->out_started = 1;
     if (e == cudaSuccess)
@@ -467,10 +522,11 @@ static void host_done(c10d_work *w, int status, void *arg)
         e = cu->cudaEventRecord(so->end_ev, side);
         if (e == cudaSuccess) {
             atomic_store(&so->end_recorded, 1);
-            if (c10d__poll_push(&s->out_q, &so->item) == 0)
-                so->pending++;
-            else
+            atomic_fetch_add(&so->pending, 1); /* before the loop can run it */
+            if (c10d__poll_push(&s->out_q, &so->item) != 0) {
+                atomic_fetch_sub(&so->pending, 1);
                 fail_op(so, C10D_EABORTED, "the engine is stopping");
+            }
         }
     }
     if (e != cudaSuccess) {
@@ -523,10 +579,10 @@ static int split_parts(struct staged_op *so, const struct c10d__op *op)
         n = op->count > 0 ? op->count : 1;
     if (n > MAX_PARTS)
         n = MAX_PARTS; /* segments grow instead: each part costs a host op */
-    so->nparts = (int)n;
     so->parts = calloc(n, sizeof *so->parts);
     if (so->parts == NULL)
         return c10d__fail(C10D_ENOMEM, "tcp (cuda): out of memory");
+    so->nparts = (int)n;
     if (n > 1 && (so->seg_hosts = calloc(n, sizeof *so->seg_hosts)) == NULL)
         return c10d__fail(C10D_ENOMEM, "tcp (cuda): out of memory");
     for (size_t k = 0; k < n; k++) {
@@ -615,6 +671,8 @@ static int staged_enqueue(void *state, struct c10d__op *op)
     cudaError_t se = cudaSuccess;
     if (s->side[so->device] == NULL)
         se = cu->cudaStreamCreateWithPriority(&s->side[so->device], cudaStreamNonBlocking, 0);
+    if (se == cudaSuccess && s->out_side[so->device] == NULL)
+        se = cu->cudaStreamCreateWithPriority(&s->out_side[so->device], cudaStreamNonBlocking, 0);
     uv_mutex_unlock(&s->mu);
     CU(se, "creating the copy stream");
     cudaStream_t side = s->side[so->device], caller = (cudaStream_t)op->stream;
@@ -630,10 +688,10 @@ static int staged_enqueue(void *state, struct c10d__op *op)
         struct part *pt = &so->parts[k];
         for (int i = 0; i < so->nsegs; i++) {
             struct seg *g = &so->segs[i];
-            if (!g->in)
+            if (g->in_len == 0)
                 continue;
             size_t from = pt->hi > 0 ? pt->lo * so->esize : 0;
-            size_t len = pt->hi > 0 ? (pt->hi - pt->lo) * so->esize : g->bytes;
+            size_t len = pt->hi > 0 ? (pt->hi - pt->lo) * so->esize : g->in_len;
             CU(cu->cudaMemcpyAsync(g->host + from, (char *)g->dev + from, len,
                                    cudaMemcpyDeviceToHost, side),
                "copying an input to the host");
@@ -652,7 +710,7 @@ static int staged_enqueue(void *state, struct c10d__op *op)
     c10d__work_set_stream_wait(op->work, stream_wait, so);
     c10d_work_retain(op->work);
     so->work = op->work;
-    so->pending = so->nparts;
+    atomic_store(&so->pending, so->nparts);
     for (int k = 0; k < so->nparts; k++)
         if (c10d__poll_push(&s->in_q, &so->parts[k].item) != 0) {
             /* Only while the engine stops: the parts not queued settle here. */
@@ -665,6 +723,7 @@ static int staged_enqueue(void *state, struct c10d__op *op)
 fail:
     if (prev_device >= 0 && prev_device != so->device)
         cu->cudaSetDevice(prev_device);
+    so->tainted = so->in_recorded; /* input copies may be queued behind no event */
     op_free(so);
     return rc;
 }
@@ -698,6 +757,7 @@ static int staged_create(const struct c10d__backend_config *cfg, c10d__backend_d
         return c10d__fail(C10D_ENOMEM, "tcp (cuda): out of memory");
     }
     s->cu = cu;
+    s->rank = cfg->rank;
     s->size = cfg->size;
     s->refs = 1;
     s->idle_max = (size_t)c10d__env_int(C10D_ENV_TCP_CUDA_STAGING_MAX);
@@ -751,14 +811,13 @@ static void state_unref(struct staged_state *s)
         return;
     const struct c10d__cudart_api *cu = s->cu;
     /* Never waits: work still on a stream finishes on its own. */
-    for (int d = 0; d < MAX_DEVICES; d++)
+    for (int d = 0; d < MAX_DEVICES; d++) {
         if (s->side[d] != NULL)
             cu->cudaStreamDestroy(s->side[d]);
-    for (struct staging_block *b = s->free_blocks, *next; b != NULL; b = next) {
-        next = b->next;
-        cu->cudaFreeHost(b->mem);
-        free(b);
+        if (s->out_side[d] != NULL)
+            cu->cudaStreamDestroy(s->out_side[d]);
     }
+    blocks_free(cu, s->free_blocks);
     uv_mutex_destroy(&s->mu);
     free(s);
 }
@@ -769,7 +828,9 @@ static void staged_destroy(void *state, c10d__backend_done_fn done, void *arg)
     atomic_store(&s->aborted, 1);
     fail_queue(&s->in_q, 1, C10D_EABORTED, "the group was destroyed");
     fail_queue(&s->out_q, 0, C10D_EABORTED, "the group was destroyed");
-    c10d__tcp_backend.destroy(s->inner, done, arg);
+    void *inner = s->inner;
+    s->inner = NULL; /* ops settling later must not reach it */
+    c10d__tcp_backend.destroy(inner, done, arg);
     state_unref(s);
 }
 
