@@ -325,6 +325,8 @@ C10D_EXPORT const char *c10d_pg_name(const c10d_pg *pg);
 C10D_EXPORT const char *c10d_pg_desc(const c10d_pg *pg);
 C10D_EXPORT const char *c10d_pg_backend(const c10d_pg *pg);
 C10D_EXPORT uint64_t c10d_pg_seq(c10d_pg *pg);
+/* The sequence number of the group's last point-to-point op (or batch). */
+C10D_EXPORT uint64_t c10d_pg_p2p_seq(c10d_pg *pg);
 /* 1 while the default group exists (torch's is_initialized). */
 C10D_EXPORT int c10d_is_initialized(void);
 /* Graceful: waits (bounded) for pending ops, then frees. */

@@ -951,6 +951,16 @@ uint64_t c10d_pg_seq(c10d_pg *pg)
     return seq;
 }
 
+uint64_t c10d_pg_p2p_seq(c10d_pg *pg)
+{
+    if (pg == NULL)
+        return 0;
+    uv_mutex_lock(&pg->mutex);
+    uint64_t seq = pg->p2p_seq;
+    uv_mutex_unlock(&pg->mutex);
+    return seq;
+}
+
 int c10d_is_initialized(void)
 {
     uv_once(&registry_once, registry_init);

@@ -78,6 +78,21 @@ static int mesh_main(int rank, int n, void *arg)
             return 1;
     }
     MP_CHECK(c10d_pg_seq(tpg) == 6, "tp seq %llu", (unsigned long long)c10d_pg_seq(tpg));
+    MP_CHECK(c10d_pg_p2p_seq(tpg) == 0, "tp p2p seq %llu",
+             (unsigned long long)c10d_pg_p2p_seq(tpg));
+    int32_t token = rank;
+    int peer = tp ^ 1;
+    MP_CHECK(c10d_pg_rank(tpg) == tp, "tp rank");
+    c10d_p2p_op ops[2] = {{C10D_P2P_SEND, &token, 1, C10D_INT32, peer, 3},
+                          {C10D_P2P_RECV, &token, 1, C10D_INT32, peer, 3}};
+    int32_t got = -1;
+    ops[1].buf = &got;
+    c10d_work *w = NULL;
+    MP_CHECK(c10d_batch_isend_irecv(tpg, ops, 2, NULL, &w) == 0 && c10d_work_wait_release(w) == 0,
+             "tp exchange: %s", c10d_last_error());
+    MP_CHECK(got == (rank ^ 1), "tp exchange got %d", got);
+    MP_CHECK(c10d_pg_p2p_seq(tpg) == 1, "tp p2p seq %llu",
+             (unsigned long long)c10d_pg_p2p_seq(tpg));
     c10d_pg_destroy(dpg);
     c10d_pg_destroy(ppg);
     c10d_pg_destroy(tpg);
