@@ -157,6 +157,7 @@ struct host_free {
     struct staging_block *blocks;
 };
 
+/* The worker owns hf: `after` does not run once the engine has shut down. */
 static void host_free_work(void *arg)
 {
     struct host_free *hf = arg;
@@ -165,11 +166,12 @@ static void host_free_work(void *arg)
         hf->cu->cudaFreeHost(b->mem);
         free(b);
     }
+    free(hf);
 }
 
 static void host_free_after(void *arg)
 {
-    free(arg);
+    (void)arg;
 }
 
 static void blocks_free(const struct c10d__cudart_api *cu, struct staging_block *blocks)
@@ -181,7 +183,7 @@ static void blocks_free(const struct c10d__cudart_api *cu, struct staging_block 
         return; /* left pinned until the process ends */
     *hf = (struct host_free){cu, blocks};
     if (c10d__engine_offload(host_free_work, host_free_after, hf) != 0)
-        free(hf); /* the engine is gone: left pinned until the process ends */
+        host_free_work(hf); /* the engine is gone: there is no loop left to stall */
 }
 
 static void block_put(struct staged_state *s, struct staging_block *b)
