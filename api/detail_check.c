@@ -22,9 +22,19 @@
 #include <string.h>
 #include <strings.h>
 
+/* Asked on every collective: parsed once per environment load, not under
+ * the environment table's lock each time. */
+static atomic_uint detail_seen; /* generation << 1 | enabled; 0: never read */
+
 int c10d__pg_detail_enabled(void)
 {
-    return strcasecmp(c10d__env_str(C10D_ENV_DEBUG), "DETAIL") == 0;
+    unsigned gen = c10d__env_generation();
+    unsigned seen = atomic_load_explicit(&detail_seen, memory_order_relaxed);
+    if (seen >> 1 != gen) {
+        seen = gen << 1 | (strcasecmp(c10d__env_str(C10D_ENV_DEBUG), "DETAIL") == 0);
+        atomic_store_explicit(&detail_seen, seen, memory_order_relaxed);
+    }
+    return (int)(seen & 1);
 }
 
 int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op *op,

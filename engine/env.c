@@ -3,6 +3,7 @@
 #include "log.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -27,6 +28,9 @@ static void env_init_mutex(void)
     uv_mutex_init(&env_mutex);
 }
 
+/* Bumped on every (re)load: readers that cache a parsed value compare it. */
+static atomic_uint env_generation;
+
 static void env_load_locked(void)
 {
     for (int i = 0; i < C10D_ENV_COUNT; i++) {
@@ -42,6 +46,7 @@ static void env_load_locked(void)
             env_values[i] = strdup(v);
     }
     env_loaded = 1;
+    atomic_fetch_add(&env_generation, 1);
 }
 
 static const char *env_value(enum c10d__env_id id, int *from_fallback)
@@ -55,6 +60,16 @@ static const char *env_value(enum c10d__env_id id, int *from_fallback)
         *from_fallback = env_from_fallback[id];
     uv_mutex_unlock(&env_mutex);
     return v;
+}
+
+unsigned c10d__env_generation(void)
+{
+    unsigned g = atomic_load(&env_generation);
+    if (g == 0) {
+        env_value(0, NULL); /* the first load */
+        g = atomic_load(&env_generation);
+    }
+    return g;
 }
 
 const struct c10d__env_var *c10d__env_table(void)

@@ -122,5 +122,8 @@ int64_t c10d__env_int(enum c10d__env_id id);
 int c10d__env_bool(enum c10d__env_id id);
 /* Re-reads the environment (tests, and after the user changed it on purpose). */
 void c10d__env_reload(void);
+/* Changes with every (re)load: a value parsed once may be kept while it is
+ * the same, without the table's lock (hot paths). */
+unsigned c10d__env_generation(void);
 
 #endif
