@@ -69,14 +69,9 @@ int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op
     char prefix[48];
     snprintf(prefix, sizeof prefix, "detail/%llu", (unsigned long long)round);
     int n = pg->size;
-    void **values = calloc((size_t)n, sizeof *values);
-    size_t *lens = calloc((size_t)n, sizeof *lens);
-    int rc = 0;
-    if (values == NULL || lens == NULL)
-        rc = c10d__fail(C10D_ENOMEM, "out of memory");
-    else
-        rc = c10d__pg_store_exchange(pg->store, prefix, pg->rank, n, &mine, sizeof mine, timeout_ms,
-                                     values, lens);
+    struct c10d__pg_exchanged got;
+    int rc = c10d__pg_store_exchange(pg->store, prefix, pg->rank, n, &mine, sizeof mine, timeout_ms,
+                                     &got);
     if (rc != 0) {
         rc = c10d__fail(rc,
                         "%s %s: C10D_DEBUG=DETAIL: not every rank reached collective "
@@ -91,13 +86,13 @@ int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op
     }
     for (int r = 0; r < n; r++) {
         struct c10d__fp theirs;
-        if (lens[r] != sizeof theirs) {
+        if (got.lens[r] != sizeof theirs) {
             rc = c10d__fail(C10D_EPROTO,
                             "%s %s: C10D_DEBUG=DETAIL: rank %d's fingerprint has %zu bytes",
-                            pg->backend_name, opname, r, lens[r]);
+                            pg->backend_name, opname, r, got.lens[r]);
             goto out;
         }
-        memcpy(&theirs, values[r], sizeof theirs);
+        memcpy(&theirs, got.values[r], sizeof theirs);
         if (!c10d__fp_equal(&mine, &theirs)) {
             char msg[1024];
             c10d__fp_mismatch_message(msg, sizeof msg, seq, 0, pg->rank, &mine, r, &theirs);
@@ -113,10 +108,6 @@ int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op
         c10d__pg_store_forget(pg->store, prefix, pg->rank);
     }
 out:
-    if (values != NULL)
-        for (int r = 0; r < n; r++)
-            free(values[r]);
-    free(values);
-    free(lens);
+    c10d__pg_exchanged_free(&got);
     return rc;
 }

@@ -197,12 +197,19 @@ void c10d__pg_store_release(c10d_store *store);
 /* torch's _store_based_barrier on `store` for group `name`. */
 int c10d__pg_store_barrier(c10d_store *store, const char *name, int world_size, int64_t timeout_ms);
 /* Every one of n ranks publishes `mine` as "<prefix>/<me>" and reads all n
- * ("<prefix>/<r>" into values[r] / lens[r], malloc'd), waiting up to
- * timeout_ms for the last; the caller's thread, blocking. On failure nothing
- * is returned. c10d__pg_store_forget deletes this rank's key once nobody
- * reads it any more (asynchronous, best effort). */
+ * ("<prefix>/<r>" into out->values[r] / out->lens[r]), waiting up to
+ * timeout_ms for the last; the caller's thread, blocking. On failure *out is
+ * empty; either way c10d__pg_exchanged_free releases it.
+ * c10d__pg_store_forget deletes this rank's key once nobody reads it any
+ * more (asynchronous, best effort). */
+struct c10d__pg_exchanged {
+    int n;
+    void **values;
+    size_t *lens;
+};
 int c10d__pg_store_exchange(c10d_store *s, const char *prefix, int me, int n, const void *mine,
-                            size_t len, int64_t timeout_ms, void **values, size_t *lens);
+                            size_t len, int64_t timeout_ms, struct c10d__pg_exchanged *out);
+void c10d__pg_exchanged_free(struct c10d__pg_exchanged *x);
 void c10d__pg_store_forget(c10d_store *s, const char *prefix, int me);
 
 /* pg_object.c: references (a group is forgotten at its last unref). */

@@ -135,32 +135,37 @@ void c10d__pg_sweep_keys(c10d_pg *pg)
 
 /* ------------------------------------------------------------- exchange */
 
-int c10d__pg_store_exchange(c10d_store *s, const char *prefix, int me, int n, const void *mine,
-                            size_t len, int64_t timeout_ms, void **values, size_t *lens)
+void c10d__pg_exchanged_free(struct c10d__pg_exchanged *x)
 {
+    for (int r = 0; x->values != NULL && r < x->n; r++)
+        free(x->values[r]);
+    free(x->values);
+    free(x->lens);
+    *x = (struct c10d__pg_exchanged){0};
+}
+
+int c10d__pg_store_exchange(c10d_store *s, const char *prefix, int me, int n, const void *mine,
+                            size_t len, int64_t timeout_ms, struct c10d__pg_exchanged *out)
+{
+    *out = (struct c10d__pg_exchanged){n, calloc((size_t)n, sizeof(void *)),
+                                       calloc((size_t)n, sizeof(size_t))};
     char(*names)[C10D__PG_NAME_MAX + 40] = calloc((size_t)n, sizeof *names);
     const char **keys = calloc((size_t)n, sizeof *keys);
-    if (names == NULL || keys == NULL) {
-        free(names);
-        free(keys);
-        return c10d__fail(C10D_ENOMEM, "out of memory");
-    }
-    for (int r = 0; r < n; r++) {
+    int rc = 0;
+    if (names == NULL || keys == NULL || out->values == NULL || out->lens == NULL)
+        rc = c10d__fail(C10D_ENOMEM, "out of memory");
+    for (int r = 0; r < n && rc == 0; r++) {
         snprintf(names[r], sizeof names[r], "%s/%d", prefix, r);
         keys[r] = names[r];
-        values[r] = NULL;
-        lens[r] = 0;
     }
-    int rc = c10d_store_set_sync(s, keys[me], mine, len);
+    if (rc == 0)
+        rc = c10d_store_set_sync(s, keys[me], mine, len);
     if (rc == 0)
         rc = c10d_store_wait_sync(s, keys, (size_t)n, timeout_ms);
     if (rc == 0)
-        rc = c10d_store_multi_get_sync(s, keys, (size_t)n, values, lens);
+        rc = c10d_store_multi_get_sync(s, keys, (size_t)n, out->values, out->lens);
     if (rc != 0)
-        for (int r = 0; r < n; r++) {
-            free(values[r]);
-            values[r] = NULL;
-        }
+        c10d__pg_exchanged_free(out);
     free(keys);
     free(names);
     return rc;

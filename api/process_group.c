@@ -338,29 +338,20 @@ static int check_same_members(c10d_store *base, const char *name, int me, int wo
     format_ranks(mine, sizeof mine, global, n);
     char prefix[C10D__PG_NAME_MAX + 16];
     snprintf(prefix, sizeof prefix, "%s/members", name);
-    void **values = calloc((size_t)world_size, sizeof *values);
-    size_t *lens = calloc((size_t)world_size, sizeof *lens);
-    int rc = 0;
-    if (values == NULL || lens == NULL)
-        rc = c10d__fail(C10D_ENOMEM, "out of memory");
-    else
-        rc = c10d__pg_store_exchange(base, prefix, me, world_size, mine, strlen(mine), timeout,
-                                     values, lens);
+    struct c10d__pg_exchanged got;
+    int rc =
+        c10d__pg_store_exchange(base, prefix, me, world_size, mine, strlen(mine), timeout, &got);
     for (int r = 0; r < world_size && rc == 0; r++) {
-        if (lens[r] == strlen(mine) && memcmp(values[r], mine, lens[r]) == 0)
+        if (got.lens[r] == strlen(mine) && memcmp(got.values[r], mine, got.lens[r]) == 0)
             continue;
         rc = c10d__fail(C10D_EINVAL,
                         "global rank %d creates group %s with global ranks [%s], but global "
                         "rank %d creates it with [%.*s]: groups were created in a different "
                         "order (or with different ranks) on different ranks",
-                        me, name, mine, r, (int)(lens[r] < 900 ? lens[r] : 900),
-                        (const char *)values[r]);
+                        me, name, mine, r, (int)(got.lens[r] < 900 ? got.lens[r] : 900),
+                        (const char *)got.values[r]);
     }
-    if (values != NULL)
-        for (int r = 0; r < world_size; r++)
-            free(values[r]);
-    free(values);
-    free(lens);
+    c10d__pg_exchanged_free(&got);
     return rc;
 }
 
@@ -700,24 +691,20 @@ static int cmp_split(const void *a, const void *b)
 static int split_exchange(c10d_pg *parent, int k, int color, int key, int64_t timeout,
                           struct split_entry *all)
 {
-    int n = parent->size, rc = 0;
-    void **values = calloc((size_t)n, sizeof *values);
-    size_t *lens = calloc((size_t)n, sizeof *lens);
+    int n = parent->size;
     char prefix[32];
     snprintf(prefix, sizeof prefix, "split%d", k);
     int32_t mine[2] = {color, key};
-    if (values == NULL || lens == NULL)
-        rc = c10d__fail(C10D_ENOMEM, "out of memory");
-    else
-        rc = c10d__pg_store_exchange(parent->store, prefix, parent->rank, n, mine, sizeof mine,
-                                     timeout, values, lens);
+    struct c10d__pg_exchanged got;
+    int rc = c10d__pg_store_exchange(parent->store, prefix, parent->rank, n, mine, sizeof mine,
+                                     timeout, &got);
     for (int r = 0; r < n && rc == 0; r++) {
         int32_t v[2];
-        if (lens[r] != sizeof v) {
-            rc = c10d__fail(C10D_EPROTO, "rank %d's color and key have %zu bytes", r, lens[r]);
+        if (got.lens[r] != sizeof v) {
+            rc = c10d__fail(C10D_EPROTO, "rank %d's color and key have %zu bytes", r, got.lens[r]);
             break;
         }
-        memcpy(v, values[r], sizeof v);
+        memcpy(v, got.values[r], sizeof v);
         all[r] = (struct split_entry){v[0] < 0 ? -1 : v[0], v[1], r};
     }
     if (rc == 0 && k > 2) {
@@ -726,11 +713,7 @@ static int split_exchange(c10d_pg *parent, int k, int color, int key, int64_t ti
         snprintf(prefix, sizeof prefix, "split%d", k - 2);
         c10d__pg_store_forget(parent->store, prefix, parent->rank);
     }
-    if (values != NULL)
-        for (int r = 0; r < n; r++)
-            free(values[r]);
-    free(values);
-    free(lens);
+    c10d__pg_exchanged_free(&got);
     return rc;
 }
 
