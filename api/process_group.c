@@ -199,6 +199,19 @@ static int pg_start(c10d_pg *pg, c10d_store *base, const struct c10d__backend_vt
     return c10d__pg_create_backends(pg, vts, parent);
 }
 
+/* A group whose creation failed part way: closed and dropped; the error
+ * names the call and the group. */
+static int creation_failed(c10d_pg *pg, int rc, const char *what)
+{
+    char why[1024];
+    snprintf(why, sizeof why, "%s", c10d_last_error());
+    char name[C10D__PG_NAME_MAX + 1];
+    snprintf(name, sizeof name, "%s", pg->name);
+    pg_close(pg, 0, "creation failed");
+    c10d__pg_unref(pg);
+    return c10d__fail(rc, "%s: group %s: %s", what, name, why);
+}
+
 int c10d__pg_create_with_backend(const struct c10d__backend_vtable *vt, c10d_store *store, int rank,
                                  int size, int64_t timeout_ms, c10d_pg **out)
 {
@@ -375,13 +388,8 @@ static int start_members_group(c10d_pg *parent, const char *what, const char *na
         rc = pg_start(pg, parent->base_store, vts, split_from);
     if (rc == 0 && my_rank >= 0)
         rc = c10d__pg_store_barrier(parent->base_store, name, n, timeout);
-    if (rc != 0) {
-        char why[1024];
-        snprintf(why, sizeof why, "%s", c10d_last_error());
-        pg_close(pg, 0, "creation failed");
-        c10d__pg_unref(pg);
-        return c10d__fail(rc, "%s: group %s: %s", what, name, why);
-    }
+    if (rc != 0)
+        return creation_failed(pg, rc, what);
     *out = pg;
     return 0;
 }
@@ -546,13 +554,8 @@ int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_
     rc = pg_start(pg, base, vts, parent);
     if (rc == 0)
         rc = c10d__pg_store_barrier(base, name, world_size, timeout);
-    if (rc != 0) {
-        char why[1024];
-        snprintf(why, sizeof why, "%s", c10d_last_error());
-        pg_close(pg, 0, "creation failed");
-        c10d__pg_unref(pg);
-        return c10d__fail(rc, "c10d_pg_new_group: group %s: %s", name, why);
-    }
+    if (rc != 0)
+        return creation_failed(pg, rc, "c10d_pg_new_group");
     /* Every rank passed the barrier, so every rank has read every member
      * list: this rank's is no longer needed. */
     char prefix[C10D__PG_NAME_MAX + 16];
@@ -661,13 +664,8 @@ int c10d_pg_shrink(c10d_pg *parent, const int *excluded, int nexcluded, const c1
     }
     if (rc == 0)
         rc = c10d__pg_store_barrier(base, name, n, timeout);
-    if (rc != 0) {
-        char why[1024];
-        snprintf(why, sizeof why, "%s", c10d_last_error());
-        pg_close(pg, 0, "creation failed");
-        c10d__pg_unref(pg);
-        return c10d__fail(rc, "%s: group %s: %s", what, name, why);
-    }
+    if (rc != 0)
+        return creation_failed(pg, rc, what);
     *out = pg;
     return 0;
 }
