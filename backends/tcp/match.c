@@ -95,8 +95,11 @@ static void unexp_free(struct c10d__tcp_transport *t, struct unexp *u)
     t->unexp_pool = u;
 }
 
-static void unexp_append(struct peer *pe, struct unexp *u)
+/* Every unexpected message is linked and unlinked here, so t->unexp_n
+ * counts them (a start with none queued skips looking through them). */
+static void unexp_append(struct c10d__tcp_transport *t, struct peer *pe, struct unexp *u)
 {
+    t->unexp_n++;
     if (pe->unexp_tail != NULL)
         pe->unexp_tail->next = u;
     else
@@ -104,7 +107,7 @@ static void unexp_append(struct peer *pe, struct unexp *u)
     pe->unexp_tail = u;
 }
 
-static void unexp_unlink(struct peer *pe, struct unexp *u)
+static void unexp_unlink(struct c10d__tcp_transport *t, struct peer *pe, struct unexp *u)
 {
     struct unexp **pp = &pe->unexp_head, *prev = NULL;
     while (*pp != NULL && *pp != u) {
@@ -113,6 +116,7 @@ static void unexp_unlink(struct peer *pe, struct unexp *u)
     }
     if (*pp == NULL)
         return;
+    t->unexp_n--;
     *pp = u->next;
     if (pe->unexp_tail == u)
         pe->unexp_tail = prev;
@@ -180,7 +184,7 @@ void c10d__tcp_send(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
             if (u->w.type == F_CTS && !(u->w.flags & FLAG_P2P) && u->w.tag == x->tag &&
                 u->w.sub == x->sub) {
                 uint64_t cap = u->w.len;
-                unexp_unlink(pe, u);
+                unexp_unlink(t, pe, u);
                 unexp_free(t, u);
                 c10d__tcp_send_data(t, x, cap);
                 return;
@@ -237,7 +241,7 @@ static void recv_p2p(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
         size_t len = best->w.len;
         if (len > 0)
             memcpy(x->buf, best->data, len);
-        unexp_unlink(&t->peers[best_rank], best);
+        unexp_unlink(t, &t->peers[best_rank], best);
         unexp_free(t, best);
         x->received = len;
         c10d__tcp_send_ack(t, x);
@@ -246,7 +250,7 @@ static void recv_p2p(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
     }
     if (best != NULL) {
         struct wire w = best->w;
-        unexp_unlink(&t->peers[best_rank], best);
+        unexp_unlink(t, &t->peers[best_rank], best);
         unexp_free(t, best);
         p2p_accept(t, x, best_rank, &w);
         return;
@@ -294,7 +298,7 @@ void c10d__tcp_recv(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
             return;
         }
         if (u->w.type == F_RTS) {
-            unexp_unlink(pe, u);
+            unexp_unlink(t, pe, u);
             unexp_free(t, u);
             xlist_push(&pe->recvs, L_RECVS, x);
             c10d__tcp_send_cts(t, x);
@@ -307,7 +311,7 @@ void c10d__tcp_recv(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
         size_t len = u->w.len;
         if (len > 0)
             memcpy(x->buf, u->data, len);
-        unexp_unlink(pe, u);
+        unexp_unlink(t, pe, u);
         unexp_free(t, u);
         recv_finish(x, x->peer, len);
         return;
@@ -372,7 +376,7 @@ void c10d__tcp_body_done(struct conn *c)
             size_t len = u->w.len;
             if (!c10d__tcp_work_gone(cx) && len > 0)
                 memcpy(cx->buf, u->data, len);
-            unexp_unlink(pe, u);
+            unexp_unlink(t, pe, u);
             unexp_free(t, u);
             if (cx->ack_needed) {
                 cx->received = len;
@@ -438,7 +442,7 @@ void c10d__tcp_handle_frame(struct conn *c, const struct wire *w)
                                 (unsigned long long)w->len, c->rank);
                 return;
             }
-            unexp_append(pe, u);
+            unexp_append(t, pe, u);
             body_start(c, w, u->data, NULL, u);
         }
         break;
@@ -521,6 +525,6 @@ keep : {
         return;
     }
     u->complete = 1;
-    unexp_append(pe, u);
+    unexp_append(t, pe, u);
 }
 }

@@ -49,6 +49,8 @@ void c10d__tcp_expect(struct c10d__tcp_transport *t, uint64_t seq, uint32_t memb
         return;
     struct fp_slot *s = slot_of(t, seq, member);
     *s = (struct fp_slot){.seq = seq, .member = member, .used = 1, .fp = *fp};
+    if (t->unexp_n == 0)
+        return; /* the common case: nothing arrived ahead of the op */
     for (int r = 0; r < t->cfg.size; r++) {
         for (struct unexp *u = t->peers[r].unexp_head; u != NULL; u = u->next) {
             if ((u->w.flags & FLAG_P2P) || u->w.tag != seq || (u->w.sub >> 24) != member)

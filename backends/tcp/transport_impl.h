@@ -151,6 +151,7 @@ struct c10d__tcp_transport {
     struct xlist any_recvs;
     struct c10d__tcp_xfer *pool, *all_xfers;
     struct unexp *unexp_pool;
+    size_t unexp_n; /* unexpected messages queued, over every peer */
     struct fp_slot fps[FP_SLOTS];
     uint64_t next_order;
     void (*ready)(void *arg, int status);
