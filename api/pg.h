@@ -164,6 +164,12 @@ int c10d__pg_noop(const c10d_pg *pg, const char *opname, const c10d_op_opts *opt
 /* 0, or the error a call must return now (group failed earlier, destroyed). */
 int c10d__pg_usable_locked(const c10d_pg *pg, const char *opname);
 
+/* settings_check.c: the settings that change the wire (thresholds, lazy
+ * connections, DETAIL) compared across the ranks of a new default group;
+ * C10D_EINVAL on every rank, naming each setting and both values, when one
+ * differs. A NULL store or a single rank checks nothing. */
+int c10d__pg_settings_check(c10d_store *store, int rank, int size, int64_t timeout_ms);
+
 /* detail_check.c: C10D_DEBUG=DETAIL's fingerprint exchange before a
  * collective (caller's thread, blocking, bounded by timeout_ms); 0 or the
  * failure of this call, naming the ranks and what differs. *fatal = 1 when

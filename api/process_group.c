@@ -286,6 +286,9 @@ int c10d_pg_init(const c10d_pg_opts *opts, c10d_pg **out)
     } else {
         c10d__pg_store_retain(base);
     }
+    /* Before any backend starts: a differing wire setting would hang it. */
+    if (rc == 0)
+        rc = c10d__pg_settings_check(base, rank, size, timeout);
     c10d_pg *pg = NULL;
     if (rc == 0)
         rc = c10d__pg_alloc("0", o.group_desc != NULL ? o.group_desc : "default_pg", rank, size,
