@@ -1,6 +1,7 @@
 #!/bin/sh
 # An installed libc10d is usable from a user's C program through pkg-config
-# (shared and static) and through CMake's find_package.
+# (shared and static) and through CMake's find_package; an uninstalled one
+# through the build tree's pkg-config file.
 #   test_install.sh SOURCE_DIR BUILD_DIR
 set -eu
 src=$1
@@ -32,6 +33,12 @@ cc -std=c11 -Wall -Werror ${USER_CFLAGS:-} "$tmp/user.c" -o "$tmp/user_static" $
     $(pkg-config --static --libs c10d | tr ' ' '\n' | grep -v -- '-lc10d$' | tr '\n' ' ')
 "$tmp/user_static"
 
+# The build tree, uninstalled: its c10d-uninstalled.pc (no LD_LIBRARY_PATH:
+# it links with an rpath to the build folder).
+PKG_CONFIG_PATH="$build" cc -std=c11 -Wall -Werror ${USER_CFLAGS:-} "$tmp/user.c" \
+    -o "$tmp/user_build_tree" $(PKG_CONFIG_PATH="$build" pkg-config --cflags --libs c10d)
+"$tmp/user_build_tree"
+
 mkdir -p "$tmp/cm"
 cp "$tmp/user.c" "$tmp/cm/user.c"
 cat >"$tmp/cm/CMakeLists.txt" <<'CM'
@@ -45,4 +52,4 @@ cmake -S "$tmp/cm" -B "$tmp/cm/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
     -DCMAKE_C_FLAGS="${USER_CFLAGS:-}" -DCMAKE_EXE_LINKER_FLAGS="${USER_CFLAGS:-}" >/dev/null
 cmake --build "$tmp/cm/build" >/dev/null
 LD_LIBRARY_PATH="$libdir" "$tmp/cm/build/user"
-echo "install test: pkg-config (shared, static) and find_package all work"
+echo "install test: pkg-config (shared, static, build tree) and find_package all work"
