@@ -78,7 +78,6 @@ static int step(c10d_pg *pg, const c10d_op_opts *o, enum c10d__op_kind kind, con
     c10d_op_opts dopts = *o;
     const void *s = send;
     void *r = recv;
-#ifdef C10D_HAVE_NCCL_BACKEND
     const struct c10d__cudart_api *cu = NULL;
     void *dsend = NULL, *drecv = NULL;
     if (on_device) {
@@ -110,14 +109,6 @@ static int step(c10d_pg *pg, const c10d_op_opts *o, enum c10d__op_kind kind, con
         s = dsend;
         r = drecv;
     }
-#else
-    (void)send_bytes;
-    (void)recv_bytes;
-    if (on_device)
-        return c10d__fail(C10D_EUNSUPPORTED,
-                          "object collectives need a host backend in a library built without "
-                          "CUDA");
-#endif
     int rc;
     switch (kind) {
     case C10D_OP_ALL_GATHER:
@@ -143,7 +134,6 @@ static int step(c10d_pg *pg, const c10d_op_opts *o, enum c10d__op_kind kind, con
     }
     if (rc == 0)
         rc = c10d_work_wait_release(w);
-#ifdef C10D_HAVE_NCCL_BACKEND
     if (on_device) {
         if (rc == 0 && recv != NULL && recv_bytes > 0 &&
             cu->cudaMemcpy(recv, drecv, recv_bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
@@ -152,7 +142,6 @@ static int step(c10d_pg *pg, const c10d_op_opts *o, enum c10d__op_kind kind, con
             cu->cudaFree(drecv);
         cu->cudaFree(dsend);
     }
-#endif
     return rc;
 }
 

@@ -147,14 +147,12 @@ struct c10d__backend_vtable {
 
 /* The backends this build has (backends/registry.c). */
 extern const struct c10d__backend_vtable c10d__tcp_backend;
-#ifdef C10D_HAVE_NCCL_BACKEND
 extern const struct c10d__backend_vtable c10d__nccl_backend;
 /* tcp for CUDA buffers, staged through pinned host memory ("cuda:tcp"). */
 extern const struct c10d__backend_vtable c10d__tcp_cuda_backend;
-#endif
 
 /* The backend called `name` ("tcp", "gloo", "nccl"): 0, C10D_EINVAL
- * (unknown name) or C10D_EUNSUPPORTED (not built into this library). */
+ * (unknown name). */
 int c10d__backend_find(const char *name, const struct c10d__backend_vtable **out);
 /* Parses "tcp", "nccl", "cpu:tcp,cuda:nccl" into one backend per device type. */
 int c10d__backend_parse(const char *spec,

@@ -17,11 +17,8 @@ int c10d__backend_find(const char *name, const struct c10d__backend_vtable **out
         return 0;
     }
     if (strcmp(name, "nccl") == 0) {
-#ifdef C10D_HAVE_NCCL_BACKEND
         *out = &c10d__nccl_backend;
         return 0;
-#endif
-        return c10d__fail(C10D_EUNSUPPORTED, "backend \"nccl\" is not built into this library");
     }
     return c10d__fail(C10D_EINVAL,
                       "unknown backend \"%s\" (expected tcp, nccl or \"cpu:tcp,cuda:nccl\")", name);
@@ -98,15 +95,7 @@ int c10d__backend_parse(const char *user_spec,
         if (seen[d])
             C10D_CHECK(c10d__backend_find(names[d], &out[d]));
     /* tcp takes CUDA buffers through pinned host staging. */
-    if (out[1] == &c10d__tcp_backend) {
-#ifdef C10D_HAVE_NCCL_BACKEND
+    if (out[1] == &c10d__tcp_backend)
         out[1] = &c10d__tcp_cuda_backend;
-#else
-        return c10d__fail(C10D_EUNSUPPORTED,
-                          "backend config \"%s\": tcp with CUDA buffers needs a library built "
-                          "with CUDA",
-                          spec);
-#endif
-    }
     return 0;
 }

@@ -14,9 +14,7 @@
 #include "data.h"
 #include "engine/error.h"
 
-#ifdef C10D_BENCH_CUDA
 #include "backends/cuda/gpu_api.h"
-#endif
 
 #include <getopt.h>
 #include <stdio.h>
@@ -229,13 +227,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
         fprintf(stderr, "c10d-bench: --backend nccl takes CUDA buffers: add --device cuda\n");
         return -1;
     }
-#ifndef C10D_BENCH_CUDA
-    if (o->device == C10D_DEVICE_CUDA) {
-        fprintf(stderr, "c10d-bench: --device cuda: this build has no nccl backend (it was "
-                        "configured without the CUDA and NCCL headers)\n");
-        return -1;
-    }
-#endif
     return 0;
 }
 
@@ -277,9 +268,7 @@ struct run {
     void *scratch;       /* device: the one element of the bench's own all_reduces */
     c10d_op_opts op_opts;
     c10d_op_opts book_opts; /* the bench's own ops: the buffers' device, nothing else */
-#ifdef C10D_BENCH_CUDA
     const struct c10d__cudart_api *cu;
-#endif
 };
 
 static int on_device(const struct run *r)
@@ -293,12 +282,8 @@ static int put(struct run *r, void *dst, const void *src, size_t bytes)
 {
     if (dst == src || bytes == 0)
         return 0;
-#ifdef C10D_BENCH_CUDA
     C10D__CUDA_CHECK(r->cu, r->cu->cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice),
                      "cudaMemcpy to the device");
-#else
-    (void)r;
-#endif
     return 0;
 }
 
@@ -307,12 +292,8 @@ static int get(struct run *r, void *dst, const void *src, size_t bytes)
 {
     if (dst == src || bytes == 0)
         return 0;
-#ifdef C10D_BENCH_CUDA
     C10D__CUDA_CHECK(r->cu, r->cu->cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost),
                      "cudaMemcpy to the host");
-#else
-    (void)r;
-#endif
     return 0;
 }
 
@@ -516,7 +497,6 @@ static int run_size(struct run *r, size_t bytes, double *time_us, long *wrong)
     return rc;
 }
 
-#ifdef C10D_BENCH_CUDA
 /* One GPU per rank: LOCAL_RANK (c10drun and torchrun set it), else RANK
  * modulo the devices visible. It is made current before the group exists,
  * so that the group's communicator and the buffers land on it. */
@@ -554,11 +534,9 @@ static int alloc_device(struct run *r, size_t cap)
     C10D__CUDA_CHECK(r->cu, r->cu->cudaMalloc(&r->scratch, sizeof(int64_t)), "cudaMalloc");
     return 0;
 }
-#endif
 
 static void free_buffers(struct run *r)
 {
-#ifdef C10D_BENCH_CUDA
     if (on_device(r)) {
         /* After the group is gone: cudaFree waits for the device, and a
          * failed op's stream may be stuck until its communicator is aborted. */
@@ -566,7 +544,6 @@ static void free_buffers(struct run *r)
         r->cu->cudaFree(r->recv);
         r->cu->cudaFree(r->scratch);
     }
-#endif
     free(r->hsend);
     free(r->hrecv);
 }
@@ -582,7 +559,6 @@ int main(int argc, char **argv)
     /* tcp with CUDA buffers: staged through pinned host memory ("cuda:tcp"). */
     po.backend = o.device == C10D_DEVICE_CUDA && strcmp(o.backend, "tcp") == 0 ? "cpu:tcp,cuda:tcp"
                                                                                : o.backend;
-#ifdef C10D_BENCH_CUDA
     if (on_device(&r)) {
         int dev = 0;
         if (c10d__cuda_load(&r.cu) != 0 ||
@@ -596,7 +572,6 @@ int main(int argc, char **argv)
         po.device_index = dev;
         r.op_opts.device_index = dev;
     }
-#endif
     c10d_pg *pg;
     int rc = c10d_pg_init(&po, &pg);
     if (rc != 0) {
@@ -635,7 +610,6 @@ int main(int argc, char **argv)
     }
     r.send = r.hsend;
     r.recv = r.hrecv;
-#ifdef C10D_BENCH_CUDA
     if (on_device(&r)) {
         r.send = r.recv = NULL;
         if (alloc_device(&r, cap) != 0) {
@@ -647,7 +621,6 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-#endif
     const char *redop = is_reduction(o.op) ? c10d_reduce_op_name(o.redop) : "none";
     int root = o.op == B_BROADCAST || o.op == B_REDUCE ? o.root : -1;
     if (r.rank == 0) {

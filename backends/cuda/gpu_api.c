@@ -57,38 +57,11 @@ static int resolve(void *h, const char *lib, const char *const *names, void *tab
     return 0;
 }
 
-#define NAME(fn) #fn,
-static const char *const cudart_names[] = {
-    NAME(cudaGetDeviceCount) NAME(cudaSetDevice) NAME(cudaGetDevice) NAME(cudaRuntimeGetVersion)
-        NAME(cudaDriverGetVersion) NAME(cudaGetErrorString) NAME(cudaGetLastError)
-            NAME(cudaDeviceGetStreamPriorityRange) NAME(cudaStreamCreateWithPriority)
-                NAME(cudaStreamDestroy) NAME(cudaStreamSynchronize) NAME(cudaStreamWaitEvent)
-                    NAME(cudaStreamIsCapturing) NAME(cudaThreadExchangeStreamCaptureMode)
-                        NAME(cudaEventCreateWithFlags) NAME(cudaEventDestroy) NAME(cudaEventRecord)
-                            NAME(cudaEventQuery) NAME(cudaEventSynchronize) NAME(cudaLaunchHostFunc)
-                                NAME(cudaMalloc) NAME(cudaFree) NAME(cudaHostAlloc)
-                                    NAME(cudaFreeHost) NAME(cudaMemcpy) NAME(cudaMemcpyAsync)
-                                        NAME(cudaMemsetAsync) NAME(cudaDeviceSynchronize)
-                                            NAME(cudaLibraryLoadData) NAME(cudaLibraryGetKernel)
-                                                NAME(cudaLaunchKernel)};
-static const char *const nccl_names[] = {
-    NAME(ncclGetVersion) NAME(ncclGetErrorString) NAME(ncclGetLastError) NAME(ncclGetUniqueId)
-        NAME(ncclCommInitRankConfig) NAME(ncclCommInitRankScalable) NAME(ncclCommSplit)
-            NAME(ncclCommShrink) NAME(ncclCommFinalize) NAME(ncclCommDestroy) NAME(ncclCommAbort)
-                NAME(ncclCommGetAsyncError) NAME(ncclCommCount) NAME(ncclCommUserRank)
-                    NAME(ncclRedOpCreatePreMulSum) NAME(ncclRedOpDestroy) NAME(ncclAllReduce)
-                        NAME(ncclBroadcast) NAME(ncclReduce) NAME(ncclAllGather)
-                            NAME(ncclReduceScatter) NAME(ncclSend) NAME(ncclRecv)
-                                NAME(ncclGroupStart) NAME(ncclGroupEnd)};
+/* The symbol names, in the order of the tables' entries (one list makes both). */
+#define NAME(ret, fn, params) #fn,
+static const char *const cudart_names[] = {C10D__CUDART_FUNCTIONS(NAME)};
+static const char *const nccl_names[] = {C10D__NCCL_FUNCTIONS(NAME)};
 #undef NAME
-
-/* The tables are arrays of function pointers in declaration order. */
-_Static_assert(sizeof(struct c10d__cudart_api) ==
-                   sizeof cudart_names / sizeof *cudart_names * sizeof(void (*)(void)),
-               "cudart_names must list every entry of c10d__cudart_api, in order");
-_Static_assert(sizeof(struct c10d__nccl_api) ==
-                   sizeof nccl_names / sizeof *nccl_names * sizeof(void (*)(void)),
-               "nccl_names must list every entry of c10d__nccl_api, in order");
 
 static void load_cuda(void)
 {
@@ -171,10 +144,10 @@ static void version_text(int code, char *buf, size_t len)
 
 void c10d__gpu_describe(char *buf, size_t len)
 {
-    char compiled[32], loaded[32] = "not loaded";
-    version_text(NCCL_VERSION_CODE, compiled, sizeof compiled);
+    char declared[32], loaded[32] = "not loaded";
+    version_text(NCCL_VERSION_CODE, declared, sizeof declared);
     if (api.nccl_version != 0)
         version_text(api.nccl_version, loaded, sizeof loaded);
-    snprintf(buf, len, "nccl backend (headers: nccl %s, cuda runtime %d; loaded: nccl %s%s%s)",
-             compiled, CUDART_VERSION, loaded, api.nccl_path[0] ? " from " : "", api.nccl_path);
+    snprintf(buf, len, "nccl backend (declared for nccl %s, cuda runtime %d; loaded: nccl %s%s%s)",
+             declared, CUDART_VERSION, loaded, api.nccl_path[0] ? " from " : "", api.nccl_path);
 }

@@ -5,82 +5,27 @@
  * versioned sonames or by the files C10D_CUDART_LIBRARY / C10D_NCCL_LIBRARY
  * name. One build thus runs on machines with and without GPUs, and a test
  * can point both variables at the CPU simulation (test/gpusim/) to run the
- * very suite that runs against real hardware. Building needs only the
- * headers, which also type every entry below: a table entry has exactly the
- * type of the function it holds. */
+ * very suite that runs against real hardware. Building needs no CUDA file
+ * at all: gpu_decls.h declares the part of both interfaces we use, and each
+ * table below is made from its list there, so an entry has exactly the type
+ * of the function it holds. */
 #ifndef C10D_BACKENDS_CUDA_GPU_API_H
 #define C10D_BACKENDS_CUDA_GPU_API_H
 
-#include <cuda_runtime_api.h>
-#include <nccl.h>
+#include "backends/cuda/gpu_decls.h"
 
 #include <stddef.h>
 
-#define C10D__GPU_FN(name) __typeof__(&name) name
+#define C10D__GPU_FN(ret, name, params) __typeof__(&name) name;
 
 /* The CUDA runtime entries the library and its tests use. */
 struct c10d__cudart_api {
-    C10D__GPU_FN(cudaGetDeviceCount);
-    C10D__GPU_FN(cudaSetDevice);
-    C10D__GPU_FN(cudaGetDevice);
-    C10D__GPU_FN(cudaRuntimeGetVersion);
-    C10D__GPU_FN(cudaDriverGetVersion);
-    C10D__GPU_FN(cudaGetErrorString);
-    C10D__GPU_FN(cudaGetLastError);
-    C10D__GPU_FN(cudaDeviceGetStreamPriorityRange);
-    C10D__GPU_FN(cudaStreamCreateWithPriority);
-    C10D__GPU_FN(cudaStreamDestroy);
-    C10D__GPU_FN(cudaStreamSynchronize);
-    C10D__GPU_FN(cudaStreamWaitEvent);
-    C10D__GPU_FN(cudaStreamIsCapturing);
-    C10D__GPU_FN(cudaThreadExchangeStreamCaptureMode);
-    C10D__GPU_FN(cudaEventCreateWithFlags);
-    C10D__GPU_FN(cudaEventDestroy);
-    C10D__GPU_FN(cudaEventRecord);
-    C10D__GPU_FN(cudaEventQuery);
-    C10D__GPU_FN(cudaEventSynchronize);
-    C10D__GPU_FN(cudaLaunchHostFunc);
-    C10D__GPU_FN(cudaMalloc);
-    C10D__GPU_FN(cudaFree);
-    C10D__GPU_FN(cudaHostAlloc);
-    C10D__GPU_FN(cudaFreeHost);
-    C10D__GPU_FN(cudaMemcpy);
-    C10D__GPU_FN(cudaMemcpyAsync);
-    C10D__GPU_FN(cudaMemsetAsync);
-    C10D__GPU_FN(cudaDeviceSynchronize);
-    /* the NaN check kernel (nan_check.h) */
-    C10D__GPU_FN(cudaLibraryLoadData);
-    C10D__GPU_FN(cudaLibraryGetKernel);
-    C10D__GPU_FN(cudaLaunchKernel);
+    C10D__CUDART_FUNCTIONS(C10D__GPU_FN)
 };
 
 /* The NCCL entries the nccl backend uses. */
 struct c10d__nccl_api {
-    C10D__GPU_FN(ncclGetVersion);
-    C10D__GPU_FN(ncclGetErrorString);
-    C10D__GPU_FN(ncclGetLastError);
-    C10D__GPU_FN(ncclGetUniqueId);
-    C10D__GPU_FN(ncclCommInitRankConfig);
-    C10D__GPU_FN(ncclCommInitRankScalable);
-    C10D__GPU_FN(ncclCommSplit);
-    C10D__GPU_FN(ncclCommShrink);
-    C10D__GPU_FN(ncclCommFinalize);
-    C10D__GPU_FN(ncclCommDestroy);
-    C10D__GPU_FN(ncclCommAbort);
-    C10D__GPU_FN(ncclCommGetAsyncError);
-    C10D__GPU_FN(ncclCommCount);
-    C10D__GPU_FN(ncclCommUserRank);
-    C10D__GPU_FN(ncclRedOpCreatePreMulSum);
-    C10D__GPU_FN(ncclRedOpDestroy);
-    C10D__GPU_FN(ncclAllReduce);
-    C10D__GPU_FN(ncclBroadcast);
-    C10D__GPU_FN(ncclReduce);
-    C10D__GPU_FN(ncclAllGather);
-    C10D__GPU_FN(ncclReduceScatter);
-    C10D__GPU_FN(ncclSend);
-    C10D__GPU_FN(ncclRecv);
-    C10D__GPU_FN(ncclGroupStart);
-    C10D__GPU_FN(ncclGroupEnd);
+    C10D__NCCL_FUNCTIONS(C10D__GPU_FN)
 };
 
 struct c10d__gpu_api {

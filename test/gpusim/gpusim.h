@@ -11,8 +11,7 @@
 #ifndef C10D_GPUSIM_H
 #define C10D_GPUSIM_H
 
-#include <cuda_runtime_api.h>
-#include <nccl.h>
+#include "backends/cuda/gpu_decls.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

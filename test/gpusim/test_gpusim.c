@@ -9,8 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <cuda_runtime_api.h>
-#include <nccl.h>
+#include "backends/cuda/gpu_decls.h"
 
 #include "mp_harness.h"
 
