@@ -707,6 +707,28 @@ typedef struct c10d_rendezvous_result {
 C10D_EXPORT int c10d_rendezvous(const char *url, const c10d_rendezvous_opts *opts,
                                 c10d_rendezvous_result *out);
 
+/* Who started this process (docs/launchers.md): what the env:// rendezvous
+ * reads from torchrun/c10drun, Kubeflow's PyTorchJob, Open MPI's mpirun,
+ * MPICH/Hydra or Slurm's srun. Usable before any group exists, e.g. to pick
+ * this rank's GPU from local_rank. */
+typedef struct c10d_launch_info {
+    size_t struct_size;   /* sizeof(c10d_launch_info): C10D_LAUNCH_INFO_INIT */
+    int rank;             /* -1: no launcher detected */
+    int world_size;       /* -1: no launcher detected */
+    int local_rank;       /* rank on this node; -1: the launcher does not say */
+    int local_world_size; /* processes on this node; -1: the launcher does not say */
+    const char *launcher; /* "torchrun/c10drun", "Open MPI", "Slurm srun", ..., "none" */
+} c10d_launch_info;
+#define C10D_LAUNCH_INFO_INIT                                                                      \
+    {                                                                                              \
+        .struct_size = sizeof(c10d_launch_info)                                                    \
+    }
+
+/* Reads the environment now (no I/O, no engine). No launcher: 0 with
+ * rank -1 and launcher "none". A launcher whose variables are half-set or
+ * inconsistent: C10D_EINVAL with the message env:// would give. */
+C10D_EXPORT int c10d_launch_query(c10d_launch_info *info);
+
 /* The store-based barrier of init_process_group on `store`: every one of
  * world_size callers adds itself to "store_based_barrier_key:<name>" and waits
  * for the last. */

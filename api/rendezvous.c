@@ -3,6 +3,7 @@
  * otherwise; the store-based barrier of init_process_group. */
 #include "c10d.h"
 
+#include "api/launch_env.h"
 #include "engine/env.h"
 #include "engine/error.h"
 #include "engine/log.h"
@@ -23,7 +24,9 @@
 #include <string.h>
 
 #define DEFAULT_TIMEOUT_MS 300000
-#define BARRIER_LOG_MS     10000
+/* A missing rank (WORLD_SIZE above the ranks started) must show long before
+ * the 30-minute default timeout: a warning this often names the count. */
+#define BARRIER_LOG_MS 30000
 
 /* ----------------------------------------------------- embedded servers */
 
@@ -286,17 +289,6 @@ static int parse_url(const char *url, struct url *u)
     return parse_query(url, q ? q + 1 : NULL, u);
 }
 
-static int env_int(enum c10d__env_id id, const char *name, long lo, long hi, long *out)
-{
-    const char *v = c10d__env_str(id);
-    if (!v || !*v)
-        return c10d__fail(C10D_EINVAL,
-                          "rendezvous env://: environment variable %s expected, but not set", name);
-    if (parse_int(v, strlen(v), lo, hi, out) < 0)
-        return c10d__fail(C10D_EINVAL, "rendezvous env://: %s='%s' is not a valid value", name, v);
-    return 0;
-}
-
 /* ------------------------------------------------------------ the barrier */
 
 int c10d_store_barrier(c10d_store *store, const char *name, int world_size, int64_t timeout_ms)
@@ -316,7 +308,7 @@ int c10d_store_barrier(c10d_store *store, const char *name, int world_size, int6
     C10D_CHECK(c10d_store_add_sync(store, key, 0, &joined));
     if (joined == world_size)
         C10D_CHECK(c10d_store_set_sync(store, last, "1", 1));
-    /* torch: at least 10 s + 1 s per thousand ranks between progress lines */
+    /* 30 s + 1 s per thousand ranks between progress lines */
     int64_t interval = BARRIER_LOG_MS + world_size;
     uint64_t start = c10d__now_ms();
     const char *keys[] = {last};
@@ -338,10 +330,11 @@ int c10d_store_barrier(c10d_store *store, const char *name, int world_size, int6
                               "key: %s (world_size=%d, num_workers_joined=%" PRId64
                               ", timeout=%" PRId64 " ms error=%s)",
                               key, world_size, joined, timeout_ms, err);
-        C10D_INFO("rendezvous",
-                  "waiting in store based barrier for %.1f s: key %s (world_size=%d, "
-                  "num_workers_joined=%" PRId64 ", timeout=%" PRId64 " ms)",
-                  (double)spent / 1000, key, world_size, joined, timeout_ms);
+        C10D_WARN("rendezvous",
+                  "waiting for %" PRId64 " more ranks: %" PRId64 " of %d arrived after %.0f s in "
+                  "the store based barrier (key %s, timeout %" PRId64
+                  " ms); is WORLD_SIZE the number of ranks started?",
+                  world_size - joined, joined, world_size, (double)spent / 1000, key, timeout_ms);
     }
     C10D_DEBUG("rendezvous", "completed store based barrier for key %s with %d nodes", key,
                world_size);
@@ -381,24 +374,18 @@ int c10d_rendezvous(const char *url, const c10d_rendezvous_opts *opts, c10d_rend
     }
     int agent = 0;
     if (!strcmp(u.scheme, "env")) {
-        long v;
         /* torch reads os.environ at init time: so do we. */
         c10d__env_reload();
-        const char *addr = c10d__env_str(C10D_ENV_MASTER_ADDR);
-        if (!addr || !*addr)
-            return c10d__fail(C10D_EINVAL, "rendezvous env://: environment variable MASTER_ADDR "
-                                           "expected, but not set");
-        C10D_CHECK(env_int(C10D_ENV_MASTER_PORT, "MASTER_PORT", 1, 65535, &v));
-        snprintf(u.host, sizeof u.host, "%s", addr);
-        u.port = (int)v;
+        struct c10d__launch launch; /* the launcher's variables (launch_env.c) */
+        C10D_CHECK(c10d__launch_detect(!u.has_rank || !u.has_world_size, o.timeout_ms, &launch));
+        snprintf(u.host, sizeof u.host, "%s", launch.master_addr);
+        u.port = launch.master_port;
         if (!u.has_rank) {
-            C10D_CHECK(env_int(C10D_ENV_RANK, "RANK", 0, INT32_MAX, &v));
-            u.rank = (int)v;
+            u.rank = launch.rank;
             u.has_rank = 1;
         }
         if (!u.has_world_size) {
-            C10D_CHECK(env_int(C10D_ENV_WORLD_SIZE, "WORLD_SIZE", 1, INT32_MAX, &v));
-            u.world_size = (int)v;
+            u.world_size = launch.world_size;
             u.has_world_size = 1;
         }
         const char *a = c10d__env_str(C10D_ENV_USE_AGENT_STORE);

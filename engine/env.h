@@ -58,6 +58,54 @@
     X(USE_AGENT_STORE, "TORCHELASTIC_USE_AGENT_STORE", NULL, "",                                   \
       "True: torchrun's agent hosts the store, so rank 0 connects as a client instead of "         \
       "hosting one")                                                                               \
+    X(TORCHELASTIC_RESTART_COUNT, "TORCHELASTIC_RESTART_COUNT", NULL, "0",                         \
+      "rendezvous on an agent or external store: the attempt whose key namespace is used "         \
+      "(set by torchrun on each restart)")                                                         \
+    X(LOCAL_RANK, "LOCAL_RANK", NULL, "", "env:// rendezvous: this process's rank on its node")   \
+    X(LOCAL_WORLD_SIZE, "LOCAL_WORLD_SIZE", NULL, "",                                              \
+      "env:// rendezvous: number of processes on this node")                                       \
+    X(TORCHELASTIC_RUN_ID, "TORCHELASTIC_RUN_ID", NULL, "",                                        \
+      "env:// rendezvous: set by torchrun and c10drun; names the launcher in messages")            \
+    X(PET_NNODES, "PET_NNODES", NULL, "",                                                          \
+      "env:// rendezvous: set by Kubeflow's PyTorchJob (one process per pod, local rank 0)")       \
+    X(PET_NODE_RANK, "PET_NODE_RANK", NULL, "", "env:// rendezvous: Kubeflow PyTorchJob's pod index") \
+    X(PET_NPROC_PER_NODE, "PET_NPROC_PER_NODE", NULL, "",                                          \
+      "env:// rendezvous: Kubeflow PyTorchJob's processes per pod (more than 1 needs a launcher "   \
+      "in the pod)")                                                                               \
+    X(OMPI_RANK, "OMPI_COMM_WORLD_RANK", NULL, "", "env:// rendezvous: rank under Open MPI's mpirun") \
+    X(OMPI_SIZE, "OMPI_COMM_WORLD_SIZE", NULL, "", "env:// rendezvous: size under Open MPI's mpirun") \
+    X(OMPI_LOCAL_RANK, "OMPI_COMM_WORLD_LOCAL_RANK", NULL, "",                                     \
+      "env:// rendezvous: local rank under Open MPI's mpirun")                                     \
+    X(OMPI_LOCAL_SIZE, "OMPI_COMM_WORLD_LOCAL_SIZE", NULL, "",                                     \
+      "env:// rendezvous: local size under Open MPI's mpirun")                                     \
+    X(PMI_RANK, "PMI_RANK", NULL, "", "env:// rendezvous: rank under MPICH/Hydra (PMI)")            \
+    X(PMI_SIZE, "PMI_SIZE", NULL, "", "env:// rendezvous: size under MPICH/Hydra (PMI)")            \
+    X(MPI_LOCALRANKID, "MPI_LOCALRANKID", NULL, "",                                                \
+      "env:// rendezvous: local rank under MPICH/Hydra")                                           \
+    X(MPI_LOCALNRANKS, "MPI_LOCALNRANKS", NULL, "",                                                \
+      "env:// rendezvous: local size under MPICH/Hydra")                                           \
+    X(SLURM_PROCID, "SLURM_PROCID", NULL, "", "env:// rendezvous: rank of an srun task")           \
+    X(SLURM_NTASKS, "SLURM_NTASKS", NULL, "", "env:// rendezvous: tasks of the srun step")        \
+    X(SLURM_LOCALID, "SLURM_LOCALID", NULL, "", "env:// rendezvous: task's rank on its node")      \
+    X(SLURM_NODEID, "SLURM_NODEID", NULL, "",                                                      \
+      "env:// rendezvous: the node's index in the step (with SLURM_STEP_TASKS_PER_NODE)")          \
+    X(SLURM_STEP_TASKS_PER_NODE, "SLURM_STEP_TASKS_PER_NODE", NULL, "",                            \
+      "env:// rendezvous: tasks per node of the step (\"2(x3),1\"): the local size")               \
+    X(SLURM_NTASKS_PER_NODE, "SLURM_NTASKS_PER_NODE", NULL, "",                                    \
+      "env:// rendezvous: local size when SLURM_STEP_TASKS_PER_NODE is not set")                   \
+    X(SLURM_STEP_NODELIST, "SLURM_STEP_NODELIST", NULL, "",                                        \
+      "env:// rendezvous: the step's nodes; the first hosts the store when MASTER_ADDR is unset")  \
+    X(SLURM_JOB_ID, "SLURM_JOB_ID", NULL, "",                                                      \
+      "env:// rendezvous: with SLURM_STEP_ID, the store's port when MASTER_PORT is unset")         \
+    X(SLURM_STEP_ID, "SLURM_STEP_ID", NULL, "",                                                    \
+      "env:// rendezvous: required under Slurm: unset means a batch script or salloc shell, not "  \
+      "srun")                                                                                      \
+    X(PMIX_NAMESPACE, "PMIX_NAMESPACE", NULL, "",                                                  \
+      "env:// rendezvous: set by a PMIx server (mpirun): rank 0's address is exchanged through "   \
+      "PMIx when MASTER_ADDR is unset")                                                            \
+    X(PMIX_RANK, "PMIX_RANK", NULL, "", "env:// rendezvous: the process's PMIx rank")              \
+    X(PMIX_LIBRARY, "C10D_PMIX_LIBRARY", NULL, "",                                                 \
+      "the PMIx client library to load at run time (default: libpmix.so.2, then libpmix.so)")      \
     X(STORE_BIND, "C10D_STORE_BIND", NULL, "",                                                     \
       "address rank 0's embedded store listens on (default: the address MASTER_ADDR resolves "     \
       "to; * for every interface)")                                                                \
