@@ -5,9 +5,18 @@
 #   scripts/test.sh normal     only the normal build
 #   scripts/test.sh asan       only the sanitizer build
 #   scripts/test.sh tsan       the engine tests under ThreadSanitizer
+#
+# The two builds see different machines. The normal one hides the CUDA
+# toolkit (C10D_CUDA_ROOT points nowhere, nvcc is not used): the library,
+# the nccl backend and its suite on the CPU simulation must build and pass
+# with no CUDA header, as on a host without CUDA (test_gpu_decls skips
+# there). The sanitizer build keeps the default CUDA root, so where CUDA
+# and NCCL are installed test_gpu_decls checks libc10d's declarations of
+# them against the real headers and nvcc builds the NaN check kernel.
 set -eu
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh test
+scripts/install-deps.sh launchers # mpirun, srun: test/launchers/
 jobs=$(nproc)
 which=${1:-all}
 
@@ -22,8 +31,8 @@ run_suite() { # dir, cmake flags...
 }
 
 if [ "$which" = all ] || [ "$which" = normal ]; then
-    echo "== normal build (Release) =="
-    run_suite build-test -DCMAKE_BUILD_TYPE=Release
+    echo "== normal build (Release), no CUDA toolkit =="
+    run_suite build-test -DCMAKE_BUILD_TYPE=Release -DC10D_CUDA_ROOT=/nonexistent -DC10D_NVCC=OFF
 fi
 if [ "$which" = all ] || [ "$which" = asan ]; then
     echo "== AddressSanitizer + UBSan build =="
