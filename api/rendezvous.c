@@ -3,6 +3,7 @@
  * otherwise; the store-based barrier of init_process_group. */
 #include "c10d.h"
 
+#include "api/attempt.h"
 #include "api/launch_env.h"
 #include "engine/env.h"
 #include "engine/error.h"
@@ -420,11 +421,17 @@ int c10d_rendezvous(const char *url, const c10d_rendezvous_opts *opts, c10d_rend
                               msg);
         }
     }
+    /* A store this job did not start may hold earlier jobs' and attempts'
+     * keys: this job's go under a namespace of its own (attempt.c). */
+    int shared_store = strcmp(u.scheme, "file") != 0 && (agent || o.external_store);
     c10d_store *store = NULL;
-    int rc = c10d_store_prefix(base, "default_pg", &store);
+    int rc = c10d__attempt_store(base, u.rank, u.world_size, shared_store, o.timeout_ms, &store);
     c10d_store_release(base);
-    if (rc < 0)
-        return rc;
+    if (rc < 0) {
+        char msg[800];
+        snprintf(msg, sizeof msg, "%s", c10d_last_error());
+        return c10d__fail(rc, "rendezvous %s (rank %d of %d): %s", url, u.rank, u.world_size, msg);
+    }
     if (!o.no_barrier) {
         rc = c10d_store_barrier(store, "0", u.world_size, o.timeout_ms);
         if (rc < 0) {

@@ -1,0 +1,22 @@
+/* This file is private. Where one rendezvous keeps its keys in a store that
+ * may outlive the job (docs/semantics.md, 1: attempt namespaces). */
+#ifndef C10D_API_ATTEMPT_H
+#define C10D_API_ATTEMPT_H
+
+#include "c10d.h"
+
+#include <stdint.h>
+
+/* The store a rendezvous hands out ("default_pg/"-prefixed) over `base`.
+ * shared == 0 (a store this job's rank 0 just started): "default_pg", as
+ * torch. shared == 1 (an agent or external store, which may hold keys of
+ * earlier jobs and attempts): "<attempt namespace>/gen_<g>/default_pg",
+ * where the namespace comes from the launcher's job id and restart count
+ * and g is a generation rank 0 takes and hands to every other rank, so no
+ * rank ever reads a key an earlier job wrote; rank 0 then deletes what
+ * earlier generations and attempts left. Blocks on store round trips,
+ * bounded by timeout_ms; never on the loop thread. */
+int c10d__attempt_store(c10d_store *base, int rank, int world_size, int shared, int64_t timeout_ms,
+                        c10d_store **out);
+
+#endif
