@@ -364,6 +364,221 @@ else
         "(looked for ${BUILD:-<no build dir>}/store_server/c10d-store)"
 fi
 
+# ---------------------------------------------------------------- option names, PET_* defaults
+c10drun --nnodez 2 -n 1 true >/dev/null 2>"$T/typo.err"
+expect_rc typo $? 2
+expect_line typo "$T/typo.err" "c10drun: unknown option --nnodez; did you mean --nnodes?"
+c10drun --max_restrats 1 -n 1 true >/dev/null 2>"$T/typo2.err"
+expect_rc typo-underscore $? 2
+expect_line typo-underscore "$T/typo2.err" "c10drun: unknown option --max_restrats; did you mean --max-restarts?"
+c10drun --frobnicate -n 1 true >/dev/null 2>"$T/typo3.err"
+expect_rc typo-far $? 2
+expect_line typo-far "$T/typo3.err" "c10drun: unknown option --frobnicate (c10drun --help lists them)"
+c10drun -n 1 --nnodes >/dev/null 2>"$T/noval.err"
+expect_rc no-value $? 2
+expect_line no-value "$T/noval.err" "c10drun: option --nnodes wants a value"
+"$RUN" --help >"$T/help.out"
+for flag in --nnodes --node-rank --rdzv-endpoint --rdzv-backend --rdzv-id --standalone \
+    --max-restarts --failure-grace-ms --log-dir --tee --redirects PET_FOO_BAR; do
+    if grep -q -- "$flag" "$T/help.out"; then pass "help: names $flag"; else fail "help: no $flag"; fi
+done
+
+# PET_<OPTION> is the option's default; the command line wins.
+PET_NPROC_PER_NODE=2 PET_MAX_RESTARTS=4 PET_RDZV_ID=petjob c10drun \
+    sh -c 'echo "$RANK/$WORLD_SIZE $TORCHELASTIC_MAX_RESTARTS $TORCHELASTIC_RUN_ID"' >"$T/pet.out" 2>&1
+expect_rc pet $? 0
+expect_line pet "$T/pet.out" "[rank1]: 1/2 4 petjob"
+PET_NPROC_PER_NODE=2 PET_RUN_ID=x c10drun -n 3 --run-id cmdline sh -c 'echo "$WORLD_SIZE $TORCHELASTIC_RUN_ID"' \
+    >"$T/pet2.out" 2>&1
+expect_rc pet-overridden $? 0
+expect_line pet-overridden "$T/pet2.out" "[rank2]: 3 cmdline"
+PET_NNODES=0 c10drun -n 1 true >/dev/null 2>"$T/pet3.err"
+expect_rc pet-bad $? 2
+expect_match pet-bad "$T/pet3.err" '^c10drun: PET_NNODES wants a number of nodes'
+PET_STANDALONE=1 c10drun -n 1 sh -c 'echo "$MASTER_ADDR $GROUP_WORLD_SIZE"' >"$T/pet4.out" 2>&1
+expect_rc pet-flag $? 0
+expect_line pet-flag "$T/pet4.out" "[rank0]: 127.0.0.1 1"
+
+# ---------------------------------------------------------------- --nnodes, --node-rank, --standalone
+c10drun --nnodes 1:4 -n 1 true >/dev/null 2>"$T/elastic.err"
+expect_rc nnodes-elastic $? 2
+expect_match nnodes-elastic "$T/elastic.err" 'elastic membership \(MIN:MAX nodes\) is not supported'
+c10drun --nnodes 1:1 -n 1 sh -c 'echo "$GROUP_WORLD_SIZE"' >"$T/nn11.out" 2>&1
+expect_rc nnodes-N:N $? 0
+expect_line nnodes-N:N "$T/nn11.out" "[rank0]: 1"
+c10drun --nnodes 2 --rdzv-endpoint 127.0.0.1:1 -n 1 true >/dev/null 2>"$T/nonr.err"
+expect_rc nnodes-no-node-rank $? 2
+expect_match nnodes-no-node-rank "$T/nonr.err" '^c10drun: --nnodes 2 needs --node-rank R'
+c10drun --nnodes 2 --node-rank 1 -n 1 true >/dev/null 2>"$T/noep.err"
+expect_rc nnodes-no-endpoint $? 2
+expect_match nnodes-no-endpoint "$T/noep.err" 'needs --rdzv-endpoint HOST:PORT'
+c10drun --nnodes 2 --node-rank 2 --rdzv-endpoint 127.0.0.1 -n 1 true >/dev/null 2>"$T/nrr.err"
+expect_rc node-rank-range $? 2
+expect_line node-rank-range "$T/nrr.err" "c10drun: --node-rank 2 is out of range for --nnodes 2"
+c10drun --nnodes 2 --node-rank 0 --rdzv-endpoint 127.0.0.1:1 --store embedded -n 1 true \
+    >/dev/null 2>"$T/emb.err"
+expect_rc nnodes-embedded $? 2
+c10drun --rdzv-backend etcd -n 1 true >/dev/null 2>"$T/be.err"
+expect_rc rdzv-backend-bad $? 2
+expect_line rdzv-backend-bad "$T/be.err" "c10drun: --rdzv-backend wants static or c10d, got 'etcd'"
+c10drun --standalone --nnodes 3 -n 2 sh -c 'echo "$MASTER_ADDR $WORLD_SIZE $GROUP_RANK $TORCHELASTIC_USE_AGENT_STORE"' \
+    >"$T/sa.out" 2>"$T/sa.err"
+expect_rc standalone $? 0
+expect_line standalone "$T/sa.out" "[rank1]: 127.0.0.1 2 0 False"
+expect_match standalone "$T/sa.err" '^c10drun: --standalone: ignoring --nnodes'
+
+# -n auto|cpu|gpu
+c10drun -n cpu sh -c 'echo "$LOCAL_WORLD_SIZE"' >"$T/ncpu.out" 2>&1
+expect_rc nproc-cpu $? 0
+expect_line nproc-cpu "$T/ncpu.out" "[rank0]: $(getconf _NPROCESSORS_ONLN)"
+gpus=0
+if [ -d /proc/driver/nvidia/gpus ]; then
+    gpus=$(ls /proc/driver/nvidia/gpus | wc -l)
+elif command -v nvidia-smi >/dev/null 2>&1; then
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+fi
+if [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
+    echo "SKIP: -n gpu/auto counts (CUDA_VISIBLE_DEVICES is set)"
+elif [ "$gpus" = 0 ]; then
+    c10drun -n gpu true >/dev/null 2>"$T/ngpu.err"
+    expect_rc nproc-gpu-none $? 2
+    expect_match nproc-gpu-none "$T/ngpu.err" '^c10drun: -n gpu: no NVIDIA GPU found'
+    c10drun -n auto sh -c 'echo "$LOCAL_WORLD_SIZE"' >"$T/nauto.out" 2>&1
+    expect_line nproc-auto "$T/nauto.out" "[rank0]: $(getconf _NPROCESSORS_ONLN)"
+else
+    c10drun -n gpu sh -c 'echo "$LOCAL_WORLD_SIZE"' >"$T/ngpu.out" 2>&1
+    expect_line nproc-gpu "$T/ngpu.out" "[rank0]: $gpus"
+    c10drun -n auto sh -c 'echo "$LOCAL_WORLD_SIZE"' >"$T/nauto.out" 2>&1
+    expect_line nproc-auto "$T/nauto.out" "[rank0]: $gpus"
+fi
+c10drun -n lots true >/dev/null 2>"$T/nbad.err"
+expect_rc nproc-bad $? 2
+
+# Two nodes on this host (loopback): each rank's torchrun variables, and node 0's store.
+if [ -n "$store_bin" ] && command -v python3 >/dev/null 2>&1; then
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    prog='echo "R=$RANK L=$LOCAL_RANK G=$GROUP_RANK W=$WORLD_SIZE LW=$LOCAL_WORLD_SIZE GW=$GROUP_WORLD_SIZE RR=$ROLE_RANK RW=$ROLE_WORLD_SIZE A=$TORCHELASTIC_USE_AGENT_STORE $MASTER_ADDR:$MASTER_PORT $TORCHELASTIC_RUN_ID"'
+    for k in 1 0; do
+        timeout -k 10 120 "$RUN" --nnodes 2 --node-rank $k -n 2 --rdzv-endpoint "127.0.0.1:$port" \
+            --rdzv-id twonodes sh -c "$prog" >"$T/2n$k.out" 2>"$T/2n$k.err" &
+        eval "pid$k=\$!"
+        BG+=($!)
+    done
+    # shellcheck disable=SC2154
+    wait "$pid1"
+    expect_rc two-nodes-1 $? 0
+    wait "$pid0"
+    expect_rc two-nodes-0 $? 0
+    expect_line two-nodes "$T/2n0.out" "[rank1]: R=1 L=1 G=0 W=4 LW=2 GW=2 RR=1 RW=4 A=True 127.0.0.1:$port twonodes"
+    expect_line two-nodes "$T/2n1.out" "[rank2]: R=2 L=0 G=1 W=4 LW=2 GW=2 RR=2 RW=4 A=True 127.0.0.1:$port twonodes"
+    expect_line two-nodes "$T/2n1.out" "[rank3]: R=3 L=1 G=1 W=4 LW=2 GW=2 RR=3 RW=4 A=True 127.0.0.1:$port twonodes"
+else
+    echo "SKIP: two nodes on one host (needs c10d-store and python3)"
+fi
+
+# ---------------------------------------------------------------- --max-restarts
+# Rank 1 fails on the first attempt only; the second attempt succeeds.
+restart_prog='echo "attempt $TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS"
+if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$RANK" = 1 ]; then exit 5; fi'
+c10drun -n 2 --max-restarts 2 sh -c "$restart_prog" >"$T/rs.out" 2>"$T/rs.err"
+expect_rc max-restarts $? 0
+expect_line max-restarts "$T/rs.out" "[rank1]: attempt 0 of 2"
+expect_line max-restarts "$T/rs.out" "[rank1]: attempt 1 of 2"
+expect_line max-restarts "$T/rs.out" "[rank0]: attempt 1 of 2"
+expect_no_match max-restarts "$T/rs.out" 'attempt 2'
+expect_match max-restarts "$T/rs.err" '^c10drun: rank 1 \(pid [0-9]+\) exited with status 5$'
+expect_line max-restarts "$T/rs.err" "c10drun: restarting the ranks: attempt 1 of at most 2 restarts"
+# Every attempt fails: the last failure is the job's.
+c10drun -n 2 --max-restarts 1 sh -c '[ "$RANK" = 0 ] || exit 6' >"$T/rs2.out" 2>"$T/rs2.err"
+expect_rc max-restarts-spent $? 6
+n=$(grep -c 'exited with status 6' "$T/rs2.err")
+if [ "$n" = 2 ]; then pass "max-restarts-spent: 2 attempts failed"; else fail "max-restarts-spent: $n failure lines"; fi
+if [ -n "$store_bin" ] && [ -n "$BUILD" ] && [ -x "$BUILD/examples/ddp_tiny" ]; then
+    # The store is c10drun's: between attempts it drops the last attempt's keys.
+    c10drun -n 2 --store external --max-restarts 1 --failure-grace-ms 500 sh -c '
+        if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$RANK" = 1 ]; then sleep 0.5; exit 3; fi
+        exec "$0" 20' "$BUILD/examples/ddp_tiny" >"$T/rs3.out" 2>"$T/rs3.err"
+    expect_rc max-restarts-external $? 0
+    expect_match max-restarts-external "$T/rs3.out" '^\[rank0\]: weights identical on all 2 ranks'
+fi
+
+# ---------------------------------------------------------------- --failure-grace-ms
+# Rank 1 fails; rank 0 notices it only afterwards and reports it: with the grace period its
+# line is printed, and it is not counted as the failure.
+grace_prog='echo $$ > "$D/grace.r$RANK.pid"
+if [ "$RANK" = 1 ]; then sleep 0.3; exit 4; fi
+while kill -0 "$(cat "$D/grace.r1.pid" 2>/dev/null || echo $$)" 2>/dev/null; do sleep 0.05; done
+echo "peer 1 died" >&2; exit 1'
+D=$T c10drun -n 2 sh -c "$grace_prog" >"$T/grace.out" 2>"$T/grace.err"
+expect_rc failure-grace $? 4
+expect_line failure-grace "$T/grace.err" "[rank0]: peer 1 died"
+n=$(grep -c '^c10drun: rank' "$T/grace.err")
+if [ "$n" = 1 ]; then pass "failure-grace: one failure line"; else fail "failure-grace: $n failure lines"; fi
+# A rank that does not exit by itself gets SIGTERM once the grace period is over.
+start=$(date +%s%N)
+c10drun -n 2 --failure-grace-ms 1000 sh -c '[ "$RANK" = 1 ] && exit 4; exec sleep 100' \
+    >"$T/grace2.out" 2>"$T/grace2.err"
+expect_rc failure-grace-term $? 4
+ms=$((($(date +%s%N) - start) / 1000000))
+if [ "$ms" -ge 1000 ] && [ "$ms" -lt 4000 ]; then pass "failure-grace-term: stopped after $ms ms"; else
+    fail "failure-grace-term: took $ms ms, want 1000..4000"
+fi
+if [ -n "$BUILD" ] && [ -x "$BUILD/examples/ddp_tiny" ]; then
+    # The library's own report: rank 1's ddp_tiny dies with rank 1; rank 0's all_reduce fails
+    # and ddp_tiny says so before c10drun stops it.
+    c10drun -n 2 sh -c 'if [ "$RANK" = 1 ]; then "$0" 1000000 & sleep 1; exit 9; fi; exec "$0" 1000000' \
+        "$BUILD/examples/ddp_tiny" >"$T/grace3.out" 2>"$T/grace3.err"
+    expect_rc failure-grace-ddp $? 9
+    expect_match failure-grace-ddp "$T/grace3.err" '^\[rank0\]: ddp_tiny: .*rank 1'
+fi
+
+# ---------------------------------------------------------------- --log-dir, --tee, --redirects
+L=$T/logs
+c10drun -n 2 --log-dir "$L" --run-id logjob --tee 3 sh -c 'echo "out$RANK"; echo "err$RANK" >&2' \
+    >"$T/tee.out" 2>"$T/tee.err"
+expect_rc tee $? 0
+for r in 0 1; do
+    expect_line tee "$L/logjob/attempt_0/$r/stdout.log" "out$r"
+    expect_line tee "$L/logjob/attempt_0/$r/stderr.log" "err$r"
+    expect_line tee "$T/tee.out" "[rank$r]: out$r"
+    expect_line tee "$T/tee.err" "[rank$r]: err$r"
+done
+# Per local rank: rank 0's stdout to its file only, rank 1's untouched.
+c10drun -n 2 --log-dir "$L" --run-id redir --redirects 0:1 --no-prefix sh -c 'echo "out$RANK"; echo "err$RANK" >&2' \
+    >"$T/redir.out" 2>"$T/redir.err"
+expect_rc redirects $? 0
+expect_line redirects "$L/redir/attempt_0/0/stdout.log" "out0"
+expect_no_match redirects "$T/redir.out" '^out0$'
+expect_line redirects "$T/redir.out" "out1"
+expect_line redirects "$T/redir.err" "err0"
+if [ ! -e "$L/redir/attempt_0/1" ] && [ ! -e "$L/redir/attempt_0/0/stderr.log" ]; then
+    pass "redirects: no files for streams not named"
+else fail "redirects: unexpected files: $(find "$L/redir")"; fi
+# One directory per attempt.
+c10drun -n 2 --log-dir "$L" --run-id rlog --redirects 3 --max-restarts 1 sh -c "$restart_prog" \
+    >"$T/rlog.out" 2>&1
+expect_rc log-attempts $? 0
+expect_line log-attempts "$L/rlog/attempt_0/1/stdout.log" "attempt 0 of 1"
+expect_line log-attempts "$L/rlog/attempt_1/1/stdout.log" "attempt 1 of 1"
+expect_no_match log-attempts "$T/rlog.out" '\[rank.\]: attempt'
+c10drun -n 1 --tee 3 true >/dev/null 2>"$T/teenodir.err"
+expect_rc tee-no-dir $? 2
+c10drun -n 1 --log-dir "$L" --tee 0:4 true >/dev/null 2>"$T/teebad.err"
+expect_rc tee-bad $? 2
+
+# ---------------------------------------------------------------- two nodes in network namespaces
+if [ -n "$BUILD" ] && [ -x "$BUILD/examples/ddp_tiny" ]; then
+    "$(dirname "$0")/test_c10drun_nodes.sh" "$RUN" "$BUILD/examples/ddp_tiny"
+    rc=$?
+    if [ $rc = 77 ]; then
+        echo "SKIP: two nodes in network namespaces (see above)"
+    elif [ $rc = 0 ]; then
+        pass "two nodes in network namespaces"
+    else fail "two nodes in network namespaces (test_c10drun_nodes.sh: $rc)"; fi
+else
+    echo "SKIP: two nodes in network namespaces: no ddp_tiny under ${BUILD:-<no build dir>}/examples"
+fi
+
 echo
 if [ "$FAILS" = 0 ]; then
     echo "test_c10drun: all passed"

@@ -71,22 +71,39 @@ enum {
 #define PROBE_MS   50
 #define MAX_NPROCS 4096
 
-enum phase { PHASE_STORE_WAIT, PHASE_RUN, PHASE_DONE };
+/* STORE_WAIT: the store does not accept connections yet. RUN: the ranks of this attempt
+ * run, or their stop is under way. RESTART_WAIT: they are gone and a restart waits for
+ * every node to be there too. NODES_WAIT: they all succeeded and this node waits for the
+ * others to finish (so node 0 keeps the store up while anyone may need it). */
+enum phase { PHASE_STORE_WAIT, PHASE_RUN, PHASE_RESTART_WAIT, PHASE_NODES_WAIT, PHASE_DONE };
 
 struct options {
-    int nprocs;
+    int nprocs;             /* ranks on this node, resolved from nproc_spec */
+    const char *nproc_spec; /* N, auto, cpu or gpu */
+    const char *nproc_src;  /* where it came from: -n, --nproc-per-node, PET_NPROC_PER_NODE */
+    int nnodes;
+    int node_rank;
+    const char *rdzv_endpoint; /* HOST[:PORT]: becomes master_addr/master_port */
+    bool rdzv_c10d;            /* --rdzv-backend c10d: accepted, run as static */
+    bool standalone;
+    int max_restarts;
     bool external_store;
+    bool store_given;
     const char *master_addr;
+    bool master_addr_given;
     int master_port; /* 0: pick a free one */
     uint64_t grace_ms;
-    double timeout_s;       /* 0: none */
-    double store_timeout_s; /* bound on waiting for the external store's port */
+    uint64_t failure_grace_ms; /* after a rank fails, before SIGTERM to the others */
+    double timeout_s;          /* 0: none */
+    double store_timeout_s;    /* bound on waiting for the store's port */
     bool prefix;
     bool verbose;
     const char *store_bin;
     const char *run_id;
-    bool bind_core; /* --bind-to core: rank r runs on the r-th CPU we may use */
-    int argc;       /* PROGRAM and its arguments */
+    const char *log_dir;
+    const char *tee, *redirects; /* torchrun's Std specs, checked by std_spec_for */
+    bool bind_core;              /* --bind-to core: rank r runs on the r-th CPU we may use */
+    int argc;                    /* PROGRAM and its arguments */
     char **argv;
 };
 
@@ -98,6 +115,8 @@ struct out_stream {
     uv_pipe_t pipe;
     int fd; /* where its lines go: 1 or 2 */
     bool open;
+    bool console;  /* false under --redirects: the lines go to the log file only */
+    int log_fd;    /* --tee/--redirects: the rank's stdout.log or stderr.log, else -1 */
     char *partial; /* the last line, until its newline arrives */
     size_t len, cap;
 };
@@ -105,7 +124,8 @@ struct out_stream {
 struct child {
     struct launcher *l;
     uv_process_t proc;
-    int rank; /* -1: the store */
+    int rank;       /* global rank; -1: the store */
+    int local_rank; /* on this node */
     char name[32];
     char prefix[32];
     pid_t pid;
@@ -137,25 +157,45 @@ struct writer {
     bool broken[3];    /* EPIPE & co: drop what goes there */
 };
 
+/* The ranks of earlier attempts: their handles may still be closing when the next attempt
+ * starts, so their memory is kept to the end. */
+struct old_ranks {
+    struct old_ranks *next;
+    struct child *ranks;
+};
+
 struct launcher {
     struct options opt;
     uv_loop_t loop;
-    struct child *ranks;
-    int started;    /* ranks spawned */
-    int live_ranks; /* spawned and not exited */
+    struct child *ranks; /* this attempt's */
+    struct old_ranks *old;
+    int restart_count;    /* the attempt: TORCHELASTIC_RESTART_COUNT */
+    bool failing;         /* a rank (here or on another node) failed in this attempt */
+    bool restart_wanted;  /* ... and the job restarts once the ranks are gone */
+    bool no_restart;      /* a signal, --timeout or the store ended the job: no restart */
+    bool agent_store;     /* TORCHELASTIC_USE_AGENT_STORE=True: c10drun's store, not rank 0's */
+    bool coordinate;      /* this c10drun talks to the others through the store (agent.c) */
+    bool hosts_store;     /* node 0 with an agent store: we run c10d-store */
+    int store_fd;         /* agent.c's connection, -1 when closed */
+    int store_errors;     /* polls in a row that could not reach the store */
+    bool marked;          /* this attempt's stopped/done mark is in the store */
+    bool agent_done;      /* agent.c has nothing left to wait for: the job may end */
+    uint64_t all_done_at; /* node 0: uv_now when every node was done, 0 before */
+    uint64_t wait_since;  /* uv_now when RESTART_WAIT or NODES_WAIT began */
+    int started;          /* ranks spawned */
+    int live_ranks;       /* spawned and not exited */
     struct child store;
     bool have_store;
     enum phase phase;
     bool stopping;
     bool store_stopping;
-    bool drain_started;
     int drain_rearms;
     bool have_code;
     int exit_code;
     int signals_seen;
     uv_signal_t sigs[4];
-    uv_timer_t grace_timer, store_kill_timer, deadline_timer, drain_timer, probe_timer,
-        store_deadline_timer;
+    uv_timer_t failure_timer, agent_timer, grace_timer, store_kill_timer, deadline_timer,
+        drain_timer, probe_timer, store_deadline_timer;
     uv_tcp_t probe;
     uv_connect_t probe_req;
     bool probe_open;
@@ -212,10 +252,12 @@ char *find_store(struct launcher *l, char *looked, size_t looked_len);
 int resolve_master(struct launcher *l, const char *host, int port);
 void start_ranks(struct launcher *l);
 void start_store(struct launcher *l);
+void await_store(struct launcher *l);
 
 /* children.c */
 int spawn_child(struct launcher *l, struct child *c, char **argv, char **env, uv_exit_cb exit_cb);
 void begin_stop(struct launcher *l, int sig);
+void begin_failure(struct launcher *l);
 void maybe_finish(struct launcher *l);
 void on_deadline(uv_timer_t *t);
 void on_rank_exit(uv_process_t *p, int64_t exit_status, int term_signal);
@@ -225,5 +267,12 @@ void set_code(struct launcher *l, int code);
 
 /* args.c */
 int parse_args(struct options *o, int argc, char **argv);
+int std_spec_for(const char *spec, int local_rank);
+
+/* agent.c: c10drun instances of one job meeting in the store */
+void agent_start(struct launcher *l);
+void agent_report_failure(struct launcher *l, const char *what);
+void agent_close(struct launcher *l);
+void restart_ranks(struct launcher *l);
 
 #endif

@@ -46,7 +46,9 @@ void begin_stop(struct launcher *l, int sig)
     if (l->stopping)
         return;
     l->stopping = true;
-    uv_timer_stop(&l->deadline_timer);
+    uv_timer_stop(&l->failure_timer);
+    if (!l->restart_wanted)
+        uv_timer_stop(&l->deadline_timer);
     if (l->phase == PHASE_STORE_WAIT) {
         stop_store(l);
         maybe_finish(l);
@@ -55,6 +57,34 @@ void begin_stop(struct launcher *l, int sig)
     signal_ranks(l, sig);
     if (l->live_ranks > 0)
         uv_timer_start(&l->grace_timer, on_grace_expired, l->opt.grace_ms, 0);
+    maybe_finish(l);
+}
+
+static void on_failure_grace(uv_timer_t *t)
+{
+    struct launcher *l = t->data;
+    if (l->live_ranks > 0)
+        VERBOSE(l, "%d rank(s) still running %llu ms after the failure; sending SIGTERM",
+                l->live_ranks, (unsigned long long)l->opt.failure_grace_ms);
+    begin_stop(l, SIGTERM);
+}
+
+/* A rank of this attempt failed (here, or on another node: agent.c). The others first get
+ * --failure-grace-ms to exit by themselves: a rank that waits on the failed one is about to
+ * report it ("peer 1 died"), and that line is the one the user needs. Then SIGTERM. */
+void begin_failure(struct launcher *l)
+{
+    if (l->failing || l->stopping)
+        return;
+    l->failing = true;
+    l->restart_wanted = !l->no_restart && l->restart_count < l->opt.max_restarts;
+    if (l->live_ranks > 0 && l->opt.failure_grace_ms > 0) {
+        VERBOSE(l, "the other ranks have %llu ms to exit before SIGTERM (--failure-grace-ms)",
+                (unsigned long long)l->opt.failure_grace_ms);
+        uv_timer_start(&l->failure_timer, on_failure_grace, l->opt.failure_grace_ms, 0);
+    } else {
+        begin_stop(l, SIGTERM);
+    }
     maybe_finish(l);
 }
 
@@ -72,6 +102,8 @@ void on_signal(uv_signal_t *h, int sig)
     if (l->phase == PHASE_DONE)
         return;
     l->signals_seen++;
+    l->no_restart = true;
+    l->restart_wanted = false;
     if (l->signals_seen == 1 && !l->stopping) {
         say(l, "received %s; forwarding it to the ranks", signal_name(sig));
         set_code(l, 128 + sig);
@@ -93,6 +125,8 @@ void on_deadline(uv_timer_t *t)
     say(l, "timeout: the job is still running after %g s (--timeout); stopping it",
         l->opt.timeout_s);
     set_code(l, EXIT_TIMEOUT);
+    l->no_restart = true;
+    l->restart_wanted = false;
     begin_stop(l, SIGTERM);
 }
 
@@ -125,16 +159,22 @@ void on_rank_exit(uv_process_t *p, int64_t exit_status, int term_signal)
     char how[96];
     describe_exit(c, how, sizeof how);
     bool failed = term_signal != 0 || exit_status != 0;
-    if (failed && !l->stopping) {
+    if (failed && !l->stopping && !l->failing) {
         say(l, "rank %d (pid %d) %s", c->rank, (int)c->pid, how);
         set_code(l, term_signal ? 128 + term_signal : (int)(exit_status & 0xff));
         if (l->exit_code == 0)
             l->exit_code = EXIT_LAUNCHER; /* a status that is a multiple of 256 */
-        begin_stop(l, SIGTERM);
+        if (l->coordinate) {
+            char what[200];
+            snprintf(what, sizeof what, "node %d: rank %d (pid %d) %s", l->opt.node_rank, c->rank,
+                     (int)c->pid, how);
+            agent_report_failure(l, what);
+        }
+        begin_failure(l);
     } else {
         VERBOSE(l, "rank %d (pid %d) %s", c->rank, (int)c->pid, how);
     }
-    if (l->stopping) {
+    if (l->stopping || l->failing) {
         /* Whatever the rank left in its group goes with it. */
         killpg(c->pid, SIGKILL);
     }
@@ -161,6 +201,8 @@ void on_store_exit(uv_process_t *p, int64_t exit_status, int term_signal)
         say(l, "the store %s (pid %d) %s while the ranks were running", l->store_path, (int)c->pid,
             how);
         set_code(l, EXIT_LAUNCHER);
+        l->no_restart = true;
+        l->restart_wanted = false;
         begin_stop(l, SIGTERM);
     } else {
         VERBOSE(l, "store (pid %d) %s", (int)c->pid, how);
@@ -202,7 +244,8 @@ static int init_stream(struct launcher *l, struct child *c, struct out_stream *s
     s->fd = fd;
     stdio->flags = UV_INHERIT_FD;
     stdio->data.fd = fd;
-    if (!l->opt.prefix)
+    /* Straight to our fd only when nothing is done to the lines. */
+    if (!l->opt.prefix && s->log_fd < 0)
         return -1;
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0)
@@ -301,12 +344,17 @@ int spawn_child(struct launcher *l, struct child *c, char **argv, char **env, uv
 
 /* ------------------------------------------------------------------ the end */
 
-static bool any_stream_open(struct launcher *l)
+static bool any_rank_stream_open(struct launcher *l)
 {
     for (int i = 0; i < l->started; i++)
         if (l->ranks[i].out.open || l->ranks[i].err.open)
             return true;
-    return l->have_store && (l->store.out.open || l->store.err.open);
+    return false;
+}
+
+static bool any_stream_open(struct launcher *l)
+{
+    return any_rank_stream_open(l) || (l->have_store && (l->store.out.open || l->store.err.open));
 }
 
 static void close_handle(uv_handle_t *h, void *arg)
@@ -335,10 +383,24 @@ static void on_drain_expired(uv_timer_t *t)
                     c->rank);
             killpg(c->pid, SIGKILL);
         }
+        close_stream(&c->out);
+        close_stream(&c->err);
     }
-    if (l->have_store && (l->store.out.open || l->store.err.open))
-        killpg(l->store.pid, SIGKILL);
-    for_each_stream(l, close_stream);
+    /* The store's pipes only once it is gone: it outlives the ranks' attempts. */
+    if (l->have_store && !child_live(&l->store)) {
+        if (l->store.out.open || l->store.err.open)
+            killpg(l->store.pid, SIGKILL);
+        close_stream(&l->store.out);
+        close_stream(&l->store.err);
+    }
+}
+
+static void start_drain(struct launcher *l)
+{
+    if (!uv_is_active((uv_handle_t *)&l->drain_timer)) {
+        l->drain_rearms = 0;
+        uv_timer_start(&l->drain_timer, on_drain_expired, DRAIN_MS, 0);
+    }
 }
 
 void maybe_finish(struct launcher *l)
@@ -349,15 +411,43 @@ void maybe_finish(struct launcher *l)
         return;
     if (l->live_ranks > 0)
         return;
+    uv_timer_stop(&l->failure_timer);
+    if (any_rank_stream_open(l)) {
+        start_drain(l);
+        return;
+    }
+    /* This attempt's ranks and their output are gone. */
+    if (l->phase == PHASE_RUN) {
+        if (l->restart_wanted && !l->no_restart) {
+            uv_timer_stop(&l->grace_timer);
+            if (!l->coordinate) {
+                restart_ranks(l);
+                return;
+            }
+            /* agent.c restarts once every node's ranks are gone. */
+            l->phase = PHASE_RESTART_WAIT;
+            l->wait_since = uv_now(&l->loop);
+            return;
+        }
+        if (l->coordinate && !l->failing && !l->stopping && !l->agent_done) {
+            /* Success here; agent.c waits for the other nodes. */
+            l->phase = PHASE_NODES_WAIT;
+            l->wait_since = uv_now(&l->loop);
+            return;
+        }
+    }
+    /* agent.c decides when these end; a signal, --timeout or the store's end (no_restart)
+     * ends them at once. */
+    if ((l->phase == PHASE_RESTART_WAIT || l->phase == PHASE_NODES_WAIT) && !l->no_restart &&
+        !l->agent_done)
+        return;
+    agent_close(l);
     if (l->have_store && child_live(&l->store)) {
         stop_store(l);
         return;
     }
     if (any_stream_open(l)) {
-        if (!l->drain_started) {
-            l->drain_started = true;
-            uv_timer_start(&l->drain_timer, on_drain_expired, DRAIN_MS, 0);
-        }
+        start_drain(l);
         return;
     }
     l->phase = PHASE_DONE;

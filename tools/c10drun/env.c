@@ -52,27 +52,31 @@ void build_base_env(struct launcher *l)
 #define RANK_VARS 17
 
 /* The environment of one rank; the strings after the base entries are owned by it. */
-char **rank_env(struct launcher *l, int rank)
+char **rank_env(struct launcher *l, int local_rank)
 {
     char **env = xmalloc((l->base_env_len + RANK_VARS + 1) * sizeof *env);
     memcpy(env, l->base_env, l->base_env_len * sizeof *env);
     char **e = env + l->base_env_len;
     int n = l->opt.nprocs;
+    /* Every node runs the same number of ranks (static rendezvous), so ranks are
+     * node-major, as torchrun numbers them. */
+    int world = l->opt.nnodes * n;
+    int rank = l->opt.node_rank * n + local_rank;
     *e++ = xasprintf("RANK=%d", rank);
-    *e++ = xasprintf("LOCAL_RANK=%d", rank);
-    *e++ = xasprintf("GROUP_RANK=0");
+    *e++ = xasprintf("LOCAL_RANK=%d", local_rank);
+    *e++ = xasprintf("GROUP_RANK=%d", l->opt.node_rank);
     *e++ = xasprintf("ROLE_RANK=%d", rank);
     *e++ = xasprintf("ROLE_NAME=default");
-    *e++ = xasprintf("WORLD_SIZE=%d", n);
+    *e++ = xasprintf("WORLD_SIZE=%d", world);
     *e++ = xasprintf("LOCAL_WORLD_SIZE=%d", n);
-    *e++ = xasprintf("ROLE_WORLD_SIZE=%d", n);
-    *e++ = xasprintf("GROUP_WORLD_SIZE=1");
+    *e++ = xasprintf("ROLE_WORLD_SIZE=%d", world);
+    *e++ = xasprintf("GROUP_WORLD_SIZE=%d", l->opt.nnodes);
     *e++ = xasprintf("MASTER_ADDR=%s", l->opt.master_addr);
     *e++ = xasprintf("MASTER_PORT=%s", l->port_text);
     *e++ = xasprintf("TORCHELASTIC_RUN_ID=%s", l->run_id);
-    *e++ = xasprintf("TORCHELASTIC_RESTART_COUNT=0");
-    *e++ = xasprintf("TORCHELASTIC_MAX_RESTARTS=0");
-    *e++ = xasprintf("TORCHELASTIC_USE_AGENT_STORE=%s", l->opt.external_store ? "True" : "False");
+    *e++ = xasprintf("TORCHELASTIC_RESTART_COUNT=%d", l->restart_count);
+    *e++ = xasprintf("TORCHELASTIC_MAX_RESTARTS=%d", l->opt.max_restarts);
+    *e++ = xasprintf("TORCHELASTIC_USE_AGENT_STORE=%s", l->agent_store ? "True" : "False");
     /* As torchrun: N ranks each spawning one thread per core would oversubscribe the host. */
     if (n > 1 && !getenv("OMP_NUM_THREADS"))
         *e++ = xasprintf("OMP_NUM_THREADS=1");

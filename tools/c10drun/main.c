@@ -76,7 +76,12 @@ int main(int argc, char **argv)
                 strchr(l->opt.argv[0], '/') ? strerror(errno) : "command not found");
         return EXIT_NOTFOUND;
     }
-    if (l->opt.external_store) {
+    l->store_fd = -1;
+    l->agent_store = l->opt.external_store;
+    /* Node 0 hosts the store; the others wait for it to accept connections. */
+    l->hosts_store = l->agent_store && l->opt.node_rank == 0;
+    l->coordinate = l->agent_store && (l->opt.nnodes > 1 || l->opt.max_restarts > 0);
+    if (l->hosts_store) {
         char looked[3 * PATH_MAX + 16];
         l->store_path = find_store(l, looked, sizeof looked);
         if (!l->store_path) {
@@ -110,8 +115,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "c10drun: cannot initialise\n");
         return EXIT_LAUNCHER;
     }
-    uv_timer_t *timers[] = {&l->grace_timer, &l->store_kill_timer, &l->deadline_timer,
-                            &l->drain_timer, &l->probe_timer,      &l->store_deadline_timer};
+    uv_timer_t *timers[] = {&l->failure_timer,    &l->agent_timer,         &l->grace_timer,
+                            &l->store_kill_timer, &l->deadline_timer,      &l->drain_timer,
+                            &l->probe_timer,      &l->store_deadline_timer};
     for (size_t i = 0; i < sizeof timers / sizeof timers[0]; i++) {
         uv_timer_init(&l->loop, timers[i]);
         timers[i]->data = l;
@@ -123,13 +129,21 @@ int main(int argc, char **argv)
         l->sigs[i].data = l;
         uv_signal_start(&l->sigs[i], on_signal, forwarded_signals[i]);
     }
-    VERBOSE(l, "%d rank(s) of %s, MASTER_ADDR=%s MASTER_PORT=%s, %s store, run id %s",
-            l->opt.nprocs, l->program_path, l->opt.master_addr, l->port_text,
-            l->opt.external_store ? "external" : "embedded", l->run_id);
+    VERBOSE(l,
+            "node %d of %d: %d rank(s) of %s, MASTER_ADDR=%s MASTER_PORT=%s, %s store, run id "
+            "%s, up to %d restart(s)",
+            l->opt.node_rank, l->opt.nnodes, l->opt.nprocs, l->program_path, l->opt.master_addr,
+            l->port_text,
+            l->hosts_store   ? "c10drun's"
+            : l->agent_store ? "node 0's"
+                             : "rank 0's embedded",
+            l->run_id, l->opt.max_restarts);
 
-    if (l->opt.external_store) {
+    if (l->hosts_store) {
         l->phase = PHASE_STORE_WAIT;
         start_store(l);
+    } else if (l->agent_store) {
+        await_store(l);
     } else {
         start_ranks(l);
     }
@@ -141,6 +155,12 @@ int main(int argc, char **argv)
     if (uv_loop_close(&l->loop) != 0)
         fprintf(stderr, "c10drun: internal: handles left open at exit\n");
     free(l->ranks);
+    while (l->old) {
+        struct old_ranks *o = l->old;
+        l->old = o->next;
+        free(o->ranks);
+        free(o);
+    }
     free(l->base_env);
     free(l->program_path);
     free(l->cpus);

@@ -49,19 +49,35 @@ static void emit(struct out_stream *s, struct buf *b)
     b->len = b->cap = 0;
 }
 
+/* One line (in up to two pieces, `nl` adding the newline it lacks) to the log file, as the
+ * rank wrote it, and to the console, tagged. */
+static void put_line(struct out_stream *s, struct buf *b, const char *p1, size_t n1, const char *p2,
+                     size_t n2, bool nl)
+{
+    if (s->log_fd >= 0) {
+        write_all(s->log_fd, p1, n1);
+        write_all(s->log_fd, p2, n2);
+        if (nl)
+            write_all(s->log_fd, "\n", 1);
+    }
+    if (!s->console)
+        return;
+    buf_add(b, s->c->prefix, strlen(s->c->prefix));
+    buf_add(b, p1, n1);
+    buf_add(b, p2, n2);
+    if (nl)
+        buf_add(b, "\n", 1);
+}
+
 static void take_lines(struct out_stream *s, const char *data, size_t n)
 {
-    const char *prefix = s->c->prefix;
-    size_t plen = strlen(prefix);
     struct buf b = {0};
     while (n > 0) {
         const char *nl = memchr(data, '\n', n);
         if (!nl)
             break;
         size_t k = (size_t)(nl - data) + 1;
-        buf_add(&b, prefix, plen);
-        buf_add(&b, s->partial, s->len);
-        buf_add(&b, data, k);
+        put_line(s, &b, s->partial, s->len, data, k, false);
         s->len = 0;
         data += k;
         n -= k;
@@ -74,9 +90,7 @@ static void take_lines(struct out_stream *s, const char *data, size_t n)
         data += k;
         n -= k;
         if (s->len == MAX_LINE) {
-            buf_add(&b, prefix, plen);
-            buf_add(&b, s->partial, s->len);
-            buf_add(&b, "\n", 1);
+            put_line(s, &b, s->partial, s->len, NULL, 0, true);
             s->len = 0;
         }
     }
@@ -88,9 +102,8 @@ static void flush_partial(struct out_stream *s)
     if (s->len == 0)
         return;
     struct buf b = {0};
-    buf_add(&b, s->c->prefix, strlen(s->c->prefix));
-    buf_add(&b, s->partial, s->len);
-    buf_add(&b, "\n", 1); /* so the next rank's line starts on its own line */
+    /* With a newline, so the next rank's line starts on its own line. */
+    put_line(s, &b, s->partial, s->len, NULL, 0, true);
     s->len = 0;
     emit(s, &b);
 }
@@ -98,6 +111,9 @@ static void flush_partial(struct out_stream *s)
 static void on_pipe_closed(uv_handle_t *h)
 {
     struct out_stream *s = h->data;
+    if (s->log_fd >= 0)
+        close(s->log_fd);
+    s->log_fd = -1;
     free(s->partial);
     s->partial = NULL;
     s->len = s->cap = 0;

@@ -5,6 +5,57 @@
 
 /* ------------------------------------------------------------------ ranks, store */
 
+/* mkdir -p */
+static int make_dirs(char *path)
+{
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        int rc = mkdir(path, 0755);
+        *p = '/';
+        if (rc != 0 && errno != EEXIST)
+            return -1;
+    }
+    return mkdir(path, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* --tee/--redirects: opens the files of one rank's streams, torchrun's layout but without
+ * its random part: <log dir>/<run id>/attempt_<n>/<local rank>/std{out,err}.log. */
+static int open_logs(struct launcher *l, struct child *c)
+{
+    c->out.log_fd = c->err.log_fd = -1;
+    c->out.console = c->err.console = true;
+    if (!l->opt.log_dir)
+        return 0;
+    int tee = std_spec_for(l->opt.tee, c->local_rank);
+    int redirect = std_spec_for(l->opt.redirects, c->local_rank);
+    int to_file = tee | redirect;
+    if (!to_file)
+        return 0;
+    char *dir = xasprintf("%s/%s/attempt_%d/%d", l->opt.log_dir, l->run_id, l->restart_count,
+                          c->local_rank);
+    int rc = make_dirs(dir);
+    struct out_stream *streams[2] = {&c->out, &c->err};
+    static const char *const names[2] = {"stdout.log", "stderr.log"};
+    for (int i = 0; rc == 0 && i < 2; i++) {
+        int bit = 1 << i; /* 1 stdout, 2 stderr */
+        if (!(to_file & bit))
+            continue;
+        char *path = xasprintf("%s/%s", dir, names[i]);
+        streams[i]->log_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (streams[i]->log_fd < 0)
+            rc = -1;
+        streams[i]->console = !(redirect & bit) || (tee & bit);
+        free(path);
+    }
+    if (rc != 0)
+        say(l, "--log-dir: cannot create the log files of rank %d under %s: %s", c->rank, dir,
+            strerror(errno));
+    free(dir);
+    return rc;
+}
+
 void start_ranks(struct launcher *l)
 {
     l->phase = PHASE_RUN;
@@ -15,24 +66,59 @@ void start_ranks(struct launcher *l)
     for (int i = 1; i < l->opt.argc; i++)
         argv[i] = l->opt.argv[i];
     argv[l->opt.argc] = NULL;
+    if (l->restart_count > 0)
+        say(l, "restarting the ranks: attempt %d of at most %d restarts", l->restart_count,
+            l->opt.max_restarts);
     for (int r = 0; r < l->opt.nprocs; r++) {
         struct child *c = &l->ranks[r];
-        c->rank = r;
-        snprintf(c->name, sizeof c->name, "rank %d", r);
-        snprintf(c->prefix, sizeof c->prefix, "[rank%d]: ", r);
+        c->local_rank = r;
+        c->rank = l->opt.node_rank * l->opt.nprocs + r;
+        snprintf(c->name, sizeof c->name, "rank %d", c->rank);
+        snprintf(c->prefix, sizeof c->prefix, l->opt.prefix ? "[rank%d]: " : "", c->rank);
+        if (open_logs(l, c) != 0) {
+            set_code(l, EXIT_LAUNCHER);
+            l->no_restart = true;
+            begin_stop(l, SIGTERM);
+            return;
+        }
         char **env = rank_env(l, r);
         int rc = spawn_child(l, c, argv, env, on_rank_exit);
         free_rank_env(l, env);
         if (rc != 0) {
-            say(l, "cannot start rank %d (%s): %s", r, l->program_path, uv_strerror(rc));
+            say(l, "cannot start rank %d (%s): %s", c->rank, l->program_path, uv_strerror(rc));
             set_code(l, EXIT_LAUNCHER);
+            l->no_restart = true;
             begin_stop(l, SIGTERM);
             return;
         }
         l->started = r + 1;
         l->live_ranks++;
-        VERBOSE(l, "rank %d: pid %d", r, (int)c->pid);
+        VERBOSE(l, "rank %d: pid %d", c->rank, (int)c->pid);
     }
+}
+
+/* The next attempt: the last one's ranks and pipes are gone; their memory is kept (their
+ * handles may still be closing). */
+void restart_ranks(struct launcher *l)
+{
+    struct old_ranks *o = xmalloc(sizeof *o);
+    o->ranks = l->ranks;
+    o->next = l->old;
+    l->old = o;
+    l->ranks = calloc((size_t)l->opt.nprocs, sizeof *l->ranks);
+    if (!l->ranks) {
+        say(l, "out of memory");
+        exit(EXIT_LAUNCHER);
+    }
+    l->restart_count++;
+    l->started = 0;
+    l->failing = l->restart_wanted = l->stopping = false;
+    l->have_code = false;
+    l->exit_code = 0;
+    l->marked = false;
+    uv_timer_stop(&l->grace_timer);
+    uv_timer_stop(&l->failure_timer);
+    start_ranks(l);
 }
 
 static void probe_store(struct launcher *l);
@@ -53,8 +139,9 @@ static void on_probe_closed(uv_handle_t *h)
     }
     if (status == 0) {
         uv_timer_stop(&l->store_deadline_timer);
-        VERBOSE(l, "the store (pid %d) accepts connections on %s:%s", (int)l->store.pid,
-                l->opt.master_addr, l->port_text);
+        VERBOSE(l, "the store accepts connections on %s:%s", l->opt.master_addr, l->port_text);
+        if (l->coordinate)
+            agent_start(l);
         start_ranks(l);
     } else {
         uv_timer_start(&l->probe_timer, on_probe_retry, PROBE_MS, 0);
@@ -91,10 +178,17 @@ static void on_store_deadline(uv_timer_t *t)
     struct launcher *l = t->data;
     if (l->phase != PHASE_STORE_WAIT)
         return;
-    say(l,
-        "the store %s (pid %d) did not accept connections on %s:%s within %g s "
-        "(--store-timeout)",
-        l->store_path, (int)l->store.pid, l->opt.master_addr, l->port_text, l->opt.store_timeout_s);
+    if (l->have_store)
+        say(l,
+            "the store %s (pid %d) did not accept connections on %s:%s within %g s "
+            "(--store-timeout)",
+            l->store_path, (int)l->store.pid, l->opt.master_addr, l->port_text,
+            l->opt.store_timeout_s);
+    else
+        say(l,
+            "node 0's store did not accept connections on %s:%s within %g s (--store-timeout); "
+            "is c10drun --node-rank 0 running there?",
+            l->opt.master_addr, l->port_text, l->opt.store_timeout_s);
     set_code(l, EXIT_LAUNCHER);
     begin_stop(l, SIGTERM);
 }
@@ -103,6 +197,8 @@ void start_store(struct launcher *l)
 {
     struct child *c = &l->store;
     c->rank = -1;
+    c->out.log_fd = c->err.log_fd = -1;
+    c->out.console = c->err.console = true;
     snprintf(c->name, sizeof c->name, "store");
     snprintf(c->prefix, sizeof c->prefix, "[store]: ");
     char *argv[] = {l->store_path, "serve",      "--host", (char *)l->opt.master_addr,
@@ -117,6 +213,13 @@ void start_store(struct launcher *l)
     }
     VERBOSE(l, "store: %s serve --host %s --port %s (pid %d)", l->store_path, l->opt.master_addr,
             l->port_text, (int)c->pid);
+    await_store(l);
+}
+
+/* Probes the store's port until it accepts connections, within --store-timeout. */
+void await_store(struct launcher *l)
+{
+    l->phase = PHASE_STORE_WAIT;
     uv_timer_start(&l->store_deadline_timer, on_store_deadline,
                    (uint64_t)(l->opt.store_timeout_s * 1000), 0);
     if (l->opt.timeout_s > 0)

@@ -1,0 +1,445 @@
+/* The c10drun instances of one job (one per node) meeting in the job's store, as torchrun's
+ * agents meet in theirs: a failure on any node stops every node's ranks, a restart waits
+ * until every node's ranks are gone and node 0 has emptied the store of the last attempt's
+ * keys, and node 0 keeps the store up until every node's ranks are done.
+ *
+ * Only when the store is c10drun's own (TORCHELASTIC_USE_AGENT_STORE=True) and there is
+ * something to coordinate: several nodes, or restarts. Keys, all under
+ * c10drun/<run id>/, per attempt <a>: fail/<a> (a counter: > 0 once any node failed),
+ * fail_who/<a> (that node's one-line account), stopped/<a> (nodes whose ranks are gone),
+ * cleaned/<a> (node 0 removed the workers' keys), done/<a> (nodes whose ranks all exited
+ * 0), left/<a> (nodes that saw every node done and will not touch the store again).
+ *
+ * The client speaks the TCPStore wire protocol (docs/store_protocol.md, current dialect,
+ * AUTH with C10D_STORE_TOKEN[_FILE] when set) with blocking calls on the loop thread from a
+ * 200 ms timer: each call is bounded (connect 1 s, a reply 2 s), so signals and deadlines
+ * wait at most that long. c10drun does not link the library, which may be the thing
+ * being debugged. */
+#include "c10drun.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/time.h>
+
+#define AGENT_POLL_MS       200
+#define AGENT_CONNECT_MS    1000
+#define AGENT_IO_MS         2000
+#define AGENT_LOST_AFTER    10    /* polls in a row without the store: it is gone */
+#define AGENT_LEAVE_WAIT_MS 10000 /* node 0: how long the others may take to leave */
+
+enum {
+    CMD_VALIDATE = 0,
+    CMD_SET = 1,
+    CMD_GET = 3,
+    CMD_ADD = 4,
+    CMD_DELETE_KEY = 8,
+    CMD_LIST_KEYS = 17,
+    CMD_AUTH = 0x41,
+};
+#define VALIDATE_MAGIC 0x3C85F7CEu
+
+struct msg {
+    char *p;
+    size_t len, cap;
+};
+
+static void msg_put(struct msg *m, const void *src, size_t n)
+{
+    if (m->len + n > m->cap) {
+        m->cap = (m->len + n) * 2 + 64;
+        m->p = xrealloc(m->p, m->cap);
+    }
+    memcpy(m->p + m->len, src, n);
+    m->len += n;
+}
+
+static void put_u8(struct msg *m, uint8_t v)
+{
+    msg_put(m, &v, 1);
+}
+
+/* Little-endian, as the protocol wants, whatever the host. */
+static void put_le(struct msg *m, uint64_t v, int bytes)
+{
+    uint8_t b[8];
+    for (int i = 0; i < bytes; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+    msg_put(m, b, (size_t)bytes);
+}
+
+static void put_str(struct msg *m, const char *s, size_t n)
+{
+    put_le(m, n, 8);
+    msg_put(m, s, n);
+}
+
+static void store_close(struct launcher *l)
+{
+    if (l->store_fd >= 0)
+        close(l->store_fd);
+    l->store_fd = -1;
+}
+
+static int io_all(struct launcher *l, void *buf, size_t n, bool out)
+{
+    char *p = buf;
+    while (n > 0) {
+        ssize_t k = out ? send(l->store_fd, p, n, MSG_NOSIGNAL) : recv(l->store_fd, p, n, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return -1;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int recv_le(struct launcher *l, uint64_t *v, int bytes)
+{
+    uint8_t b[8];
+    if (io_all(l, b, (size_t)bytes, false) != 0)
+        return -1;
+    *v = 0;
+    for (int i = 0; i < bytes; i++)
+        *v |= (uint64_t)b[i] << (8 * i);
+    return 0;
+}
+
+/* A value of at most `max` bytes, malloc'd and NUL-terminated. */
+static int recv_str(struct launcher *l, char **out, size_t max)
+{
+    uint64_t n;
+    if (recv_le(l, &n, 8) != 0 || n > max)
+        return -1;
+    char *s = xmalloc((size_t)n + 1);
+    if (io_all(l, s, (size_t)n, false) != 0) {
+        free(s);
+        return -1;
+    }
+    s[n] = '\0';
+    *out = s;
+    return 0;
+}
+
+static char *read_token(void)
+{
+    const char *t = getenv("C10D_STORE_TOKEN");
+    if (t && *t)
+        return xstrdup(t);
+    const char *file = getenv("C10D_STORE_TOKEN_FILE");
+    if (!file || !*file)
+        return NULL;
+    FILE *f = fopen(file, "r");
+    if (!f)
+        return NULL;
+    char line[4096];
+    char *tok = fgets(line, sizeof line, f) ? xstrdup(line) : NULL;
+    fclose(f);
+    if (tok)
+        tok[strcspn(tok, "\r\n")] = '\0';
+    return tok;
+}
+
+static int store_connect(struct launcher *l)
+{
+    if (l->store_fd >= 0)
+        return 0;
+    const struct sockaddr *sa = (const struct sockaddr *)&l->master_sa;
+    socklen_t len =
+        sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return -1;
+    l->store_fd = fd;
+    if (connect(fd, sa, len) != 0) {
+        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+        int err = 0;
+        socklen_t el = sizeof err;
+        if (errno != EINPROGRESS || poll(&pfd, 1, AGENT_CONNECT_MS) != 1 ||
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0) {
+            store_close(l);
+            return -1;
+        }
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    struct timeval tv = {.tv_sec = AGENT_IO_MS / 1000, .tv_usec = (AGENT_IO_MS % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    struct msg m = {0};
+    put_u8(&m, CMD_VALIDATE);
+    put_le(&m, VALIDATE_MAGIC, 4);
+    char *token = read_token();
+    if (token) {
+        put_u8(&m, CMD_AUTH);
+        put_str(&m, token, strlen(token));
+        free(token);
+    }
+    int rc = io_all(l, m.p, m.len, true);
+    free(m.p);
+    uint64_t accepted = 1;
+    if (rc == 0 && token)
+        rc = recv_le(l, &accepted, 1);
+    if (rc != 0 || accepted != 1) {
+        store_close(l);
+        return -1;
+    }
+    return 0;
+}
+
+/* Sends `m` (and frees it) on a connection made first if needed. */
+static int store_send(struct launcher *l, struct msg *m)
+{
+    int rc = store_connect(l) == 0 ? io_all(l, m->p, m->len, true) : -1;
+    free(m->p);
+    m->p = NULL;
+    if (rc != 0)
+        store_close(l);
+    return rc;
+}
+
+static char *agent_key(struct launcher *l, const char *what)
+{
+    return xasprintf("c10drun/%s/%s/%d", l->run_id, what, l->restart_count);
+}
+
+/* ADD `delta` to this attempt's counter `what`; delta 0 reads it. */
+static int store_add(struct launcher *l, const char *what, int64_t delta, int64_t *out)
+{
+    char *key = agent_key(l, what);
+    struct msg m = {0};
+    put_u8(&m, CMD_ADD);
+    put_str(&m, key, strlen(key));
+    put_le(&m, (uint64_t)delta, 8);
+    free(key);
+    uint64_t v;
+    if (store_send(l, &m) != 0 || recv_le(l, &v, 8) != 0) {
+        store_close(l);
+        return -1;
+    }
+    *out = (int64_t)v;
+    return 0;
+}
+
+static int store_set(struct launcher *l, const char *what, const char *value)
+{
+    char *key = agent_key(l, what);
+    struct msg m = {0};
+    put_u8(&m, CMD_SET);
+    put_str(&m, key, strlen(key));
+    put_str(&m, value, strlen(value));
+    free(key);
+    return store_send(l, &m);
+}
+
+/* Our server answers GET of a missing key with an empty value: only read keys known set. */
+static char *store_get(struct launcher *l, const char *what)
+{
+    char *key = agent_key(l, what);
+    struct msg m = {0};
+    put_u8(&m, CMD_GET);
+    put_str(&m, key, strlen(key));
+    free(key);
+    char *v = NULL;
+    if (store_send(l, &m) != 0 || recv_str(l, &v, 4096) != 0)
+        store_close(l);
+    return v;
+}
+
+/* Node 0, between attempts, once every node's ranks are gone: the workers' keys of the last
+ * attempt go, so the next one rendezvouses in an empty store (torch's ranks would use a
+ * fresh prefix, /worker/attempt_<n>; libc10d's env:// uses the store as it is). */
+static int clean_worker_keys(struct launcher *l)
+{
+    struct msg m = {0};
+    put_u8(&m, CMD_LIST_KEYS);
+    uint64_t n;
+    if (store_send(l, &m) != 0 || recv_le(l, &n, 8) != 0 || n > (1u << 24)) {
+        store_close(l);
+        return -1;
+    }
+    char **keys = xmalloc((size_t)n * sizeof *keys + 1);
+    uint64_t got = 0;
+    for (; got < n; got++)
+        if (recv_str(l, &keys[got], 1 << 20) != 0)
+            break;
+    int rc = got == n ? 0 : -1;
+    int removed = 0;
+    for (uint64_t i = 0; i < got; i++) {
+        if (rc == 0 && strncmp(keys[i], "c10drun/", 8) != 0) {
+            struct msg d = {0};
+            put_u8(&d, CMD_DELETE_KEY);
+            put_str(&d, keys[i], strlen(keys[i]));
+            uint64_t deleted;
+            if (store_send(l, &d) != 0 || recv_le(l, &deleted, 8) != 0)
+                rc = -1;
+            else
+                removed++;
+        }
+        free(keys[i]);
+    }
+    free(keys);
+    if (rc != 0)
+        store_close(l);
+    else
+        VERBOSE(l, "removed %d key(s) of attempt %d from the store", removed, l->restart_count);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ the poll */
+
+static void agent_end(struct launcher *l)
+{
+    l->agent_done = true;
+    uv_timer_stop(&l->agent_timer);
+    maybe_finish(l);
+}
+
+static void store_lost(struct launcher *l)
+{
+    say(l, "lost the store at %s:%s (no answer for %d s); stopping", l->opt.master_addr,
+        l->port_text, AGENT_LOST_AFTER * (AGENT_POLL_MS + AGENT_IO_MS) / 1000);
+    set_code(l, EXIT_LAUNCHER);
+    l->no_restart = true;
+    l->restart_wanted = false;
+    begin_stop(l, SIGTERM);
+    agent_end(l);
+}
+
+/* Another node failed: its account, or a plain line if it could not leave one. */
+static void remote_failure(struct launcher *l)
+{
+    char *who = store_get(l, "fail_who");
+    say(l, "%s; stopping this node's ranks", who && *who ? who : "another node failed");
+    free(who);
+    set_code(l, EXIT_LAUNCHER);
+}
+
+static bool can_restart(struct launcher *l)
+{
+    return !l->no_restart && l->restart_count < l->opt.max_restarts;
+}
+
+/* Returns 0, or -1 when the store did not answer. */
+static int poll_once(struct launcher *l)
+{
+    int64_t failed, n;
+    switch (l->phase) {
+    case PHASE_RUN:
+        if (l->failing || l->stopping)
+            return 0;
+        if (store_add(l, "fail", 0, &failed) != 0)
+            return -1;
+        if (failed > 0) {
+            remote_failure(l);
+            begin_failure(l);
+        }
+        return 0;
+    case PHASE_RESTART_WAIT:
+        if (!l->marked) {
+            if (store_add(l, "stopped", 1, &n) != 0)
+                return -1;
+            l->marked = true;
+        }
+        if (store_add(l, "stopped", 0, &n) != 0)
+            return -1;
+        if (n < l->opt.nnodes) {
+            if (uv_now(&l->loop) - l->wait_since > (uint64_t)(l->opt.store_timeout_s * 1000)) {
+                say(l,
+                    "only %lld of %d node(s) stopped their ranks within %g s "
+                    "(--store-timeout); no restart",
+                    (long long)n, l->opt.nnodes, l->opt.store_timeout_s);
+                l->no_restart = true;
+                agent_end(l);
+            }
+            return 0;
+        }
+        if (store_add(l, "cleaned", 0, &n) != 0)
+            return -1;
+        if (n == 0 && l->hosts_store) {
+            if (clean_worker_keys(l) != 0 || store_add(l, "cleaned", 1, &n) != 0)
+                return -1;
+        }
+        if (n > 0)
+            restart_ranks(l);
+        return 0;
+    case PHASE_NODES_WAIT:
+        if (!l->marked) {
+            if (store_add(l, "done", 1, &n) != 0)
+                return -1;
+            l->marked = true;
+        }
+        if (store_add(l, "fail", 0, &failed) != 0)
+            return -1;
+        if (failed > 0) {
+            /* This node's ranks succeeded, another's did not: this node restarts too (the
+             * job restarts as a whole) or ends with the failure. */
+            remote_failure(l);
+            if (can_restart(l)) {
+                l->have_code = false;
+                l->phase = PHASE_RESTART_WAIT;
+                l->marked = false;
+                l->wait_since = uv_now(&l->loop);
+            } else {
+                agent_end(l);
+            }
+            return 0;
+        }
+        if (store_add(l, "done", 0, &n) != 0)
+            return -1;
+        if (n < l->opt.nnodes)
+            return 0;
+        if (!l->hosts_store) {
+            store_add(l, "left", 1, &n);
+            agent_end(l);
+            return 0;
+        }
+        /* Node 0 keeps the store until the others have seen that every node is done. */
+        if (l->all_done_at == 0)
+            l->all_done_at = uv_now(&l->loop);
+        if (store_add(l, "left", 0, &n) != 0)
+            return -1;
+        if (n >= l->opt.nnodes - 1 || uv_now(&l->loop) - l->all_done_at > AGENT_LEAVE_WAIT_MS)
+            agent_end(l);
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+static void on_agent_poll(uv_timer_t *t)
+{
+    struct launcher *l = t->data;
+    if (l->agent_done || l->phase == PHASE_DONE)
+        return;
+    if (poll_once(l) == 0) {
+        l->store_errors = 0;
+    } else if (++l->store_errors >= AGENT_LOST_AFTER && !l->agent_done) {
+        store_lost(l);
+    }
+}
+
+void agent_start(struct launcher *l)
+{
+    if (!uv_is_active((uv_handle_t *)&l->agent_timer))
+        uv_timer_start(&l->agent_timer, on_agent_poll, AGENT_POLL_MS, AGENT_POLL_MS);
+}
+
+/* This node's first failure of the attempt, for the other nodes to see at their next poll. */
+void agent_report_failure(struct launcher *l, const char *what)
+{
+    int64_t n;
+    if (store_set(l, "fail_who", what) != 0 || store_add(l, "fail", 1, &n) != 0)
+        say(l,
+            "cannot tell the other nodes about the failure: the store at %s:%s does not "
+            "answer",
+            l->opt.master_addr, l->port_text);
+}
+
+void agent_close(struct launcher *l)
+{
+    uv_timer_stop(&l->agent_timer);
+    store_close(l);
+}
