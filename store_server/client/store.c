@@ -31,6 +31,13 @@ void c10d__store_unref(c10d_store *s)
         s->vt->destroy(s);
 }
 
+int c10d__store_route(c10d_store *s, struct c10d__store_route *out)
+{
+    if (s == NULL || s->vt->route == NULL)
+        return C10D_ENOTFOUND;
+    return s->vt->route(s, out);
+}
+
 void c10d_store_retain(c10d_store *store)
 {
     if (store)

@@ -16,8 +16,15 @@
 #include "store_server/wire/codec.h"
 
 #include <stdatomic.h>
+#include <sys/socket.h>
 
 struct c10d__store_op;
+
+/* Where a network store is reached from (c10d__store_route). */
+struct c10d__store_route {
+    struct sockaddr_storage local; /* this end of the connection (getsockname) */
+    char host[256];                /* the server's host as it was given (MASTER_ADDR) */
+};
 
 struct c10d__store_vtable {
     const char *kind;
@@ -29,6 +36,9 @@ struct c10d__store_vtable {
     void (*close)(c10d_store *s);
     /* Any thread: frees the implementation's part (the last reference). */
     void (*destroy)(c10d_store *s);
+    /* Optional (NULL: not reached over a network). Loop thread. See
+     * c10d__store_route. */
+    int (*route)(c10d_store *s, struct c10d__store_route *out);
 };
 
 struct c10d_store {
@@ -68,6 +78,13 @@ struct c10d__store_op {
 void c10d__store_init(c10d_store *s, const struct c10d__store_vtable *vt);
 void c10d__store_ref(c10d_store *s);
 void c10d__store_unref(c10d_store *s);
+
+/* Loop thread. The route to the server of `s` (through prefix stores): the
+ * local address of its last connection that completed a handshake, which is
+ * the address this host reaches the store from, and the host it was asked
+ * for. 0, or C10D_ENOTFOUND (no c10d_last_error) for a store that is not
+ * reached over TCP or has not connected yet. */
+int c10d__store_route(c10d_store *s, struct c10d__store_route *out);
 
 /* Builds an op. args: the codec layout for `cmd`; every string is copied.
  * NULL on allocation failure (with c10d_last_error set). */

@@ -39,11 +39,17 @@ static void prefix_destroy(c10d_store *s)
     free(ps);
 }
 
+static int prefix_route(c10d_store *s, struct c10d__store_route *out)
+{
+    return c10d__store_route(((struct prefix_store *)s)->inner, out);
+}
+
 static const struct c10d__store_vtable prefix_vtable = {
     .kind = "prefix",
     .submit = prefix_submit,
     .close = prefix_close,
     .destroy = prefix_destroy,
+    .route = prefix_route,
 };
 
 int c10d_store_prefix(c10d_store *base, const char *prefix, c10d_store **out)

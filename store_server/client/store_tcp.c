@@ -102,11 +102,22 @@ static void tcp_destroy(c10d_store *s)
     free(ts);
 }
 
+static int tcp_route(c10d_store *s, struct c10d__store_route *out)
+{
+    struct tcp_store *ts = (struct tcp_store *)s;
+    if (ts->local_addr.ss_family == 0)
+        return C10D_ENOTFOUND;
+    out->local = ts->local_addr;
+    snprintf(out->host, sizeof out->host, "%s", ts->host);
+    return 0;
+}
+
 static const struct c10d__store_vtable tcp_vtable = {
     .kind = "tcp",
     .submit = tcp_submit,
     .close = tcp_close,
     .destroy = tcp_destroy,
+    .route = tcp_route,
 };
 
 /* ------------------------------------------------------- the constructor */

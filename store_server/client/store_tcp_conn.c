@@ -28,6 +28,11 @@
 #define BACKOFF_CAP_MS    5000.0
 #define AUTO_HANDSHAKE_MS 3000
 #define CANCEL_GRACE_MS   5000
+/* A host name that does not resolve yet is retried (a Kubernetes service's
+ * DNS record often appears seconds after the pod starts), with a warning
+ * this often so that a name that never resolves is seen long before the
+ * timeout. */
+#define RESOLVE_WARN_MS 5000
 
 struct conn {
     uv_tcp_t tcp;
@@ -230,6 +235,23 @@ static void attempt_failed(struct tcp_store *ts, const char *what, int uv_err)
     schedule_retry(ts);
 }
 
+/* The resolver has no address for the host (yet): retried like a refused
+ * connection, until the waiting ops' deadlines, warning every few seconds. */
+static void resolve_failed(struct tcp_store *ts, int uv_err)
+{
+    uint64_t now = c10d__now_ms();
+    if (ts->resolve_warned_ms == 0 || now - ts->resolve_warned_ms >= RESOLVE_WARN_MS) {
+        ts->resolve_warned_ms = now;
+        uint64_t deadline = ts->head ? ts->head->deadline_ms : 0;
+        C10D_WARN("store",
+                  "tcp %s: cannot resolve '%s': %s (%s); retrying for up to %llu s more (the "
+                  "name may not be published yet)",
+                  ts->name, ts->host, uv_strerror(uv_err), uv_err_name(uv_err),
+                  (unsigned long long)(deadline > now ? (deadline - now + 999) / 1000 : 0));
+    }
+    attempt_failed(ts, "resolve host", uv_err);
+}
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     struct conn *c = h->data;
@@ -340,8 +362,12 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
     }
     c10d__store_unref(&ts->base);
     if (status < 0) {
-        attempt_failed(ts, "resolve host", status);
+        resolve_failed(ts, status);
         return;
+    }
+    if (ts->resolve_warned_ms != 0) {
+        C10D_INFO("store", "tcp %s: '%s' resolves now", ts->name, ts->host);
+        ts->resolve_warned_ms = 0;
     }
     ts->addrs = ts->next_addr = res;
     try_next_addr(ts, UV_ECONNREFUSED);
@@ -361,7 +387,7 @@ static void start_attempt(struct tcp_store *ts)
     int rc = uv_getaddrinfo(c10d__engine_loop(), &ts->gai, on_resolved, ts->host, port, &hints);
     if (rc < 0) {
         c10d__store_unref(&ts->base);
-        attempt_failed(ts, "resolve host", rc);
+        resolve_failed(ts, rc);
     }
 }
 
@@ -460,6 +486,11 @@ static void handshake_done(struct tcp_store *ts, const struct c10d__store_reply 
     if (ts->dialect != ts->trying)
         C10D_INFO("store", "tcp %s: connected, %s dialect", ts->name, dialect_name(ts->trying));
     ts->dialect = ts->trying;
+    /* Kept for c10d__store_route: the address the route to the store leaves
+     * this host from (a NAT in between changes the far end, not this one). */
+    int len = sizeof ts->local_addr;
+    if (uv_tcp_getsockname(&ts->conn->tcp, (struct sockaddr *)&ts->local_addr, &len) < 0)
+        memset(&ts->local_addr, 0, sizeof ts->local_addr);
     ts->base.dialect =
         ts->dialect == C10D_STORE_DIALECT_LEGACY ? C10D_DIALECT_LEGACY : C10D_DIALECT_CURRENT;
     ts->state = ST_READY;

@@ -50,6 +50,11 @@ struct tcp_store {
     int attempts;
     double backoff_ms;
     char last_error[400];
+    /* The local end of the last connection that completed a handshake
+     * (ss_family 0: none yet): c10d__store_route. */
+    struct sockaddr_storage local_addr;
+    /* When the last "cannot resolve" warning was logged (c10d__now_ms). */
+    uint64_t resolve_warned_ms;
     uint32_t nonce;
     uint64_t handshake_deadline;
     /* The job's secret, presented with AUTH after VALIDATE (len 0: none). */
