@@ -11,6 +11,7 @@
 #include "engine/log.h"
 #include "engine/loop.h"
 #include "engine/loop_call.h"
+#include "store_server/client/store.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +46,7 @@ struct create_call {
     int color, key;
     int *excluded; /* a shrink: the parent ranks left out (owned) */
     int nexcluded;
+    struct c10d__store_route route; /* cfg.store_local_addr/store_host point here */
 };
 
 static void create_call_free(struct create_call *cc)
@@ -134,6 +136,11 @@ static void create_on_loop(struct c10d__loop_call *call, void *arg)
     struct create_call *cc = arg;
     cc->call = call;
     void *state = NULL;
+    /* Read here: the store's connection belongs to the loop thread. */
+    if (c10d__store_route(cc->cfg.store, &cc->route) == 0) {
+        cc->cfg.store_local_addr = (const struct sockaddr *)&cc->route.local;
+        cc->cfg.store_host = cc->route.host;
+    }
     /* Read here: the parent's state changes only on the loop thread. */
     void *parent_state = NULL;
     if (cc->parent != NULL && cc->parent->backends[cc->cfg.device_type].vt == cc->vt)

@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct sockaddr;
+
 /* Device types a group can hold a backend for, indexed by c10d_device_type. */
 #define C10D__DEVICE_TYPES 2
 
@@ -78,6 +80,13 @@ struct c10d__backend_config {
     const char *group_desc;
     int64_t timeout_ms; /* default op timeout; also bounds connection setup */
     c10d_store *store;  /* already prefixed for this group and device */
+    /* Where the route to the store leaves this host: the local address of
+     * the store's connection, and the store's host as given (MASTER_ADDR).
+     * NULL when the store is not reached over TCP. A host backend listens
+     * there: it is an address the other ranks can reach whatever this
+     * host's name resolves to. */
+    const struct sockaddr *store_local_addr;
+    const char *store_host;
     c10d_device_type device_type;
     /* >= 0: the group was created for this device (torch's device_id): the
      * backend may set up its per-device state now. -1: on first use of each

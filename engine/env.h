@@ -29,8 +29,8 @@
     X(TCP_LAZY_INIT, "C10D_TCP_LAZY_INIT", NULL, "0",                                              \
       "tcp backend: connect to a peer on first use instead of the full mesh at group creation")    \
     X(SOCKET_IFNAME, "C10D_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "",                               \
-      "tcp backend: network interface to listen on (default: the hostname's address, else "        \
-      "loopback)")                                                                                 \
+      "tcp backend: network interface to listen on (default: the local address of the "           \
+      "connection to the store; the hostname's address when that is loopback, else loopback)")    \
     X(TCP_EAGER_MAX, "C10D_TCP_EAGER_MAX", NULL, "65536",                                          \
       "tcp backend: collective messages up to this many bytes are sent without waiting for the "   \
       "receiver's clear-to-send")                                                                  \

@@ -519,6 +519,8 @@ int c10d__tcp_open(const struct c10d__backend_config *cfg, void **state, const c
                                   : 0),
         .socket_buffer = (int)c10d__env_int(C10D_ENV_TCP_SOCKET_BUFFER),
         .timeout_ms = cfg->timeout_ms,
+        .store_local_addr = cfg->store_local_addr,
+        .store_host = cfg->store_host,
         .on_error = on_transport_error,
         .arg = s,
     };
@@ -558,7 +560,10 @@ int c10d__tcp_connect(void *state, const char *const *addrs, void (*done)(void *
 #define ADDR_KEY_FMT "tcp/addr/%d"
 
 /* Connection setup through the store: each rank publishes "tcp/addr/<rank>"
- * and reads everyone's (the store's wait bounds it), then connects. */
+ * and reads everyone's (the store's wait bounds it), then connects; while an
+ * attempt to a peer fails, its key is read again (a store that outlived an
+ * earlier job may have handed out that job's address before the peer
+ * published its own). */
 struct exchange {
     struct tcp_state *s;
     c10d_store *store;
@@ -566,6 +571,8 @@ struct exchange {
     void *arg;
     int size;
     char **keys;
+    int refs;     /* the setup's own, and one per re-read in flight */
+    int finished; /* done was called: re-reads that come back are dropped */
 };
 
 static void exchange_free(struct exchange *x)
@@ -579,19 +586,70 @@ static void exchange_free(struct exchange *x)
     free(x);
 }
 
+static void exchange_unref(struct exchange *x)
+{
+    if (--x->refs == 0)
+        exchange_free(x);
+}
+
+/* The setup is over: no more re-reads, and its own reference goes. */
+static void exchange_finish(struct exchange *x, int status)
+{
+    x->finished = 1;
+    if (x->s->t != NULL)
+        c10d__tcp_transport_on_connect_failed(x->s->t, NULL, NULL);
+    x->done(x->arg, status);
+    exchange_unref(x);
+}
+
 static void exchange_fail(struct exchange *x, int status, const char *what, const char *why)
 {
     c10d__fail(status, "tcp: connection setup of group %s, rank %d: %s: %s", x->s->group_name,
                x->s->rank, what, why);
-    x->done(x->arg, status);
-    exchange_free(x);
+    exchange_finish(x, status);
 }
 
 static void on_exchange_connected(void *arg, int status)
 {
+    exchange_finish(arg, status);
+}
+
+struct reread {
+    struct exchange *x;
+    int rank;
+};
+
+static void on_reread(const c10d_store_result *res, void *arg)
+{
+    struct reread *rr = arg;
+    struct exchange *x = rr->x;
+    if (!x->finished && !x->s->destroyed && x->s->t != NULL && res->status == 0) {
+        char *published = strndup((const char *)res->data.data, res->data.len);
+        if (published == NULL || c10d__tcp_transport_update_addr(x->s->t, rr->rank, published) < 0)
+            C10D_DEBUG("tcp", "rank %d: rank %d's address read again is unusable: %s", x->s->rank,
+                       rr->rank, published != NULL ? c10d_last_error() : "out of memory");
+        free(published);
+    }
+    free(rr);
+    exchange_unref(x);
+}
+
+/* The transport could not connect to `rank`: read its key again. */
+static void reread_addr(void *arg, int rank)
+{
     struct exchange *x = arg;
-    x->done(x->arg, status);
-    exchange_free(x);
+    struct reread *rr = malloc(sizeof *rr);
+    if (x->finished || rr == NULL) {
+        free(rr);
+        return;
+    }
+    rr->x = x;
+    rr->rank = rank;
+    x->refs++;
+    if (c10d_store_get(x->store, x->keys[rank], on_reread, rr) != 0) {
+        x->refs--;
+        free(rr);
+    }
 }
 
 static void on_addrs(const c10d_store_result *res, void *arg)
@@ -613,6 +671,8 @@ static void on_addrs(const c10d_store_result *res, void *arg)
         addrs[r] = strndup(res->items[r].data, res->items[r].len);
         ok = addrs[r] != NULL;
     }
+    if (ok)
+        c10d__tcp_transport_on_connect_failed(x->s->t, reread_addr, x);
     int rc = ok ? c10d__tcp_connect(x->s, (const char *const *)addrs, on_exchange_connected, x)
                 : c10d__fail(C10D_ENOMEM, "tcp: out of memory");
     if (addrs != NULL)
@@ -661,6 +721,7 @@ static int tcp_create(const struct c10d__backend_config *cfg, void (*done)(void 
     x->done = done;
     x->arg = arg;
     x->size = cfg->size;
+    x->refs = 1;
     s->refs++;
     c10d_store_retain(cfg->store);
     for (int r = 0; r < cfg->size; r++) {

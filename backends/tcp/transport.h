@@ -62,13 +62,19 @@ struct c10d__tcp_transport_config {
     size_t eager_max;   /* collective messages up to this go without clear-to-send */
     int socket_buffer;  /* SO_SNDBUF/SO_RCVBUF, 0: OS default */
     int64_t timeout_ms; /* bounds connection setup */
+    /* The local address of the store's connection and the store's host
+     * (struct c10d__backend_config); NULL: unknown. Read only while the
+     * transport is created. */
+    const struct sockaddr *store_local_addr;
+    const char *store_host;
     /* Called once, on the first fatal error; the transport is closed right after. */
     void (*on_error)(void *arg, int status, const char *message);
     void *arg;
 };
 
-/* Binds a listening socket on the chosen interface (C10D_SOCKET_IFNAME,
- * GLOO_SOCKET_IFNAME, the hostname's address, loopback). */
+/* Binds a listening socket on the chosen address (iface.c: C10D_SOCKET_IFNAME
+ * or GLOO_SOCKET_IFNAME, else the local end of the route to the store, else
+ * the hostname's address, else loopback). */
 int c10d__tcp_transport_new(const struct c10d__tcp_transport_config *cfg,
                             struct c10d__tcp_transport **out);
 
@@ -105,5 +111,19 @@ int c10d__tcp_transport_failed(const struct c10d__tcp_transport *t);
 /* Closes (failing if needed) and frees once every handle is closed. The
  * transport must not be used afterwards. */
 void c10d__tcp_transport_free(struct c10d__tcp_transport *t);
+
+/* While this rank connects, a peer whose address refuses (or whose listener
+ * is not that peer) may have published a new one since it was read: a store
+ * that outlives a job can hand out an earlier job's address. `reread(arg,
+ * rank)` is called at most every few hundred ms per peer while attempts to
+ * it fail; the owner looks the address up again and hands it over with
+ * c10d__tcp_transport_update_addr. NULL stops it. Loop thread. */
+void c10d__tcp_transport_on_connect_failed(struct c10d__tcp_transport *t,
+                                           void (*reread)(void *arg, int rank), void *arg);
+/* Replaces rank's address with `published` (as the peer published it; rank
+ * 0's carries the job id, which is taken too): 1 if it changed, 0 if it is
+ * the same, < 0 if it is not an address (the old one stays). The next
+ * attempt uses it. Loop thread. */
+int c10d__tcp_transport_update_addr(struct c10d__tcp_transport *t, int rank, const char *published);
 
 #endif
