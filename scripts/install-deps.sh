@@ -6,6 +6,7 @@
 #   scripts/install-deps.sh test      + cmocka, PyTorch 1.13 (interop), clang (fuzzing)
 #   scripts/install-deps.sh bench     + Open MPI and iperf3 (peer comparison)
 #   scripts/install-deps.sh runtime   shared libraries only (the runtime image)
+#   scripts/install-deps.sh container buildah and debootstrap (test_container builds the image)
 #   scripts/install-deps.sh launchers Open MPI, Slurm and munge (the real-launcher tests)
 set -eu
 
@@ -13,12 +14,13 @@ want=${1:-build}
 build_pkgs="build-essential cmake pkg-config libuv1-dev libjansson-dev"
 case "$want" in
 runtime) pkgs="libuv1|libuv1t64 libjansson4" ;; # Ubuntu 24.04 renamed libuv1 (t64)
+container) pkgs="buildah debootstrap" ;;
 launchers) pkgs="openmpi-bin slurm-wlm munge" ;;
 build) pkgs="$build_pkgs" ;;
 test) pkgs="$build_pkgs libcmocka-dev python3-torch clang libclang-rt-dev procps iproute2" ;;
 bench) pkgs="$build_pkgs python3-torch openmpi-bin libopenmpi-dev iperf3" ;;
 *)
-    echo "usage: $0 build|test|bench|runtime|launchers" >&2
+    echo "usage: $0 build|test|bench|runtime|launchers|container" >&2
     exit 2
     ;;
 esac

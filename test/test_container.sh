@@ -56,6 +56,8 @@ grep '^COPY ' "$df" | grep -v -- '--from' | awk '{print $2}' | while read -r f; 
     [ "$f" = . ] || [ -e "$src/$f" ] || bad "copies missing $f"
 done
 sh -n "$src/scripts/install-deps.sh"
+# The Dockerfile runs it directly.
+[ -x "$src/scripts/install-deps.sh" ] || bad "scripts/install-deps.sh is not executable"
 for mode in build runtime; do
     grep -q "^$mode)" "$src/scripts/install-deps.sh" || { echo "install-deps.sh has no $mode mode" >&2; exit 1; }
 done
