@@ -100,14 +100,23 @@ out:
     c10d__loop_call_done(call, rc, rc < 0 ? c10d_last_error() : NULL);
 }
 
-/* 1 if every address `name` resolves to is a loopback address. */
-static int loopback_only(const char *name)
+/* What a host name resolves to here. */
+enum resolved {
+    RESOLVES_NOT,      /* no address (yet): *error says why */
+    RESOLVES_LOOPBACK, /* loopback addresses only */
+    RESOLVES_OTHER,    /* at least one address that is not loopback */
+};
+
+static enum resolved resolve_kind(const char *name, const char **error)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
     struct addrinfo *res = NULL;
-    if (getaddrinfo(name, NULL, &hints, &res) != 0)
-        return 0;
-    int all = res != NULL;
+    int gai = getaddrinfo(name, NULL, &hints, &res);
+    if (gai != 0 || res == NULL) {
+        *error = gai != 0 ? gai_strerror(gai) : "no address";
+        return RESOLVES_NOT;
+    }
+    int all = 1;
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
         if (ai->ai_family == AF_INET) {
             uint32_t a = ntohl(((struct sockaddr_in *)ai->ai_addr)->sin_addr.s_addr);
@@ -117,12 +126,13 @@ static int loopback_only(const char *name)
         }
     }
     freeaddrinfo(res);
-    return all;
+    return all ? RESOLVES_LOOPBACK : RESOLVES_OTHER;
 }
 
 /* Where rank 0's store listens: C10D_STORE_BIND ('*': every address), else
  * the address the other ranks were told (MASTER_ADDR or the URL's host), so
- * that MASTER_ADDR=127.0.0.1 keeps the store off the network. */
+ * that MASTER_ADDR=127.0.0.1 keeps the store off the network; every address
+ * when that name cannot be what the others reach. */
 static const char *store_bind_host(const char *master, int *any_if_not_local)
 {
     const char *bind = c10d__env_str(C10D_ENV_STORE_BIND);
@@ -131,13 +141,28 @@ static const char *store_bind_host(const char *master, int *any_if_not_local)
         return strcmp(bind, "*") ? bind : NULL;
     unsigned char buf[sizeof(struct in6_addr)];
     int numeric = inet_pton(AF_INET, master, buf) == 1 || inet_pton(AF_INET6, master, buf) == 1;
+    const char *error = NULL;
+    enum resolved kind =
+        numeric || !strcmp(master, "localhost") ? RESOLVES_OTHER : resolve_kind(master, &error);
     /* A host name that this machine resolves to loopback only (Debian maps
      * its own name to 127.0.1.1) is not what the other nodes resolve it to. */
-    if (!numeric && strcmp(master, "localhost") && loopback_only(master)) {
+    if (kind == RESOLVES_LOOPBACK) {
         C10D_INFO("rendezvous",
                   "MASTER_ADDR '%s' resolves to a loopback address here only: the store "
                   "listens on every address (C10D_STORE_BIND chooses one)",
                   master);
+        return NULL;
+    }
+    /* A name with no address yet (a Kubernetes headless service's record
+     * appears seconds after its pod starts) will name an address of this
+     * host: listen on all of them now, as torch's TCPStore always does,
+     * while the clients, this rank's own included, retry the name. */
+    if (kind == RESOLVES_NOT) {
+        C10D_WARN("rendezvous",
+                  "MASTER_ADDR '%s' does not resolve here yet (%s): the store listens on every "
+                  "address (C10D_STORE_BIND chooses one) and the ranks retry the name until "
+                  "their timeout",
+                  master, error);
         return NULL;
     }
     *any_if_not_local = 1;
