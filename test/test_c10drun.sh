@@ -9,6 +9,8 @@ set -u
 RUN=${1:?usage: test_c10drun.sh PATH/TO/c10drun [BUILD_DIR]}
 BUILD=${2:-}
 T=$(mktemp -d "${TMPDIR:-/tmp}/test_c10drun.XXXXXX")
+# ddp_tiny failing on purpose dumps its flight recorder: into the test directory.
+export C10D_TRACE_FILE_PREFIX="$T/fr_rank"
 BG=() # c10drun processes started in the background
 FAILS=0
 

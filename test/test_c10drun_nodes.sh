@@ -4,6 +4,7 @@
 #   1. ddp_tiny on 4 ranks: both nodes succeed (node 1 is started first: it waits for the store;
 #      its options come from PET_* variables)
 #   2. a rank of node 1 fails: node 0's c10drun names it and stops its own ranks
+#      and when a rank of node 1 dies mid-training, node 0's ranks report it
 #   3. --max-restarts 1: a rank of node 1 fails on attempt 0; both nodes restart, and
 #      ddp_tiny succeeds on attempt 1 (TORCHELASTIC_RESTART_COUNT=1 on every rank)
 # Root only (ip netns); exits 77 (skipped) otherwise.
@@ -92,7 +93,7 @@ node() {
     shift 2
     if [ "$node_rank" = 0 ]; then ns=$NS0 ifname=$IF0; else ns=$NS1 ifname=$IF1; fi
     (
-        ip netns exec "$ns" env C10D_SOCKET_IFNAME="$ifname" timeout -k 10 120 "$RUN" "$@" \
+        ip netns exec "$ns" env C10D_SOCKET_IFNAME="$ifname" C10D_TRACE_FILE_PREFIX="$T/fr_$name" timeout -k 10 120 "$RUN" "$@" \
             >"$T/$name.out" 2>"$T/$name.err"
         echo $? >"$T/$name.rc"
     ) &
@@ -137,6 +138,24 @@ expect_rc "node failure: node 0" "$(cat "$T/fail0.rc")" 1
 expect_match "node failure: node 1" "$T/fail1.err" '^c10drun: rank 3 \(pid [0-9]+\) exited with status 7$'
 expect_match "node failure: node 0" "$T/fail0.err" \
     '^c10drun: node 1: rank 3 \(pid [0-9]+\) exited with status 7; stopping this node.s ranks$'
+
+# A rank of node 1 dies in the middle of training: node 0's ranks see the connection go and
+# report it (the grace period lets them), and node 0's c10drun names the rank that died.
+prog='if [ "$RANK" = 3 ]; then "$TINY" 1000000 & sleep 1; exit 9; fi; exec "$TINY" 1000000'
+for k in 1 0; do
+    node die$k $k --nnodes 2 --node-rank $k -n 2 --rdzv-endpoint "$ADDR0:$PORT" \
+        --run-id diejob sh -c "$prog"
+done
+wait_nodes
+expect_rc "rank dies: node 1" "$(cat "$T/die1.rc")" 9
+if [ "$(cat "$T/die0.rc")" != 0 ]; then pass "rank dies: node 0 failed too"; else
+    fail "rank dies: node 0 exited 0"
+fi
+expect_match "rank dies: node 0" "$T/die0.err" '^\[rank[01]\]: ddp_tiny: .*(rank [23]|closed|lost)'
+expect_match "rank dies: node 0" "$T/die0.err" 'node 1: rank 3 \(pid [0-9]+\) exited with status 9'
+echo "--- node 0's stderr when rank 3 died:"
+grep -v ' W engine: a posted task' "$T/die0.err" | cut -c1-200
+echo "---"
 
 # ---------------------------------------------------------------- 3. restart of both nodes
 prog='echo "attempt $TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS"

@@ -427,11 +427,22 @@ void agent_start(struct launcher *l)
         uv_timer_start(&l->agent_timer, on_agent_poll, AGENT_POLL_MS, AGENT_POLL_MS);
 }
 
-/* This node's first failure of the attempt, for the other nodes to see at their next poll. */
+/* This node's first failure of the attempt, for the other nodes to see at their next poll.
+ * If another node failed first, its account stays (ours is likely a consequence of it) and
+ * is printed here too, since it names where the job broke. */
 void agent_report_failure(struct launcher *l, const char *what)
 {
     int64_t n;
-    if (store_set(l, "fail_who", what) != 0 || store_add(l, "fail", 1, &n) != 0)
+    int rc = store_add(l, "fail", 0, &n);
+    if (rc == 0 && n > 0) {
+        char *who = store_get(l, "fail_who");
+        if (who && *who)
+            say(l, "before that, %s", who);
+        free(who);
+    } else if (rc == 0) {
+        rc = store_set(l, "fail_who", what);
+    }
+    if (rc != 0 || store_add(l, "fail", 1, &n) != 0)
         say(l,
             "cannot tell the other nodes about the failure: the store at %s:%s does not "
             "answer",
