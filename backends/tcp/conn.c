@@ -19,6 +19,9 @@
 #define CONNECT_WARN_MS  2000
 #define CONNECT_WARN_GAP 10000
 #define CONNECT_RETRY_MS 10
+/* While attempts to a peer fail, its address is looked up again this often:
+ * the one read may be an earlier job's (a store that outlived it). */
+#define REREAD_MS 200
 /* How long a broken connection waits for more news before the transport
  * fails: when rank A dies, rank B may notice first and close its connection
  * to us; waiting a moment lets our own connection to A report too, so the
@@ -211,8 +214,10 @@ static void on_retry(uv_timer_t *tm)
 
 /* An attempt to connect to `rank` failed: retry until the deadline, which
  * the transport's timer enforces (the peer may not listen yet, be briefly
- * overloaded, or lazy). A streak of failures is worth a warning naming the
- * address, since a bad published address otherwise looks like a hang. */
+ * overloaded, or lazy), and ask the owner to look its address up again
+ * (it may have been an earlier job's). A streak of failures is worth a
+ * warning naming the address, since a bad published address otherwise looks
+ * like a hang. */
 void c10d__tcp_connect_failed(struct c10d__tcp_transport *t, int rank, const char *why)
 {
     if (t->failed)
@@ -246,6 +251,10 @@ void c10d__tcp_connect_failed(struct c10d__tcp_transport *t, int rank, const cha
     C10D_DEBUG("tcp", "rank %d: connecting to rank %d at %s: %s; retrying", t->cfg.rank, rank,
                t->addrs[rank], why);
     uv_timer_start(&r->timer, on_retry, CONNECT_RETRY_MS, 0);
+    if (t->reread != NULL && now - pe->reread_at >= REREAD_MS) {
+        pe->reread_at = now;
+        t->reread(t->reread_arg, rank);
+    }
 }
 
 static void on_connected(uv_connect_t *req, int status)

@@ -136,6 +136,36 @@ const char *c10d__tcp_transport_address(const struct c10d__tcp_transport *t)
     return t->published;
 }
 
+/* What rank r published: "host:port", and on rank 0's a "#<job id>" after
+ * it, which every other rank takes. *addr: a copy of the address part. */
+static int parse_published(const struct c10d__tcp_transport *t, int r, const char *a, char **addr,
+                           uint64_t *job_id)
+{
+    struct sockaddr_storage ss;
+    size_t len = strcspn(a, "#");
+    char *copy = strndup(a, len);
+    if (copy == NULL)
+        return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
+    if (c10d__tcp_parse_addr(copy, &ss) != 0) {
+        free(copy);
+        return c10d__fail(C10D_EINVAL, "tcp: rank %d's address '%s' is not host:port", r, a);
+    }
+    if (r == 0 && t->cfg.rank != 0) {
+        char *end = NULL;
+        unsigned long long id = a[len] == '#' ? strtoull(a + len + 1, &end, 16) : 0;
+        if (a[len] != '#' || end == a + len + 1 || *end != '\0') {
+            free(copy);
+            return c10d__fail(C10D_EINVAL,
+                              "tcp: rank 0's address '%s' carries no job id (a rank of an "
+                              "older libc10d, or the store entry was overwritten)",
+                              a);
+        }
+        *job_id = id;
+    }
+    *addr = copy;
+    return 0;
+}
+
 int c10d__tcp_transport_connect(struct c10d__tcp_transport *t, const char *const *addrs,
                                 void (*ready)(void *arg, int status), void *arg)
 {
@@ -145,22 +175,10 @@ int c10d__tcp_transport_connect(struct c10d__tcp_transport *t, const char *const
     if (t->addrs == NULL)
         return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
     for (int r = 0; r < t->cfg.size; r++) {
-        struct sockaddr_storage ss;
-        const char *a = addrs[r] != NULL ? addrs[r] : "(null)";
-        size_t len = strcspn(a, "#");
-        if ((t->addrs[r] = strndup(a, len)) == NULL)
-            return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
-        if (addrs[r] == NULL || c10d__tcp_parse_addr(t->addrs[r], &ss) != 0)
-            return c10d__fail(C10D_EINVAL, "tcp: rank %d's address '%s' is not host:port", r, a);
-        /* Rank 0 publishes the job id after its address. */
+        uint64_t id = 0;
+        C10D_CHECK(
+            parse_published(t, r, addrs[r] != NULL ? addrs[r] : "(null)", &t->addrs[r], &id));
         if (r == 0 && t->cfg.rank != 0) {
-            char *end = NULL;
-            unsigned long long id = a[len] == '#' ? strtoull(a + len + 1, &end, 16) : 0;
-            if (a[len] != '#' || end == a + len + 1 || *end != '\0')
-                return c10d__fail(C10D_EINVAL,
-                                  "tcp: rank 0's address '%s' carries no job id (a rank of an "
-                                  "older libc10d, or the store entry was overwritten)",
-                                  a);
             t->job_id = id;
             t->job_known = 1;
         }
@@ -311,4 +329,32 @@ void c10d__tcp_transport_free(struct c10d__tcp_transport *t)
     free(t->addrs);
     free(t->peers);
     free(t);
+}
+
+void c10d__tcp_transport_on_connect_failed(struct c10d__tcp_transport *t,
+                                           void (*reread)(void *arg, int rank), void *arg)
+{
+    t->reread = reread;
+    t->reread_arg = arg;
+}
+
+int c10d__tcp_transport_update_addr(struct c10d__tcp_transport *t, int rank, const char *published)
+{
+    if (t->addrs == NULL || rank < 0 || rank >= t->cfg.size || rank == t->cfg.rank)
+        return c10d__fail(C10D_EINVAL, "tcp: no address of rank %d to update", rank);
+    char *addr = NULL;
+    uint64_t id = t->job_id;
+    C10D_CHECK(parse_published(t, rank, published, &addr, &id));
+    if (strcmp(addr, t->addrs[rank]) == 0 && id == t->job_id) {
+        free(addr);
+        return 0;
+    }
+    C10D_INFO("tcp", "rank %d: rank %d published a new address: %s (was %s)", t->cfg.rank, rank,
+              addr, t->addrs[rank]);
+    free(t->addrs[rank]);
+    t->addrs[rank] = addr;
+    /* Rank 0's job id comes with its address: hellos of the job it names
+     * are the ones to take now. */
+    t->job_id = id;
+    return 1;
 }

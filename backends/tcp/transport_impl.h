@@ -88,6 +88,7 @@ struct peer {
     uint64_t retry_at;
     uint64_t connect_fail_since; /* first failed attempt of the current streak (0: none) */
     uint64_t connect_warned_at;
+    uint64_t reread_at; /* when its address was last asked for again (c10d__tcp_connect_failed) */
     char connect_error[96]; /* why the last attempt failed */
     int gone;               /* said goodbye (destroyed its group cleanly) */
     int lost;               /* its connection broke: the transport fails after the grace period */
@@ -156,6 +157,10 @@ struct c10d__tcp_transport {
     uint64_t next_order;
     void (*ready)(void *arg, int status);
     void *ready_arg;
+    /* Asked to look up a peer's address again after connecting to it failed
+     * (c10d__tcp_transport_on_connect_failed); NULL: nobody can. */
+    void (*reread)(void *arg, int rank);
+    void *reread_arg;
     int nready;
     int ready_called;
 };
