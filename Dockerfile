@@ -10,8 +10,8 @@
 #     docker build -t libc10d:cuda \
 #       --build-arg BASE_IMAGE=docker.io/nvidia/cuda:13.0.0-runtime-ubuntu24.04 \
 #       --build-arg BUILD_IMAGE=docker.io/library/ubuntu:24.04 .
-#     (NCCL is not in NVIDIA's runtime image: add libnccl2 on top, or point
-#     C10D_NCCL_LIBRARY at a copy.)
+#     (NVIDIA's runtime images carry libcudart and NCCL's libnccl2, the two
+#     files libc10d loads; C10D_CUDART_LIBRARY / C10D_NCCL_LIBRARY name others.)
 #
 # Running it (no ENTRYPOINT: the command is whichever program you name):
 #   docker run --rm -p 29500:29500 libc10d               # the store (default CMD)
