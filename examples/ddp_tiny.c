@@ -12,7 +12,8 @@
  *
  *   c10drun -n 4 build/examples/ddp_tiny --device cuda [STEPS]
  *
- * runs the collectives on one GPU per rank (LOCAL_RANK) through the nccl
+ * runs the collectives on one GPU per rank (its local rank, from whichever
+ * launcher started it: c10d_launch_query) through the nccl
  * backend. Plain C has no kernels, so the model is still computed on the
  * host: each step copies the gradients to the device, all-reduces them there
  * and copies them back, the way DDP all-reduces a gradient bucket in place.
@@ -152,8 +153,9 @@ static void *cuda_sym(void *lib, const char *name)
     return sym;
 }
 
-/* Loads the CUDA runtime and makes this rank's GPU current: LOCAL_RANK (set
- * by c10drun and torchrun), else RANK modulo the devices visible. Before the
+/* Loads the CUDA runtime and makes this rank's GPU current: the local rank
+ * the launcher gives (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID...:
+ * c10d_launch_query), else the rank modulo the devices visible. Before the
  * group is created, so its communicator is made on that device. */
 static int cuda_open(void)
 {
@@ -179,8 +181,14 @@ static int cuda_open(void)
     memcpy(&cuda, fns, sizeof cuda);
     int n = 0;
     cuda_check(cuda.get_device_count(&n), "cudaGetDeviceCount");
-    const char *local = getenv("LOCAL_RANK"), *rank = getenv("RANK");
-    int dev = local != NULL ? atoi(local) : rank != NULL && n > 0 ? atoi(rank) % n : 0;
+    c10d_launch_info launch = C10D_LAUNCH_INFO_INIT;
+    if (c10d_launch_query(&launch) < 0) {
+        fprintf(stderr, "ddp_tiny: %s\n", c10d_last_error());
+        exit(1);
+    }
+    int dev = launch.local_rank >= 0      ? launch.local_rank
+              : launch.rank >= 0 && n > 0 ? launch.rank % n
+                                          : 0;
     if (n <= 0 || dev < 0 || dev >= n) {
         fprintf(stderr,
                 "ddp_tiny: --device cuda: no CUDA device %d (%d visible; one GPU per rank)\n", dev,

@@ -8,6 +8,7 @@
  */
 #include "store_tcp_impl.h"
 
+#include "engine/log.h"
 #include "engine/opts.h"
 
 #include <stddef.h>
@@ -133,6 +134,8 @@ static int raw_add(struct tcp_store *ts, const char *key, int64_t delta, int64_t
     return c10d__store_op_run_sync(&ts->base, op, timeout_ms, value);
 }
 
+#define WORKERS_WARN_MS 30000
+
 /* torch: with a known world size every client registers in "init/" and the
  * master waits for all of them. */
 static int register_worker(struct tcp_store *ts, const c10d_store_tcp_opts *o, uint64_t deadline)
@@ -140,8 +143,19 @@ static int register_worker(struct tcp_store *ts, const c10d_store_tcp_opts *o, u
     int64_t v = 0;
     uint64_t now = c10d__now_ms();
     C10D_CHECK(raw_add(ts, "init/", 1, (int64_t)(deadline > now ? deadline - now : 1), &v));
+    /* A missing rank (WORLD_SIZE above the ranks started) must not be a
+     * silent wait until the timeout: warn every 30 s with the count. */
+    uint64_t started = now, next_warning = now + WORKERS_WARN_MS;
     while (o->wait_for_workers && v < o->world_size) {
         now = c10d__now_ms();
+        if (now >= next_warning && now < deadline) {
+            C10D_WARN("store",
+                      "store tcp %s: waiting for %lld more ranks: %lld of %d arrived after "
+                      "%llu s (timeout %lld ms); is WORLD_SIZE the number of ranks started?",
+                      ts->name, (long long)(o->world_size - v), (long long)v, o->world_size,
+                      (unsigned long long)((now - started) / 1000), (long long)o->timeout_ms);
+            next_warning = now + WORKERS_WARN_MS;
+        }
         if (now >= deadline)
             return c10d__fail(C10D_ETIMEDOUT,
                               "store tcp %s: timed out after %lld ms waiting for workers: %lld "
