@@ -712,7 +712,7 @@ C10D_EXPORT int c10d_rendezvous(const char *url, const c10d_rendezvous_opts *opt
  * MPICH/Hydra or Slurm's srun. Usable before any group exists, e.g. to pick
  * this rank's GPU from local_rank. */
 typedef struct c10d_launch_info {
-    size_t struct_size;   /* sizeof(c10d_launch_info): C10D_LAUNCH_INFO_INIT */
+    size_t struct_size;   /* sizeof(c10d_launch_info): C10D_LAUNCH_INFO_INIT (0: this layout) */
     int rank;             /* -1: no launcher detected */
     int world_size;       /* -1: no launcher detected */
     int local_rank;       /* rank on this node; -1: the launcher does not say */

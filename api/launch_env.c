@@ -23,6 +23,9 @@
 #include <string.h>
 
 #define MAX_HOSTS (1u << 24) /* a host list longer than this is a typo */
+/* Slurm's own steps (interactive 0xfffffffa, batch, extern, pending) have
+ * ids from here up; srun's steps count from 0. */
+#define SLURM_FIRST_SPECIAL_STEP 0xfffffffaul
 
 /* ------------------------------------------------------------ host lists */
 
@@ -419,7 +422,14 @@ int c10d__launch_parse(const char *const env[C10D_ENV_COUNT], int need_rank, int
         out->launcher =
             kubeflow && !val(env, C10D_ENV_LOCAL_RANK) ? "Kubeflow PyTorchJob" : "RANK/WORLD_SIZE";
     }
-    if (kind == L_SLURM && !val(env, C10D_ENV_SLURM_STEP_ID)) {
+    const char *step = val(env, C10D_ENV_SLURM_STEP_ID);
+    if (kind == L_SLURM && step && strtoul(step, NULL, 10) >= SLURM_FIRST_SPECIAL_STEP)
+        return c10d__fail(C10D_EINVAL,
+                          "rendezvous env://: Slurm step %s is the job's batch, interactive or "
+                          "external step, not an srun step: SLURM_PROCID/SLURM_NTASKS describe "
+                          "the allocation, not this process; start it with srun",
+                          step);
+    if (kind == L_SLURM && !step) {
         /* sbatch's script (and salloc's shell) have SLURM_PROCID=0 and
          * SLURM_NTASKS=N for the whole allocation: taken for rank 0 of N,
          * this process would wait for N-1 ranks nobody starts. */
@@ -526,9 +536,13 @@ int c10d__launch_detect(int need_rank, int64_t timeout_ms, struct c10d__launch *
     }
     C10D_CHECK(rc);
     C10D_CHECK(c10d__launch_resolve(out, timeout_ms));
-    C10D_INFO("rendezvous", "rank %d/%d from %s (%s), local rank %d/%d, master %s:%d from %s",
-              out->rank, out->world_size, out->launcher, out->rank_from, out->local_rank,
-              out->local_world_size, out->master_addr, out->master_port, out->master_from);
+    if (need_rank)
+        C10D_INFO("rendezvous", "rank %d/%d from %s (%s), local rank %d/%d, master %s:%d from %s",
+                  out->rank, out->world_size, out->launcher, out->rank_from, out->local_rank,
+                  out->local_world_size, out->master_addr, out->master_port, out->master_from);
+    else
+        C10D_INFO("rendezvous", "rank and size from the caller, master %s:%d from %s",
+                  out->master_addr, out->master_port, out->master_from);
     return 0;
 }
 
@@ -538,7 +552,8 @@ int c10d_launch_query(c10d_launch_info *info)
 {
     if (info == NULL)
         return c10d__fail(C10D_EINVAL, "c10d_launch_query: info is NULL");
-    size_t size = info->struct_size;
+    /* 0: this, the first layout (as `= {0}` means for every options struct). */
+    size_t size = info->struct_size ? info->struct_size : sizeof *info;
     if (size < offsetof(c10d_launch_info, launcher) + sizeof info->launcher)
         return c10d__fail(C10D_EINVAL,
                           "c10d_launch_query: struct_size %zu is too small (use "

@@ -61,31 +61,36 @@
     X(TORCHELASTIC_RESTART_COUNT, "TORCHELASTIC_RESTART_COUNT", NULL, "0",                         \
       "rendezvous on an agent or external store: the attempt whose key namespace is used "         \
       "(set by torchrun on each restart)")                                                         \
-    X(LOCAL_RANK, "LOCAL_RANK", NULL, "", "env:// rendezvous: this process's rank on its node")   \
+    X(LOCAL_RANK, "LOCAL_RANK", NULL, "", "env:// rendezvous: this process's rank on its node")    \
     X(LOCAL_WORLD_SIZE, "LOCAL_WORLD_SIZE", NULL, "",                                              \
       "env:// rendezvous: number of processes on this node")                                       \
     X(TORCHELASTIC_RUN_ID, "TORCHELASTIC_RUN_ID", NULL, "",                                        \
       "env:// rendezvous: set by torchrun and c10drun; names the launcher in messages")            \
     X(PET_NNODES, "PET_NNODES", NULL, "",                                                          \
       "env:// rendezvous: set by Kubeflow's PyTorchJob (one process per pod, local rank 0)")       \
-    X(PET_NODE_RANK, "PET_NODE_RANK", NULL, "", "env:// rendezvous: Kubeflow PyTorchJob's pod index") \
+    X(PET_NODE_RANK, "PET_NODE_RANK", NULL, "",                                                    \
+      "env:// rendezvous: Kubeflow PyTorchJob's pod index")                                        \
     X(PET_NPROC_PER_NODE, "PET_NPROC_PER_NODE", NULL, "",                                          \
-      "env:// rendezvous: Kubeflow PyTorchJob's processes per pod (more than 1 needs a launcher "   \
-      "in the pod)")                                                                               \
-    X(OMPI_RANK, "OMPI_COMM_WORLD_RANK", NULL, "", "env:// rendezvous: rank under Open MPI's mpirun") \
-    X(OMPI_SIZE, "OMPI_COMM_WORLD_SIZE", NULL, "", "env:// rendezvous: size under Open MPI's mpirun") \
+      "env:// rendezvous: Kubeflow PyTorchJob's processes per pod (more than 1 needs a "           \
+      "launcher in the pod)")                                                                      \
+    X(OMPI_RANK, "OMPI_COMM_WORLD_RANK", NULL, "",                                                 \
+      "env:// rendezvous: rank under Open MPI's mpirun")                                           \
+    X(OMPI_SIZE, "OMPI_COMM_WORLD_SIZE", NULL, "",                                                 \
+      "env:// rendezvous: size under Open MPI's mpirun")                                           \
     X(OMPI_LOCAL_RANK, "OMPI_COMM_WORLD_LOCAL_RANK", NULL, "",                                     \
       "env:// rendezvous: local rank under Open MPI's mpirun")                                     \
     X(OMPI_LOCAL_SIZE, "OMPI_COMM_WORLD_LOCAL_SIZE", NULL, "",                                     \
       "env:// rendezvous: local size under Open MPI's mpirun")                                     \
-    X(PMI_RANK, "PMI_RANK", NULL, "", "env:// rendezvous: rank under MPICH/Hydra (PMI)")            \
-    X(PMI_SIZE, "PMI_SIZE", NULL, "", "env:// rendezvous: size under MPICH/Hydra (PMI)")            \
+    X(PMI_RANK, "PMI_RANK", NULL, "",                                                              \
+      "env:// rendezvous: rank under MPICH/Hydra (PMI)")                                           \
+    X(PMI_SIZE, "PMI_SIZE", NULL, "",                                                              \
+      "env:// rendezvous: size under MPICH/Hydra (PMI)")                                           \
     X(MPI_LOCALRANKID, "MPI_LOCALRANKID", NULL, "",                                                \
       "env:// rendezvous: local rank under MPICH/Hydra")                                           \
     X(MPI_LOCALNRANKS, "MPI_LOCALNRANKS", NULL, "",                                                \
       "env:// rendezvous: local size under MPICH/Hydra")                                           \
     X(SLURM_PROCID, "SLURM_PROCID", NULL, "", "env:// rendezvous: rank of an srun task")           \
-    X(SLURM_NTASKS, "SLURM_NTASKS", NULL, "", "env:// rendezvous: tasks of the srun step")        \
+    X(SLURM_NTASKS, "SLURM_NTASKS", NULL, "", "env:// rendezvous: tasks of the srun step")         \
     X(SLURM_LOCALID, "SLURM_LOCALID", NULL, "", "env:// rendezvous: task's rank on its node")      \
     X(SLURM_NODEID, "SLURM_NODEID", NULL, "",                                                      \
       "env:// rendezvous: the node's index in the step (with SLURM_STEP_TASKS_PER_NODE)")          \
@@ -113,16 +118,16 @@
       "shared secret of the job: store clients present it before any command and every "           \
       "data-port hello carries it; servers refuse connections without it")                         \
     X(STORE_TOKEN_FILE, "C10D_STORE_TOKEN_FILE", NULL, "",                                         \
-      "file holding the shared secret (first line), used when C10D_STORE_TOKEN is unset") \
+      "file holding the shared secret (first line), used when C10D_STORE_TOKEN is unset")          \
     X(CUDART_LIBRARY, "C10D_CUDART_LIBRARY", NULL, "",                                             \
-      "the CUDA runtime library to load (default: libcudart.so.13, .12, then libcudart.so)")     \
+      "the CUDA runtime library to load (default: libcudart.so.13, .12, then libcudart.so)")       \
     X(NCCL_LIBRARY, "C10D_NCCL_LIBRARY", NULL, "",                                                 \
-      "the NCCL library to load (default: libnccl.so.2, then libnccl.so)")                      \
-    X(NCCL_NONBLOCKING, "C10D_NCCL_NONBLOCKING", "TORCH_NCCL_USE_COMM_NONBLOCKING", "0",          \
+      "the NCCL library to load (default: libnccl.so.2, then libnccl.so)")                         \
+    X(NCCL_NONBLOCKING, "C10D_NCCL_NONBLOCKING", "TORCH_NCCL_USE_COMM_NONBLOCKING", "0",           \
       "nccl backend: 1 makes communicators nonblocking (every NCCL call bounded, but NCCL "        \
-      "starts a thread per op); c10d_nccl_opts.nonblocking sets it per group")                    \
-    X(NCCL_RANKS_PER_ROOT, "C10D_NCCL_RANKS_PER_ROOT", "TORCH_NCCL_RANKS_PER_ROOT", "128",       \
-      "nccl backend: a communicator of more ranks than this initialises through several "         \
+      "starts a thread per op); c10d_nccl_opts.nonblocking sets it per group")                     \
+    X(NCCL_RANKS_PER_ROOT, "C10D_NCCL_RANKS_PER_ROOT", "TORCH_NCCL_RANKS_PER_ROOT", "128",         \
+      "nccl backend: a communicator of more ranks than this initialises through several "          \
       "bootstrap roots (ncclCommInitRankScalable), one per this many ranks")                      \
     X(NCCL_NAN_CHECK, "C10D_NCCL_NAN_CHECK", "TORCH_NCCL_NAN_CHECK", "0",                        \
       "nccl backend: 1 checks every floating-point input for NaN on the GPU before the op; a "     \

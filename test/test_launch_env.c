@@ -235,6 +235,11 @@ static void test_slurm_without_step(void **state)
         ENV("SLURM_PROCID=0", "SLURM_NTASKS=4", "SLURM_JOB_ID=77", "SLURM_STEP_NODELIST=n1"),
         ENV("Slurm job 77", "SLURM_STEP_ID", "srun"));
     expect_error(ENV("SLURM_JOB_ID=77"), ENV("no job step", "srun"));
+    /* salloc's interactive step (and the batch and extern steps) are Slurm's
+     * own, not srun's. */
+    expect_error(ENV("SLURM_PROCID=0", "SLURM_NTASKS=4", "SLURM_JOB_ID=77",
+                     "SLURM_STEP_ID=4294967290", "SLURM_STEP_NODELIST=n1"),
+                 ENV("Slurm step 4294967290", "not an srun step", "srun"));
 }
 
 static void test_half_set(void **state)
@@ -375,6 +380,9 @@ static void test_query(void **state)
     unsetenv("OMPI_COMM_WORLD_RANK");
     unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
     unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    c10d_launch_info zero = {0}; /* 0: this layout */
+    assert_int_equal(c10d_launch_query(&zero), 0);
+    assert_string_equal(zero.launcher, "none");
 }
 
 int main(void)
