@@ -474,6 +474,21 @@ if [ -n "$store_bin" ] && command -v python3 >/dev/null 2>&1; then
     expect_line two-nodes "$T/2n0.out" "[rank1]: R=1 L=1 G=0 W=4 LW=2 GW=2 RR=1 RW=4 A=True 127.0.0.1:$port twonodes"
     expect_line two-nodes "$T/2n1.out" "[rank2]: R=2 L=0 G=1 W=4 LW=2 GW=2 RR=2 RW=4 A=True 127.0.0.1:$port twonodes"
     expect_line two-nodes "$T/2n1.out" "[rank3]: R=3 L=1 G=1 W=4 LW=2 GW=2 RR=3 RW=4 A=True 127.0.0.1:$port twonodes"
+    # SIGTERM to node 1's c10drun: node 0's hears of it through the store and stops its ranks.
+    for k in 0 1; do
+        D=$T C=sn$k timeout -k 10 120 "$RUN" --nnodes 2 --node-rank $k -n 2 \
+            --rdzv-endpoint "127.0.0.1:$port" --rdzv-id sigjob --failure-grace-ms 200 \
+            sh -c 'echo $$ > "$D/$C.r$RANK.pid"; exec sleep 100' >"$T/sn$k.out" 2>"$T/sn$k.err" &
+        eval "pid$k=\$!"
+        BG+=($!)
+    done
+    if wait_files 4 "$T/sn*.r*.pid"; then kill -TERM "$pid1"; else fail "node-signal: ranks did not start"; fi
+    wait "$pid1"
+    expect_rc node-signal-1 $? 143
+    wait "$pid0"
+    expect_rc node-signal-0 $? 1
+    expect_line node-signal "$T/sn0.err" "c10drun: node 1: c10drun received SIGTERM; stopping this node's ranks"
+    check_gone node-signal "$T/sn*.r*.pid"
 else
     echo "SKIP: two nodes on one host (needs c10d-store and python3)"
 fi

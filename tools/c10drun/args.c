@@ -32,7 +32,8 @@ static void usage(FILE *f)
             "  --rdzv-endpoint H[:P]    where node 0's c10drun hosts the store (port default\n"
             "                           29400); sets MASTER_ADDR/MASTER_PORT\n"
             "  --rdzv-backend static|c10d\n"
-            "                           both need --node-rank (c10drun assigns none)\n"
+            "                           both accepted, run alike: node ranks are given\n"
+            "                           (--node-rank), never assigned\n"
             "  --rdzv-id ID, --run-id ID\n"
             "                           TORCHELASTIC_RUN_ID, the same on every node (default:\n"
             "                           c10drun-<pid>-<time> on one node, 'none' on several)\n"
@@ -324,10 +325,14 @@ static int apply_option(struct options *o, int id, const char *src, const char *
 {
     long v;
     switch (id) {
-    case OPT_NPROC:
+    case OPT_NPROC: {
+        /* `src` is the caller's buffer; the value is resolved once every option is known. */
+        static char nproc_src[64];
+        snprintf(nproc_src, sizeof nproc_src, "%s", src);
         o->nproc_spec = val;
-        o->nproc_src = src;
+        o->nproc_src = nproc_src;
         break;
+    }
     case OPT_NNODES: {
         /* MIN:MAX with MIN == MAX is a fixed size, which is what we support. */
         const char *colon = strchr(val, ':');

@@ -107,6 +107,13 @@ void on_signal(uv_signal_t *h, int sig)
     if (l->signals_seen == 1 && !l->stopping) {
         say(l, "received %s; forwarding it to the ranks", signal_name(sig));
         set_code(l, 128 + sig);
+        /* The other nodes' ranks would only notice when ours vanish from a collective. */
+        if (l->coordinate && l->phase == PHASE_RUN && !l->failing) {
+            char what[96];
+            snprintf(what, sizeof what, "node %d: c10drun received %s", l->opt.node_rank,
+                     signal_name(sig));
+            agent_report_failure(l, what);
+        }
         begin_stop(l, sig);
     } else {
         /* The second Ctrl-C means "now". */
