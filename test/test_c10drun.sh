@@ -453,6 +453,20 @@ else
     c10drun -n auto sh -c 'echo "$LOCAL_WORLD_SIZE"' >"$T/nauto.out" 2>&1
     expect_line nproc-auto "$T/nauto.out" "[rank0]: $gpus"
 fi
+# Without a driver here, a stand-in nvidia-smi shows how GPUs are counted (-L lines, cut to
+# CUDA_VISIBLE_DEVICES).
+if [ ! -d /proc/driver/nvidia/gpus ]; then
+    mkdir -p "$T/bin"
+    printf '#!/bin/sh\n[ "$1" = -L ] || exit 9\necho "GPU 0: Fake (UUID: GPU-0)"\necho "GPU 1: Fake (UUID: GPU-1)"\necho "GPU 2: Fake (UUID: GPU-2)"\n' \
+        >"$T/bin/nvidia-smi"
+    chmod +x "$T/bin/nvidia-smi"
+    (unset CUDA_VISIBLE_DEVICES; PATH=$T/bin:$PATH c10drun -n gpu sh -c 'echo "$LOCAL_WORLD_SIZE"') >"$T/fgpu.out" 2>&1
+    expect_line nproc-gpu-smi "$T/fgpu.out" "[rank2]: 3"
+    (unset CUDA_VISIBLE_DEVICES; PATH=$T/bin:$PATH c10drun -n auto sh -c 'echo "$LOCAL_WORLD_SIZE"') >"$T/fauto.out" 2>&1
+    expect_line nproc-auto-smi "$T/fauto.out" "[rank0]: 3"
+    CUDA_VISIBLE_DEVICES=2,0 PATH=$T/bin:$PATH c10drun -n gpu sh -c 'echo "$LOCAL_WORLD_SIZE"' >"$T/fcvd.out" 2>&1
+    expect_line nproc-gpu-visible "$T/fcvd.out" "[rank1]: 2"
+fi
 c10drun -n lots true >/dev/null 2>"$T/nbad.err"
 expect_rc nproc-bad $? 2
 
