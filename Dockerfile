@@ -35,8 +35,9 @@ COPY . /src
 # Installed under /stage/usr/local, copied as a whole into the runtime stage:
 # /usr/local/lib is on the dynamic loader's default search list (ldconfig),
 # so the image leaves the base image's LD_LIBRARY_PATH and PATH as they are.
+# No build-tree RPATH: ddp_tiny is copied from the build tree as it is.
 RUN cmake -S /src -B /build -DCMAKE_BUILD_TYPE=Release -DC10D_BUILD_TESTS=OFF \
-        -DCMAKE_INSTALL_PREFIX=/usr/local \
+        -DCMAKE_INSTALL_PREFIX=/usr/local -DCMAKE_SKIP_BUILD_RPATH=ON \
     && cmake --build /build -j"$(nproc)" \
         --target c10d c10d_static c10d-store c10drun c10d-fr c10d-bench ddp_tiny \
     && DESTDIR=/stage cmake --install /build \

@@ -185,6 +185,12 @@ stamp "store in the image on port $port"
 check=$(cfg Healthcheck | sed 's/^{\[CMD \([^]]*\)\].*/\1/; s/--port 29500/--port '"$port"'/')
 in_image "$ctr" -- $check || bad "the health check ($check) failed against a running store"
 
+# Programs find the library through ldconfig, not a path baked in at build time.
+in_image "$ctr" -- sh -c 'for p in /usr/local/bin/*; do
+    if LC_ALL=C grep -q -a -P "/build(\\x00|:)" "$p"; then echo "$p: RPATH /build"; exit 1; fi
+    done' ||
+    bad "a program in the image carries a build-tree path (RPATH)"
+
 # Two ranks as two Kubernetes Job pods would run them: clients of that store.
 for r in 0 1; do
     in_image --env RANK=$r --env WORLD_SIZE=2 --env MASTER_ADDR=127.0.0.1 \
