@@ -27,7 +27,8 @@
 
 /* ------------------------------------------------------------ the lists */
 
-/* Integer constants CUDA and NCCL define as macros (we make them enumerators). */
+/* Integer constants CUDA and NCCL define as macros; ours are enumerators,
+ * so that one list both defines and checks them. */
 #define C10D__GPU_INT_CONSTANTS(X)                                                                 \
     X(cudaStreamNonBlocking, 0x01)                                                                 \
     X(cudaEventDisableTiming, 0x02)                                                                \
@@ -270,7 +271,9 @@
 
 #ifndef C10D__GPU_DECLS_CHECK
 
-/* The versions these declarations follow (c10d_build_info shows them). */
+/* The versions these declarations follow (c10d_build_info shows them).
+ * The check does not compare them with the real headers' versions: other
+ * versions pass as long as everything we use is unchanged. */
 #define CUDART_VERSION    13000
 #define NCCL_VERSION_CODE 22809
 #define CUDART_CB

@@ -40,8 +40,8 @@ static void load(void)
     }
 #else
     snprintf(load_error, sizeof load_error,
-             "C10D_NCCL_NAN_CHECK: this build of libc10d has no NaN check kernel (nvcc was not "
-             "found when it was built)");
+             "C10D_NCCL_NAN_CHECK: this build of libc10d has no NaN check kernel (it was built "
+             "without a usable nvcc)");
     load_status = C10D_EUNSUPPORTED;
 #endif
 }
