@@ -19,4 +19,9 @@
 int c10d__attempt_store(c10d_store *base, int rank, int world_size, int shared, int64_t timeout_ms,
                         c10d_store **out);
 
+/* rendezvous.c: c10d_rendezvous, also saying whether the store may outlive
+ * the job (an agent or external store) rather than die with its rank 0. */
+int c10d__rendezvous(const char *url, const c10d_rendezvous_opts *opts, c10d_rendezvous_result *out,
+                     int *store_outlives_job);
+
 #endif

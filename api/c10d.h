@@ -695,7 +695,10 @@ typedef struct c10d_rendezvous_opts {
     }
 
 typedef struct c10d_rendezvous_result {
-    c10d_store *store; /* PrefixStore("default_pg") over the rendezvous store; release it */
+    /* PrefixStore("default_pg") over the rendezvous store; on an agent or
+     * external store, "<attempt namespace>/default_pg" (docs/store_client.md,
+     * "Stores that outlive a job"). Release it. */
+    c10d_store *store;
     int rank;
     int world_size;
 } c10d_rendezvous_result;

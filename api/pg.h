@@ -113,8 +113,14 @@ int c10d__pg_read_op_opts(const c10d_pg *pg, const char *opname, const c10d_op_o
 #define C10D__OP_OPTS_V1_SIZE (offsetof(c10d_op_opts, stream) + sizeof(void *))
 
 /* pg_store.c: once every rank destroyed the group, the last one deletes its
- * store keys (asynchronous, best effort). */
-void c10d__pg_sweep_keys(c10d_pg *pg);
+ * store keys (asynchronous, best effort). The result (NULL: nothing was
+ * sent) is for c10d__pg_sweep_flush, which must be called once. */
+struct c10d__pg_sweep_flush;
+struct c10d__pg_sweep_flush *c10d__pg_sweep_keys(c10d_pg *pg);
+/* Waits up to `ms` for the sweep's requests to be answered, so a program that
+ * exits right after destroy does not take them with it; then lets go of it.
+ * Never on the loop thread. */
+void c10d__pg_sweep_flush(struct c10d__pg_sweep_flush *f, int64_t ms);
 
 /* pg_backends.c: creates the backends named in vts (blocking, bounded by the
  * group's timeout), and aborts (when `abort`) and destroys them (bounded). */
@@ -196,7 +202,8 @@ void c10d__pg_fr_on_created(c10d_pg *pg);
 
 /* pg_store.c: the store and backend steps of group creation. */
 int c10d__pg_rendezvous(const char *url, int rank, int world_size, int64_t timeout_ms,
-                        c10d_store **store, int *rank_out, int *world_size_out);
+                        c10d_store **store, int *rank_out, int *world_size_out,
+                        int *store_outlives_job);
 int c10d__pg_store_prefix(c10d_store *base, const char *prefix, c10d_store **out);
 void c10d__pg_store_retain(c10d_store *store);
 void c10d__pg_store_release(c10d_store *store);

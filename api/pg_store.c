@@ -3,14 +3,17 @@
  * all through the public store calls. */
 #include "pg.h"
 
+#include "api/attempt.h"
 #include "engine/error.h"
+#include "engine/loop.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 int c10d__pg_rendezvous(const char *url, int rank, int world_size, int64_t timeout_ms,
-                        c10d_store **store, int *rank_out, int *world_size_out)
+                        c10d_store **store, int *rank_out, int *world_size_out,
+                        int *store_outlives_job)
 {
     c10d_rendezvous_opts ro;
     memset(&ro, 0, sizeof ro);
@@ -20,7 +23,7 @@ int c10d__pg_rendezvous(const char *url, int rank, int world_size, int64_t timeo
     ro.world_size = world_size > 0 ? world_size : 0;
     c10d_rendezvous_result res;
     memset(&res, 0, sizeof res);
-    C10D_CHECK(c10d_rendezvous(url, &ro, &res));
+    C10D_CHECK(c10d__rendezvous(url, &ro, &res, store_outlives_job));
     *store = res.store;
     *rank_out = res.rank;
     *world_size_out = res.world_size;
@@ -58,28 +61,116 @@ int c10d__pg_store_barrier(c10d_store *store, const char *name, int world_size, 
 /* The group's store keys (its creation barrier, each rank's published
  * address) are garbage once every rank destroyed it: each rank counts itself
  * out, and the last one deletes them, so a long job that creates and destroys
- * many groups does not grow the store. All of it runs asynchronously, best
- * effort: a rank that aborts (or never gets here) leaves them. PyTorch keeps
- * them; nothing reads them after creation. */
+ * many groups does not grow the store. The requests go out asynchronously;
+ * destroy then waits a moment for their answers (c10d__pg_sweep_flush), since
+ * a program commonly exits right after it and would otherwise take them
+ * along. A rank that aborts (or never gets here) leaves them: on a store
+ * that outlives the job, the next job's rank 0 deletes them (attempt.c).
+ * PyTorch keeps them; nothing reads them after creation. */
+struct c10d__pg_sweep_flush {
+    uv_mutex_t mu;
+    uv_cond_t answered;
+    int pending; /* requests not answered yet */
+    int refs;    /* the waiter's, and one per pending request */
+};
+
+static struct c10d__pg_sweep_flush *flush_new(void)
+{
+    struct c10d__pg_sweep_flush *f = calloc(1, sizeof *f);
+    if (f == NULL)
+        return NULL;
+    if (uv_mutex_init(&f->mu) != 0) {
+        free(f);
+        return NULL;
+    }
+    if (uv_cond_init(&f->answered) != 0) {
+        uv_mutex_destroy(&f->mu);
+        free(f);
+        return NULL;
+    }
+    f->refs = 1;
+    return f;
+}
+
+static void flush_unref_locked(struct c10d__pg_sweep_flush *f)
+{
+    int last = --f->refs == 0;
+    uv_mutex_unlock(&f->mu);
+    if (last) {
+        uv_cond_destroy(&f->answered);
+        uv_mutex_destroy(&f->mu);
+        free(f);
+    }
+}
+
+static void flush_add(struct c10d__pg_sweep_flush *f)
+{
+    uv_mutex_lock(&f->mu);
+    f->pending++;
+    f->refs++;
+    uv_mutex_unlock(&f->mu);
+}
+
+static void flush_done(struct c10d__pg_sweep_flush *f)
+{
+    uv_mutex_lock(&f->mu);
+    if (--f->pending == 0)
+        uv_cond_broadcast(&f->answered);
+    flush_unref_locked(f);
+}
+
+void c10d__pg_sweep_flush(struct c10d__pg_sweep_flush *f, int64_t ms)
+{
+    if (f == NULL)
+        return;
+    uint64_t deadline = c10d__now_ns() + (uint64_t)(ms > 0 ? ms : 0) * 1000000u;
+    uv_mutex_lock(&f->mu);
+    while (f->pending > 0) {
+        uint64_t now = c10d__now_ns();
+        if (now >= deadline)
+            break;
+        uv_cond_timedwait(&f->answered, &f->mu, deadline - now);
+    }
+    flush_unref_locked(f);
+}
+
 struct key_sweep {
     c10d_store *base, *group;
     c10d_store *dev[C10D__PG_NDEV];
     const char *fmt[C10D__PG_NDEV];
     char name[C10D__PG_NAME_MAX + 1];
     int size;
+    struct c10d__pg_sweep_flush *flush;
 };
 
-static void sweep_release(const c10d_store_result *res, void *arg)
+struct sweep_delete_req {
+    c10d_store *store;
+    struct c10d__pg_sweep_flush *flush;
+};
+
+static void sweep_deleted(const c10d_store_result *res, void *arg)
 {
     (void)res;
-    c10d_store_release(arg);
+    struct sweep_delete_req *d = arg;
+    c10d_store_release(d->store);
+    flush_done(d->flush);
+    free(d);
 }
 
-static void sweep_delete(c10d_store *s, const char *key)
+static void sweep_delete(c10d_store *s, const char *key, struct c10d__pg_sweep_flush *flush)
 {
+    struct sweep_delete_req *d = malloc(sizeof *d);
+    if (d == NULL)
+        return;
+    d->store = s;
+    d->flush = flush;
     c10d_store_retain(s);
-    if (c10d_store_delete_key(s, key, sweep_release, s) != 0)
+    flush_add(flush);
+    if (c10d_store_delete_key(s, key, sweep_deleted, d) != 0) {
         c10d_store_release(s);
+        flush_done(flush);
+        free(d);
+    }
 }
 
 static void on_counted_out(const c10d_store_result *res, void *arg)
@@ -88,14 +179,14 @@ static void on_counted_out(const c10d_store_result *res, void *arg)
     if (res->status == 0 && res->value == k->size) {
         char key[600];
         snprintf(key, sizeof key, "store_based_barrier_key:%s", k->name);
-        sweep_delete(k->base, key);
+        sweep_delete(k->base, key, k->flush);
         snprintf(key, sizeof key, "store_based_barrier_key:%s:last_worker", k->name);
-        sweep_delete(k->base, key);
-        sweep_delete(k->group, "destroyed_ranks");
+        sweep_delete(k->base, key, k->flush);
+        sweep_delete(k->group, "destroyed_ranks", k->flush);
         for (int d = 0; d < C10D__PG_NDEV; d++)
             for (int r = 0; k->dev[d] != NULL && r < k->size; r++) {
                 snprintf(key, sizeof key, k->fmt[d], r);
-                sweep_delete(k->dev[d], key);
+                sweep_delete(k->dev[d], key, k->flush);
             }
     }
     c10d_store_release(k->base);
@@ -103,19 +194,26 @@ static void on_counted_out(const c10d_store_result *res, void *arg)
     for (int d = 0; d < C10D__PG_NDEV; d++)
         if (k->dev[d] != NULL)
             c10d_store_release(k->dev[d]);
+    flush_done(k->flush);
     free(k);
 }
 
-void c10d__pg_sweep_keys(c10d_pg *pg)
+struct c10d__pg_sweep_flush *c10d__pg_sweep_keys(c10d_pg *pg)
 {
     if (pg->rank < 0 || pg->store == NULL || pg->base_store == NULL)
-        return;
+        return NULL;
     struct key_sweep *k = calloc(1, sizeof *k);
-    if (k == NULL)
-        return;
+    struct c10d__pg_sweep_flush *flush = flush_new();
+    if (k == NULL || flush == NULL) {
+        free(k);
+        c10d__pg_sweep_flush(flush, 0);
+        return NULL;
+    }
     k->base = pg->base_store;
     k->group = pg->store;
     k->size = pg->size;
+    k->flush = flush;
+    flush_add(flush); /* the count below */
     snprintf(k->name, sizeof k->name, "%s", pg->name);
     c10d_store_retain(k->base);
     c10d_store_retain(k->group);
@@ -131,6 +229,7 @@ void c10d__pg_sweep_keys(c10d_pg *pg)
         c10d_store_result none = {.status = C10D_EABORTED};
         on_counted_out(&none, k);
     }
+    return flush;
 }
 
 /* ------------------------------------------------------------- exchange */

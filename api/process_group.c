@@ -20,6 +20,10 @@
 
 #define TCP_DEFAULT_TIMEOUT_MS  (30 * 60 * 1000)
 #define NCCL_DEFAULT_TIMEOUT_MS (10 * 60 * 1000)
+/* The most destroy waits for its key sweep to be answered, on a store that
+ * outlives the job: a round trip for the count, one per key for the last
+ * rank out. */
+#define SWEEP_FLUSH_MS 2000
 
 /* ------------------------------------------------------------ registry */
 
@@ -27,6 +31,10 @@ static uv_once_t registry_once = UV_ONCE_INIT;
 static c10d_pg *default_pg;
 static int default_initialising;
 static int group_count; /* names handed out since the default group */
+/* The default group's store may outlive the job (an agent, external or
+ * caller's store): destroys wait for their key sweep (SWEEP_FLUSH_MS). A
+ * store rank 0 hosts dies with it, sweep or not. */
+static int store_outlives_job;
 
 #define ENDED_BY_SHUTDOWN "ended when the library was shut down (c10d_shutdown)"
 /* A forked child starts over (pg_object.c marks the inherited group objects
@@ -279,10 +287,10 @@ int c10d_pg_init(const c10d_pg_opts *opts, c10d_pg **out)
 
     c10d_store *base = o.store;
     int rank = o.rank, size = o.world_size;
-    int rc = 0;
+    int rc = 0, outlives = 1;
     if (base == NULL) {
         rc = c10d__pg_rendezvous(o.init_method != NULL ? o.init_method : "env://", o.rank,
-                                 o.world_size, timeout, &base, &rank, &size);
+                                 o.world_size, timeout, &base, &rank, &size, &outlives);
     } else {
         c10d__pg_store_retain(base);
     }
@@ -308,6 +316,7 @@ int c10d_pg_init(const c10d_pg_opts *opts, c10d_pg **out)
     if (rc == 0) {
         default_pg = pg;
         group_count = 1;
+        store_outlives_job = outlives;
     }
     c10d__pg_registry_unlock();
     if (rc != 0) {
@@ -1011,8 +1020,16 @@ int c10d_pg_destroy(c10d_pg *pg)
     uv_mutex_lock(&pg->mutex);
     int healthy = pg->first_status == 0;
     uv_mutex_unlock(&pg->mutex);
+    /* Waited for, briefly, where the store outlives the job: a program that
+     * exits right after destroy would otherwise take the sweep's requests
+     * with it (pg_store.c). */
+    c10d__pg_registry_lock();
+    int64_t flush_ms = store_outlives_job ? SWEEP_FLUSH_MS : 0;
+    c10d__pg_registry_unlock();
+    if (flush_ms > pg->timeout_ms)
+        flush_ms = pg->timeout_ms;
     if (ended_by == NULL && healthy)
-        c10d__pg_sweep_keys(pg);
+        c10d__pg_sweep_flush(c10d__pg_sweep_keys(pg), flush_ms);
     if (pg->is_default)
         forget_default(pg);
     char name[64];

@@ -369,8 +369,10 @@ int c10d_store_barrier(c10d_store *store, const char *name, int world_size, int6
 
 /* ------------------------------------------------------------ rendezvous */
 
-int c10d_rendezvous(const char *url, const c10d_rendezvous_opts *opts, c10d_rendezvous_result *out)
+int c10d__rendezvous(const char *url, const c10d_rendezvous_opts *opts, c10d_rendezvous_result *out,
+                     int *store_outlives_job)
 {
+    *store_outlives_job = 0;
     c10d_rendezvous_opts o;
     /* The 0.1 layout ends with dialect. */
     C10D_CHECK(c10d__opts_read(&o, sizeof o, offsetof(c10d_rendezvous_opts, dialect) + sizeof(int),
@@ -449,6 +451,7 @@ int c10d_rendezvous(const char *url, const c10d_rendezvous_opts *opts, c10d_rend
     /* A store this job did not start may hold earlier jobs' and attempts'
      * keys: this job's go under a namespace of its own (attempt.c). */
     int shared_store = strcmp(u.scheme, "file") != 0 && (agent || o.external_store);
+    *store_outlives_job = shared_store;
     c10d_store *store = NULL;
     int rc = c10d__attempt_store(base, u.rank, u.world_size, shared_store, o.timeout_ms, &store);
     c10d_store_release(base);
@@ -470,4 +473,10 @@ int c10d_rendezvous(const char *url, const c10d_rendezvous_opts *opts, c10d_rend
     out->rank = u.rank;
     out->world_size = u.world_size;
     return 0;
+}
+
+int c10d_rendezvous(const char *url, const c10d_rendezvous_opts *opts, c10d_rendezvous_result *out)
+{
+    int store_outlives_job;
+    return c10d__rendezvous(url, opts, out, &store_outlives_job);
 }
