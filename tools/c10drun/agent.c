@@ -249,8 +249,9 @@ static char *store_get(struct launcher *l, const char *what)
 }
 
 /* Node 0, between attempts, once every node's ranks are gone: the workers' keys of the last
- * attempt go, so the next one rendezvouses in an empty store (torch's ranks would use a
- * fresh prefix, /worker/attempt_<n>; libc10d's env:// uses the store as it is). */
+ * attempt go, so the next one starts in an empty store. libc10d's env:// and torch's ranks
+ * keep attempts apart by prefix anyway; a program using the store some other way may not,
+ * and the store's memory would grow with every attempt. */
 static int clean_worker_keys(struct launcher *l)
 {
     struct msg m = {0};
@@ -299,8 +300,8 @@ static void agent_end(struct launcher *l)
 
 static void store_lost(struct launcher *l)
 {
-    say(l, "lost the store at %s:%s (no answer for %d s); stopping", l->opt.master_addr,
-        l->port_text, AGENT_LOST_AFTER * (AGENT_POLL_MS + AGENT_IO_MS) / 1000);
+    say(l, "lost the store at %s:%s (%d tries in a row without an answer); stopping",
+        l->opt.master_addr, l->port_text, AGENT_LOST_AFTER);
     set_code(l, EXIT_LAUNCHER);
     l->no_restart = true;
     l->restart_wanted = false;
