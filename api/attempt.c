@@ -18,7 +18,8 @@
  *     rank 0: for each r, from ticket a = ADD("c10d_ask/<r>", 0): wait for
  *             "c10d_ask/<r>/<n>"; "ask": answer it with g; "ack <g>": r has
  *             it, done; anything else (an ack of an earlier generation):
- *             stale; n++.
+ *             stale; n++ (every rank's first ask is answered before any ack
+ *             is waited for).
  *   Tickets are never reused (the counters are never deleted), so an answer
  *   key found for a fresh ticket was written by this job's rank 0. A ticket
  *   taken by a process that died before it wrote its ask is skipped once the
@@ -132,24 +133,31 @@ static int ask_generation(c10d_store *ns, int rank, uint64_t deadline, int64_t *
 
 /* ---------------------------------------------------------------- rank 0 */
 
-/* Answers rank r's asks until it acknowledges g; *last: its ack's ticket. */
-static int answer_rank(c10d_store *ns, int rank, int64_t gen, uint64_t deadline, int64_t *last)
+/* Walks rank r's tickets from *ticket (0: where its counter is), answering
+ * every ask with g, until it has answered one (until_ack == 0) or found r's
+ * acknowledgement of g (until_ack == 1). *ticket: the next ticket to look
+ * at, or the ack's. Rank 0 first answers every rank, then collects the
+ * acks, so the ranks' round trips overlap. */
+static int answer_rank(c10d_store *ns, int rank, int64_t gen, uint64_t deadline, int until_ack,
+                       int64_t *ticket)
 {
     char counter[64], ask[96], answer[96], gen_text[32], ack[40];
     snprintf(counter, sizeof counter, "c10d_ask/%d", rank);
     snprintf(gen_text, sizeof gen_text, "%" PRId64, gen);
     snprintf(ack, sizeof ack, "ack %" PRId64, gen);
-    int64_t n;
-    C10D_CHECK(c10d_store_add_sync(ns, counter, 0, &n));
-    if (n < 1)
-        n = 1;
+    int64_t n = *ticket;
+    if (n < 1) {
+        C10D_CHECK(c10d_store_add_sync(ns, counter, 0, &n));
+        if (n < 1)
+            n = 1;
+    }
     for (;;) {
         int64_t left = left_ms(deadline);
         if (left <= 0)
             return c10d__fail(C10D_ETIMEDOUT,
-                              "rank %d did not ask for the job's generation (waiting at its "
-                              "ticket %" PRId64 ")",
-                              rank, n);
+                              "rank %d did not %s the job's generation (waiting at its ticket "
+                              "%" PRId64 ")",
+                              rank, until_ack ? "acknowledge" : "ask for", n);
         snprintf(ask, sizeof ask, "c10d_ask/%d/%" PRId64, rank, n);
         const char *keys[] = {ask};
         int rc = c10d_store_wait_sync(ns, keys, 1, left < ASK_SLICE_MS ? left : ASK_SLICE_MS);
@@ -168,13 +176,17 @@ static int answer_rank(c10d_store *ns, int rank, int64_t gen, uint64_t deadline,
         int is_ask = len == 3 && memcmp(value, "ask", 3) == 0;
         int is_ours = len == strlen(ack) && memcmp(value, ack, len) == 0;
         free(value);
-        if (is_ours) {
-            *last = n;
+        if (is_ours && until_ack) {
+            *ticket = n;
             return 0;
         }
         if (is_ask) {
             snprintf(answer, sizeof answer, "c10d_answer/%d/%" PRId64, rank, n);
             C10D_CHECK(c10d_store_set_sync(ns, answer, gen_text, strlen(gen_text)));
+            if (!until_ack) {
+                *ticket = n + 1;
+                return 0;
+            }
         }
         n++;
     }
@@ -282,7 +294,9 @@ int c10d__attempt_store(c10d_store *base, int rank, int world_size, int shared, 
         rc = last_ack != NULL ? c10d_store_add_sync(ns, GENERATION_KEY, 1, &gen)
                               : c10d__fail(C10D_ENOMEM, "out of memory");
         for (int r = 1; r < world_size && rc == 0; r++)
-            rc = answer_rank(ns, r, gen, deadline, &last_ack[r]);
+            rc = answer_rank(ns, r, gen, deadline, 0, &last_ack[r]);
+        for (int r = 1; r < world_size && rc == 0; r++)
+            rc = answer_rank(ns, r, gen, deadline, 1, &last_ack[r]);
         if (rc == 0)
             sweep_earlier(base, ns, ns_name, attempt, gen, last_ack, world_size);
         free(last_ack);
