@@ -503,6 +503,29 @@ if [ -n "$store_bin" ] && command -v python3 >/dev/null 2>&1; then
     expect_rc node-signal-0 $? 1
     expect_line node-signal "$T/sn0.err" "c10drun: node 1: c10drun received SIGTERM; stopping this node's ranks"
     check_gone node-signal "$T/sn*.r*.pid"
+    # Node 0's c10drun killed outright: its store goes (the kernel's parent-death signal), and
+    # node 1's c10drun, which loses it, stops its ranks and fails within seconds.
+    for k in 0 1; do
+        D=$T C=sl$k timeout -k 10 120 "$RUN" --nnodes 2 --node-rank $k -n 1 \
+            --rdzv-endpoint "127.0.0.1:$port" --rdzv-id lostjob \
+            sh -c 'echo $$ > "$D/$C.r$RANK.pid"; exec sleep 100' >"$T/sl$k.out" 2>"$T/sl$k.err" &
+        eval "pid$k=\$!"
+        BG+=($!)
+    done
+    if wait_files 2 "$T/sl*.r*.pid"; then
+        # $pid0 is timeout(1); c10drun is its child.
+        kill -KILL "$(pgrep -P "$pid0" -x c10drun || echo "$pid0")"
+    else fail "store-lost: ranks did not start"; fi
+    start=$(date +%s%N)
+    wait "$pid1"
+    expect_rc store-lost $? 1
+    ms=$((($(date +%s%N) - start) / 1000000))
+    if [ "$ms" -lt 15000 ]; then pass "store-lost: node 1 gave up after $ms ms"; else
+        fail "store-lost: node 1 took $ms ms"
+    fi
+    expect_match store-lost "$T/sl1.err" "^c10drun: lost the store at 127.0.0.1:$port"
+    wait "$pid0" 2>/dev/null
+    check_gone store-lost "$T/sl*.r*.pid"
 else
     echo "SKIP: two nodes on one host (needs c10d-store and python3)"
 fi
