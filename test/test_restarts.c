@@ -13,7 +13,9 @@
  *
  * - explicit store: groups given the store itself (no rendezvous, so no
  *   namespace) read rank 0's earlier address, which refuses, and read it
- *   again until rank 0 published its own.
+ *   again until rank 0 published its own;
+ * - stale handshake keys: what dead processes leave in the generation
+ *   handshake (an unanswered ask, an old ack, a ticket never written).
  * A job fails when a rank cannot create the group or all-reduce within its
  * timeout. Every count is printed (so a run on older code shows how many
  * fail); the test asserts there are none, and that finished jobs do not
@@ -296,6 +298,36 @@ static void test_stale_address_read_again(void **s)
     assert_int_equal(failed, 0);
 }
 
+/* What earlier jobs' deaths leave in the handshake (api/attempt.c): rank
+ * 1's ticket 1 an ask nobody answered, ticket 2 an ack of another
+ * generation, ticket 3 taken but never written (a crash between its ADD and
+ * its SET). The job still agrees on a fresh generation. */
+static void test_stale_handshake_keys(void **s)
+{
+    (void)s;
+    char run_id[64], key[128];
+    snprintf(run_id, sizeof run_id, "stale-%d", (int)getpid());
+    c10d_store_tcp_opts o = {.timeout_ms = 5000};
+    c10d_store *st = NULL;
+    assert_int_equal(c10d_store_tcp_connect("127.0.0.1", store_port, &o, &st), 0);
+    int64_t v;
+    snprintf(key, sizeof key, "/worker/%s/attempt_0/c10d_ask/1", run_id);
+    assert_int_equal(c10d_store_add_sync(st, key, 3, &v), 0);
+    snprintf(key, sizeof key, "/worker/%s/attempt_0/c10d_ask/1/1", run_id);
+    assert_int_equal(c10d_store_set_sync(st, key, "ask", 3), 0);
+    snprintf(key, sizeof key, "/worker/%s/attempt_0/c10d_ask/1/2", run_id);
+    assert_int_equal(c10d_store_set_sync(st, key, "ack 7", 5), 0);
+    snprintf(key, sizeof key, "/worker/%s/attempt_0/c10d_generation", run_id);
+    assert_int_equal(c10d_store_add_sync(st, key, 7, &v), 0);
+    c10d_store_release(st);
+    c10d_shutdown();
+    struct job j = {.run_id = run_id, .restart_count = 0, .destroy = 1};
+    int failed = run_job(&j);
+    printf("stale handshake keys, rank 1 first: %d of 1 failed\n", failed);
+    fflush(stdout);
+    assert_int_equal(failed, 0);
+}
+
 static void restarts(int rank0_first)
 {
     char run_id[64];
@@ -356,6 +388,7 @@ int main(void)
         cmocka_unit_test(test_restarts_rank1_first),
         cmocka_unit_test(test_restarts_rank0_first),
         cmocka_unit_test(test_stale_address_read_again),
+        cmocka_unit_test(test_stale_handshake_keys),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
