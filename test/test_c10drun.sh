@@ -506,15 +506,17 @@ if [ -n "$store_bin" ] && command -v python3 >/dev/null 2>&1; then
     # Node 0's c10drun killed outright: its store goes (the kernel's parent-death signal), and
     # node 1's c10drun, which loses it, stops its ranks and fails within seconds.
     for k in 0 1; do
-        D=$T C=sl$k timeout -k 10 120 "$RUN" --nnodes 2 --node-rank $k -n 1 \
+        # Node 0 unwrapped (no timeout(1)): it is the process killed below; cleanup() bounds it.
+        wrap=(timeout -k 10 120)
+        [ $k = 0 ] && wrap=()
+        D=$T C=sl$k "${wrap[@]}" "$RUN" --nnodes 2 --node-rank $k -n 1 \
             --rdzv-endpoint "127.0.0.1:$port" --rdzv-id lostjob \
             sh -c 'echo $$ > "$D/$C.r$RANK.pid"; exec sleep 100' >"$T/sl$k.out" 2>"$T/sl$k.err" &
         eval "pid$k=\$!"
         BG+=($!)
     done
     if wait_files 2 "$T/sl*.r*.pid"; then
-        # $pid0 is timeout(1); c10drun is its child.
-        kill -KILL "$(pgrep -P "$pid0" -x c10drun || echo "$pid0")"
+        kill -KILL "$pid0"
     else fail "store-lost: ranks did not start"; fi
     start=$(date +%s%N)
     wait "$pid1"
