@@ -1,6 +1,8 @@
 /*
  * c10drun: start N local ranks with torchrun's environment, tag their output with the rank,
- * forward signals, and turn the first rank failure into a stop of the whole job.
+ * forward signals, and turn the first rank failure into a stop of the whole job; with
+ * --nnodes, one c10drun per node, meeting in node 0's store; with --max-restarts, start
+ * every node's ranks again after a failure.
  *
  * The launcher runs its own uv loop; it does not use the library's engine, so it keeps
  * working (and keeps reporting) while the library is broken or being rebuilt.
@@ -10,10 +12,12 @@
  * if c10drun dies. Signals then go to the rank's whole group, so a rank that is a shell
  * script takes its own children down with it.
  *
- * One file per concern, sharing this header: args.c (the command line), env.c
- * (each rank's environment), store.c (the store, then the ranks), children.c
- * (spawning, signals, stopping, the end), output.c (reading the ranks' pipes
- * into tagged lines), writer.c (writing them out on a thread), util.c.
+ * One file per concern, sharing this header: args.c (the command line, PET_* defaults),
+ * env.c (each rank's environment), store.c (the store, log files, then the ranks),
+ * children.c (spawning, signals, failures, stopping, the end of an attempt and of the
+ * job), agent.c (the nodes meeting in the store: failures, restarts, the end), output.c
+ * (reading the ranks' pipes into tagged lines and log files), writer.c (writing them out
+ * on a thread), util.c. All of it runs on the loop thread but writer.c's thread.
  */
 #ifndef C10DRUN_H
 #define C10DRUN_H
