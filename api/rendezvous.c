@@ -356,11 +356,18 @@ int c10d_store_barrier(c10d_store *store, const char *name, int world_size, int6
                               "key: %s (world_size=%d, num_workers_joined=%" PRId64
                               ", timeout=%" PRId64 " ms error=%s)",
                               key, world_size, joined, timeout_ms, err);
-        C10D_WARN("rendezvous",
-                  "waiting for %" PRId64 " more ranks: %" PRId64 " of %d arrived after %.0f s in "
-                  "the store based barrier (key %s, timeout %" PRId64
-                  " ms); is WORLD_SIZE the number of ranks started?",
-                  world_size - joined, joined, world_size, (double)spent / 1000, key, timeout_ms);
+        if (joined > world_size) /* the last arrival never saw its own count */
+            C10D_WARN("rendezvous",
+                      "%" PRId64 " ranks arrived in the store based barrier (key %s) of %d: "
+                      "another job uses this store (the same MASTER_ADDR and MASTER_PORT)?",
+                      joined, key, world_size);
+        else
+            C10D_WARN("rendezvous",
+                      "waiting for %" PRId64 " more ranks: %" PRId64
+                      " of %d arrived after %.0f s in the store based barrier (key %s, timeout "
+                      "%" PRId64 " ms); is WORLD_SIZE the number of ranks started?",
+                      world_size - joined, joined, world_size, (double)spent / 1000, key,
+                      timeout_ms);
     }
     C10D_DEBUG("rendezvous", "completed store based barrier for key %s with %d nodes", key,
                world_size);

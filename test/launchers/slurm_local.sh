@@ -45,6 +45,10 @@ slurm_local_start() {
     set -- $(slurm_local_ports)
     ctld_port=$1 slurmd_port=$2
     host=$(hostname -s)
+    # Job ids of this cluster start where no other test's do: two private
+    # clusters would both number their first job 1, and ranks derive the
+    # store's port from job and step id.
+    first_job=$((ctld_port * 100))
     # NodeName and SlurmctldHost must be this host's short name (the daemons
     # compare them with gethostname()); addresses stay on loopback. CPUs as
     # slurmd -C counts them, or the node is drained.
@@ -53,6 +57,7 @@ slurm_local_start() {
     export SLURM_CONF="$d/slurm.conf"
     cat >"$SLURM_CONF" <<CONF
 ClusterName=c10dtest
+FirstJobId=$first_job
 SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
