@@ -207,63 +207,61 @@ static void delete_later(c10d_store *s, const char *key)
         c10d_store_release(s);
 }
 
-/* 1 if `key` (under the namespace) must stay: the counters, the current
- * generation's keys, each rank's last ack. */
-static int keep_key(const char *key, int64_t gen, const int64_t *last_ack, int world_size)
+/* 1 if `key` (under a namespace) is a key of this file's that nobody will
+ * read again: an earlier generation's (any but `gen`), an answer, an ask
+ * below the rank's last ack (last_ack NULL: an earlier attempt, whose asks
+ * all stay). The counters and last acks stay, so tickets only grow and the
+ * next rank 0 finds each rank's last ticket at once; keys that are not this
+ * file's (a PyTorch job's "default_pg/..." under the same "/worker/attempt_N")
+ * are never touched. */
+static int is_garbage(const char *key, int64_t gen, const int64_t *last_ack, int world_size)
 {
-    char mine[40];
-    int n = snprintf(mine, sizeof mine, "gen_%" PRId64 "/", gen);
-    if (strncmp(key, mine, (size_t)n) == 0 || strcmp(key, GENERATION_KEY) == 0)
+    long long m, t;
+    int r, used = 0;
+    if (sscanf(key, "gen_%lld/%n", &m, &used) == 1 && used > 0)
+        return m != gen;
+    if (strncmp(key, "c10d_answer/", 12) == 0)
         return 1;
-    int r;
-    long long t;
-    char tail;
-    if (strncmp(key, "c10d_ask/", 9) == 0) {
-        int fields = sscanf(key + 9, "%d/%lld%c", &r, &t, &tail);
-        if (fields == 1 && strchr(key + 9, '/') == NULL)
-            return 1; /* a rank's counter */
-        return fields == 2 && r > 0 && r < world_size && last_ack[r] == t;
-    }
+    if (last_ack != NULL && strncmp(key, "c10d_ask/", 9) == 0 &&
+        sscanf(key + 9, "%d/%lld%n", &r, &t, &used) == 2 && key[9 + used] == '\0')
+        return r > 0 && r < world_size && t < last_ack[r];
     return 0;
 }
 
-/* Every key of earlier generations in this namespace and of earlier
- * attempts of this run: nobody reads them any more. Stores without
- * LIST_KEYS (PyTorch's) keep them. */
-static void sweep_earlier(c10d_store *base, c10d_store *ns, const char *ns_name, int attempt,
-                          int64_t gen, const int64_t *last_ack, int world_size)
+static size_t delete_garbage(c10d_store *ns, int64_t gen, const int64_t *last_ack, int world_size)
 {
     char **keys = NULL;
     size_t n = 0, dropped = 0;
     if (c10d_store_list_keys_sync(ns, &keys, &n) != 0) {
-        C10D_DEBUG("rendezvous", "%s: cannot list keys (%s): earlier generations stay", ns_name,
+        C10D_DEBUG("rendezvous", "cannot list keys (%s): earlier generations stay",
                    c10d_last_error());
-        return;
+        return 0;
     }
     for (size_t i = 0; i < n; i++) {
-        if (!keep_key(keys[i], gen, last_ack, world_size)) {
+        if (is_garbage(keys[i], gen, last_ack, world_size)) {
             delete_later(ns, keys[i]);
             dropped++;
         }
         free(keys[i]);
     }
     free(keys);
+    return dropped;
+}
+
+/* Earlier generations in this namespace and everything of the earlier
+ * attempts of this run: nobody reads them any more. Stores without
+ * LIST_KEYS (PyTorch's) keep them. */
+static void sweep_earlier(c10d_store *base, c10d_store *ns, const char *ns_name, int attempt,
+                          int64_t gen, const int64_t *last_ack, int world_size)
+{
+    size_t dropped = delete_garbage(ns, gen, last_ack, world_size);
     for (int a = attempt - 1; a >= 0 && a >= attempt - ATTEMPTS_SWEPT; a--) {
         char name[200];
         attempt_namespace(name, sizeof name, a);
         c10d_store *old = NULL;
         if (c10d_store_prefix(base, name, &old) != 0)
             break;
-        keys = NULL;
-        n = 0;
-        if (c10d_store_list_keys_sync(old, &keys, &n) == 0) {
-            for (size_t i = 0; i < n; i++) {
-                delete_later(old, keys[i]);
-                free(keys[i]);
-            }
-            free(keys);
-            dropped += n;
-        }
+        dropped += delete_garbage(old, 0, NULL, world_size);
         c10d_store_release(old);
     }
     if (dropped > 0)
