@@ -245,6 +245,15 @@ static void C10D_PRINTF(2, 3) add_bad(struct problems *p, const char *fmt, ...)
     va_end(ap);
 }
 
+/* The one message: who was detected, what is missing, what is wrong. */
+static int fail_with(const struct problems *p, const char *who, const char *hint)
+{
+    return c10d__fail(C10D_EINVAL, "rendezvous env://: %s: %s%s%s%s%s%s", who,
+                      p->missing[0] ? "environment variable " : "", p->missing,
+                      p->missing[0] ? " expected, but not set" : "",
+                      p->missing[0] && p->bad[0] ? "; " : "", p->bad, hint);
+}
+
 static const char *val(const char *const env[C10D_ENV_COUNT], enum c10d__env_id id)
 {
     const char *v = env[id];
@@ -406,11 +415,10 @@ int c10d__launch_parse(const char *const env[C10D_ENV_COUNT], int need_rank, int
         if (need_master)
             parse_master(env, kind, &p, out);
         if (p.missing[0] || p.bad[0])
-            return c10d__fail(C10D_EINVAL,
-                              "rendezvous env://: no launcher detected (no torchrun, Open MPI, "
-                              "MPICH or Slurm variables): environment variable %s expected, but "
-                              "not set%s%s (docs/launchers.md)",
-                              p.missing[0] ? p.missing : "-", p.bad[0] ? "; " : "", p.bad);
+            return fail_with(&p,
+                             "no launcher detected (no torchrun, Open MPI, MPICH or Slurm "
+                             "variables)",
+                             " (docs/launchers.md)");
         return 0;
     }
     const struct launcher_vars *l = &launchers[kind];
@@ -473,13 +481,11 @@ int c10d__launch_parse(const char *const env[C10D_ENV_COUNT], int need_rank, int
     if (need_master)
         parse_master(env, kind, &p, out);
     if (p.missing[0] || p.bad[0]) {
-        char hint[300] = "";
+        char who[128], hint[300] = "";
+        snprintf(who, sizeof who, "%s detected (%s)", out->launcher, l->rank_from);
         if (l->no_master_hint && strstr(p.missing, "MASTER_"))
             snprintf(hint, sizeof hint, " (%s)", l->no_master_hint);
-        return c10d__fail(C10D_EINVAL, "rendezvous env://: %s detected (%s): %s%s%s%s%s%s",
-                          out->launcher, l->rank_from, p.missing[0] ? "environment variable " : "",
-                          p.missing, p.missing[0] ? " expected, but not set" : "",
-                          p.missing[0] && p.bad[0] ? "; " : "", p.bad, hint);
+        return fail_with(&p, who, hint);
     }
     out->rank = rank;
     out->world_size = size;

@@ -267,6 +267,15 @@ static void test_half_set(void **state)
     /* Nothing at all: the four torchrun variables. */
     expect_error(ENV("C10D_LOG_LEVEL=WARN"),
                  ENV("no launcher detected", "RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"));
+    /* Only a malformed value: no "expected, but not set" with nothing in it. */
+    {
+        const char *e2[C10D_ENV_COUNT];
+        struct c10d__launch l2;
+        env_of(e2, ENV("MASTER_ADDR=a", "MASTER_PORT=abc"));
+        assert_int_equal(c10d__launch_parse(e2, 0, 1, &l2), C10D_EINVAL);
+        assert_non_null(strstr(c10d_last_error(), "MASTER_PORT='abc' is not a valid value"));
+        assert_null(strstr(c10d_last_error(), "expected"));
+    }
     /* The caller gives rank and size: only the master is needed. */
     const char *env[C10D_ENV_COUNT];
     env_of(env, ENV("MASTER_ADDR=a", "MASTER_PORT=3"));
