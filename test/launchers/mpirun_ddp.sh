@@ -1,7 +1,8 @@
 #!/bin/sh
 # ddp_tiny under Open MPI's real mpirun, with no variable set by hand:
 # ranks come from OMPI_COMM_WORLD_*, rank 0's address through PMIx (MASTER_ADDR
-# is unset on purpose), then the half-set environment's error.
+# is unset on purpose); then a half-set environment and a missing libpmix,
+# each one clear error at once.
 #   mpirun_ddp.sh DDP_TINY
 # Exit 77 (skip) when mpirun is not installed.
 set -u
@@ -48,4 +49,15 @@ t1=$(date +%s.%N)
 grep -q "environment variable RANK, MASTER_ADDR, MASTER_PORT expected, but not set" "$T/out" ||
     fail "the error does not name RANK, MASTER_ADDR and MASTER_PORT"
 echo "ok: half-set environment fails in $(secs "$t0" "$t1") s naming every missing variable"
+
+# No PMIx library to load (as on a machine without libpmix): one clear error
+# saying to set MASTER_ADDR and MASTER_PORT, at once.
+t0=$(date +%s.%N)
+timeout 60 $MPIRUN -n 2 -x C10D_PMIX_LIBRARY=/nonexistent/libpmix.so.2 "$DDP" >"$T/out" 2>&1
+rc=$?
+t1=$(date +%s.%N)
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "without libpmix mpirun must fail at once (exit $rc)"
+grep -q "no PMIx library could be loaded.*set MASTER_ADDR and MASTER_PORT" "$T/out" ||
+    fail "without libpmix the error does not say to set MASTER_ADDR and MASTER_PORT"
+echo "ok: without libpmix, fails in $(secs "$t0" "$t1") s saying to set MASTER_ADDR and MASTER_PORT"
 exit 0
