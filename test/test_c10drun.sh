@@ -474,8 +474,10 @@ expect_rc nproc-bad $? 2
 if [ -n "$store_bin" ] && command -v python3 >/dev/null 2>&1; then
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
     prog='echo "R=$RANK L=$LOCAL_RANK G=$GROUP_RANK W=$WORLD_SIZE LW=$LOCAL_WORLD_SIZE GW=$GROUP_WORLD_SIZE RR=$ROLE_RANK RW=$ROLE_WORLD_SIZE A=$TORCHELASTIC_USE_AGENT_STORE $MASTER_ADDR:$MASTER_PORT $TORCHELASTIC_RUN_ID"'
+    # Node 0's store listens on every address (C10D_STORE_BIND, as for rank 0's own store).
     for k in 1 0; do
-        timeout -k 10 120 "$RUN" --nnodes 2 --node-rank $k -n 2 --rdzv-endpoint "127.0.0.1:$port" \
+        C10D_STORE_BIND=$([ $k = 0 ] && echo '*') timeout -k 10 120 "$RUN" -v --nnodes 2 --node-rank $k \
+            -n 2 --rdzv-endpoint "127.0.0.1:$port" \
             --rdzv-id twonodes sh -c "$prog" >"$T/2n$k.out" 2>"$T/2n$k.err" &
         eval "pid$k=\$!"
         BG+=($!)
@@ -488,6 +490,7 @@ if [ -n "$store_bin" ] && command -v python3 >/dev/null 2>&1; then
     expect_line two-nodes "$T/2n0.out" "[rank1]: R=1 L=1 G=0 W=4 LW=2 GW=2 RR=1 RW=4 A=True 127.0.0.1:$port twonodes"
     expect_line two-nodes "$T/2n1.out" "[rank2]: R=2 L=0 G=1 W=4 LW=2 GW=2 RR=2 RW=4 A=True 127.0.0.1:$port twonodes"
     expect_line two-nodes "$T/2n1.out" "[rank3]: R=3 L=1 G=1 W=4 LW=2 GW=2 RR=3 RW=4 A=True 127.0.0.1:$port twonodes"
+    expect_match two-nodes "$T/2n0.err" "^c10drun: store: .* serve --host \\* --port $port "
     # SIGTERM to node 1's c10drun: node 0's hears of it through the store and stops its ranks.
     for k in 0 1; do
         D=$T C=sn$k timeout -k 10 120 "$RUN" --nnodes 2 --node-rank $k -n 2 \
@@ -531,6 +534,13 @@ if [ -n "$store_bin" ] && command -v python3 >/dev/null 2>&1; then
 else
     echo "SKIP: two nodes on one host (needs c10d-store and python3)"
 fi
+
+# A node whose node 0 does not resolve keeps trying, then fails within --store-timeout.
+c10drun --nnodes 2 --node-rank 1 -n 1 --rdzv-endpoint no-such-host.invalid:29999 \
+    --store-timeout 1 true >/dev/null 2>"$T/unres.err"
+expect_rc node0-unresolved $? 1
+expect_line node0-unresolved "$T/unres.err" \
+    "c10drun: node 0's address no-such-host.invalid did not resolve within 1 s (--store-timeout)"
 
 # ---------------------------------------------------------------- --max-restarts
 # Rank 1 fails on the first attempt only; the second attempt succeeds.

@@ -71,9 +71,11 @@ enum {
  * keep us waiting. */
 #define DRAIN_MS 2000
 /* How long we wait at exit for stdout/stderr to accept what is queued. */
-#define FLUSH_MS   10000
-#define PROBE_MS   50
-#define MAX_NPROCS 4096
+#define FLUSH_MS 10000
+#define PROBE_MS 50
+/* A node other than 0 whose MASTER_ADDR does not resolve yet tries again this often. */
+#define RESOLVE_RETRY_MS 500
+#define MAX_NPROCS       4096
 
 /* STORE_WAIT: the store does not accept connections yet. RUN: the ranks of this attempt
  * run, or their stop is under way. RESTART_WAIT: they are gone and a restart waits for
@@ -173,21 +175,23 @@ struct launcher {
     uv_loop_t loop;
     struct child *ranks; /* this attempt's */
     struct old_ranks *old;
-    int restart_count;    /* the attempt: TORCHELASTIC_RESTART_COUNT */
-    bool failing;         /* a rank (here or on another node) failed in this attempt */
-    bool restart_wanted;  /* ... and the job restarts once the ranks are gone */
-    bool no_restart;      /* a signal, --timeout or the store ended the job: no restart */
-    bool agent_store;     /* TORCHELASTIC_USE_AGENT_STORE=True: c10drun's store, not rank 0's */
-    bool coordinate;      /* this c10drun talks to the others through the store (agent.c) */
-    bool hosts_store;     /* node 0 with an agent store: we run c10d-store */
-    int store_fd;         /* agent.c's connection, -1 when closed */
-    int store_errors;     /* polls in a row that could not reach the store */
-    bool marked;          /* this attempt's stopped/done mark is in the store */
-    bool agent_done;      /* agent.c has nothing left to wait for: the job may end */
-    uint64_t all_done_at; /* node 0: uv_now when every node was done, 0 before */
-    uint64_t wait_since;  /* uv_now when RESTART_WAIT or NODES_WAIT began */
-    int started;          /* ranks spawned */
-    int live_ranks;       /* spawned and not exited */
+    int restart_count;      /* the attempt: TORCHELASTIC_RESTART_COUNT */
+    bool failing;           /* a rank (here or on another node) failed in this attempt */
+    bool restart_wanted;    /* ... and the job restarts once the ranks are gone */
+    bool no_restart;        /* a signal, --timeout or the store ended the job: no restart */
+    bool agent_store;       /* TORCHELASTIC_USE_AGENT_STORE=True: c10drun's store, not rank 0's */
+    bool coordinate;        /* this c10drun talks to the others through the store (agent.c) */
+    bool hosts_store;       /* node 0 with an agent store: we run c10d-store */
+    const char *store_host; /* its --host: C10D_STORE_BIND, else MASTER_ADDR */
+    bool master_unresolved; /* another node's MASTER_ADDR did not resolve yet */
+    int store_fd;           /* agent.c's connection, -1 when closed */
+    int store_errors;       /* polls in a row that could not reach the store */
+    bool marked;            /* this attempt's stopped/done mark is in the store */
+    bool agent_done;        /* agent.c has nothing left to wait for: the job may end */
+    uint64_t all_done_at;   /* node 0: uv_now when every node was done, 0 before */
+    uint64_t wait_since;    /* uv_now when RESTART_WAIT or NODES_WAIT began */
+    int started;            /* ranks spawned */
+    int live_ranks;         /* spawned and not exited */
     struct child store;
     bool have_store;
     enum phase phase;
@@ -201,6 +205,8 @@ struct launcher {
     uv_timer_t failure_timer, agent_timer, grace_timer, store_kill_timer, deadline_timer,
         drain_timer, probe_timer, store_deadline_timer;
     uv_tcp_t probe;
+    uv_getaddrinfo_t resolve_req;
+    bool resolving; /* resolve_req is in flight: the job ends only after its callback */
     uv_connect_t probe_req;
     bool probe_open;
     uv_async_t resume_async;
@@ -253,7 +259,7 @@ void free_rank_env(struct launcher *l, char **env);
 /* store.c */
 char *find_in_path(const char *name);
 char *find_store(struct launcher *l, char *looked, size_t looked_len);
-int resolve_master(struct launcher *l, const char *host, int port);
+int resolve_master(struct launcher *l, const char *host, int port, bool quiet);
 void start_ranks(struct launcher *l);
 void start_store(struct launcher *l);
 void await_store(struct launcher *l);

@@ -96,10 +96,25 @@ int main(int argc, char **argv)
             return EXIT_LAUNCHER;
         }
     }
-    if (resolve_master(l, l->opt.master_addr, l->opt.master_port) != 0) {
-        free(l->program_path);
-        free(l->store_path);
-        return EXIT_USAGE;
+    /* The store c10drun starts listens where rank 0's embedded one would:
+     * C10D_STORE_BIND ('*': every address), else MASTER_ADDR; we probe it there. */
+    const char *bind = getenv("C10D_STORE_BIND");
+    const char *probe_host = l->opt.master_addr;
+    l->store_host = l->opt.master_addr;
+    if (l->hosts_store && bind && *bind) {
+        l->store_host = bind;
+        probe_host = strcmp(bind, "*") != 0 ? bind : "127.0.0.1";
+    }
+    bool joining = l->agent_store && !l->hosts_store;
+    if (resolve_master(l, probe_host, l->opt.master_port, joining) != 0) {
+        if (!joining) {
+            free(l->program_path);
+            free(l->store_path);
+            return EXIT_USAGE;
+        }
+        /* Retried until --store-timeout: node 0's name may not exist yet. */
+        l->master_unresolved = true;
+        snprintf(l->port_text, sizeof l->port_text, "%d", l->opt.master_port);
     }
     if (l->opt.run_id)
         snprintf(l->run_id, sizeof l->run_id, "%s", l->opt.run_id);

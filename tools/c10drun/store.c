@@ -157,10 +157,45 @@ static void on_probe_connect(uv_connect_t *req, int status)
         uv_close((uv_handle_t *)&l->probe, on_probe_closed);
 }
 
+static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    struct launcher *l = req->data;
+    l->resolving = false;
+    if (status == 0 && res && res->ai_addrlen <= sizeof l->master_sa) {
+        memcpy(&l->master_sa, res->ai_addr, res->ai_addrlen);
+        l->master_unresolved = false;
+        VERBOSE(l, "%s resolves now", l->opt.master_addr);
+    }
+    uv_freeaddrinfo(res);
+    if (l->phase != PHASE_STORE_WAIT || l->stopping) {
+        maybe_finish(l);
+        return;
+    }
+    uv_timer_start(&l->probe_timer, on_probe_retry, l->master_unresolved ? RESOLVE_RETRY_MS : 0, 0);
+}
+
+/* Node 0's name may appear only after this node started (a Kubernetes Service): it is
+ * looked up again, off the loop thread (a slow resolver must not delay signals). */
+static void start_resolve(struct launcher *l)
+{
+    static const struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+    l->resolve_req.data = l;
+    if (uv_getaddrinfo(&l->loop, &l->resolve_req, on_resolved, l->opt.master_addr, l->port_text,
+                       &hints) == 0)
+        l->resolving = true;
+    else
+        uv_timer_start(&l->probe_timer, on_probe_retry, RESOLVE_RETRY_MS, 0);
+}
+
 static void probe_store(struct launcher *l)
 {
-    if (l->phase != PHASE_STORE_WAIT || l->stopping || l->probe_open)
+    if (l->phase != PHASE_STORE_WAIT || l->stopping || l->probe_open || l->resolving)
         return;
+    if (l->master_unresolved) {
+        start_resolve(l);
+        return;
+    }
     uv_tcp_init(&l->loop, &l->probe);
     l->probe.data = l;
     l->probe_open = true;
@@ -184,6 +219,9 @@ static void on_store_deadline(uv_timer_t *t)
             "(--store-timeout)",
             l->store_path, (int)l->store.pid, l->opt.master_addr, l->port_text,
             l->opt.store_timeout_s);
+    else if (l->master_unresolved)
+        say(l, "node 0's address %s did not resolve within %g s (--store-timeout)",
+            l->opt.master_addr, l->opt.store_timeout_s);
     else
         say(l,
             "node 0's store did not accept connections on %s:%s within %g s (--store-timeout); "
@@ -201,7 +239,7 @@ void start_store(struct launcher *l)
     c->out.console = c->err.console = true;
     snprintf(c->name, sizeof c->name, "store");
     snprintf(c->prefix, sizeof c->prefix, "[store]: ");
-    char *argv[] = {l->store_path, "serve",      "--host", (char *)l->opt.master_addr,
+    char *argv[] = {l->store_path, "serve",      "--host", (char *)l->store_host,
                     "--port",      l->port_text, NULL};
     l->have_store = true;
     int rc = spawn_child(l, c, argv, environ, on_store_exit);
@@ -211,7 +249,7 @@ void start_store(struct launcher *l)
         l->stopping = true;
         return;
     }
-    VERBOSE(l, "store: %s serve --host %s --port %s (pid %d)", l->store_path, l->opt.master_addr,
+    VERBOSE(l, "store: %s serve --host %s --port %s (pid %d)", l->store_path, l->store_host,
             l->port_text, (int)c->pid);
     await_store(l);
 }
@@ -282,7 +320,7 @@ char *find_store(struct launcher *l, char *looked, size_t looked_len)
 
 /* Resolves host:port for the readiness probe; with port 0, binds port 0 and keeps the number
  * the kernel chose (torchrun's way of picking a free port). */
-int resolve_master(struct launcher *l, const char *host, int port)
+int resolve_master(struct launcher *l, const char *host, int port, bool quiet)
 {
     struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof hints);
@@ -293,7 +331,9 @@ int resolve_master(struct launcher *l, const char *host, int port)
     snprintf(service, sizeof service, "%d", port);
     int rc = getaddrinfo(host, service, &hints, &res);
     if (rc != 0) {
-        fprintf(stderr, "c10drun: cannot resolve --master-addr %s: %s\n", host, gai_strerror(rc));
+        if (!quiet)
+            fprintf(stderr, "c10drun: cannot resolve --master-addr %s: %s\n", host,
+                    gai_strerror(rc));
         return -1;
     }
     int chosen = port;
