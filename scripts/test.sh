@@ -17,7 +17,6 @@ set -eu
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh test
 scripts/install-deps.sh launchers # mpirun, srun: test/launchers/
-scripts/install-deps.sh launchers # mpirun, srun: test/launchers/
 jobs=$(nproc)
 which=${1:-all}
 
