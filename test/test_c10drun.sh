@@ -531,6 +531,33 @@ if [ -n "$store_bin" ] && command -v python3 >/dev/null 2>&1; then
     expect_match store-lost "$T/sl1.err" "^c10drun: lost the store at 127.0.0.1:$port"
     wait "$pid0" 2>/dev/null
     check_gone store-lost "$T/sl*.r*.pid"
+    # A restart needs every node: node 1 reports its rank's failure and is then killed
+    # outright; node 0 stops its ranks, waits --store-timeout for node 1, and fails.
+    for k in 0 1; do
+        wrap=(timeout -k 10 120)
+        [ $k = 1 ] && wrap=()
+        D=$T C=rw$k "${wrap[@]}" "$RUN" --nnodes 2 --node-rank $k -n 1 --max-restarts 1 \
+            --rdzv-endpoint "127.0.0.1:$port" --rdzv-id rwjob --store-timeout 2 --failure-grace-ms 3000 \
+            sh -c 'echo $$ > "$D/$C.r$RANK.a$TORCHELASTIC_RESTART_COUNT.pid"; [ "$RANK" = 1 ] && exit 5; exec sleep 100' \
+            >"$T/rw$k.out" 2>"$T/rw$k.err" &
+        eval "pid$k=\$!"
+        BG+=($!)
+    done
+    for _ in $(seq 1 200); do
+        grep -q 'exited with status 5' "$T/rw1.err" 2>/dev/null && break
+        sleep 0.05
+    done
+    kill -KILL "$pid1"
+    wait "$pid1" 2>/dev/null
+    wait "$pid0"
+    expect_rc restart-needs-all $? 1
+    expect_match restart-needs-all "$T/rw0.err" "^c10drun: node 1: rank 1 \\(pid [0-9]+\\) exited with status 5; stopping"
+    expect_line restart-needs-all "$T/rw0.err" \
+        "c10drun: only 1 of 2 node(s) stopped their ranks within 2 s (--store-timeout); no restart"
+    if ls "$T"/rw0.r0.a1.pid >/dev/null 2>&1; then fail "restart-needs-all: node 0 restarted"; else
+        pass "restart-needs-all: no second attempt"
+    fi
+    check_gone restart-needs-all "$T/rw*.pid"
 else
     echo "SKIP: two nodes on one host (needs c10d-store and python3)"
 fi

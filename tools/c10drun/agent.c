@@ -352,6 +352,7 @@ static int poll_once(struct launcher *l)
                     "only %lld of %d node(s) stopped their ranks within %g s "
                     "(--store-timeout); no restart",
                     (long long)n, l->opt.nnodes, l->opt.store_timeout_s);
+                set_code(l, EXIT_LAUNCHER); /* kept if the attempt's failure set one */
                 l->no_restart = true;
                 agent_end(l);
             }
@@ -379,7 +380,6 @@ static int poll_once(struct launcher *l)
              * job restarts as a whole) or ends with the failure. */
             remote_failure(l);
             if (can_restart(l)) {
-                l->have_code = false;
                 l->phase = PHASE_RESTART_WAIT;
                 l->marked = false;
                 l->wait_since = uv_now(&l->loop);
