@@ -83,7 +83,9 @@ static void listen_ip(const struct sockaddr *local, const char *host, char *ip, 
     char *colon = strrchr(o.address, ':');
     assert_non_null(colon);
     *colon = '\0';
-    snprintf(ip, len, "%s", o.address);
+    size_t n = strlen(o.address);
+    assert_true(n < len);
+    memcpy(ip, o.address, n + 1);
 }
 
 /* An IPv4 address of this host that is not loopback, or 0. */
