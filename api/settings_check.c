@@ -145,6 +145,12 @@ int c10d__pg_settings_check(c10d_store *store, int rank, int size, int64_t timeo
     char mine[1024], diff[1024] = "";
     describe_settings(mine, sizeof mine);
     if (rank == 0) {
+        /* A store the caller gave us may hold an earlier job's verdict (a
+         * store from the rendezvous is fresh or namespaced per attempt); the
+         * others write theirs only after reading ours, so this goes first. */
+        static const char *const stale[] = {MISMATCH_KEY, TOLD_KEY, ALL_TOLD_KEY};
+        for (size_t i = 0; i < sizeof stale / sizeof stale[0]; i++)
+            C10D_CHECK(c10d_store_delete_key_sync(store, stale[i], NULL));
         C10D_CHECK(c10d_store_set_sync(store, SETTINGS_KEY, mine, strlen(mine)));
     } else {
         const char *keys[] = {SETTINGS_KEY};
