@@ -17,7 +17,7 @@ runtime) pkgs="libuv1|libuv1t64 libjansson4" ;; # Ubuntu 24.04 renamed libuv1 (t
 container) pkgs="buildah debootstrap" ;;
 launchers) pkgs="openmpi-bin slurm-wlm munge" ;;
 build) pkgs="$build_pkgs" ;;
-test) pkgs="$build_pkgs libcmocka-dev python3-torch clang libclang-rt-dev procps iproute2" ;;
+test) pkgs="$build_pkgs libcmocka-dev python3-torch clang libclang-rt-dev procps iproute2 iptables" ;;
 bench) pkgs="$build_pkgs python3-torch openmpi-bin libopenmpi-dev iperf3" ;;
 *)
     echo "usage: $0 build|test|bench|runtime|launchers|container" >&2
