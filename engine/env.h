@@ -29,8 +29,10 @@
     X(TCP_LAZY_INIT, "C10D_TCP_LAZY_INIT", NULL, "0",                                              \
       "tcp backend: connect to a peer on first use instead of the full mesh at group creation")    \
     X(SOCKET_IFNAME, "C10D_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "",                               \
-      "tcp backend: network interface to listen on (default: the local address of the "           \
-      "connection to the store; the hostname's address when that is loopback, else loopback)")    \
+      "tcp backend: network interface whose address the rank listens on and publishes (default: "  \
+      "the local address of its connection to the store, if not loopback; if the store was "       \
+      "reached over loopback through a name that resolves to loopback here only, the default "     \
+      "route's source address; else the hostname's address, then loopback)")                       \
     X(TCP_EAGER_MAX, "C10D_TCP_EAGER_MAX", NULL, "65536",                                          \
       "tcp backend: collective messages up to this many bytes are sent without waiting for the "   \
       "receiver's clear-to-send")                                                                  \
@@ -112,8 +114,9 @@
     X(PMIX_LIBRARY, "C10D_PMIX_LIBRARY", NULL, "",                                                 \
       "the PMIx client library to load at run time (default: libpmix.so.2, then libpmix.so)")      \
     X(STORE_BIND, "C10D_STORE_BIND", NULL, "",                                                     \
-      "address rank 0's embedded store listens on (default: the address MASTER_ADDR resolves "     \
-      "to; * for every interface)")                                                                \
+      "address rank 0's embedded store listens on, * for every address (default: the address "     \
+      "MASTER_ADDR resolves to; every address when MASTER_ADDR is a name that resolves to "        \
+      "loopback here only, does not resolve yet, or is not an address of this host)")              \
     X(STORE_TOKEN, "C10D_STORE_TOKEN", NULL, "",                                                   \
       "shared secret of the job: store clients present it before any command and every "           \
       "data-port hello carries it; servers refuse connections without it")                         \
