@@ -18,16 +18,22 @@
 #include "engine/log.h"
 
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-#define SETTINGS_KEY "c10d_settings/rank0"
-#define MISMATCH_KEY "c10d_settings/mismatch"
-#define TOLD_KEY     "c10d_settings/told"
-#define ALL_TOLD_KEY "c10d_settings/all_told"
-#define BARRIER_NAME "c10d_settings"
+/* Under "c10d_settings/<n>/", n counting this process's checks: a default
+ * group made again in the same job (init, destroy, init) meets a store
+ * (rank 0's, alive until c10d_shutdown) that holds the first check's keys,
+ * its barrier passed among them. Every rank counts the same checks: one
+ * runs only after a rendezvous that every rank got through. */
+#define SETTINGS_KEY "rank0"
+#define MISMATCH_KEY "mismatch"
+#define TOLD_KEY     "told"
+#define ALL_TOLD_KEY "all_told"
+#define BARRIER_NAME "settings"
 #define TOLD_WAIT_MS 10000
 
 /* The settings that change the wire protocol or the algorithm every rank
@@ -138,10 +144,25 @@ static void see_everyone_told(c10d_store *store, int rank, int size, int64_t tim
                   c10d_last_error());
 }
 
-int c10d__pg_settings_check(c10d_store *store, int rank, int size, int64_t timeout_ms)
+static atomic_uint checks_made;
+
+static int check_in(c10d_store *store, int rank, int size, int64_t timeout_ms);
+
+int c10d__pg_settings_check(c10d_store *base, int rank, int size, int64_t timeout_ms)
 {
-    if (store == NULL || size <= 1)
+    if (base == NULL || size <= 1)
         return 0;
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "c10d_settings/%u/", atomic_fetch_add(&checks_made, 1) + 1);
+    c10d_store *store = NULL;
+    C10D_CHECK(c10d_store_prefix(base, prefix, &store));
+    int rc = check_in(store, rank, size, timeout_ms);
+    c10d_store_release(store);
+    return rc;
+}
+
+static int check_in(c10d_store *store, int rank, int size, int64_t timeout_ms)
+{
     char mine[1024], diff[1024] = "";
     describe_settings(mine, sizeof mine);
     if (rank == 0) {

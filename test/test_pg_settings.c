@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct setting_case {
     const char *name;
@@ -83,6 +84,42 @@ static void test_each_wire_setting_must_match(void **state)
     }
 }
 
+/* A default group made again in one job meets rank 0's store, still up,
+ * holding the first check's keys: the second check must not pass on them. */
+static int reinit_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    c10d_pg_opts po = {0};
+    po.timeout_ms = 120000;
+    c10d_pg *pg = NULL;
+    MP_CHECK(c10d_pg_init(&po, &pg) == 0, "first init: %s", c10d_last_error());
+    MP_CHECK(c10d_pg_destroy(pg) == 0, "destroy: %s", c10d_last_error());
+    if (rank == n - 1)
+        setenv("C10D_TCP_RD_MAX", "1024", 1);
+    else
+        usleep(300000); /* the differing rank writes its verdict last */
+    int rc = c10d_pg_init(&po, &pg);
+    const char *why = c10d_last_error();
+    fprintf(stderr, "rank %d: second init: %s\n", rank, why);
+    MP_CHECK(rc == C10D_EINVAL, "second init should fail, got %s (%s)", c10d_status_name(rc), why);
+    MP_CHECK(strstr(why, "C10D_TCP_RD_MAX is 32768 on rank 0 but 1024 on rank") != NULL, "%s", why);
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_second_init_checks_again(void **state)
+{
+    (void)state;
+    struct mp_opts o = {0};
+    o.nranks = 2;
+    o.timeout_s = 40;
+    struct mp_result res;
+    mp_run(&o, reinit_main, NULL, &res);
+    assert_false(res.timed_out);
+    assert_int_equal(res.codes[0], 0);
+    assert_int_equal(res.codes[1], 0);
+}
+
 /* Rank 1 agrees with rank 0 and still fails, with rank 2's difference. */
 static void test_agreeing_ranks_fail_too(void **state)
 {
@@ -113,6 +150,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_each_wire_setting_must_match),
         cmocka_unit_test(test_agreeing_ranks_fail_too),
+        cmocka_unit_test(test_second_init_checks_again),
         cmocka_unit_test(test_defaults_and_local_settings_pass),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
