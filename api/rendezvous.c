@@ -376,6 +376,14 @@ int c10d_store_barrier(c10d_store *store, const char *name, int world_size, int6
 
 /* ------------------------------------------------------------ rendezvous */
 
+/* At least 1 ms: a step that finds the time spent fails by its own timeout,
+ * with its own message. */
+static int64_t time_left(uint64_t start_ms, int64_t timeout_ms)
+{
+    int64_t left = timeout_ms - (int64_t)(c10d__now_ms() - start_ms);
+    return left > 0 ? left : 1;
+}
+
 int c10d__rendezvous(const char *url, const c10d_rendezvous_opts *opts, c10d_rendezvous_result *out,
                      int *store_outlives_job)
 {
@@ -395,6 +403,7 @@ int c10d__rendezvous(const char *url, const c10d_rendezvous_opts *opts, c10d_ren
         o.timeout_ms = DEFAULT_TIMEOUT_MS;
     if (c10d__on_loop_thread())
         return c10d__fail(C10D_EDEADLK, "rendezvous: called on the loop thread");
+    uint64_t start_ms = c10d__now_ms();
     struct url u;
     C10D_CHECK(parse_url(url, &u));
     if (o.world_size > 0) { /* the caller's rank/world_size fill what the URL lacks */
@@ -460,7 +469,10 @@ int c10d__rendezvous(const char *url, const c10d_rendezvous_opts *opts, c10d_ren
     int shared_store = strcmp(u.scheme, "file") != 0 && (agent || o.external_store);
     *store_outlives_job = shared_store;
     c10d_store *store = NULL;
-    int rc = c10d__attempt_store(base, u.rank, u.world_size, shared_store, o.timeout_ms, &store);
+    /* The steps after connecting share what is left of the timeout (the
+     * connection keeps the whole of it as its ops' deadline). */
+    int rc = c10d__attempt_store(base, u.rank, u.world_size, shared_store,
+                                 time_left(start_ms, o.timeout_ms), &store);
     c10d_store_release(base);
     if (rc < 0) {
         char msg[800];
@@ -468,7 +480,7 @@ int c10d__rendezvous(const char *url, const c10d_rendezvous_opts *opts, c10d_ren
         return c10d__fail(rc, "rendezvous %s (rank %d of %d): %s", url, u.rank, u.world_size, msg);
     }
     if (!o.no_barrier) {
-        rc = c10d_store_barrier(store, "0", u.world_size, o.timeout_ms);
+        rc = c10d_store_barrier(store, "0", u.world_size, time_left(start_ms, o.timeout_ms));
         if (rc < 0) {
             char msg[700];
             snprintf(msg, sizeof msg, "%s", c10d_last_error());
