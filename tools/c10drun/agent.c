@@ -172,7 +172,8 @@ static int store_connect(struct launcher *l)
     put_u8(&m, CMD_VALIDATE);
     put_le(&m, VALIDATE_MAGIC, 4);
     char *token = read_token();
-    if (token) {
+    bool auth = token != NULL; /* the token itself is freed before the reply is read */
+    if (auth) {
         put_u8(&m, CMD_AUTH);
         put_str(&m, token, strlen(token));
         free(token);
@@ -180,7 +181,7 @@ static int store_connect(struct launcher *l)
     int rc = io_all(l, m.p, m.len, true);
     free(m.p);
     uint64_t accepted = 1;
-    if (rc == 0 && token)
+    if (rc == 0 && auth)
         rc = recv_le(l, &accepted, 1);
     if (rc != 0 || accepted != 1) {
         store_close(l);
