@@ -6,8 +6,9 @@
  * one; then Open MPI (OMPI_COMM_WORLD_*), MPICH/Hydra (PMI_*), Slurm
  * (SLURM_*). A launcher counts as detected as soon as one of its variables
  * is set, so a half-set environment fails naming what is missing instead of
- * falling through to the next launcher. Rank 0's address: MASTER_ADDR, else
- * the first node of the Slurm step, else a PMIx exchange (mpirun).
+ * falling through to the next launcher. Rank 0's address: MASTER_ADDR;
+ * else, when Slurm is the launcher, the first node of the step; else, when
+ * Open MPI or PMI is and a PMIx server is there, a PMIx exchange.
  * No state; any thread. */
 #include "api/launch_env.h"
 
@@ -96,7 +97,8 @@ static int ranges_value(const char *s, const char *e, long k, char *out, size_t 
 static long expr_host(const char *s, const char *e, const char *list, long k, char *out, size_t cap,
                       int *written)
 {
-    long count = 1;
+    /* 64 bits: two groups of up to MAX_HOSTS each multiply past a 32-bit long. */
+    int64_t count = 1;
     for (const char *p = s; p < e; p++) {
         if (*p == ']')
             return c10d__fail(C10D_EINVAL, "host list '%s': ']' without '['", list), -1;
@@ -110,18 +112,18 @@ static long expr_host(const char *s, const char *e, const char *list, long k, ch
         long n = ranges_count(p + 1, close, list);
         if (n < 0)
             return -1;
-        count *= n;
-        if (count > (long)MAX_HOSTS)
+        count *= (int64_t)n;
+        if (count > (int64_t)MAX_HOSTS)
             return c10d__fail(C10D_EINVAL, "host list '%s': more than %u hosts", list, MAX_HOSTS),
                    -1;
         p = close;
     }
     if (k < 0 || k >= count)
-        return count;
+        return (long)count;
     /* Host k: digits of k in the mixed radix of the groups, last fastest. */
     char buf[512];
     size_t used = 0;
-    long rest = k, stride = count;
+    long rest = k, stride = (long)count;
     for (const char *p = s; p < e; p++) {
         int n;
         if (*p == '[') {
@@ -142,7 +144,7 @@ static long expr_host(const char *s, const char *e, const char *list, long k, ch
     if ((size_t)snprintf(out, cap, "%s", buf) >= cap)
         return c10d__fail(C10D_EINVAL, "host list '%s': host name too long", list), -1;
     *written = 1;
-    return count;
+    return (long)count;
 }
 
 int c10d__hostlist_host(const char *list, size_t index, char *out, size_t cap)
@@ -265,6 +267,22 @@ static const char *name_of(enum c10d__env_id id)
     return c10d__env_table()[id].name;
 }
 
+/* v as a whole decimal integer in [lo, hi] (digits only, a '-' first
+ * only when lo < 0; no spaces, no trailing text, no overflow): 0 and
+ * *out, or -1. */
+static int strict_int(const char *v, int64_t lo, int64_t hi, int64_t *out)
+{
+    if (!((*v >= '0' && *v <= '9') || (*v == '-' && lo < 0)))
+        return -1;
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi)
+        return -1;
+    *out = (int64_t)x;
+    return 0;
+}
+
 /* An integer variable in [lo, hi]: *out, or -1 when unset (listed as
  * missing when `required`) or malformed (listed as bad). */
 static void int_var(const char *const env[C10D_ENV_COUNT], enum c10d__env_id id, long lo, long hi,
@@ -277,11 +295,10 @@ static void int_var(const char *const env[C10D_ENV_COUNT], enum c10d__env_id id,
             add_missing(p, name_of(id));
         return;
     }
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        add_bad(p, "%s='%s' is not a valid value (an integer >= %ld)", name_of(id), v, lo);
+    int64_t x;
+    if (strict_int(v, lo, hi, &x) < 0) {
+        add_bad(p, "%s='%s' is not a valid value (an integer in [%ld, %ld])", name_of(id), v, lo,
+                hi);
         return;
     }
     *out = (int)x;
@@ -303,10 +320,11 @@ static const struct launcher_vars launchers[] = {
                     C10D_ENV_LOCAL_RANK, C10D_ENV_LOCAL_WORLD_SIZE,
                     "torchrun and c10drun set them; set by hand, every rank needs the same "
                     "MASTER_ADDR and MASTER_PORT"},
-    [L_OMPI] = {"Open MPI", "OMPI_COMM_WORLD_*", C10D_ENV_OMPI_RANK, C10D_ENV_OMPI_SIZE,
-                C10D_ENV_OMPI_LOCAL_RANK, C10D_ENV_OMPI_LOCAL_SIZE,
-                "no PMIx server to ask (PMIX_NAMESPACE is unset): pass them, e.g. mpirun -x "
-                "MASTER_ADDR=$(hostname) -x MASTER_PORT=29500"},
+    [L_OMPI] =
+        {"Open MPI", "OMPI_COMM_WORLD_*", C10D_ENV_OMPI_RANK, C10D_ENV_OMPI_SIZE,
+         C10D_ENV_OMPI_LOCAL_RANK, C10D_ENV_OMPI_LOCAL_SIZE,
+         "no PMIx server to ask (PMIX_NAMESPACE or PMIX_RANK is unset): pass them, e.g. mpirun -x "
+         "MASTER_ADDR=$(hostname) -x MASTER_PORT=29500"},
     [L_PMI] = {"MPICH/Hydra (PMI)", "PMI_RANK, PMI_SIZE", C10D_ENV_PMI_RANK, C10D_ENV_PMI_SIZE,
                C10D_ENV_MPI_LOCALRANKID, C10D_ENV_MPI_LOCALNRANKS,
                "PMI cannot exchange them: pass them, e.g. mpiexec -genv MASTER_ADDR $(hostname) "
@@ -335,27 +353,46 @@ static int slurm_local_size(const char *const env[C10D_ENV_COUNT], struct proble
 {
     const char *spec = val(env, C10D_ENV_SLURM_STEP_TASKS_PER_NODE);
     const char *node = val(env, C10D_ENV_SLURM_NODEID);
+    int n;
     if (spec && node) {
-        long n = tasks_on_node(spec, strtol(node, NULL, 10));
-        if (n > 0 && n <= INT32_MAX)
-            return (int)n;
-        add_bad(p, "SLURM_STEP_TASKS_PER_NODE='%s' has no entry for SLURM_NODEID=%s", spec, node);
+        int node_id;
+        int_var(env, C10D_ENV_SLURM_NODEID, 0, INT32_MAX, 0, p, &node_id);
+        if (node_id < 0)
+            return -1; /* listed as bad */
+        long tasks = tasks_on_node(spec, node_id);
+        if (tasks > 0 && tasks <= INT32_MAX)
+            return (int)tasks;
+        add_bad(p, "SLURM_STEP_TASKS_PER_NODE='%s' has no entry for SLURM_NODEID=%d", spec,
+                node_id);
         return -1;
     }
-    int n;
     int_var(env, C10D_ENV_SLURM_NTASKS_PER_NODE, 1, INT32_MAX, 0, p, &n);
     return n;
 }
 
 /* Where rank 0's store is; adds what is missing to p. */
-static void parse_master(const char *const env[C10D_ENV_COUNT], enum launcher_kind kind,
+static void parse_master(const char *const env[C10D_ENV_COUNT], enum launcher_kind kind, int rank,
                          struct problems *p, struct c10d__launch *out)
 {
     const char *addr = val(env, C10D_ENV_MASTER_ADDR);
     int port;
     int_var(env, C10D_ENV_MASTER_PORT, 1, 65535, 0, p, &port);
     int port_bad = port < 0 && val(env, C10D_ENV_MASTER_PORT) != NULL;
-    int pmix = (kind == L_OMPI || kind == L_PMI) && val(env, C10D_ENV_PMIX_NAMESPACE);
+    /* A PMIx server gives each client both PMIX_NAMESPACE and PMIX_RANK;
+     * with one missing there is no server to ask (PMIx_Init would make this
+     * process a singleton of its own). */
+    int pmix = (kind == L_OMPI || kind == L_PMI) && val(env, C10D_ENV_PMIX_NAMESPACE) &&
+               val(env, C10D_ENV_PMIX_RANK);
+    if (pmix && (!addr || port <= 0)) {
+        /* Only when PMIx would be asked: its rank must be the launcher's. */
+        int pmix_rank;
+        int_var(env, C10D_ENV_PMIX_RANK, 0, INT32_MAX, 0, p, &pmix_rank);
+        if (pmix_rank >= 0 && rank >= 0 && pmix_rank != rank)
+            add_bad(p,
+                    "PMIX_RANK=%d differs from the rank %d, so PMIx cannot give rank 0's "
+                    "address: set MASTER_ADDR and MASTER_PORT",
+                    pmix_rank, rank);
+    }
     out->master_from = "MASTER_ADDR/MASTER_PORT";
     if (addr)
         snprintf(out->master_addr, sizeof out->master_addr, "%s", addr);
@@ -413,7 +450,7 @@ int c10d__launch_parse(const char *const env[C10D_ENV_COUNT], int need_rank, int
             add_missing(&p, "WORLD_SIZE");
         }
         if (need_master)
-            parse_master(env, kind, &p, out);
+            parse_master(env, kind, -1, &p, out);
         if (p.missing[0] || p.bad[0])
             return fail_with(&p,
                              "no launcher detected (no torchrun, Open MPI, MPICH or Slurm "
@@ -431,7 +468,13 @@ int c10d__launch_parse(const char *const env[C10D_ENV_COUNT], int need_rank, int
             kubeflow && !val(env, C10D_ENV_LOCAL_RANK) ? "Kubeflow PyTorchJob" : "RANK/WORLD_SIZE";
     }
     const char *step = val(env, C10D_ENV_SLURM_STEP_ID);
-    if (kind == L_SLURM && step && strtoul(step, NULL, 10) >= SLURM_FIRST_SPECIAL_STEP)
+    int64_t step_id = -1;
+    if (kind == L_SLURM && step && strict_int(step, 0, UINT32_MAX, &step_id) < 0)
+        add_bad(&p,
+                "SLURM_STEP_ID='%s' is not a valid value (a Slurm step number: an integer in "
+                "[0, 4294967295])",
+                step);
+    if (kind == L_SLURM && step_id >= (int64_t)SLURM_FIRST_SPECIAL_STEP)
         return c10d__fail(C10D_EINVAL,
                           "rendezvous env://: Slurm step %s is the job's batch, interactive or "
                           "external step, not an srun step: SLURM_PROCID/SLURM_NTASKS describe "
@@ -479,7 +522,7 @@ int c10d__launch_parse(const char *const env[C10D_ENV_COUNT], int need_rank, int
     if (local_size > 0 && size > 0 && local_size > size)
         add_bad(&p, "local size %d is above the world size %d", local_size, size);
     if (need_master)
-        parse_master(env, kind, &p, out);
+        parse_master(env, kind, rank, &p, out);
     if (p.missing[0] || p.bad[0]) {
         char who[128], hint[300] = "";
         snprintf(who, sizeof who, "%s detected (%s)", out->launcher, l->rank_from);
@@ -526,18 +569,19 @@ int c10d__launch_detect(int need_rank, int64_t timeout_ms, struct c10d__launch *
         /* The caller gives rank and size: a launcher we cannot read is no
          * reason to fail while MASTER_ADDR and MASTER_PORT are there. */
         C10D_DEBUG("rendezvous", "launcher variables ignored: %s", c10d_last_error());
-        int port = atoi(val(env, C10D_ENV_MASTER_PORT));
+        int64_t port;
+        if (strict_int(val(env, C10D_ENV_MASTER_PORT), 1, 65535, &port) < 0)
+            return c10d__fail(C10D_EINVAL,
+                              "rendezvous env://: MASTER_PORT='%s' is not a valid value (an "
+                              "integer in [1, 65535])",
+                              val(env, C10D_ENV_MASTER_PORT));
         memset(out, 0, sizeof *out);
         out->launcher = "caller";
         out->rank_from = "the caller";
         out->master_from = "MASTER_ADDR/MASTER_PORT";
         out->rank = out->world_size = out->local_rank = out->local_world_size = -1;
         snprintf(out->master_addr, sizeof out->master_addr, "%s", val(env, C10D_ENV_MASTER_ADDR));
-        out->master_port = port;
-        if (port < 1 || port > 65535)
-            return c10d__fail(C10D_EINVAL,
-                              "rendezvous env://: MASTER_PORT='%s' is not a valid value",
-                              val(env, C10D_ENV_MASTER_PORT));
+        out->master_port = (int)port;
         rc = 0;
     }
     C10D_CHECK(rc);

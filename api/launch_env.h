@@ -57,8 +57,14 @@ int c10d__hostlist_host(const char *list, size_t index, char *out, size_t cap);
 int c10d__slurm_port(const char *job_id, const char *step_id);
 
 /* PMIx (launch_env_pmix.c): rank 0 puts "addr port" under a key, everyone
- * fences and reads rank 0's. addr/port: rank 0's in, everyone's out. */
+ * fences and reads rank 0's. addr/port: rank 0's in, everyone's out. Fails
+ * at once, without PMIx_Init, unless PMIX_NAMESPACE, PMIX_RANK and a
+ * PMIX_SERVER_URI* variable are set. */
 int c10d__pmix_exchange_master(int rank, char *addr, size_t addr_cap, int *port,
                                int64_t timeout_ms);
+
+/* The fence's PMIX_TIMEOUT in whole seconds: timeout_ms rounded up and
+ * clamped to [1, INT_MAX] (0 would mean no limit to PMIx). */
+int c10d__pmix_timeout_s(int64_t timeout_ms);
 
 #endif

@@ -8,7 +8,16 @@
  * fence that collects the data (bounded by the rendezvous timeout), then
  * reads rank 0's value. PMIx is finalized at once: Open MPI treats a
  * process that initialised PMIx and exits without finalizing as failed.
- * Blocking; the caller's thread. */
+ *
+ * Time: the fence carries PMIX_TIMEOUT (the rendezvous timeout). PMIx_Init
+ * takes no timeout: PMIX_TIMEOUT is not an attribute of PMIx_Init, and its
+ * connection to the server is bounded only by PMIx's own settings
+ * (PMIX_MCA_ptl_base_handshake_wait_time and the connect retries), which
+ * are PMIx's defaults unless the user sets them. What is bounded here: no
+ * PMIx_Init at all unless the launcher's PMIx server gave this process
+ * PMIX_NAMESPACE, PMIX_RANK and a PMIX_SERVER_URI* address; without them
+ * PMIx_Init does not fail but makes the process a singleton whose fence
+ * joins nobody. Blocking; the caller's thread. */
 #include "api/launch_env.h"
 
 #include "c10d.h"
@@ -17,6 +26,7 @@
 #include "engine/log.h"
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -151,10 +161,46 @@ static int pmix_fail(const struct pmix_api *api, int status, const char *step)
                       step, api->error_string ? api->error_string(status) : "?", status);
 }
 
+int c10d__pmix_timeout_s(int64_t timeout_ms)
+{
+    /* Whole seconds, rounded up; never 0 (PMIx: no limit) nor negative. */
+    if (timeout_ms <= 1000)
+        return 1;
+    int64_t s = timeout_ms / 1000 + (timeout_ms % 1000 != 0);
+    return s > INT_MAX ? INT_MAX : (int)s;
+}
+
+/* The PMIx server's variables, as a server sets them for its clients:
+ * NULL when all are there, else the first one missing. */
+static const char *missing_server_var(void)
+{
+    const char *ns = getenv("PMIX_NAMESPACE"), *rank = getenv("PMIX_RANK");
+    if (ns == NULL || *ns == 0)
+        return "PMIX_NAMESPACE";
+    if (rank == NULL || *rank == 0)
+        return "PMIX_RANK";
+    /* PMIX_SERVER_URI, PMIX_SERVER_URI2, ..21, ..3, ..4, ..41, ..51: one per
+     * version of the protocol. */
+    static const char uri[] = "PMIX_SERVER_URI";
+    for (char **e = environ; e && *e; e++) {
+        const char *eq = strchr(*e, '=');
+        if (eq && eq[1] && !strncmp(*e, uri, sizeof uri - 1))
+            return NULL;
+    }
+    return "PMIX_SERVER_URI*";
+}
+
 int c10d__pmix_exchange_master(int rank, char *addr, size_t addr_cap, int *port, int64_t timeout_ms)
 {
     struct pmix_api api;
     memset(&api, 0, sizeof api);
+    const char *missing = missing_server_var();
+    if (missing)
+        return c10d__fail(C10D_ENOTFOUND,
+                          "rendezvous env://: MASTER_ADDR is unset and rank 0's address would "
+                          "come from PMIx, but there is no PMIx server to ask (%s is not set; "
+                          "PMIx_Init is not tried): set MASTER_ADDR and MASTER_PORT",
+                          missing);
     C10D_CHECK(load(&api));
     pmix_proc me;
     memset(&me, 0, sizeof me);
@@ -202,7 +248,7 @@ int c10d__pmix_exchange_master(int rank, char *addr, size_t addr_cap, int *port,
     fence_info[0].value.data.flag = true;
     snprintf(fence_info[1].key, sizeof fence_info[1].key, "pmix.timeout");
     fence_info[1].value.type = PMIX_INT;
-    fence_info[1].value.data.integer = (int)((timeout_ms + 999) / 1000);
+    fence_info[1].value.data.integer = c10d__pmix_timeout_s(timeout_ms);
     st = api.fence(NULL, 0, fence_info, 2);
     if (st != PMIX_SUCCESS) {
         rc = pmix_fail(&api, st, "PMIx_Fence (did every rank start?)");

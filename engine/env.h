@@ -110,7 +110,8 @@
     X(PMIX_NAMESPACE, "PMIX_NAMESPACE", NULL, "",                                                  \
       "env:// rendezvous: set by a PMIx server (mpirun): rank 0's address is exchanged through "   \
       "PMIx when MASTER_ADDR is unset")                                                            \
-    X(PMIX_RANK, "PMIX_RANK", NULL, "", "env:// rendezvous: the process's PMIx rank")              \
+    X(PMIX_RANK, "PMIX_RANK", NULL, "",                                                            \
+      "env:// rendezvous: with PMIX_NAMESPACE, a PMIx server to ask; must equal the rank")         \
     X(PMIX_LIBRARY, "C10D_PMIX_LIBRARY", NULL, "",                                                 \
       "the PMIx client library to load at run time (default: libpmix.so.2, then libpmix.so)")      \
     X(STORE_BIND, "C10D_STORE_BIND", NULL, "",                                                     \

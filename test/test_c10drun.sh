@@ -558,6 +558,120 @@ if [ -n "$store_bin" ] && command -v python3 >/dev/null 2>&1; then
         pass "restart-needs-all: no second attempt"
     fi
     check_gone restart-needs-all "$T/rw*.pid"
+    # Nodes that run different numbers of ranks (here -n 2 and PET_NPROC_PER_NODE=1) would
+    # disagree on RANK and WORLD_SIZE: every node names each node's value and fails at once,
+    # before starting any rank.
+    start=$(date +%s%N)
+    for k in 0 1; do
+        nproc=(-n 2)
+        [ $k = 1 ] && nproc=()
+        D=$T C=np$k PET_NPROC_PER_NODE=1 timeout -k 5 30 "$RUN" --nnodes 2 --node-rank $k "${nproc[@]}" \
+            --rdzv-endpoint "127.0.0.1:$port" --rdzv-id npjob \
+            sh -c 'echo $$ > "$D/$C.r$RANK.pid"; exec sleep 100' >"$T/np$k.out" 2>"$T/np$k.err" &
+        eval "pid$k=\$!"
+        BG+=($!)
+    done
+    wait "$pid0"
+    expect_rc nproc-differ-0 $? 1
+    wait "$pid1"
+    expect_rc nproc-differ-1 $? 1
+    ms=$((($(date +%s%N) - start) / 1000000))
+    if [ "$ms" -lt 10000 ]; then pass "nproc-differ: both nodes failed after $ms ms"; else
+        fail "nproc-differ: took $ms ms"
+    fi
+    for k in 0 1; do
+        expect_line nproc-differ "$T/np$k.err" \
+            "c10drun: the nodes do not run the same number of ranks: node 0: 2 (-n 2), node 1: 1 (PET_NPROC_PER_NODE 1); every node needs the same -n (WORLD_SIZE is --nnodes x n); not starting the ranks"
+    done
+    if ls "$T"/np*.pid >/dev/null 2>&1; then fail "nproc-differ: ranks were started"; else
+        pass "nproc-differ: no rank started"
+    fi
+    # Node 1's c10drun is SIGKILLed while its rank runs (the kernel then stops that rank), and
+    # node 0's rank exits 0 after that: node 0 waits for node 1, which will never say whether
+    # it is done. Its heartbeat stops; node 0 gives up after --store-timeout (2 s), exits 1.
+    for k in 0 1; do
+        wrap=(timeout -k 5 30)
+        [ $k = 1 ] && wrap=()
+        D=$T C=hb$k "${wrap[@]}" "$RUN" --nnodes 2 --node-rank $k -n 1 --store-timeout 2 \
+            --rdzv-endpoint "127.0.0.1:$port" --rdzv-id hbjob \
+            sh -c 'echo $$ > "$D/$C.r$RANK.pid"
+                if [ "$RANK" = 0 ]; then while [ ! -e "$D/hb.go" ]; do sleep 0.05; done; exit 0; fi
+                exec sleep 100' >"$T/hb$k.out" 2>"$T/hb$k.err" &
+        eval "pid$k=\$!"
+        BG+=($!)
+    done
+    if wait_files 2 "$T/hb*.r*.pid"; then
+        kill -KILL "$pid1"
+        touch "$T/hb.go"
+    else fail "node-silent-done: ranks did not start"; fi
+    start=$(date +%s%N)
+    wait "$pid0"
+    expect_rc node-silent-done $? 1
+    ms=$((($(date +%s%N) - start) / 1000000))
+    if [ "$ms" -lt 8000 ]; then pass "node-silent-done: node 0 gave up after $ms ms"; else
+        fail "node-silent-done: node 0 took $ms ms"
+    fi
+    expect_line node-silent-done "$T/hb0.err" \
+        "c10drun: this node's ranks all exited 0, but no word from the c10drun of node(s) 1 for 2 s (--store-timeout): killed, or its host lost; how the ranks there ended is unknown, so the job failed"
+    wait "$pid1" 2>/dev/null
+    check_gone node-silent-done "$T/hb*.r*.pid"
+    # The same while node 0's rank still runs: node 0 stops it.
+    for k in 0 1; do
+        wrap=(timeout -k 5 30)
+        [ $k = 1 ] && wrap=()
+        D=$T C=hr$k "${wrap[@]}" "$RUN" --nnodes 2 --node-rank $k -n 1 --store-timeout 2 \
+            --failure-grace-ms 200 --rdzv-endpoint "127.0.0.1:$port" --rdzv-id hrjob \
+            sh -c 'echo $$ > "$D/$C.r$RANK.pid"; exec sleep 100' >"$T/hr$k.out" 2>"$T/hr$k.err" &
+        eval "pid$k=\$!"
+        BG+=($!)
+    done
+    if wait_files 2 "$T/hr*.r*.pid"; then kill -KILL "$pid1"; else fail "node-silent-run: ranks did not start"; fi
+    start=$(date +%s%N)
+    wait "$pid0"
+    expect_rc node-silent-run $? 1
+    ms=$((($(date +%s%N) - start) / 1000000))
+    if [ "$ms" -lt 8000 ]; then pass "node-silent-run: node 0 stopped after $ms ms"; else
+        fail "node-silent-run: node 0 took $ms ms"
+    fi
+    expect_line node-silent-run "$T/hr0.err" \
+        "c10drun: no word from the c10drun of node(s) 1 for 2 s (--store-timeout): killed, or its host lost; stopping this node's ranks"
+    wait "$pid1" 2>/dev/null
+    check_gone node-silent-run "$T/hr*.r*.pid"
+    # Node 1 that finished (said done) and then vanished is not a failure: node 0 exits 0
+    # once its own ranks are done, after waiting a bounded time (10 s) for node 1 to leave.
+    for k in 0 1; do
+        wrap=(timeout -k 5 60)
+        [ $k = 1 ] && wrap=()
+        D=$T C=hd$k "${wrap[@]}" "$RUN" --nnodes 2 --node-rank $k -n 1 --store-timeout 2 \
+            --rdzv-endpoint "127.0.0.1:$port" --rdzv-id hdjob \
+            sh -c 'echo $$ > "$D/$C.r$RANK.pid"
+                if [ "$RANK" = 0 ]; then while [ ! -e "$D/hd.go" ]; do sleep 0.05; done; fi' \
+            >"$T/hd$k.out" 2>"$T/hd$k.err" &
+        eval "pid$k=\$!"
+        BG+=($!)
+    done
+    # Node 1's rank is done at once; 1 s later its c10drun has said so in the store.
+    if wait_files 2 "$T/hd*.r*.pid"; then
+        sleep 1
+        kill -KILL "$pid1"
+        touch "$T/hd.go"
+    else fail "node-done-then-gone: ranks did not start"; fi
+    wait "$pid0"
+    expect_rc node-done-then-gone $? 0
+    wait "$pid1" 2>/dev/null
+    # The store's shared secret: c10drun's own client presents it (AUTH) on every node.
+    for k in 0 1; do
+        C10D_STORE_TOKEN=s3cret-$$ timeout -k 5 60 "$RUN" --nnodes 2 --node-rank $k -n 1 \
+            --rdzv-endpoint "127.0.0.1:$port" --rdzv-id tokjob \
+            sh -c 'echo "ok $RANK"' >"$T/tok$k.out" 2>"$T/tok$k.err" &
+        eval "pid$k=\$!"
+        BG+=($!)
+    done
+    wait "$pid1"
+    expect_rc store-token-1 $? 0
+    wait "$pid0"
+    expect_rc store-token-0 $? 0
+    expect_line store-token "$T/tok1.out" "[rank1]: ok 1"
 else
     echo "SKIP: two nodes on one host (needs c10d-store and python3)"
 fi

@@ -5,6 +5,7 @@
 #include "api/launch_env.h"
 #include "c10d.h"
 
+#include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -160,11 +161,31 @@ static void test_open_mpi(void **state)
     assert_int_equal(l.master_port, 99);
     /* MASTER_ADDR alone: the port is rank 0's, through PMIx. */
     assert_int_equal(parse(ENV("OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=4",
-                               "PMIX_NAMESPACE=ns", "MASTER_ADDR=h"),
+                               "PMIX_NAMESPACE=ns", "PMIX_RANK=0", "MASTER_ADDR=h"),
                            &l),
                      0);
     assert_int_equal(l.master_by_pmix, 1);
     assert_string_equal(l.master_addr, "h");
+    /* A PMIx server sets both PMIX_NAMESPACE and PMIX_RANK: with one
+     * missing there is none to ask. */
+    expect_error(ENV("OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=4", "PMIX_NAMESPACE=ns"),
+                 ENV("MASTER_ADDR, MASTER_PORT", "PMIX_NAMESPACE or PMIX_RANK is unset"));
+    expect_error(ENV("OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=4", "PMIX_RANK=0"),
+                 ENV("MASTER_ADDR, MASTER_PORT", "mpirun -x MASTER_ADDR"));
+    /* PMIx's rank must be the launcher's, and a number. */
+    expect_error(
+        ENV("OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_SIZE=4", "PMIX_NAMESPACE=ns", "PMIX_RANK=3"),
+        ENV("PMIX_RANK=3 differs from the rank 1", "set MASTER_ADDR and MASTER_PORT"));
+    expect_error(ENV("OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_SIZE=4", "PMIX_NAMESPACE=ns",
+                     "PMIX_RANK=1x"),
+                 ENV("PMIX_RANK='1x' is not a valid value"));
+    /* MASTER_ADDR and MASTER_PORT given: PMIX_RANK is not looked at. */
+    assert_int_equal(
+        parse(ENV("OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_SIZE=4", "PMIX_NAMESPACE=ns",
+                  "PMIX_RANK=junk", "MASTER_ADDR=h", "MASTER_PORT=5"),
+              &l),
+        0);
+    assert_int_equal(l.master_by_pmix, 0);
     /* No PMIx server and no MASTER_ADDR: say how to set it. */
     expect_error(ENV("OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=4"),
                  ENV("Open MPI", "MASTER_ADDR, MASTER_PORT", "mpirun -x MASTER_ADDR"));
@@ -224,6 +245,161 @@ static void test_slurm(void **state)
     assert_int_equal(l.local_world_size, 2);
     assert_string_equal(l.master_addr, "x");
     assert_int_equal(l.master_port, 31000);
+}
+
+/* SLURM_NODEID and SLURM_STEP_ID: a malformed value is an error naming it,
+ * never node 0 / step 0 (a wrong local size, another step's port). */
+static void test_slurm_malformed(void **state)
+{
+    (void)state;
+    const char *bad_nodes[] = {"-1", "1x", "", "x", "99999999999"};
+    for (size_t i = 0; i < sizeof bad_nodes / sizeof bad_nodes[0]; i++) {
+        char node[64], needle[96];
+        snprintf(node, sizeof node, "SLURM_NODEID=%s", bad_nodes[i]);
+        snprintf(needle, sizeof needle,
+                 "SLURM_NODEID='%s' is not a valid value (an integer in [0, ", bad_nodes[i]);
+        const char *const pairs[] = {"SLURM_PROCID=1",
+                                     "SLURM_NTASKS=4",
+                                     "SLURM_LOCALID=0",
+                                     node,
+                                     "SLURM_STEP_TASKS_PER_NODE=2(x2)",
+                                     "SLURM_STEP_NODELIST=n[1-2]",
+                                     "SLURM_JOB_ID=1",
+                                     "SLURM_STEP_ID=0",
+                                     NULL};
+        if (*bad_nodes[i] == 0) {
+            /* Empty is unset: the local size is then unknown, not an error. */
+            struct c10d__launch l;
+            assert_int_equal(parse(pairs, &l), 0);
+            assert_int_equal(l.local_world_size, -1);
+            continue;
+        }
+        expect_error(pairs, (const char *const[]){"Slurm srun", needle, NULL});
+    }
+    /* A node id past the tasks-per-node entries. */
+    expect_error(ENV("SLURM_PROCID=1", "SLURM_NTASKS=4", "SLURM_NODEID=5",
+                     "SLURM_STEP_TASKS_PER_NODE=2(x2)", "SLURM_STEP_NODELIST=n[1-2]",
+                     "SLURM_JOB_ID=1", "SLURM_STEP_ID=0"),
+                 ENV("SLURM_STEP_TASKS_PER_NODE='2(x2)' has no entry for SLURM_NODEID=5"));
+    /* SLURM_STEP_ID: a number in [0, 2^32 - 1], nothing else. */
+    const char *bad_steps[] = {"abc", "0abc", "-1", "4294967296", " 1"};
+    for (size_t i = 0; i < sizeof bad_steps / sizeof bad_steps[0]; i++) {
+        char step[64], needle[96];
+        snprintf(step, sizeof step, "SLURM_STEP_ID=%s", bad_steps[i]);
+        snprintf(needle, sizeof needle, "SLURM_STEP_ID='%s' is not a valid value", bad_steps[i]);
+        expect_error((const char *const[]){"SLURM_PROCID=0", "SLURM_NTASKS=2", "SLURM_JOB_ID=7",
+                                           "SLURM_STEP_NODELIST=n1", step, NULL},
+                     (const char *const[]){"Slurm srun", needle, "a Slurm step number", NULL});
+    }
+    struct c10d__launch l;
+    assert_int_equal(parse(ENV("SLURM_PROCID=0", "SLURM_NTASKS=1", "SLURM_JOB_ID=7",
+                               "SLURM_STEP_NODELIST=n1", "SLURM_STEP_ID=4294967289"),
+                           &l),
+                     0);
+    assert_int_equal(l.master_port, c10d__slurm_port("7", "4294967289"));
+}
+
+/* The range in the message is the variable's own, upper bound included. */
+static void test_range_message(void **state)
+{
+    (void)state;
+    expect_error(ENV("RANK=0", "WORLD_SIZE=1", "MASTER_ADDR=a", "MASTER_PORT=70000"),
+                 ENV("MASTER_PORT='70000' is not a valid value (an integer in [1, 65535])"));
+    expect_error(ENV("RANK=0", "WORLD_SIZE=1", "MASTER_ADDR=a", "MASTER_PORT=0"),
+                 ENV("MASTER_PORT='0' is not a valid value (an integer in [1, 65535])"));
+    expect_error(ENV("RANK=-1", "WORLD_SIZE=1", "MASTER_ADDR=a", "MASTER_PORT=1"),
+                 ENV("RANK='-1' is not a valid value (an integer in [0, 2147483647])"));
+}
+
+/* The caller gives rank and size and the launcher's variables cannot be
+ * read: MASTER_ADDR/MASTER_PORT alone are used, with the same strict port
+ * parsing as everywhere else (no atoi: "29500abc" is refused). */
+static void test_detect_fallback(void **state)
+{
+    (void)state;
+    const char *names[] = {
+        "RANK",           "WORLD_SIZE",          "TORCHELASTIC_RUN_ID", "PMI_RANK",
+        "PMI_SIZE",       "SLURM_PROCID",        "SLURM_JOB_ID",        "SLURM_STEP_ID",
+        "PMIX_NAMESPACE", "OMPI_COMM_WORLD_SIZE"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        unsetenv(names[i]);
+    /* Open MPI half set: its size is missing. */
+    setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+    setenv("MASTER_ADDR", "h", 1);
+    const char *ports[] = {"29500abc", "70000", "0", "-5", "x"};
+    struct c10d__launch l;
+    for (size_t i = 0; i < sizeof ports / sizeof ports[0]; i++) {
+        setenv("MASTER_PORT", ports[i], 1);
+        c10d__env_reload();
+        assert_int_equal(c10d__launch_detect(0, 1000, &l), C10D_EINVAL);
+        char needle[96];
+        snprintf(needle, sizeof needle,
+                 "MASTER_PORT='%s' is not a valid value (an integer in [1, 65535])", ports[i]);
+        if (!strstr(c10d_last_error(), needle))
+            fail_msg("'%s' not in: %s", needle, c10d_last_error());
+    }
+    setenv("MASTER_PORT", "29500", 1);
+    c10d__env_reload();
+    assert_int_equal(c10d__launch_detect(0, 1000, &l), 0);
+    assert_string_equal(l.launcher, "caller");
+    assert_string_equal(l.master_addr, "h");
+    assert_int_equal(l.master_port, 29500);
+    unsetenv("OMPI_COMM_WORLD_RANK");
+    unsetenv("MASTER_ADDR");
+    unsetenv("MASTER_PORT");
+    c10d__env_reload();
+}
+
+/* The PMIx fence's timeout in seconds: rounded up, never 0 (no limit to
+ * PMIx) nor negative, whatever timeout_ms is. */
+static void test_pmix_timeout(void **state)
+{
+    (void)state;
+    assert_int_equal(c10d__pmix_timeout_s(1), 1);
+    assert_int_equal(c10d__pmix_timeout_s(0), 1);
+    assert_int_equal(c10d__pmix_timeout_s(-5), 1);
+    assert_int_equal(c10d__pmix_timeout_s(1000), 1);
+    assert_int_equal(c10d__pmix_timeout_s(1001), 2);
+    assert_int_equal(c10d__pmix_timeout_s(300000), 300);
+    assert_int_equal(c10d__pmix_timeout_s((int64_t)INT_MAX * 1000), INT_MAX);
+    assert_int_equal(c10d__pmix_timeout_s((int64_t)INT_MAX * 1000 + 1), INT_MAX);
+    assert_int_equal(c10d__pmix_timeout_s(INT64_MAX), INT_MAX);
+    assert_int_equal(c10d__pmix_timeout_s(INT64_MAX - 500), INT_MAX);
+}
+
+/* No PMIx server's variables: fail at once, before loading libpmix or
+ * calling PMIx_Init (which would make this process a singleton). */
+static void test_pmix_needs_server(void **state)
+{
+    (void)state;
+    const char *uris[] = {"PMIX_SERVER_URI",   "PMIX_SERVER_URI2", "PMIX_SERVER_URI21",
+                          "PMIX_SERVER_URI3",  "PMIX_SERVER_URI4", "PMIX_SERVER_URI41",
+                          "PMIX_SERVER_URI51", "PMIX_NAMESPACE",   "PMIX_RANK"};
+    for (size_t i = 0; i < sizeof uris / sizeof uris[0]; i++)
+        unsetenv(uris[i]);
+    /* A library that cannot load: reaching dlopen would say so instead. */
+    setenv("C10D_PMIX_LIBRARY", "/nonexistent/libpmix.so.2", 1);
+    c10d__env_reload();
+    char addr[64] = "";
+    int port = 0;
+    assert_int_equal(c10d__pmix_exchange_master(0, addr, sizeof addr, &port, 1000), C10D_ENOTFOUND);
+    assert_non_null(strstr(c10d_last_error(), "PMIX_NAMESPACE is not set"));
+    assert_non_null(strstr(c10d_last_error(), "PMIx_Init is not tried"));
+    setenv("PMIX_NAMESPACE", "ns", 1);
+    assert_int_equal(c10d__pmix_exchange_master(0, addr, sizeof addr, &port, 1000), C10D_ENOTFOUND);
+    assert_non_null(strstr(c10d_last_error(), "PMIX_RANK is not set"));
+    setenv("PMIX_RANK", "0", 1);
+    setenv("PMIX_SERVER_URI41", "", 1); /* empty: no address */
+    assert_int_equal(c10d__pmix_exchange_master(0, addr, sizeof addr, &port, 1000), C10D_ENOTFOUND);
+    assert_non_null(strstr(c10d_last_error(), "PMIX_SERVER_URI* is not set"));
+    /* With an address, the library is loaded (and here fails to). */
+    setenv("PMIX_SERVER_URI41", "ns.0;tcp4://127.0.0.1:1", 1);
+    assert_int_equal(c10d__pmix_exchange_master(0, addr, sizeof addr, &port, 1000), C10D_ENOTFOUND);
+    assert_non_null(strstr(c10d_last_error(), "no PMIx library could be loaded"));
+    for (size_t i = 0; i < sizeof uris / sizeof uris[0]; i++)
+        unsetenv(uris[i]);
+    unsetenv("C10D_PMIX_LIBRARY");
+    c10d__env_reload();
 }
 
 /* sbatch's script and salloc's shell: SLURM_PROCID=0 and SLURM_NTASKS=N
@@ -333,6 +509,12 @@ static void test_hostlist(void **state)
         {"n[[1]]", "nested"},
         {"[1-2]", "empty host"},
         {"n[0-99999999]", "more than"},
+        /* Each group below the limit, their product above it (and above
+         * 2^32: it must not wrap where long has 32 bits). */
+        {"n[1-5000]-[1-5000]", "more than"},
+        {"n[1-16000000]-[1-16000000]", "more than"},
+        {"n[1-65536]-[1-65536]", "more than"},
+        {"a[1-16000000],b[1-16000000]", "more than"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = c10d__hostlist_host(bad[i].list, 0, buf, sizeof buf);
@@ -404,6 +586,11 @@ int main(void)
         cmocka_unit_test(test_mpich),
         cmocka_unit_test(test_slurm),
         cmocka_unit_test(test_slurm_without_step),
+        cmocka_unit_test(test_slurm_malformed),
+        cmocka_unit_test(test_range_message),
+        cmocka_unit_test(test_detect_fallback),
+        cmocka_unit_test(test_pmix_timeout),
+        cmocka_unit_test(test_pmix_needs_server),
         cmocka_unit_test(test_half_set),
         cmocka_unit_test(test_hostlist),
         cmocka_unit_test(test_query),

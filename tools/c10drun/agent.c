@@ -26,6 +26,7 @@
 #define AGENT_IO_MS         2000
 #define AGENT_LOST_AFTER    10    /* polls in a row without the store: it is gone */
 #define AGENT_LEAVE_WAIT_MS 10000 /* node 0: how long the others may take to leave */
+#define AGENT_WATCH_EVERY   5     /* polls between looks at the other nodes' heartbeats */
 
 enum {
     CMD_VALIDATE = 0,
@@ -206,10 +207,21 @@ static char *agent_key(struct launcher *l, const char *what)
     return xasprintf("c10drun/%s/%s/%d", l->run_id, what, l->restart_count);
 }
 
-/* ADD `delta` to this attempt's counter `what`; delta 0 reads it. */
-static int store_add(struct launcher *l, const char *what, int64_t delta, int64_t *out)
+/* This attempt's key `what` of node `node`. */
+static char *node_key(struct launcher *l, const char *what, int node)
 {
-    char *key = agent_key(l, what);
+    return xasprintf("c10drun/%s/%s/%d/%d", l->run_id, what, l->restart_count, node);
+}
+
+/* Node `node`'s heartbeat: one counter for the whole run, not per attempt. */
+static char *beat_key(struct launcher *l, int node)
+{
+    return xasprintf("c10drun/%s/beat/%d", l->run_id, node);
+}
+
+/* ADD `delta` to the counter `key` (freed here); delta 0 reads it (0 when it is not set). */
+static int store_add_key(struct launcher *l, char *key, int64_t delta, int64_t *out)
+{
     struct msg m = {0};
     put_u8(&m, CMD_ADD);
     put_str(&m, key, strlen(key));
@@ -224,9 +236,15 @@ static int store_add(struct launcher *l, const char *what, int64_t delta, int64_
     return 0;
 }
 
-static int store_set(struct launcher *l, const char *what, const char *value)
+/* ADD `delta` to this attempt's counter `what`; delta 0 reads it. */
+static int store_add(struct launcher *l, const char *what, int64_t delta, int64_t *out)
 {
-    char *key = agent_key(l, what);
+    return store_add_key(l, agent_key(l, what), delta, out);
+}
+
+/* SET `key` (freed here). */
+static int store_set_key(struct launcher *l, char *key, const char *value)
+{
     struct msg m = {0};
     put_u8(&m, CMD_SET);
     put_str(&m, key, strlen(key));
@@ -235,10 +253,15 @@ static int store_set(struct launcher *l, const char *what, const char *value)
     return store_send(l, &m);
 }
 
-/* Our server answers GET of a missing key with an empty value: only read keys known set. */
-static char *store_get(struct launcher *l, const char *what)
+static int store_set(struct launcher *l, const char *what, const char *value)
 {
-    char *key = agent_key(l, what);
+    return store_set_key(l, agent_key(l, what), value);
+}
+
+/* GET `key` (freed here). Our server answers GET of a missing key with an empty value: only
+ * read keys known set. */
+static char *store_get_key(struct launcher *l, char *key)
+{
     struct msg m = {0};
     put_u8(&m, CMD_GET);
     put_str(&m, key, strlen(key));
@@ -247,6 +270,11 @@ static char *store_get(struct launcher *l, const char *what)
     if (store_send(l, &m) != 0 || recv_str(l, &v, 4096) != 0)
         store_close(l);
     return v;
+}
+
+static char *store_get(struct launcher *l, const char *what)
+{
+    return store_get_key(l, agent_key(l, what));
 }
 
 /* Node 0, between attempts, once every node's ranks are gone: the workers' keys of the last
@@ -324,22 +352,248 @@ static bool can_restart(struct launcher *l)
     return !l->no_restart && l->restart_count < l->opt.max_restarts;
 }
 
+/* ------------------------------------------------------------------ joining */
+
+/* The job cannot start: stop (there are no ranks yet) and end. */
+static void join_end(struct launcher *l)
+{
+    set_code(l, EXIT_LAUNCHER);
+    l->no_restart = true;
+    l->restart_wanted = false;
+    begin_stop(l, SIGTERM);
+    agent_end(l);
+}
+
+/* After a failed join, each node says it saw the verdict; node 0 keeps the store until the
+ * others have (at most AGENT_LEAVE_WAIT_MS), so every node prints it rather than losing the
+ * store first. */
+static int join_leave(struct launcher *l)
+{
+    int64_t n;
+    if (!l->hosts_store) {
+        store_add(l, "left", 1, &n); /* best effort: node 0 waits a bounded time anyway */
+        join_end(l);
+        return 0;
+    }
+    if (l->all_done_at == 0)
+        l->all_done_at = uv_now(&l->loop);
+    if (store_add(l, "left", 0, &n) != 0)
+        return -1;
+    if (n >= l->opt.nnodes - 1 || uv_now(&l->loop) - l->all_done_at > AGENT_LEAVE_WAIT_MS)
+        join_end(l);
+    return 0;
+}
+
+/* Appends ", " (after the first) and the formatted text to out[cap], "..." once full. */
+static void list_add(char *out, size_t cap, const char *fmt, int k, const char *extra)
+{
+    size_t used = strlen(out);
+    if (used + 4 >= cap)
+        return;
+    int w = snprintf(out + used, cap - used, "%s", used ? ", " : "");
+    w += snprintf(out + used + w, cap - used - (size_t)w, fmt, k, extra);
+    if (used + (size_t)w >= cap - 4)
+        snprintf(out + used, cap - used, "%s...", used ? ", " : "");
+}
+
+/* Every node runs the same number of ranks, or RANK (node rank x n + local rank) and
+ * WORLD_SIZE (nodes x n) disagree between nodes and the ranks wait for each other until a
+ * timeout. So before the first attempt, every node publishes its n (and where it came from:
+ * -n auto/cpu/gpu or PET_NPROC_PER_NODE can make it differ) and starts its ranks only once
+ * every node has, with the same n; each node compares all of them itself, so a mismatch
+ * stops every node at once, each with the same line. Bounded by --store-timeout (default
+ * 600 s here, on every node: nodes may be started in any order within 10 minutes). */
+static int poll_join(struct launcher *l)
+{
+    int64_t n, failed;
+    int nn = l->opt.nnodes;
+    if (l->join_failed)
+        return join_leave(l);
+    /* One step at a time, so a step retried after a store error is not done twice. */
+    if (l->join_step == 0) {
+        char how[160];
+        snprintf(how, sizeof how, "%s %s", l->opt.nproc_src, l->opt.nproc_spec);
+        if (store_set_key(l, node_key(l, "nproc_how", l->opt.node_rank), how) != 0)
+            return -1;
+        l->join_step = 1;
+    }
+    if (l->join_step == 1) {
+        if (store_add_key(l, node_key(l, "nproc", l->opt.node_rank), l->opt.nprocs, &n) != 0)
+            return -1;
+        l->join_step = 2;
+    }
+    if (l->join_step == 2) {
+        if (store_add(l, "joined", 1, &n) != 0)
+            return -1;
+        l->join_step = 3;
+    }
+    if (store_add(l, "fail", 0, &failed) != 0)
+        return -1;
+    if (failed > 0) { /* another node got a signal while joining */
+        remote_failure(l);
+        join_end(l);
+        return 0;
+    }
+    if (store_add(l, "joined", 0, &n) != 0)
+        return -1;
+    int64_t *v = xmalloc((size_t)nn * sizeof *v);
+    bool all = n >= nn;
+    bool late = !all && uv_now(&l->loop) - l->wait_since > (uint64_t)(l->opt.join_timeout_s * 1000);
+    if (all || late) {
+        for (int k = 0; k < nn; k++) {
+            if (store_add_key(l, node_key(l, "nproc", k), 0, &v[k]) != 0) {
+                free(v);
+                return -1;
+            }
+        }
+    }
+    char list[1024] = "";
+    if (late) {
+        for (int k = 0; k < nn; k++)
+            if (v[k] == 0)
+                list_add(list, sizeof list, "%d%s", k, "");
+        say(l, "node(s) %s did not join within %g s (--store-timeout); not starting the ranks",
+            list, l->opt.join_timeout_s);
+        free(v);
+        join_end(l);
+        return 0;
+    }
+    if (!all) {
+        free(v);
+        return 0;
+    }
+    bool same = true;
+    for (int k = 1; k < nn; k++)
+        same = same && v[k] == v[0];
+    if (same) {
+        free(v);
+        VERBOSE(l, "all %d node(s) joined, %d rank(s) each", nn, l->opt.nprocs);
+        l->watching = true;
+        l->watch_reset = true;
+        start_ranks(l);
+        return 0;
+    }
+    for (int k = 0; k < nn; k++) {
+        char *how = store_get_key(l, node_key(l, "nproc_how", k));
+        char val[256];
+        snprintf(val, sizeof val, "%lld (%s)", (long long)v[k], how && *how ? how : "?");
+        free(how);
+        list_add(list, sizeof list, "node %d: %s", k, val);
+    }
+    free(v);
+    say(l,
+        "the nodes do not run the same number of ranks: %s; every node needs the same -n "
+        "(WORLD_SIZE is --nnodes x n); not starting the ranks",
+        list);
+    l->join_failed = true;
+    set_code(l, EXIT_LAUNCHER);
+    l->no_restart = true;
+    return join_leave(l);
+}
+
+/* ------------------------------------------------------------------ heartbeats */
+
+/* Every node bumps its counter at every poll once the nodes joined; every AGENT_WATCH_EVERY
+ * polls node 0 looks at every other node's, the others at node 0's (node 0's c10drun gone takes its
+ * store along, which the others notice anyway; this covers a node 0 that hangs). A counter that has
+ * not moved for
+ * --store-timeout: that c10drun is gone (SIGKILL, its host lost, cut off from the store). */
+static int beat(struct launcher *l)
+{
+    int64_t n;
+    if (l->opt.nnodes < 2 || !l->watching)
+        return 0;
+    return store_add_key(l, beat_key(l, l->opt.node_rank), 1, &n);
+}
+
+static void peers_lost(struct launcher *l, const char *nodes)
+{
+    char what[1200];
+    snprintf(what, sizeof what,
+             "no word from the c10drun of node(s) %s for %g s (--store-timeout): killed, or its "
+             "host lost",
+             nodes, l->opt.store_timeout_s);
+    char account[1300];
+    snprintf(account, sizeof account, "node %d: %s", l->opt.node_rank, what);
+    l->no_restart = true; /* a restart needs every node */
+    l->restart_wanted = false;
+    if (l->phase == PHASE_NODES_WAIT) {
+        say(l,
+            "this node's ranks all exited 0, but %s; how the ranks there ended is unknown, "
+            "so the job failed",
+            what);
+        set_code(l, EXIT_LAUNCHER);
+        agent_report_failure(l, account);
+        agent_end(l);
+        return;
+    }
+    say(l, "%s; stopping this node's ranks", what);
+    set_code(l, EXIT_LAUNCHER);
+    agent_report_failure(l, account);
+    begin_failure(l);
+}
+
+/* Called where a silent node would keep this one waiting: the ranks running, or done and
+ * waiting for the other nodes. */
+static int watch_peers(struct launcher *l)
+{
+    int nn = l->opt.nnodes;
+    if (!l->watching || nn < 2 || l->polls % AGENT_WATCH_EVERY != 0)
+        return 0;
+    uint64_t now = uv_now(&l->loop);
+    if (!l->beat_seen) {
+        l->beat_seen = xmalloc((size_t)nn * sizeof *l->beat_seen);
+        l->beat_at = xmalloc((size_t)nn * sizeof *l->beat_at);
+    }
+    if (l->watch_reset) { /* the window counts only while watching */
+        for (int k = 0; k < nn; k++) {
+            l->beat_seen[k] = -1;
+            l->beat_at[k] = now;
+        }
+        l->watch_reset = false;
+    }
+    char list[1024] = "";
+    int first = l->opt.node_rank == 0 ? 1 : 0, last = l->opt.node_rank == 0 ? nn - 1 : 0;
+    for (int k = first; k <= last; k++) {
+        int64_t v;
+        if (store_add_key(l, beat_key(l, k), 0, &v) != 0)
+            return -1;
+        if (v != l->beat_seen[k]) {
+            l->beat_seen[k] = v;
+            l->beat_at[k] = now;
+        } else if (now - l->beat_at[k] > (uint64_t)(l->opt.store_timeout_s * 1000)) {
+            list_add(list, sizeof list, "%d%s", k, "");
+        }
+    }
+    if (list[0])
+        peers_lost(l, list);
+    return 0;
+}
+
 /* Returns 0, or -1 when the store did not answer. */
 static int poll_once(struct launcher *l)
 {
     int64_t failed, n;
+    if (beat(l) != 0)
+        return -1;
     switch (l->phase) {
+    case PHASE_JOIN:
+        return poll_join(l);
     case PHASE_RUN:
-        if (l->failing || l->stopping)
+        if (l->failing || l->stopping) {
+            l->watch_reset = true;
             return 0;
+        }
         if (store_add(l, "fail", 0, &failed) != 0)
             return -1;
         if (failed > 0) {
             remote_failure(l);
             begin_failure(l);
+            return 0;
         }
-        return 0;
+        return watch_peers(l);
     case PHASE_RESTART_WAIT:
+        l->watch_reset = true;
         if (!l->marked) {
             if (store_add(l, "stopped", 1, &n) != 0)
                 return -1;
@@ -392,7 +646,7 @@ static int poll_once(struct launcher *l)
         if (store_add(l, "done", 0, &n) != 0)
             return -1;
         if (n < l->opt.nnodes)
-            return 0;
+            return watch_peers(l);
         if (!l->hosts_store) {
             store_add(l, "left", 1, &n);
             agent_end(l);
@@ -416,6 +670,7 @@ static void on_agent_poll(uv_timer_t *t)
     struct launcher *l = t->data;
     if (l->agent_done || l->phase == PHASE_DONE)
         return;
+    l->polls++;
     if (poll_once(l) == 0) {
         l->store_errors = 0;
     } else if (++l->store_errors >= AGENT_LOST_AFTER && !l->agent_done) {
@@ -455,4 +710,9 @@ void agent_close(struct launcher *l)
 {
     uv_timer_stop(&l->agent_timer);
     store_close(l);
+    free(l->beat_seen);
+    free(l->beat_at);
+    l->beat_seen = NULL;
+    l->beat_at = NULL;
+    l->watching = false;
 }

@@ -574,6 +574,8 @@ static int check_options(struct options *o)
         fprintf(stderr, "c10drun: --tee/--redirects need --log-dir DIR\n");
         return EXIT_USAGE;
     }
+    /* Joining waits for the other nodes, which may be started up to 10 minutes later. */
+    o->join_timeout_s = o->store_timeout_s != 0 ? o->store_timeout_s : 600;
     if (o->store_timeout_s == 0)
         o->store_timeout_s = o->node_rank == 0 ? 30 : 600;
     if (!o->nproc_spec) {

@@ -77,11 +77,19 @@ enum {
 #define RESOLVE_RETRY_MS 500
 #define MAX_NPROCS       4096
 
-/* STORE_WAIT: the store does not accept connections yet. RUN: the ranks of this attempt
- * run, or their stop is under way. RESTART_WAIT: they are gone and a restart waits for
- * every node to be there too. NODES_WAIT: they all succeeded and this node waits for the
- * others to finish (so node 0 keeps the store up while anyone may need it). */
-enum phase { PHASE_STORE_WAIT, PHASE_RUN, PHASE_RESTART_WAIT, PHASE_NODES_WAIT, PHASE_DONE };
+/* STORE_WAIT: the store does not accept connections yet. JOIN: it does; before the first
+ * attempt, every node says how many ranks it runs and waits for the others (agent.c). RUN:
+ * the ranks of this attempt run, or their stop is under way. RESTART_WAIT: they are gone and a
+ * restart waits for every node to be there too. NODES_WAIT: they all succeeded and this node waits
+ * for the others to finish (so node 0 keeps the store up while anyone may need it). */
+enum phase {
+    PHASE_STORE_WAIT,
+    PHASE_JOIN,
+    PHASE_RUN,
+    PHASE_RESTART_WAIT,
+    PHASE_NODES_WAIT,
+    PHASE_DONE
+};
 
 struct options {
     int nprocs;             /* ranks on this node, resolved from nproc_spec */
@@ -102,6 +110,7 @@ struct options {
     uint64_t failure_grace_ms; /* after a rank fails, before SIGTERM to the others */
     double timeout_s;          /* 0: none */
     double store_timeout_s;    /* bound on waiting for the store's port */
+    double join_timeout_s;     /* for every node to join: --store-timeout, else 600 */
     bool prefix;
     bool verbose;
     const char *store_bin;
@@ -187,6 +196,13 @@ struct launcher {
     int store_fd;           /* agent.c's connection, -1 when closed */
     int store_errors;       /* polls in a row that could not reach the store */
     bool marked;            /* this attempt's stopped/done mark is in the store */
+    int join_step;          /* JOIN: how much of this node's entry is in the store */
+    bool join_failed;       /* JOIN: the nodes' -n differ; leaving */
+    bool watching;          /* every node joined: heartbeats are sent and watched */
+    bool watch_reset;       /* restart the silence windows at the next look */
+    unsigned polls;         /* agent polls so far */
+    int64_t *beat_seen;     /* per node: its heartbeat counter at the last change seen */
+    uint64_t *beat_at;      /* per node: uv_now of that change */
     bool agent_done;        /* agent.c has nothing left to wait for: the job may end */
     uint64_t all_done_at;   /* node 0: uv_now when every node was done, 0 before */
     uint64_t wait_since;    /* uv_now when RESTART_WAIT or NODES_WAIT began */

@@ -108,7 +108,7 @@ void on_signal(uv_signal_t *h, int sig)
         say(l, "received %s; forwarding it to the ranks", signal_name(sig));
         set_code(l, 128 + sig);
         /* The other nodes' ranks would only notice when ours vanish from a collective. */
-        if (l->coordinate && l->phase == PHASE_RUN && !l->failing) {
+        if (l->coordinate && (l->phase == PHASE_RUN || l->phase == PHASE_JOIN) && !l->failing) {
             char what[96];
             snprintf(what, sizeof what, "node %d: c10drun received %s", l->opt.node_rank,
                      signal_name(sig));
@@ -205,8 +205,8 @@ void on_store_exit(uv_process_t *p, int64_t exit_status, int term_signal)
         set_code(l, EXIT_LAUNCHER);
         begin_stop(l, SIGTERM);
     } else if (!l->store_stopping && !l->stopping) {
-        say(l, "the store %s (pid %d) %s while the ranks were running", l->store_path, (int)c->pid,
-            how);
+        say(l, "the store %s (pid %d) %s while %s", l->store_path, (int)c->pid, how,
+            l->phase == PHASE_JOIN ? "the nodes were joining" : "the ranks were running");
         set_code(l, EXIT_LAUNCHER);
         l->no_restart = true;
         l->restart_wanted = false;
@@ -414,7 +414,7 @@ void maybe_finish(struct launcher *l)
 {
     if (l->phase == PHASE_DONE)
         return;
-    if (l->phase == PHASE_STORE_WAIT && !l->stopping)
+    if ((l->phase == PHASE_STORE_WAIT || l->phase == PHASE_JOIN) && !l->stopping)
         return;
     if (l->live_ranks > 0)
         return;

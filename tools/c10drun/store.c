@@ -142,7 +142,13 @@ static void on_probe_closed(uv_handle_t *h)
         VERBOSE(l, "the store accepts connections on %s:%s", l->opt.master_addr, l->port_text);
         if (l->coordinate)
             agent_start(l);
-        start_ranks(l);
+        if (l->coordinate && l->opt.nnodes > 1) {
+            /* agent.c starts the ranks once every node joined with the same -n. */
+            l->phase = PHASE_JOIN;
+            l->wait_since = uv_now(&l->loop);
+        } else {
+            start_ranks(l);
+        }
     } else {
         uv_timer_start(&l->probe_timer, on_probe_retry, PROBE_MS, 0);
     }
