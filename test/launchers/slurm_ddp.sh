@@ -15,10 +15,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 T=$(mktemp -d /tmp/c10d-slurm.XXXXXX)
 chmod 755 "$T"
 cleanup() {
-    # Only our own cluster's jobs: SLURM_CONF is ours once start began.
-    case "${SLURM_CONF:-}" in
-    "$T"/*) scancel --user="$(id -un)" >/dev/null 2>&1 || true ;;
-    esac
+    # Cancels our cluster's jobs, waits for them, stops the daemons and
+    # kills whatever of the jobs is left (slurm_local.sh).
     slurm_local_stop
     rm -rf "$T"
 }

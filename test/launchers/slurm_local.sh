@@ -5,7 +5,8 @@
 # pair, state, spool, logs, pid files, slurm.conf. No cgroups anywhere
 # (proctrack/linuxproc, task/none, no accounting), so it runs in a
 # container as root. Daemons are stopped by the PIDs they wrote, never by
-# name. Returns 77 when something it needs is missing or not root.
+# name; what the jobs leave behind, by the SLURM_CONF in its environment.
+# Returns 77 when something it needs is missing or not root.
 # After start: SLURM_CONF is exported for srun/sbatch.
 
 slurm_local_log() { echo "slurm_local: $*" >&2; }
@@ -97,11 +98,61 @@ CONF
     return 0
 }
 
-# Stops what start started, by pid file (safe to call twice or after a
-# failed start), waits for the daemons to go, removes the directory.
+# Kills (KILL) every process whose environment holds SLURM_CONF=CONF: the
+# job steps' slurmstepd and their tasks (children of neither this shell nor
+# slurmd, so nothing else stops them), and any srun left over. Never this
+# shell, the scanner itself or their ancestors. Prints what it killed.
+slurm_local_kill_strays() {
+    python3 - "$1" <<'PY'
+import os, signal, sys
+needle = b"SLURM_CONF=" + sys.argv[1].encode() + b"\0"
+spared, pid = set(), os.getpid()
+while pid > 1:  # the scanner and its ancestors
+    spared.add(pid)
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        break
+for name in os.listdir("/proc"):
+    if not name.isdigit() or int(name) in spared:
+        continue
+    try:
+        with open("/proc/%s/environ" % name, "rb") as f:
+            env = b"\0" + f.read()
+        with open("/proc/%s/comm" % name) as f:
+            comm = f.read().strip()
+    except OSError:
+        continue
+    if b"\0" + needle in env + b"\0":
+        try:
+            os.kill(int(name), signal.SIGKILL)
+            print("slurm_local: killed stray %s %s" % (name, comm), file=sys.stderr)
+        except OSError:
+            pass
+PY
+}
+
+# Stops what start started (safe to call twice or after a failed start):
+# cancels this cluster's jobs and waits (at most 5 s) for its queue to
+# empty, stops the daemons by pid file and waits for them to go, kills what
+# the jobs left behind (scancel is asynchronous; slurmstepd and the tasks
+# are not slurmd's children), removes the directory.
 slurm_local_stop() {
     d=${SLURM_LOCAL_DIR:-}
     [ -n "$d" ] && [ -d "$d" ] || return 0
+    conf="$d/slurm.conf"
+    if [ -s "$d/slurmctld.pid" ] && kill -0 "$(cat "$d/slurmctld.pid")" 2>/dev/null; then
+        # Only this cluster's jobs: SLURM_CONF names ours.
+        SLURM_CONF=$conf scancel --user="$(id -un)" >/dev/null 2>&1
+        end=$(($(date +%s) + 5))
+        while :; do
+            q=$(SLURM_CONF=$conf timeout 2 squeue -h -o %i 2>/dev/null) || break
+            [ -n "$q" ] && [ "$(date +%s)" -lt "$end" ] || break
+            sleep 0.2
+        done
+        [ -z "${q:-}" ] || slurm_local_log "jobs still queued after 5 s:" $q
+    fi
     pids=""
     for f in "$d/slurmd.pid" "$d/slurmctld.pid" "$d/munge/munged.pid"; do
         [ -s "$f" ] || continue
@@ -116,6 +167,7 @@ slurm_local_stop() {
         done
         kill -9 "$p" 2>/dev/null || true
     done
+    slurm_local_kill_strays "$conf"
     rm -rf "$d"
     SLURM_LOCAL_DIR=
 }
