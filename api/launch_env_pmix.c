@@ -174,13 +174,16 @@ int c10d__pmix_timeout_s(int64_t timeout_ms)
  * NULL when all are there, else the first one missing. */
 static const char *missing_server_var(void)
 {
-    const char *ns = getenv("PMIX_NAMESPACE"), *rank = getenv("PMIX_RANK");
+    /* Read as every variable is (engine/env.h); the URI's name varies with
+     * the protocol version, so it is looked for in the environment, which
+     * PMIx_Init reads the same way. */
+    const char *ns = c10d__env_str(C10D_ENV_PMIX_NAMESPACE);
+    const char *rank = c10d__env_str(C10D_ENV_PMIX_RANK);
     if (ns == NULL || *ns == 0)
         return "PMIX_NAMESPACE";
     if (rank == NULL || *rank == 0)
         return "PMIX_RANK";
-    /* PMIX_SERVER_URI, PMIX_SERVER_URI2, ..21, ..3, ..4, ..41, ..51: one per
-     * version of the protocol. */
+    /* PMIX_SERVER_URI, PMIX_SERVER_URI2, ..21, ..3, ..4, ..41, ..51. */
     static const char uri[] = "PMIX_SERVER_URI";
     for (char **e = environ; e && *e; e++) {
         const char *eq = strchr(*e, '=');

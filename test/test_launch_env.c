@@ -1,7 +1,10 @@
 /* env://'s launcher detection (api/launch_env.c): each launcher's variables
  * to rank, size, local rank and master; torchrun's winning; the Slurm
  * batch-script pitfall; half-set environments naming every missing
- * variable; Slurm's host-list syntax. Pure parsing: no process, no I/O. */
+ * variable; malformed numbers; Slurm's host-list syntax; the PMIx fence's
+ * timeout and the exchange's refusal without a server. Parsing, plus the
+ * process environment for the public query, the detect fallback and the
+ * PMIx guard: no other process, no PMIx loaded, no network. */
 #include "api/launch_env.h"
 #include "c10d.h"
 
@@ -386,10 +389,12 @@ static void test_pmix_needs_server(void **state)
     assert_non_null(strstr(c10d_last_error(), "PMIX_NAMESPACE is not set"));
     assert_non_null(strstr(c10d_last_error(), "PMIx_Init is not tried"));
     setenv("PMIX_NAMESPACE", "ns", 1);
+    c10d__env_reload();
     assert_int_equal(c10d__pmix_exchange_master(0, addr, sizeof addr, &port, 1000), C10D_ENOTFOUND);
     assert_non_null(strstr(c10d_last_error(), "PMIX_RANK is not set"));
     setenv("PMIX_RANK", "0", 1);
     setenv("PMIX_SERVER_URI41", "", 1); /* empty: no address */
+    c10d__env_reload();
     assert_int_equal(c10d__pmix_exchange_master(0, addr, sizeof addr, &port, 1000), C10D_ENOTFOUND);
     assert_non_null(strstr(c10d_last_error(), "PMIX_SERVER_URI* is not set"));
     /* With an address, the library is loaded (and here fails to). */
