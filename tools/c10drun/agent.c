@@ -1,14 +1,20 @@
 /* The c10drun instances of one job (one per node) meeting in the job's store, as torchrun's
- * agents meet in theirs: a failure on any node stops every node's ranks, a restart waits
- * until every node's ranks are gone and node 0 has emptied the store of the last attempt's
- * keys, and node 0 keeps the store up until every node's ranks are done.
+ * agents meet in theirs: no node starts its ranks before every node is there with the same
+ * number of ranks, a failure on any node stops every node's ranks, a node whose c10drun
+ * falls silent (heartbeats) stops the others, a restart waits until every node's ranks are
+ * gone and node 0 has emptied the store of the last attempt's keys, and node 0 keeps the
+ * store up until every node's ranks are done.
  *
  * Only when the store is c10drun's own (TORCHELASTIC_USE_AGENT_STORE=True) and there is
  * something to coordinate: several nodes, or restarts. Keys, all under
- * c10drun/<run id>/, per attempt <a>: fail/<a> (a counter: > 0 once any node failed),
- * fail_who/<a> (that node's one-line account), stopped/<a> (nodes whose ranks are gone),
- * cleaned/<a> (node 0 removed the workers' keys), done/<a> (nodes whose ranks all exited
- * 0), left/<a> (nodes that saw every node done and will not touch the store again).
+ * c10drun/<run id>/, per attempt <a>: nproc/<a>/<node> and nproc_how/<a>/<node> (its
+ * number of ranks, and the option it came from), joined/<a> (nodes that published theirs),
+ * fail/<a> (a counter: > 0 once any node failed), fail_who/<a> (that node's one-line
+ * account), stopped/<a> (nodes whose ranks are gone), cleaned/<a> (node 0 removed the
+ * workers' keys), done/<a> (nodes whose ranks all exited 0), left/<a> (nodes that saw every
+ * node done, or the nodes' numbers of ranks differ, and will not touch the store again),
+ * done_by/<a>/<node> (that node's ranks all exited 0);
+ * for the whole run: beat/<node> (a counter each node bumps at every poll).
  *
  * The client speaks the TCPStore wire protocol (docs/store_protocol.md, current dialect,
  * AUTH with C10D_STORE_TOKEN[_FILE] when set) with blocking calls on the loop thread from a
@@ -493,11 +499,11 @@ static int poll_join(struct launcher *l)
 
 /* ------------------------------------------------------------------ heartbeats */
 
-/* Every node bumps its counter at every poll once the nodes joined; every AGENT_WATCH_EVERY
- * polls node 0 looks at every other node's, the others at node 0's (node 0's c10drun gone takes its
- * store along, which the others notice anyway; this covers a node 0 that hangs). A counter that has
- * not moved for
- * --store-timeout: that c10drun is gone (SIGKILL, its host lost, cut off from the store). */
+/* Every node bumps its counter at every poll once the nodes joined. Every AGENT_WATCH_EVERY
+ * polls, node 0 looks at every other node's, the others at node 0's (node 0's c10drun gone
+ * takes its store along, which the others notice anyway; this covers a node 0 that hangs). A
+ * counter that has not moved for --store-timeout: that c10drun is gone (SIGKILL, its host
+ * lost, cut off from the store). */
 static int beat(struct launcher *l)
 {
     int64_t n;
@@ -562,7 +568,12 @@ static int watch_peers(struct launcher *l)
             l->beat_seen[k] = v;
             l->beat_at[k] = now;
         } else if (now - l->beat_at[k] > (uint64_t)(l->opt.store_timeout_s * 1000)) {
-            list_add(list, sizeof list, "%d%s", k, "");
+            /* Silent after saying its ranks succeeded: its part is done, not lost. */
+            int64_t done;
+            if (store_add_key(l, node_key(l, "done_by", k), 0, &done) != 0)
+                return -1;
+            if (done == 0)
+                list_add(list, sizeof list, "%d%s", k, "");
         }
     }
     if (list[0])
@@ -624,7 +635,9 @@ static int poll_once(struct launcher *l)
         return 0;
     case PHASE_NODES_WAIT:
         if (!l->marked) {
-            if (store_add(l, "done", 1, &n) != 0)
+            /* Per node first: a node done and then gone is no node lost (watch_peers). */
+            if (store_add_key(l, node_key(l, "done_by", l->opt.node_rank), 1, &n) != 0 ||
+                store_add(l, "done", 1, &n) != 0)
                 return -1;
             l->marked = true;
         }
