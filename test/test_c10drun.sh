@@ -662,6 +662,16 @@ if [ -n "$store_bin" ] && command -v python3 >/dev/null 2>&1; then
     wait "$pid0"
     expect_rc node-done-then-gone $? 0
     wait "$pid1" 2>/dev/null
+    # A node that never joins: node 0 waits --store-timeout for it, names it, starts no rank.
+    D=$T timeout -k 5 30 "$RUN" --nnodes 2 --node-rank 0 -n 1 --store-timeout 1 \
+        --rdzv-endpoint "127.0.0.1:$port" --rdzv-id nojoin \
+        sh -c 'echo $$ > "$D/nojoin.r$RANK.pid"' >"$T/nojoin.out" 2>"$T/nojoin.err"
+    expect_rc join-timeout $? 1
+    expect_line join-timeout "$T/nojoin.err" \
+        "c10drun: node(s) 1 did not join within 1 s (--store-timeout); not starting the ranks"
+    if [ -e "$T/nojoin.r0.pid" ]; then fail "join-timeout: a rank was started"; else
+        pass "join-timeout: no rank started"
+    fi
     # The store's shared secret: c10drun's own client presents it (AUTH) on every node.
     for k in 0 1; do
         C10D_STORE_TOKEN=s3cret-$$ timeout -k 5 60 "$RUN" --nnodes 2 --node-rank $k -n 1 \
