@@ -485,6 +485,7 @@ if [ -n "$store_bin" ] && command -v python3 >/dev/null 2>&1; then
     # shellcheck disable=SC2154
     wait "$pid1"
     expect_rc two-nodes-1 $? 0
+    # shellcheck disable=SC2154
     wait "$pid0"
     expect_rc two-nodes-0 $? 0
     expect_line two-nodes "$T/2n0.out" "[rank1]: R=1 L=1 G=0 W=4 LW=2 GW=2 RR=1 RW=4 A=True 127.0.0.1:$port twonodes"
