@@ -370,15 +370,15 @@ static void join_end(struct launcher *l)
     agent_end(l);
 }
 
-/* After a failed join, each node says it saw the verdict; node 0 keeps the store until the
- * others have (at most AGENT_LEAVE_WAIT_MS), so every node prints it rather than losing the
- * store first. */
-static int join_leave(struct launcher *l)
+/* Each node says it saw how the job ends (a failed join, every node done); node 0 keeps the
+ * store until the others have (at most AGENT_LEAVE_WAIT_MS), so every node reports it rather
+ * than losing the store first. Then `end`. */
+static int leave_when_seen(struct launcher *l, void (*end)(struct launcher *))
 {
     int64_t n;
     if (!l->hosts_store) {
         store_add(l, "left", 1, &n); /* best effort: node 0 waits a bounded time anyway */
-        join_end(l);
+        end(l);
         return 0;
     }
     if (l->all_done_at == 0)
@@ -386,8 +386,13 @@ static int join_leave(struct launcher *l)
     if (store_add(l, "left", 0, &n) != 0)
         return -1;
     if (n >= l->opt.nnodes - 1 || uv_now(&l->loop) - l->all_done_at > AGENT_LEAVE_WAIT_MS)
-        join_end(l);
+        end(l);
     return 0;
+}
+
+static int join_leave(struct launcher *l)
+{
+    return leave_when_seen(l, join_end);
 }
 
 /* Appends ", " (after the first) and the formatted text to out[cap], "..." once full. */
@@ -660,19 +665,8 @@ static int poll_once(struct launcher *l)
             return -1;
         if (n < l->opt.nnodes)
             return watch_peers(l);
-        if (!l->hosts_store) {
-            store_add(l, "left", 1, &n);
-            agent_end(l);
-            return 0;
-        }
         /* Node 0 keeps the store until the others have seen that every node is done. */
-        if (l->all_done_at == 0)
-            l->all_done_at = uv_now(&l->loop);
-        if (store_add(l, "left", 0, &n) != 0)
-            return -1;
-        if (n >= l->opt.nnodes - 1 || uv_now(&l->loop) - l->all_done_at > AGENT_LEAVE_WAIT_MS)
-            agent_end(l);
-        return 0;
+        return leave_when_seen(l, agent_end);
     default:
         return 0;
     }
