@@ -29,9 +29,17 @@
 
 struct tcp_state;
 
+/* An op's lifetime: one reference for the group's lists (the queue, the
+ * running collective or the P2P list, then the dead list until the next
+ * advance or run frees it) and one for its work's completion callback, which
+ * is given the op itself as its argument; so a completion finds its op in
+ * O(1), and the op stays valid until that callback ran, whichever comes
+ * first. */
 struct tcp_op {
     struct tcp_state *s;
-    struct tcp_op *next;
+    struct tcp_op *next, *prev; /* the queue or the P2P list; `next` alone on the dead list */
+    int refs;
+    int linked;            /* in the queue, active or in the P2P list */
     struct c10d__op *head; /* the op, or the first of a coalesced / batched list */
     struct c10d__op *cur;  /* the member running (collectives) */
     c10d_work *work;
@@ -58,8 +66,8 @@ struct tcp_state {
     char poison_msg[1024];
     struct tcp_op *active;                  /* the collective running */
     struct tcp_op *queue_head, *queue_tail; /* collectives waiting their turn */
-    struct tcp_op *p2p_ops;
-    struct tcp_op *dead; /* finished; freed by the advance task */
+    struct tcp_op *p2p_ops, *p2p_tail;      /* P2P ops in flight, oldest first */
+    struct tcp_op *dead;                    /* finished; freed by the advance task */
     struct c10d__task advance_task;
     int advance_posted;
     char *scratch;
@@ -73,13 +81,45 @@ static void group_fail(struct tcp_state *s, int status, const char *fmt, ...) C1
 
 /* --------------------------------------------------------- bookkeeping */
 
+static void op_unref(struct tcp_op *o)
+{
+    if (--o->refs == 0)
+        free(o);
+}
+
 static void free_dead(struct tcp_state *s)
 {
     while (s->dead != NULL) {
         struct tcp_op *o = s->dead;
         s->dead = o->next;
-        free(o);
+        op_unref(o);
     }
+}
+
+/* Doubly linked: an op leaves the queue or the P2P list in O(1), from
+ * anywhere in it (a timeout may end any of 20000 ops in flight). */
+static void list_append(struct tcp_op **head, struct tcp_op **tail, struct tcp_op *o)
+{
+    o->next = NULL;
+    o->prev = *tail;
+    if (*tail != NULL)
+        (*tail)->next = o;
+    else
+        *head = o;
+    *tail = o;
+}
+
+static void list_remove(struct tcp_op **head, struct tcp_op **tail, struct tcp_op *o)
+{
+    if (o->prev != NULL)
+        o->prev->next = o->next;
+    else
+        *head = o->next;
+    if (o->next != NULL)
+        o->next->prev = o->prev;
+    else
+        *tail = o->prev;
+    o->next = o->prev = NULL;
 }
 
 static void state_free(struct tcp_state *s)
@@ -129,29 +169,19 @@ static void schedule_advance(struct tcp_state *s)
     }
 }
 
+/* Out of its list (O(1)) and onto the dead list. */
 static void unlink_op(struct tcp_state *s, struct tcp_op *o)
 {
-    if (s->active == o) {
-        s->active = NULL;
-    } else if (o->p2p) {
-        for (struct tcp_op **pp = &s->p2p_ops; *pp != NULL; pp = &(*pp)->next)
-            if (*pp == o) {
-                *pp = o->next;
-                break;
-            }
-    } else {
-        struct tcp_op *prev = NULL;
-        for (struct tcp_op *q = s->queue_head; q != NULL; prev = q, q = q->next)
-            if (q == o) {
-                if (prev != NULL)
-                    prev->next = q->next;
-                else
-                    s->queue_head = q->next;
-                if (s->queue_tail == q)
-                    s->queue_tail = prev;
-                break;
-            }
+    if (o->linked) {
+        if (s->active == o)
+            s->active = NULL;
+        else if (o->p2p)
+            list_remove(&s->p2p_ops, &s->p2p_tail, o);
+        else
+            list_remove(&s->queue_head, &s->queue_tail, o);
+        o->linked = 0;
     }
+    o->prev = NULL;
     o->next = s->dead;
     s->dead = o;
 }
@@ -208,19 +238,11 @@ static void on_transport_error(void *arg, int status, const char *message)
  * written into those buffers any more. */
 static void on_work_done(c10d_work *work, int status, void *arg)
 {
-    struct tcp_state *s = arg;
-    struct tcp_op *found = NULL;
-    if (!s->destroyed) {
-        if (s->active != NULL && s->active->work == work)
-            found = s->active;
-        for (struct tcp_op *o = s->queue_head; o != NULL && found == NULL; o = o->next)
-            if (o->work == work)
-                found = o;
-        for (struct tcp_op *o = s->p2p_ops; o != NULL && found == NULL; o = o->next)
-            if (o->work == work)
-                found = o;
-    }
-    if (found != NULL && !found->completed) {
+    struct tcp_op *found = arg; /* held by this callback's reference */
+    struct tcp_state *s = found->s;
+    /* An op not linked yet (its callback ran inline at shutdown, inside
+     * tcp_run) or any more (it completed) is not ours to fail. */
+    if (!s->destroyed && found->linked && !found->completed) {
         /* Its work already carries its own status: take it out first. */
         found->completed = 1;
         found->coll.failed = 1;
@@ -237,6 +259,7 @@ static void on_work_done(c10d_work *work, int status, void *arg)
                        c10d_status_name(status), c10d_work_message(work));
         schedule_advance(s);
     }
+    op_unref(found);
     state_unref(s);
 }
 
@@ -337,10 +360,7 @@ static void start_next(struct tcp_state *s)
 {
     while (s->active == NULL && s->queue_head != NULL && !s->poisoned) {
         struct tcp_op *o = s->queue_head;
-        s->queue_head = o->next;
-        if (s->queue_head == NULL)
-            s->queue_tail = NULL;
-        o->next = NULL;
+        list_remove(&s->queue_head, &s->queue_tail, o);
         s->active = o;
         o->cur = o->head;
         o->idx = 0;
@@ -363,8 +383,8 @@ static void p2p_done(struct c10d__tcp_xfer *x)
 
 static void run_p2p(struct tcp_state *s, struct tcp_op *o)
 {
-    o->next = s->p2p_ops;
-    s->p2p_ops = o;
+    list_append(&s->p2p_ops, &s->p2p_tail, o);
+    o->linked = 1;
     o->left = 1; /* held until every member is posted */
     o->any_source =
         o->head->kind == C10D_OP_RECV && o->head->next == NULL && o->head->peer == C10D_ANY_SOURCE;
@@ -438,17 +458,17 @@ static void tcp_run(void *state, struct c10d__op *op)
     o->work = op->work;
     o->start_ms = c10d__now_ms();
     o->p2p = op->kind == C10D_OP_SEND || op->kind == C10D_OP_RECV;
-    if (c10d__work_on_complete(op->work, on_work_done, s) == 0)
+    o->refs = 1; /* the lists' */
+    if (c10d__work_on_complete(op->work, on_work_done, o) == 0) {
+        o->refs++;
         s->refs++;
+    }
     if (o->p2p) {
         run_p2p(s, o);
         return;
     }
-    if (s->queue_tail != NULL)
-        s->queue_tail->next = o;
-    else
-        s->queue_head = o;
-    s->queue_tail = o;
+    list_append(&s->queue_head, &s->queue_tail, o);
+    o->linked = 1;
     start_next(s);
 }
 
