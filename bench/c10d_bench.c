@@ -5,7 +5,9 @@
  * Sizes are bytes of the largest buffer of the op (nccl-tests' convention);
  * `count` is that size in elements. time(us) is the slowest rank's mean over
  * the timed iterations; algbw = size / time; busbw = algbw x the op's
- * nccl-tests factor, which makes it comparable with the link speed.
+ * nccl-tests factor, which makes it comparable with the link speed. With
+ * -z 1 each op is timed alone too, and p50/p99/max(us) give the slowest
+ * rank's percentiles of those times: a stall anywhere shows in max.
  *
  * --backend nccl --device cuda runs on one GPU per rank (LOCAL_RANK). Inputs
  * are made and outputs checked on the host and copied across, outside the
@@ -63,7 +65,8 @@ static void usage(FILE *f)
             "  -n  timed iterations per size (default 20), -w warm-up iterations (default 5)\n"
             "  -c  1: check every result against a reference (default 1)\n"
             "  -z  1: wait for each op before issuing the next, as MPI and blocking torch\n"
-            "      calls do (time = latency); 0: issue all, then wait (default 0)\n"
+            "      calls do (time = latency), and print p50/p99/max of the ops' times;\n"
+            "      0: issue all, then wait (default 0)\n"
             "  --backend nccl --device cuda: CUDA buffers, one GPU per rank (LOCAL_RANK)\n"
             "  --backend tcp --device cuda: CUDA buffers staged through host memory (several\n"
             "      ranks may share a GPU)\n"
@@ -269,6 +272,7 @@ struct run {
     c10d_op_opts op_opts;
     c10d_op_opts book_opts; /* the bench's own ops: the buffers' device, nothing else */
     const struct c10d__cudart_api *cu;
+    double *lat; /* -z 1: each timed op's time in us, or NULL (warm-up) */
 };
 
 static int on_device(const struct run *r)
@@ -426,6 +430,7 @@ static long check_outputs(struct run *r)
 static int run_iters(struct run *r, int iters)
 {
     if (r->o->blocking) {
+        double t = r->lat != NULL ? now_s() : 0;
         for (int i = 0; i < iters; i++) {
             c10d_work *w = NULL;
             int rc = issue(r, &w);
@@ -433,6 +438,11 @@ static int run_iters(struct run *r, int iters)
                 rc = c10d_work_wait_release(w);
             if (rc != 0)
                 return rc;
+            if (r->lat != NULL) {
+                double t1 = now_s();
+                r->lat[i] = (t1 - t) * 1e6;
+                t = t1;
+            }
         }
         return 0;
     }
@@ -454,7 +464,21 @@ static int run_iters(struct run *r, int iters)
     return rc;
 }
 
-static int run_size(struct run *r, size_t bytes, double *time_us, long *wrong)
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The q-quantile (nearest rank) of n sorted values. */
+static double quantile(const double *v, int n, double q)
+{
+    int i = (int)(q * n + 0.999999) - 1;
+    return v[i < 0 ? 0 : i >= n ? n - 1 : i];
+}
+
+/* time_us: mean per op; pct (-z 1): p50, p99, max per op, each the slowest rank's. */
+static int run_size(struct run *r, size_t bytes, double *time_us, double pct[3], long *wrong)
 {
     const struct opts *o = r->o;
     size_t elems = bytes / r->esize;
@@ -466,10 +490,22 @@ static int run_size(struct run *r, size_t bytes, double *time_us, long *wrong)
         rc = run_iters(r, o->warmup);
     if (rc == 0)
         rc = barrier(r);
+    if (o->blocking && rc == 0 && (r->lat = malloc((size_t)o->iters * sizeof *r->lat)) == NULL)
+        rc = C10D_ENOMEM;
     double t0 = now_s();
     if (rc == 0)
         rc = run_iters(r, o->iters);
     double mine = (now_s() - t0) / o->iters * 1e6;
+    if (rc == 0 && r->lat != NULL) {
+        qsort(r->lat, (size_t)o->iters, sizeof *r->lat, cmp_double);
+        pct[0] = quantile(r->lat, o->iters, 0.50);
+        pct[1] = quantile(r->lat, o->iters, 0.99);
+        pct[2] = r->lat[o->iters - 1];
+        for (int i = 0; i < 3 && rc == 0; i++)
+            rc = agree(r, &pct[i], C10D_FLOAT64, C10D_MAX);
+    }
+    free(r->lat);
+    r->lat = NULL;
     if (rc != 0)
         return rc;
     /* The slowest rank's time, as nccl-tests reports. */
@@ -629,17 +665,20 @@ int main(int argc, char **argv)
                c10d_version(), op_names[o.op], r.n, o.backend,
                o.device == C10D_DEVICE_CPU ? "cpu" : "cuda", c10d_dtype_name(o.dtype), o.iters,
                o.warmup, o.check);
-        printf("#\n# %12s %12s %8s %6s %6s %10s %12s %12s %8s\n", "size", "count", "type", "redop",
+        printf("#\n# %12s %12s %8s %6s %6s %10s %12s %12s %8s", "size", "count", "type", "redop",
                "root", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+        if (o.blocking)
+            printf(" %10s %10s %10s", "p50(us)", "p99(us)", "max(us)");
+        printf("\n");
     }
     double sum_busbw = 0;
     int rows = 0;
     long total_wrong = 0;
     size_t bytes = o.min_bytes;
     for (;;) {
-        double t = 0;
+        double t = 0, pct[3] = {0, 0, 0};
         long wrong = 0;
-        rc = run_size(&r, bytes, &t, &wrong);
+        rc = run_size(&r, bytes, &t, pct, &wrong);
         if (rc != 0) {
             fprintf(stderr, "c10d-bench: rank %d: %s of %zu bytes failed: %s: %s\n", r.rank,
                     op_names[o.op], bytes, c10d_status_name(rc), c10d_last_error());
@@ -649,9 +688,13 @@ int main(int argc, char **argv)
         size_t real = r.count * r.esize;
         double algbw = t > 0 ? (double)real / (t * 1e-6) / 1e9 : 0;
         double busbw = algbw * bus_factor(o.op, r.n);
-        if (r.rank == 0)
-            printf("  %12zu %12zu %8s %6s %6d %10.2f %12.4f %12.4f %8ld\n", real, r.count,
+        if (r.rank == 0) {
+            printf("  %12zu %12zu %8s %6s %6d %10.2f %12.4f %12.4f %8ld", real, r.count,
                    c10d_dtype_name(o.dtype), redop, root, t, algbw, busbw, wrong);
+            if (o.blocking)
+                printf(" %10.2f %10.2f %10.2f", pct[0], pct[1], pct[2]);
+            printf("\n");
+        }
         fflush(stdout);
         sum_busbw += busbw;
         rows++;
