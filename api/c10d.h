@@ -165,6 +165,41 @@ C10D_EXPORT int c10d_work_on_complete(c10d_work *work, c10d_work_cb cb, void *ar
  * must not end the process; docs/engine.md). */
 C10D_EXPORT int c10d_work_wait(c10d_work *work, int64_t timeout_ms);
 
+/* Blocks until every one of works[0..n) completed or timeout_ms passes (< 0:
+ * no limit beyond the works' own deadlines), as MPI_Waitall. Returns 0 if all
+ * succeeded, else the status of the failed work of lowest index, with
+ * c10d_last_error() naming that index and its message; C10D_ETIMEDOUT if some
+ * are still pending at the timeout (this wins over a failure: the message
+ * says how many are pending, which is first, and any failure so far; the works
+ * go on). n == 0 returns 0. A NULL entry is C10D_EINVAL naming its index
+ * (nothing waited for). C10D_EDEADLK on the loop thread. */
+C10D_EXPORT int c10d_work_wait_all(c10d_work *const *works, size_t n, int64_t timeout_ms);
+
+/* Blocks until at least one of works[0..n) completed or timeout_ms passes
+ * (< 0: no limit), as MPI_Waitany. Sets *index to the lowest index among the
+ * completed works and returns that work's status (a failure's message in
+ * c10d_last_error(), naming the index); C10D_ETIMEDOUT with *index SIZE_MAX if
+ * none completed (the works go on). n == 0, a NULL entry (named) or a NULL
+ * index is C10D_EINVAL; C10D_EDEADLK on the loop thread. A wait that sleeps
+ * leaves a small callback on each pending work, freed when that completes. */
+C10D_EXPORT int c10d_work_wait_any(c10d_work *const *works, size_t n, int64_t timeout_ms,
+                                   size_t *index);
+
+/* torch's Future.then: runs once on the loop thread after `parent` completed,
+ * whatever its status (`status`, message: c10d_work_message(parent)). Returns
+ * 0 to complete `child` with success, a negative status to fail it (message:
+ * c10d_last_error() if a call in the callback set it, else the parent's when
+ * the callback returns the parent's status, else the status's name), or
+ * C10D_PENDING when it completes `child` itself with c10d_work_complete, now
+ * or later (retain `child` to keep it past the callback). Must not block. */
+typedef int (*c10d_work_then_cb)(c10d_work *parent, int status, c10d_work *child, void *arg);
+
+/* A new work (*out, one reference for the caller) that completes after `cb`
+ * ran on `work`'s completion, as the callback says. Also on a work that has
+ * already completed, and from a callback. The child has no deadline of its
+ * own; c10d_work_cancel completes it with C10D_ECANCELED (`cb` still runs). */
+C10D_EXPORT int c10d_work_then(c10d_work *work, c10d_work_then_cb cb, void *arg, c10d_work **out);
+
 /* Makes `stream` (a cudaStream_t) wait for `work` without blocking the host,
  * where the work's backend can (a GPU backend enqueues a wait on its end
  * event). For a host work it is c10d_work_wait(work, -1): it blocks. The
