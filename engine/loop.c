@@ -1,8 +1,20 @@
-/* The engine thread: one uv loop, a task queue fed by any thread, shutdown and fork.
+/* The engine thread: one uv loop, one task queue fed by any thread, shutdown and fork.
  *
- * Locking: engine_mutex guards the `engine` pointer, the task queue and the
- * stopping flag. Posting holds it while appending and calling uv_async_send, so
- * once `stopping` is set nobody can touch the async handle and it can be closed.
+ * The hand-off, and why no post is lost. Only the engine thread runs uv_run,
+ * and the only place it can block is epoll, in the poll phase of a turn it
+ * entered with UV_RUN_ONCE. Right before that phase prepare_cb runs, with no
+ * callback between the two; under engine_mutex it sets `sleeping` only if the
+ * queue is empty (else it sends itself a wake-up and the poll does not block).
+ * A poster appends under engine_mutex and calls uv_async_send iff `sleeping`.
+ * Both sides hold the same lock, so either the poster's append comes first and
+ * prepare_cb sees the task, or `sleeping` comes first and the poster wakes
+ * the loop. A post from the loop thread itself needs no wake-up: that thread is
+ * not in epoll, and it passes prepare_cb again before it next blocks. Busy
+ * polling is the loop thread's own choice (UV_RUN_NOWAIT turns, `sleeping` 0).
+ *
+ * Locking: engine_mutex guards the `engine` pointer, the queue, `sleeping`,
+ * `wake_pending` and `stopping`. Posting holds it across uv_async_send, so once
+ * `stopping` is set nobody touches the async handle and it can be closed.
  * shutdown_mutex serialises whole shutdowns (start -> join -> free). */
 #include "loop.h"
 
@@ -20,55 +32,39 @@
 struct engine {
     uv_loop_t loop;
     uv_async_t wake;
+    uv_prepare_t before_poll; /* prepare_cb: the last word before epoll */
     uv_thread_t thread;
     struct c10d__task *head; /* FIFO of posted tasks (engine_mutex) */
     struct c10d__task *tail;
-    /* Tasks only the engine's own thread runs, never a driving waiter (engine_mutex). */
-    struct c10d__task *own_head, *own_tail;
-    int stopping;                      /* posts are refused (engine_mutex) */
-    int stop_requested;                /* loop thread only */
-    struct c10d__shutdown_hook *hooks; /* loop thread only */
+    int sleeping;     /* the loop may block in epoll this turn (engine_mutex) */
+    int wake_pending; /* a wake-up was sent and not yet received (engine_mutex) */
+    int stopping;     /* posts are refused (engine_mutex) */
+    /* Loop thread only from here on. */
+    int stop_requested;
+    struct c10d__shutdown_hook *hooks;
     struct c10d__task stop_task;
-    int64_t batch;            /* tasks run per wake-up (C10D_ENGINE_BATCH) */
-    struct c10d__task *ready; /* taken from the queue, not yet run (loop thread only) */
-    /* Busy polling: while `spin` is active, uv_run polls with a zero timeout
-     * instead of sleeping in epoll, and spin_cb takes posted tasks itself, so a
-     * post needs no uv_async_send (no eventfd write, read and epoll wake-up). It
-     * stops `spin_ns` after the last activity (c10d__engine_busy). */
-    uv_idle_t spin;
-    uv_timer_t safety;              /* runs tasks whose wake-up was lost (safety_cb) */
-    struct c10d__task *safety_seen; /* first queued task at the last tick */
-    int spinning;                   /* spin is active: posts skip the wake-up (engine_mutex) */
-    uint64_t spin_ns;               /* loop thread only */
-    uint64_t spin_until;            /* loop thread only */
+    int64_t batch;            /* tasks run per turn (C10D_ENGINE_BATCH) */
+    struct c10d__task *ready; /* taken from the queue, not yet run */
+    int may_sleep;            /* this turn was entered with UV_RUN_ONCE */
+    /* Busy polling: until spin_until the loop runs zero-timeout turns, taking
+     * posted tasks between them, so a post needs no eventfd write and an
+     * incoming message is seen at once. It ends spin_ns after the last
+     * activity (c10d__engine_busy). */
+    uint64_t spin_ns;
+    uint64_t spin_until;
 };
 
 static struct engine *engine;
 /* Every registered sweep (engine_mutex); they outlive engines. */
 static struct c10d__shutdown_sweep *sweeps;
-/* Mirrors `spinning` for waiters, who read it without the lock. */
-static atomic_int loop_polling;
 static uv_mutex_t engine_mutex;
 static uv_mutex_t shutdown_mutex;
 static uv_once_t engine_once = UV_ONCE_INIT;
-/* Set while this thread drives the loop: the loop thread inside its turns, or
- * a waiter inside c10d__engine_drive. Callbacks see it as "on the loop thread". */
-static _Thread_local int on_loop_thread;
-/* The engine this thread drives (set while it drives). */
+/* The engine whose loop this thread runs: set on the engine thread only. */
 static _Thread_local struct engine *loop_engine;
-/* Set once on the engine's own thread (not on a driving waiter). */
-static _Thread_local int is_engine_thread;
-/* Whoever holds drive_mutex may run the loop (uv_run is not reentrant and not
- * thread-safe, but any one thread at a time may run it). The loop thread takes
- * it for each turn; a waiter may take it between turns while the loop polls.
- * drive_engine is the engine that may be driven (drive_mutex): NULL before it
- * starts and once its loop thread has left. */
-static uv_mutex_t drive_mutex;
-static struct engine *drive_engine;
-/* A waiter drives this long before it yields the CPU between turns: long
- * enough for an exchange with a peer that answers at once, short enough that
- * ranks oversubscribing the CPUs are not starved by one that polls. */
-#define DRIVE_NO_YIELD_NS 10000
+/* Debug check of the hand-off (c10d__engine_check_handoff). */
+static atomic_int check_handoff;
+static atomic_long handoff_violations;
 
 static void fork_prepare(void)
 {
@@ -84,25 +80,40 @@ static void fork_parent(void)
 
 /* The child has no loop thread: the parent's engine (and every handle on it) is
  * abandoned, its memory leaked on purpose, since freeing uv state owned by a
- * thread that does not exist here is unsafe. The next use starts a new engine. */
+ * thread that does not exist here is unsafe. The next use starts a new engine.
+ * The forking thread is not a loop thread in the child, even if it was one. */
 static void fork_child(void)
 {
     engine = NULL;
-    on_loop_thread = 0;
     loop_engine = NULL;
-    atomic_store(&loop_polling, 0);
-    drive_engine = NULL;
     uv_mutex_init(&engine_mutex);
     uv_mutex_init(&shutdown_mutex);
-    uv_mutex_init(&drive_mutex);
 }
 
 static void engine_init_once(void)
 {
     uv_mutex_init(&engine_mutex);
     uv_mutex_init(&shutdown_mutex);
-    uv_mutex_init(&drive_mutex);
     pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+/* engine_mutex held: the hand-off invariant. A queued task while the loop
+ * may be blocked in epoll needs a wake-up on its way. */
+static void check_handoff_locked(struct engine *e)
+{
+    if (atomic_load_explicit(&check_handoff, memory_order_relaxed) && e->sleeping &&
+        e->head != NULL && !e->wake_pending)
+        atomic_fetch_add(&handoff_violations, 1);
+}
+
+void c10d__engine_check_handoff(int on)
+{
+    atomic_store(&check_handoff, on);
+}
+
+long c10d__engine_handoff_violations(void)
+{
+    return atomic_load(&handoff_violations);
 }
 
 static struct c10d__task *take_all_tasks(struct engine *e)
@@ -110,15 +121,6 @@ static struct c10d__task *take_all_tasks(struct engine *e)
     uv_mutex_lock(&engine_mutex);
     struct c10d__task *list = e->head;
     e->head = e->tail = NULL;
-    uv_mutex_unlock(&engine_mutex);
-    return list;
-}
-
-static struct c10d__task *take_own_tasks(struct engine *e)
-{
-    uv_mutex_lock(&engine_mutex);
-    struct c10d__task *list = e->own_head;
-    e->own_head = e->own_tail = NULL;
     uv_mutex_unlock(&engine_mutex);
     return list;
 }
@@ -168,9 +170,11 @@ static void run_sweeps(void)
 /* Loop thread. Order matters: modules fail their operations first (their
  * callbacks may post tasks, which still run), then posting is closed, then
  * works created in the meantime are failed too, then every handle is closed
- * and uv_run returns once their close callbacks have run. */
+ * and uv_run returns once their close callbacks have run. The loop never
+ * polls busily again: it has nothing left to wait for but close callbacks. */
 static void engine_stop_on_loop(struct engine *e)
 {
+    e->spin_ns = e->spin_until = 0;
     while (e->hooks != NULL) {
         struct c10d__shutdown_hook *h = e->hooks;
         e->hooks = h->next;
@@ -179,7 +183,6 @@ static void engine_stop_on_loop(struct engine *e)
     }
     run_tasks(e->ready);
     e->ready = NULL;
-    run_tasks(take_own_tasks(e));
     run_sweeps();
     for (struct c10d__task *t; (t = take_all_tasks(e)) != NULL;)
         run_tasks(t);
@@ -188,7 +191,6 @@ static void engine_stop_on_loop(struct engine *e)
     uv_mutex_unlock(&engine_mutex);
     run_sweeps();
     run_tasks(take_all_tasks(e));
-    run_tasks(take_own_tasks(e));
     uv_walk(&e->loop, close_any_handle, NULL);
 }
 
@@ -205,131 +207,58 @@ static void close_late_handles(struct engine *e)
         C10D_WARN("engine", "%d handle(s) opened after shutdown began; closed them", closed);
 }
 
-static void run_posted(struct engine *e);
-static void start_spinning(struct engine *e);
-
-/* Runs once per loop iteration while spinning (the loop thread yields between
- * such turns, outside the drive lock). It stops only with the queue empty,
- * under the lock posters check `spinning` with, so no post is left without a
- * wake-up. */
-static void spin_cb(uv_idle_t *spin)
-{
-    struct engine *e = spin->data;
-    run_posted(e);
-    if (uv_hrtime() < e->spin_until)
-        return;
-    uv_mutex_lock(&engine_mutex);
-    int idle = e->head == NULL && e->ready == NULL && e->own_head == NULL;
-    if (idle)
-        e->spinning = 0;
-    uv_mutex_unlock(&engine_mutex);
-    if (idle) {
-        atomic_store_explicit(&loop_polling, 0, memory_order_relaxed);
-        uv_idle_stop(spin);
-    }
-}
-
-int c10d__engine_polling(void)
-{
-    return atomic_load_explicit(&loop_polling, memory_order_relaxed);
-}
-
-/* Loop thread, engine_mutex held: start polling unless it runs or shutdown
- * closed the handle. Returns whether the loop polls now. */
-static int start_spinning_locked(struct engine *e)
-{
-    if (uv_is_closing((uv_handle_t *)&e->spin))
-        return 0;
-    if (!uv_is_active((uv_handle_t *)&e->spin)) {
-        e->spinning = 1;
-        atomic_store_explicit(&loop_polling, 1, memory_order_relaxed);
-        uv_idle_start(&e->spin, spin_cb);
-    }
-    return 1;
-}
-
-/* Loop thread. */
-static void start_spinning(struct engine *e)
-{
-    if (uv_is_active((uv_handle_t *)&e->spin))
-        return;
-    uv_mutex_lock(&engine_mutex);
-    start_spinning_locked(e);
-    uv_mutex_unlock(&engine_mutex);
-}
-
 void c10d__engine_busy(void)
 {
     struct engine *e = loop_engine;
-    if (e == NULL || e->spin_ns == 0)
+    if (e != NULL && e->spin_ns != 0)
+        e->spin_until = uv_hrtime() + e->spin_ns;
+}
+
+/* Runs just before the poll phase of every turn (see the top of the file). */
+static void prepare_cb(uv_prepare_t *p)
+{
+    struct engine *e = p->data;
+    if (!e->may_sleep)
         return;
-    e->spin_until = uv_hrtime() + e->spin_ns;
-    start_spinning(e);
+    uv_mutex_lock(&engine_mutex);
+    if (e->head == NULL) {
+        e->sleeping = 1;
+    } else if (!e->wake_pending) {
+        /* Posted by a callback of this turn: do not block on it. */
+        e->wake_pending = 1;
+        uv_async_send(&e->wake);
+    }
+    uv_mutex_unlock(&engine_mutex);
 }
 
 static void wake_cb(uv_async_t *async)
 {
     struct engine *e = async->data;
+    uv_mutex_lock(&engine_mutex);
+    e->sleeping = 0;
+    e->wake_pending = 0;
+    check_handoff_locked(e);
+    uv_mutex_unlock(&engine_mutex);
     c10d__engine_busy();
-    run_posted(e);
 }
 
+/* Loop thread, between turns: runs at most `batch` tasks so socket and timer
+ * callbacks are never starved by a flood of posts; the rest stay in `ready`,
+ * ahead of anything posted later, and the next turn does not sleep. */
 static void run_posted(struct engine *e)
 {
-    if (is_engine_thread && e->own_head != NULL)
-        run_tasks(take_own_tasks(e));
-    /* At most `batch` tasks per wake-up so socket and timer callbacks are never
-     * starved by a flood of posts; the rest stay in `ready` (FIFO before anything
-     * posted later) and spin_cb takes them after the next poll. */
     if (e->ready == NULL)
         e->ready = take_all_tasks(e);
+    if (e->ready != NULL)
+        c10d__engine_busy();
     for (int64_t n = 0; e->ready != NULL && n < e->batch; n++) {
         struct c10d__task *t = e->ready;
         e->ready = t->next;
         t->next = NULL;
         t->fn(t);
     }
-    /* Posts coalesced into this wake-up may sit behind the batch: pick them up
-     * now, or no later wake-up would come for them. */
-    if (e->ready == NULL)
-        e->ready = take_all_tasks(e);
-    if (e->ready != NULL)
-        start_spinning(e); /* spin_cb runs them on the next iteration */
     if (e->stop_requested && !e->stopping)
         engine_stop_on_loop(e);
-}
-
-#define SAFETY_TICK_MS 50
-
-static void safety_cb(uv_timer_t *t)
-{
-    struct engine *e = t->data;
-    static atomic_int said;
-    /* A safety net for a race not found yet (docs/engine.md, "The safety
-     * tick"): a task still first in line one tick later lost its wake-up. One
-     * merely posted since the last tick may have its eventfd wake-up on the
-     * way (timers run before the poll phase): that is not a loss. */
-    uv_mutex_lock(&engine_mutex);
-    struct c10d__task *first = e->ready != NULL  ? e->ready
-                               : e->head != NULL ? e->head
-                                                 : e->own_head;
-    int lost = first != NULL && first == e->safety_seen;
-    e->safety_seen = first;
-    /* A task that waited a whole tick was lost whatever `spinning` says: a
-     * polling loop takes it within microseconds. Seen in a trace: the loop
-     * asleep in epoll with the stop task queued. If `spinning` claims a poll
-     * that is not running, posts skip the wake-up: make it true again. */
-    if (lost && e->spinning && !uv_is_active((uv_handle_t *)&e->spin))
-        e->spinning = 0;
-    uv_mutex_unlock(&engine_mutex);
-    if (!lost)
-        return;
-    if (atomic_exchange(&said, 1) == 0)
-        C10D_WARN("engine",
-                  "a posted task waited for the %d ms safety tick: its wake-up was lost "
-                  "(reported once per process)",
-                  SAFETY_TICK_MS);
-    run_posted(e);
 }
 
 static void stop_task_fn(struct c10d__task *t)
@@ -339,104 +268,42 @@ static void stop_task_fn(struct c10d__task *t)
 }
 
 /* Every socket write of the loop (libuv's, the store server's, the tcp
- * transport's) happens on whichever thread drives it. A write to a peer that
- * reset its connection raises SIGPIPE on that thread, and the default action
- * ends the process: a stranger's RST must be an EPIPE for us instead. Every
- * thread that drives the loop blocks SIGPIPE, once, and keeps it blocked: the
- * engine's own thread from its start, a user thread the first time it drives
- * from c10d_work_wait. Blocking and restoring it around each drive would be
- * cleaner for the program's mask but costs three system calls per wait (3 us
- * in a VM, against an 8 us all_reduce); a program that needs SIGPIPE on that
- * thread can unblock it, and one that ignores SIGPIPE sees no difference. */
-static _Thread_local int pipe_blocked;
-
-static void block_sigpipe(void)
+ * transport's) happens on the engine thread. A write to a peer that reset its
+ * connection raises SIGPIPE on the writing thread, and the default action ends
+ * the process: a stranger's RST must be an EPIPE for us instead. The engine
+ * thread blocks SIGPIPE for its whole life; no other thread is touched. */
+static void loop_thread_main(void *arg)
 {
-    if (pipe_blocked)
-        return;
+    struct engine *e = arg;
+    loop_engine = e;
     sigset_t pipe_set;
     sigemptyset(&pipe_set);
     sigaddset(&pipe_set, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &pipe_set, NULL);
-    pipe_blocked = 1;
-}
-
-/* One turn of the loop by the thread holding drive_mutex. Returns whether the
- * loop has anything left (0 once shutdown closed every handle). */
-static int drive_turn(struct engine *e, uv_run_mode mode)
-{
-    on_loop_thread = 1;
-    loop_engine = e;
-    int alive = uv_run(&e->loop, mode);
-    on_loop_thread = 0;
-    loop_engine = NULL;
-    return alive;
-}
-
-/* While the loop polls, each turn is a zero-timeout poll with the drive lock
- * dropped and the CPU yielded in between: a waiter on this CPU may then drive
- * the loop itself (c10d__engine_drive) and the threads this loop waits for
- * (the caller's, other ranks' loops) run on a small machine. Otherwise a turn
- * sleeps in epoll, holding the lock, until a post or an event. */
-static void loop_thread_main(void *arg)
-{
-    struct engine *e = arg;
-    is_engine_thread = 1;
-    block_sigpipe();
-    /* Published here, not by the starter: it holds engine_mutex, which
-     * drivers take after drive_mutex. */
-    uv_mutex_lock(&drive_mutex);
-    drive_engine = e;
     for (;;) {
-        int alive = drive_turn(e, e->spinning ? UV_RUN_NOWAIT : UV_RUN_ONCE);
-        int polling = e->spinning;
-        if (!alive && e->stopping) {
-            drive_engine = NULL;
-            uv_mutex_unlock(&drive_mutex);
-            break;
+        run_posted(e);
+        int spin = e->ready != NULL || uv_hrtime() < e->spin_until;
+        e->may_sleep = !spin;
+        int alive = uv_run(&e->loop, spin ? UV_RUN_NOWAIT : UV_RUN_ONCE);
+        if (e->may_sleep) {
+            uv_mutex_lock(&engine_mutex);
+            e->sleeping = 0;
+            uv_mutex_unlock(&engine_mutex);
         }
-        if (alive && e->stopping)
+        if (e->stopping) {
+            if (!alive)
+                break;
             close_late_handles(e);
-        uv_mutex_unlock(&drive_mutex);
-        if (!polling) {
-            uv_mutex_lock(&drive_mutex);
-            continue;
-        }
-        /* A waiter may drive meanwhile; its turns count as ours. */
-        do
+        } else if (spin && e->ready == NULL) {
+            /* Polling: let the caller's thread and other ranks sharing
+             * this CPU run between turns. */
             sched_yield();
-        while (uv_mutex_trylock(&drive_mutex) != 0);
+        }
     }
-    /* Shutdown closed the spin handle wherever it was: no loop polls now. */
-    atomic_store(&loop_polling, 0);
     int rc = uv_loop_close(&e->loop);
     if (rc != 0)
         C10D_ERROR("engine", "uv_loop_close at shutdown: %s", uv_strerror(rc));
-}
-
-int c10d__engine_drive(const atomic_int *flag, uint64_t until_ns)
-{
-    if (on_loop_thread || uv_mutex_trylock(&drive_mutex) != 0)
-        return 0;
-    struct engine *e = drive_engine;
-    if (e == NULL || e->stop_requested || !e->spinning) {
-        uv_mutex_unlock(&drive_mutex);
-        return 0;
-    }
-    block_sigpipe();
-    uint64_t polite_from = uv_hrtime() + DRIVE_NO_YIELD_NS;
-    for (;;) {
-        drive_turn(e, UV_RUN_NOWAIT);
-        if (atomic_load_explicit(flag, memory_order_acquire) || !e->spinning)
-            break;
-        uint64_t now = uv_hrtime();
-        if (now >= until_ns)
-            break;
-        if (now >= polite_from)
-            sched_yield();
-    }
-    uv_mutex_unlock(&drive_mutex);
-    return 1;
+    loop_engine = NULL;
 }
 
 static int engine_start_locked(void)
@@ -460,12 +327,10 @@ static int engine_start_locked(void)
     }
     uv_async_init(&e->loop, &e->wake, wake_cb);
     e->wake.data = e;
-    uv_idle_init(&e->loop, &e->spin);
-    e->spin.data = e;
-    uv_timer_init(&e->loop, &e->safety);
-    e->safety.data = e;
-    uv_timer_start(&e->safety, safety_cb, SAFETY_TICK_MS, SAFETY_TICK_MS);
-    uv_unref((uv_handle_t *)&e->safety);
+    uv_prepare_init(&e->loop, &e->before_poll);
+    e->before_poll.data = e;
+    uv_prepare_start(&e->before_poll, prepare_cb);
+    uv_unref((uv_handle_t *)&e->before_poll);
     int64_t spin_us = c10d__env_int(C10D_ENV_LOOP_SPIN_US);
     e->spin_ns = spin_us > 0 ? (uint64_t)spin_us * 1000u : 0;
     e->stop_task.fn = stop_task_fn;
@@ -475,8 +340,7 @@ static int engine_start_locked(void)
     rc = uv_thread_create(&e->thread, loop_thread_main, e);
     if (rc != 0) {
         uv_close((uv_handle_t *)&e->wake, NULL);
-        uv_close((uv_handle_t *)&e->spin, NULL);
-        uv_close((uv_handle_t *)&e->safety, NULL);
+        uv_close((uv_handle_t *)&e->before_poll, NULL);
         uv_run(&e->loop, UV_RUN_DEFAULT);
         uv_loop_close(&e->loop);
         free(e);
@@ -497,7 +361,8 @@ int c10d__engine_start(void)
     return rc;
 }
 
-static int engine_post_locked(struct c10d__task *task, int own)
+/* engine_mutex held. */
+static int engine_post_locked(struct c10d__task *task)
 {
     int rc = engine_start_locked();
     if (rc != 0)
@@ -505,20 +370,16 @@ static int engine_post_locked(struct c10d__task *task, int own)
     if (engine->stopping)
         return c10d__fail(C10D_EABORTED, "engine: shutting down; no new work is accepted");
     task->next = NULL;
-    struct c10d__task **head = own ? &engine->own_head : &engine->head;
-    struct c10d__task **tail = own ? &engine->own_tail : &engine->tail;
-    if (*tail != NULL)
-        (*tail)->next = task;
+    if (engine->tail != NULL)
+        engine->tail->next = task;
     else
-        *head = task;
-    *tail = task;
-    if (engine->spinning)
-        return 0; /* spin_cb takes it on the next iteration */
-    /* A post from a callback: run it on the next iteration without writing to
-     * our own eventfd. */
-    if (on_loop_thread && loop_engine == engine && start_spinning_locked(engine))
-        return 0;
-    uv_async_send(&engine->wake);
+        engine->head = task;
+    engine->tail = task;
+    if (engine->sleeping && !engine->wake_pending) {
+        engine->wake_pending = 1;
+        uv_async_send(&engine->wake);
+    }
+    check_handoff_locked(engine);
     return 0;
 }
 
@@ -526,23 +387,9 @@ int c10d__engine_post(struct c10d__task *task)
 {
     uv_once(&engine_once, engine_init_once);
     uv_mutex_lock(&engine_mutex);
-    int rc = engine_post_locked(task, 0);
+    int rc = engine_post_locked(task);
     uv_mutex_unlock(&engine_mutex);
     return rc;
-}
-
-int c10d__engine_post_own(struct c10d__task *task)
-{
-    uv_once(&engine_once, engine_init_once);
-    uv_mutex_lock(&engine_mutex);
-    int rc = engine_post_locked(task, 1);
-    uv_mutex_unlock(&engine_mutex);
-    return rc;
-}
-
-int c10d__engine_own_thread(void)
-{
-    return is_engine_thread;
 }
 
 struct call_task {
@@ -593,14 +440,19 @@ uv_loop_t *c10d__engine_loop(void)
     return loop_engine != NULL ? &loop_engine->loop : NULL;
 }
 
+int c10d__engine_own_thread(void)
+{
+    return loop_engine != NULL;
+}
+
 int c10d__on_loop_thread(void)
 {
-    return on_loop_thread;
+    return loop_engine != NULL;
 }
 
 int c10d_on_loop_thread(void)
 {
-    return on_loop_thread;
+    return loop_engine != NULL;
 }
 
 void c10d__engine_on_shutdown(struct c10d__shutdown_hook *hook)
@@ -626,7 +478,7 @@ void c10d__engine_remove_shutdown_hook(struct c10d__shutdown_hook *hook)
 
 int c10d_shutdown(void)
 {
-    if (on_loop_thread)
+    if (loop_engine != NULL)
         return c10d__fail(C10D_EDEADLK,
                           "c10d_shutdown called on the engine loop thread (from a callback); "
                           "it would wait for itself");
@@ -636,7 +488,7 @@ int c10d_shutdown(void)
     struct engine *e = engine;
     int rc = 0;
     if (e != NULL)
-        rc = engine_post_locked(&e->stop_task, 0);
+        rc = engine_post_locked(&e->stop_task);
     uv_mutex_unlock(&engine_mutex);
     if (e != NULL && rc == 0) {
         uv_thread_join(&e->thread);

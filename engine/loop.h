@@ -1,6 +1,7 @@
 /* The engine: one libuv loop on one thread per process, started on first use.
- * Everything that touches a uv handle runs on that thread; other threads hand
- * it work through c10d__engine_post / c10d__engine_call (queue + uv_async_send). */
+ * Only that thread runs the loop: every task, callback and uv handle runs
+ * there; other threads hand it work through c10d__engine_post /
+ * c10d__engine_call (a queue, and a uv_async_send only while the loop sleeps). */
 #ifndef C10D_ENGINE_LOOP_H
 #define C10D_ENGINE_LOOP_H
 
@@ -24,21 +25,17 @@ int c10d__engine_start(void);
  * engine is shutting down (the task will not run). */
 int c10d__engine_post(struct c10d__task *task);
 
-/* As c10d__engine_post, but only the engine's own thread runs the task,
- * never a waiter that drives the loop: user callbacks go this way, so a
- * thread that waits while holding its own lock never runs another work's
- * callback that takes it. */
-int c10d__engine_post_own(struct c10d__task *task);
-
-/* 1 on the engine's own thread (0 on a waiter driving the loop). */
+/* 1 on the engine's thread (as c10d__on_loop_thread: no other thread runs
+ * the loop). */
 int c10d__engine_own_thread(void);
 
-/* 1 while c10d_shutdown has closed posting and not yet finished. */
 /* Loop thread: whether the engine this thread drives has begun to stop (its
  * shutdown hooks may have run already). Code that would open a handle or start
  * an operation from a task queued before the stop checks it, or the loop would
  * stay alive past the shutdown sweep. */
 int c10d__engine_stop_begun(void);
+
+/* 1 while c10d_shutdown has closed posting and not yet finished. */
 int c10d__engine_stopping(void);
 
 /* Convenience: allocates a task that calls fn(arg) on the loop thread. */
@@ -71,22 +68,19 @@ struct c10d__shutdown_sweep {
 };
 void c10d__engine_add_sweep(struct c10d__shutdown_sweep *sweep);
 
-/* Monotonic milliseconds (same clock as the loop's timers). */
 /* Loop thread only: something happened (a post, bytes from a peer, a completion).
  * The loop polls without sleeping for C10D_LOOP_SPIN_US after the last such call,
  * so the next message of an exchange is seen at once instead of after a wake-up. */
 void c10d__engine_busy(void);
 
-/* 1 while the loop busy-polls, 0 while it sleeps in epoll (any thread). */
-int c10d__engine_polling(void);
+/* Tests: with `on`, every change of the hand-off state checks, under the
+ * queue's lock, that no task is queued while the loop may block in epoll
+ * with no wake-up on its way; c10d__engine_handoff_violations counts the
+ * failures (0 if the hand-off is right). Off by default. */
+void c10d__engine_check_handoff(int on);
+long c10d__engine_handoff_violations(void);
 
-/* Any thread but a driving one: while the loop polls and no one else drives it,
- * runs its turns on this thread until *flag is set or until_ns (c10d__now_ns)
- * passes, and returns 1; tasks and callbacks then run here, and SIGPIPE is
- * blocked on this thread from then on (docs/engine.md). Returns 0 at once
- * when the loop is driven elsewhere, asleep in epoll, or shutting down. */
-int c10d__engine_drive(const atomic_int *flag, uint64_t until_ns);
-
+/* Monotonic milliseconds (same clock as the loop's timers). */
 uint64_t c10d__now_ms(void);
 uint64_t c10d__now_ns(void);
 

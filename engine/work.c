@@ -29,7 +29,6 @@
 struct work_callback {
     c10d_work_cb cb;
     void *arg;
-    int user; /* registered through the public call: runs on the engine's own thread */
 };
 
 enum timer_state { TIMER_NONE, TIMER_ARMED, TIMER_CLOSING };
@@ -52,10 +51,10 @@ struct c10d_work {
     uv_mutex_t mutex;
     /* Guarded by mutex. */
     int done;
-    /* Mirrors done for waiters, who poll it and sleep on it as a futex word
-     * (no lock on the way in or out); `sleepers` says whether the completer
-     * has to make the wake-up system call. */
-    atomic_int done_flag;
+    /* 1 once the work is done and every callback registered so far has run:
+     * what waiters poll and sleep on as a futex word (no lock on the way in
+     * or out); `sleepers` says whether the wake-up system call is needed. */
+    atomic_int settled;
     atomic_int sleepers;
     int status;
     char *message;
@@ -202,8 +201,18 @@ static void timer_closed(uv_handle_t *h)
     c10d_work_release(h->data);
 }
 
-/* Loop thread: runs every callback not yet run, in order. Holds the drain
- * task's reference, so callbacks may release theirs. */
+/* w->mutex held: the work is done and no callback is left to run. Returns
+ * whether a waiter sleeps and must be woken (after the unlock). */
+static int settle_locked(c10d_work *w)
+{
+    /* The store and the sleepers' check are sequentially consistent, as are a
+     * sleeper's increment and its check of `settled`: one side sees the other. */
+    atomic_store(&w->settled, 1);
+    return atomic_load(&w->sleepers) > 0;
+}
+
+/* Loop thread: runs every callback not yet run, in order, then lets waiters
+ * go. Holds the drain task's reference, so callbacks may release theirs. */
 static void work_drain(c10d_work *w)
 {
     uv_mutex_lock(&w->mutex);
@@ -211,37 +220,22 @@ static void work_drain(c10d_work *w)
     int close_timer = w->timer_state == TIMER_ARMED;
     if (close_timer)
         w->timer_state = TIMER_CLOSING;
-    int handed_off = 0;
     while (w->next_callback < w->ncallbacks) {
-        struct work_callback c = w->callbacks[w->next_callback];
-        if (c.user && !c10d__engine_own_thread()) {
-            /* A waiter drives the loop here: user callbacks wait for the
-             * engine's thread, so a thread that waits holding its own lock
-             * never runs a callback that takes it. A drain posted meanwhile
-             * (a callback added while ours ran unlocked) will hand them over
-             * itself: the task must never sit in two queues at once. */
-            if (w->drain_posted)
-                break;
-            w->drain_posted = 1;
-            if (c10d__engine_post_own(&w->drain_task) == 0) {
-                handed_off = 1; /* the repost keeps this drain's reference */
-                break;
-            }
-            w->drain_posted = 0; /* shutting down: nobody else will run them */
-        }
-        w->next_callback++;
+        struct work_callback c = w->callbacks[w->next_callback++];
         int status = w->status;
         uv_mutex_unlock(&w->mutex);
         c.cb(w, status, c.arg);
         uv_mutex_lock(&w->mutex);
     }
+    int wake = settle_locked(w);
     uv_mutex_unlock(&w->mutex);
+    if (wake)
+        futex_wake_all(&w->settled);
     if (close_timer) {
         uv_timer_stop(&w->timer);
         uv_close((uv_handle_t *)&w->timer, timer_closed);
     }
-    if (!handed_off)
-        c10d_work_release(w);
+    c10d_work_release(w);
 }
 
 static void drain_task_fn(struct c10d__task *t)
@@ -286,22 +280,24 @@ static int work_vcomplete(c10d_work *w, int status, const char *fmt, va_list ap)
     w->done = 1;
     w->status = status;
     w->message = message;
-    /* Before done_flag: a waiter that returns and dumps at once sees its op
+    /* Before any waiter can return: a waiter that returns and dumps at once sees its op
      * completed. */
     uint64_t rid = atomic_load(&w->fr_id);
     if (rid != 0)
         c10d__fr_completed(rid, status);
-    atomic_store(&w->done_flag, 1);
     int run_inline = 0;
     int rc = schedule_drain_locked(w, &run_inline);
+    /* With no callback to run (or none that can run: posting is closed and
+     * this is not the loop thread) waiters need not wait for the drain. */
+    int wake = 0;
+    if (w->next_callback == w->ncallbacks || rc != 0)
+        wake = settle_locked(w);
     uv_mutex_unlock(&w->mutex);
     /* After the unlock: a waiter woken on this CPU would otherwise run only to
      * block on the mutex we still hold (two more context switches per op). The
-     * pending list's reference keeps the work alive until the end. done_flag's
-     * store and this load are both sequentially consistent, as are the
-     * sleeper's increment and its check of done_flag: one side sees the other. */
-    if (atomic_load(&w->sleepers) > 0)
-        futex_wake_all(&w->done_flag);
+     * pending list's reference keeps the work alive until the end. */
+    if (wake)
+        futex_wake_all(&w->settled);
     if (rc != 0)
         C10D_ERROR("work", "'%s' completed but its callbacks cannot run: %s", w->what,
                    c10d_last_error());
@@ -440,7 +436,7 @@ int c10d__work_create(c10d_work **out, const char *what, int64_t timeout_ms)
     return 0;
 }
 
-static int add_callback(c10d_work *w, c10d_work_cb cb, void *arg, int user)
+static int add_callback(c10d_work *w, c10d_work_cb cb, void *arg)
 {
     uv_mutex_lock(&w->mutex);
     if (w->ncallbacks == w->callbacks_cap) {
@@ -453,12 +449,16 @@ static int add_callback(c10d_work *w, c10d_work_cb cb, void *arg, int user)
         w->callbacks = grown;
         w->callbacks_cap = cap;
     }
-    w->callbacks[w->ncallbacks++] = (struct work_callback){cb, arg, user};
+    w->callbacks[w->ncallbacks++] = (struct work_callback){cb, arg};
     int rc = 0, run_inline = 0;
     if (w->done) {
+        /* Waiters from now on wait for this callback too. */
+        atomic_store(&w->settled, 0);
         rc = schedule_drain_locked(w, &run_inline);
-        if (rc != 0)
+        if (rc != 0) {
             w->ncallbacks--; /* a failed call never calls back */
+            atomic_store(&w->settled, w->next_callback == w->ncallbacks);
+        }
     }
     uv_mutex_unlock(&w->mutex);
     if (run_inline)
@@ -471,12 +471,12 @@ int c10d_work_on_complete(c10d_work *w, c10d_work_cb cb, void *arg)
     if (w == NULL || cb == NULL)
         return c10d__fail(C10D_EINVAL, "c10d_work_on_complete: %s is NULL",
                           w == NULL ? "work" : "callback");
-    return add_callback(w, cb, arg, 1);
+    return add_callback(w, cb, arg);
 }
 
 int c10d__work_on_complete(c10d_work *w, c10d_work_cb cb, void *arg)
 {
-    return add_callback(w, cb, arg, 0);
+    return add_callback(w, cb, arg);
 }
 
 int c10d_work_wait(c10d_work *w, int64_t timeout_ms)
@@ -492,41 +492,37 @@ int c10d_work_wait(c10d_work *w, int64_t timeout_ms)
     uint64_t deadline = timeout_ms >= 0 ? c10d__now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
     int64_t spin_us = c10d__env_int(C10D_ENV_WAIT_SPIN_US);
     if (spin_us > 0) {
+        /* Watch the work for a while before sleeping: an op that completes
+         * within microseconds then costs no futex wake-up. The CPU is yielded
+         * between looks, so the loop thread may run on this one. */
         uint64_t spin_end = c10d__now_ns() + (uint64_t)spin_us * 1000u;
         if (timeout_ms >= 0 && deadline < spin_end)
             spin_end = deadline;
-        /* While the loop polls, drive it from here: the work then completes on
-         * this thread, with no hand-off to the loop thread and back (two
-         * context switches when both share a CPU). If the loop thread is in
-         * the middle of a turn, let it finish. A sleeping loop is woken by the
-         * post anyway: sleep too. */
-        while (!atomic_load_explicit(&w->done_flag, memory_order_acquire) &&
-               c10d__now_ns() < spin_end) {
-            if (c10d__engine_drive(&w->done_flag, spin_end))
-                continue;
-            if (!c10d__engine_polling())
-                break;
+        while (!atomic_load_explicit(&w->settled, memory_order_acquire) &&
+               c10d__now_ns() < spin_end)
             sched_yield();
-        }
     }
-    while (!atomic_load(&w->done_flag)) {
+    while (!atomic_load(&w->settled)) {
         uint64_t now = c10d__now_ns();
         if (timeout_ms >= 0 && now >= deadline)
             break;
         atomic_fetch_add(&w->sleepers, 1);
-        if (!atomic_load(&w->done_flag))
-            futex_wait(&w->done_flag, 0, timeout_ms >= 0 ? deadline - now : 0);
+        if (!atomic_load(&w->settled))
+            futex_wait(&w->settled, 0, timeout_ms >= 0 ? deadline - now : 0);
         atomic_fetch_sub(&w->sleepers, 1);
     }
+    int settled = atomic_load(&w->settled);
     uv_mutex_lock(&w->mutex);
     int done = w->done, status = w->status;
-    if (done && status < 0)
+    if (settled && status < 0)
         c10d__fail(status, "%s", w->message != NULL ? w->message : c10d_strerror(status));
     uv_mutex_unlock(&w->mutex);
-    if (!done)
+    if (!settled)
         return c10d__fail(C10D_ETIMEDOUT,
-                          "c10d_work_wait: '%s' still pending after waiting %lld ms (the work "
-                          "goes on)",
+                          done ? "c10d_work_wait: '%s' completed, but its callbacks were still "
+                                 "running after waiting %lld ms"
+                               : "c10d_work_wait: '%s' still pending after waiting %lld ms (the "
+                                 "work goes on)",
                           w->what, (long long)timeout_ms);
     return status;
 }

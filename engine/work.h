@@ -1,5 +1,6 @@
 /* Works (futures): completed once, callbacks run exactly once on the loop
- * thread in registration order, optional deadline. The public half is in c10d.h. */
+ * thread in registration order, optional deadline; a waiter returns after the
+ * callbacks have run. The public half is in c10d.h. */
 #ifndef C10D_ENGINE_WORK_H
 #define C10D_ENGINE_WORK_H
 
@@ -16,9 +17,8 @@ int c10d__work_complete(c10d_work *work, int status, const char *fmt, ...) C10D_
  * them unless their producer set a cancel hook. */
 int c10d__work_create(c10d_work **out, const char *what, int64_t timeout_ms);
 
-/* As c10d_work_on_complete, for the library's own bookkeeping callbacks: they
- * may run on a waiter that drives the loop, while user callbacks run on the
- * engine's own thread only. Such a callback must take no lock a user may hold. */
+/* As c10d_work_on_complete, for the library's own bookkeeping callbacks (the
+ * same rules: the loop thread, in registration order, after completion). */
 int c10d__work_on_complete(c10d_work *w, c10d_work_cb cb, void *arg);
 
 /* A device backend's c10d_work_wait_stream for this work: returns 0 once the

@@ -1,8 +1,8 @@
-/* A thread that waits on one work while holding its own lock must not run
- * another work's user callback that takes that lock. Waiters drive the loop
- * while it polls (docs/engine.md), so without the rule the unrelated callback
- * would run on the waiting thread and relock its mutex. The lock here is an
- * error-checking mutex, so a relock reports EDEADLK instead of hanging. */
+/* A thread that waits on one work while holding its own lock never runs
+ * another work's callback that takes that lock: callbacks run on the engine's
+ * thread only, however long the loop and the waiter poll (docs/engine.md).
+ * The lock here is an error-checking mutex, so a relock on the waiting thread
+ * would report EDEADLK instead of hanging. */
 #include "engine/env.h"
 #include "engine/work.h"
 
@@ -44,7 +44,7 @@ struct pair {
 static void *completer(void *arg)
 {
     struct pair *p = arg;
-    /* The unrelated work first, while the waiter drives; then the waited one. */
+    /* The unrelated work first, while the waiter polls; then the waited one. */
     c10d_work_complete(p->other, 0, NULL);
     struct timespec ts = {0, 200 * 1000};
     nanosleep(&ts, NULL);
@@ -86,8 +86,8 @@ static void test_waiting_with_a_lock_held(void **state)
 
 int main(void)
 {
-    /* The loop polls for a long time after each activity, so the waiter
-     * drives it on most rounds: the case under test. */
+    /* The loop and the waiter poll for a long time after each activity:
+     * the case where a waiter used to run the loop itself. */
     setenv("C10D_LOOP_SPIN_US", "1000000", 1);
     setenv("C10D_WAIT_SPIN_US", "1000000", 1);
     c10d__env_reload();
