@@ -177,9 +177,10 @@ C10D_EXPORT int c10d_work_wait_all(c10d_work *const *works, size_t n, int64_t ti
 
 /* Blocks until at least one of works[0..n) completed or timeout_ms passes
  * (< 0: no limit), as MPI_Waitany. Sets *index to the lowest index among the
- * completed works and returns that work's status (a failure's message in
- * c10d_last_error(), naming the index); C10D_ETIMEDOUT with *index SIZE_MAX if
- * none completed (the works go on). n == 0, a NULL entry (named) or a NULL
+ * completed works (complete: c10d_work_wait would return its status) and
+ * returns that work's status (a failure's message in c10d_last_error(), naming
+ * the index); C10D_ETIMEDOUT with *index SIZE_MAX if none completed (the works
+ * go on). timeout_ms == 0 only looks. n == 0, a NULL entry (named) or a NULL
  * index is C10D_EINVAL; C10D_EDEADLK on the loop thread. A wait that sleeps
  * leaves a small callback on each pending work, freed when that completes. */
 C10D_EXPORT int c10d_work_wait_any(c10d_work *const *works, size_t n, int64_t timeout_ms,

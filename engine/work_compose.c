@@ -2,9 +2,10 @@
  * MPI_Waitany) and a work that follows another through a callback (torch's
  * Future.then). Built on the public work calls and c10d__work_on_complete only.
  *
- * wait_all waits for each work in turn with c10d_work_wait (so it drives the
- * loop as that does). wait_any sleeps on a condition of its own, signalled by a
- * bookkeeping callback registered on every work of the set. Such a callback
+ * A work counts as finished when c10d_work_wait would return its status (so
+ * whatever that waits for, its callbacks included, these wait for too).
+ * wait_all waits for each work in turn with c10d_work_wait. wait_any sleeps on a condition of its
+ * own, signalled by a bookkeeping callback registered on every work of the set. Such a callback
  * cannot be taken back: it stays on a work still pending when the wait ends
  * and runs when that work completes (at the latest when c10d_shutdown fails
  * it). The state it signals is therefore on the heap, reference counted: one
@@ -62,19 +63,28 @@ static int check_set(const char *fn, c10d_work *const *works, size_t n)
     return 0;
 }
 
+/* Waits for one work as c10d_work_wait does (at most left_ms; 0: only looks),
+ * so a work counts as finished exactly when c10d_work_wait would return its
+ * status. Returns 1 with its status in *status, or 0 while it is pending (or
+ * complete with callbacks still running, where c10d_work_wait waits for them). */
+static int wait_one(c10d_work *w, int64_t left_ms, int *status)
+{
+    int rc = c10d_work_wait(w, left_ms);
+    int s = c10d_work_status(w);
+    if (s == C10D_PENDING || (rc == C10D_ETIMEDOUT && s != C10D_ETIMEDOUT))
+        return 0;
+    *status = s;
+    return 1;
+}
+
 int c10d_work_wait_all(c10d_work *const *works, size_t n, int64_t timeout_ms)
 {
     C10D_CHECK(check_set("c10d_work_wait_all", works, n));
     uint64_t deadline = deadline_after(timeout_ms);
     size_t pending = 0, first_pending = 0, failed = 0, first_failed = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!c10d_work_test(works[i])) {
-            int64_t left = ms_left(deadline);
-            if (left != 0)
-                c10d_work_wait(works[i], left); /* its result is read below */
-        }
-        int status = c10d_work_status(works[i]);
-        if (status == C10D_PENDING) {
+        int status;
+        if (!wait_one(works[i], ms_left(deadline), &status)) {
             if (pending++ == 0)
                 first_pending = i;
         } else if (status < 0) {
@@ -138,19 +148,20 @@ static void any_fired(c10d_work *w, int status, void *arg)
     any_release(s);
 }
 
-/* The lowest index of a complete work, or n. */
-static size_t lowest_complete(c10d_work *const *works, size_t n)
+/* The lowest index of a finished work (as wait_one says: a complete work's
+ * callbacks may take until the deadline), or n; its status in *status. Never
+ * waits for a work that is still pending. */
+static size_t lowest_finished(c10d_work *const *works, size_t n, uint64_t deadline, int *status)
 {
     for (size_t i = 0; i < n; i++)
-        if (c10d_work_test(works[i]))
+        if (c10d_work_test(works[i]) && wait_one(works[i], ms_left(deadline), status))
             return i;
     return n;
 }
 
-static int any_result(c10d_work *const *works, size_t n, size_t i, size_t *index)
+static int any_result(c10d_work *const *works, size_t n, size_t i, int status, size_t *index)
 {
     *index = i;
-    int status = c10d_work_status(works[i]);
     if (status < 0)
         return c10d__fail(status, "c10d_work_wait_any: works[%zu] of %zu failed (%s): %s", i, n,
                           c10d_status_name(status), c10d_work_message(works[i]));
@@ -182,9 +193,10 @@ int c10d_work_wait_any(c10d_work *const *works, size_t n, int64_t timeout_ms, si
         return c10d__fail(C10D_EINVAL, "c10d_work_wait_any: no works to wait for (n = 0)");
     C10D_CHECK(check_set("c10d_work_wait_any", works, n));
     uint64_t deadline = deadline_after(timeout_ms);
-    size_t i = lowest_complete(works, n);
+    int status;
+    size_t i = lowest_finished(works, n, deadline, &status);
     if (i < n)
-        return any_result(works, n, i, index);
+        return any_result(works, n, i, status, index);
 
     struct any_state *s = calloc(1, sizeof *s);
     if (s == NULL)
@@ -215,9 +227,9 @@ int c10d_work_wait_any(c10d_work *const *works, size_t n, int64_t timeout_ms, si
         uv_mutex_unlock(&s->mutex);
     }
     any_release(s);
-    i = lowest_complete(works, n);
+    i = lowest_finished(works, n, deadline, &status);
     if (i < n)
-        return any_result(works, n, i, index);
+        return any_result(works, n, i, status, index);
     if (rc != 0)
         return rc;
     return c10d__fail(C10D_ETIMEDOUT,
