@@ -7,9 +7,8 @@
  *    c10d_last_error() holds a message naming what was wrong (thread-local);
  *  - an async call that fails never invokes its callback; one that succeeds
  *    invokes it exactly once, on the engine's own thread (never on a thread
- *    of yours, even one waiting in c10d_work_wait: holding your lock while
- *    you wait is safe);
- *  - callbacks must not block: they run on the thread that drives all I/O.
+ *    of yours, even one waiting in c10d_work_wait);
+ *  - callbacks must not block: they run on the thread that does all I/O.
  *  - options structs start with `struct_size`: initialise them with their
  *    C10D_*_OPTS_INIT macro (or `= {0}`, read as version 0.1's layout); a
  *    zero field means "default";
@@ -128,8 +127,8 @@ C10D_EXPORT int c10d_reduce_op_check(c10d_reduce_op op, c10d_dtype dtype);
  * library. */
 C10D_EXPORT int c10d_shutdown(void);
 
-/* Whether the calling thread drives the engine's loop now (i.e. is inside a
- * callback, on the engine's thread or on a thread waiting in c10d_work_wait). */
+/* Whether the calling thread is the engine's loop thread (the only thread
+ * that runs callbacks). */
 C10D_EXPORT int c10d_on_loop_thread(void);
 
 /* -------------------------------------------------------- works/futures */
@@ -156,13 +155,12 @@ C10D_EXPORT int c10d_work_complete(c10d_work *work, int status, const char *mess
  * this call, except while c10d_shutdown runs: then it may run at once). */
 C10D_EXPORT int c10d_work_on_complete(c10d_work *work, c10d_work_cb cb, void *arg);
 
-/* Blocks until `work` completes or timeout_ms passes (< 0: no limit beyond
- * the work's own deadline). Returns the work's status, or C10D_ETIMEDOUT if the
- * wait itself timed out (the work stays pending), or C10D_EDEADLK on the loop
- * thread. While the loop polls, the waiting thread may drive it: socket I/O
- * and the library's bookkeeping then run on this thread, never a callback of
- * yours, and from then on SIGPIPE is blocked on this thread (a peer's reset
- * must not end the process; docs/engine.md). */
+/* Blocks until `work` completes and every callback registered on it so far
+ * has run, or timeout_ms passes (< 0: no limit beyond the work's own
+ * deadline). Returns the work's status, or C10D_ETIMEDOUT if the wait itself
+ * timed out (the work goes on), or C10D_EDEADLK on the loop thread. The
+ * waiting thread only waits: callbacks and I/O run on the engine's thread, so
+ * do not wait while holding a lock this work's own callbacks take. */
 C10D_EXPORT int c10d_work_wait(c10d_work *work, int64_t timeout_ms);
 
 /* Blocks until every one of works[0..n) completed or timeout_ms passes (< 0:

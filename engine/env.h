@@ -14,9 +14,9 @@
     X(ENGINE_BATCH, "C10D_ENGINE_BATCH", NULL, "64",                                               \
       "most posted tasks the loop thread runs per wake-up before it polls sockets and timers "     \
       "again")                                                                                     \
-    X(WAIT_SPIN_US, "C10D_WAIT_SPIN_US", NULL, "200",                                              \
-      "c10d_work_wait polls (yielding the CPU) this long before it sleeps, while the loop polls "  \
-      "on another CPU")                                                                            \
+    X(WAIT_SPIN_US, "C10D_WAIT_SPIN_US", NULL, "0",                                                \
+      "c10d_work_wait watches its work (yielding the CPU) this long before it sleeps on a futex "  \
+      "(0: it sleeps at once)")                                                                    \
     X(LOOP_SPIN_US, "C10D_LOOP_SPIN_US", NULL, "100",                                              \
       "the loop thread polls without sleeping this long after its last activity (0: it sleeps "    \
       "in epoll at once)")                                                                         \
