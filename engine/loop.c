@@ -375,6 +375,11 @@ static int engine_post_locked(struct c10d__task *task)
     else
         engine->head = task;
     engine->tail = task;
+    /* The loop thread is not in epoll while it posts, and passes prepare_cb
+     * before it next blocks: its posts need no wake-up (`sleeping` may still
+     * be 1 from the poll its I/O callbacks came out of). */
+    if (loop_engine == engine)
+        return 0;
     if (engine->sleeping && !engine->wake_pending) {
         engine->wake_pending = 1;
         uv_async_send(&engine->wake);
