@@ -134,8 +134,8 @@ static void any_release(struct any_state *s)
     }
 }
 
-/* A bookkeeping callback (it may run on a thread that drives the loop): takes
- * no lock but the state's own. */
+/* A bookkeeping callback on the loop thread: takes no lock but the state's
+ * own, so it never waits for a thread of the caller's. */
 static void any_fired(c10d_work *w, int status, void *arg)
 {
     (void)w;
