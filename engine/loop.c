@@ -2,15 +2,16 @@
  *
  * The hand-off, and why no post is lost. Only the engine thread runs uv_run,
  * and the only place it can block is epoll, in the poll phase of a turn it
- * entered with UV_RUN_ONCE. Right before that phase prepare_cb runs, with no
- * callback between the two; under engine_mutex it sets `sleeping` only if the
- * queue is empty (else it sends itself a wake-up and the poll does not block).
+ * entered with UV_RUN_ONCE. In the prepare phase just before it, prepare_cb
+ * sets `sleeping` under engine_mutex only if the queue is empty (else it sends
+ * itself a wake-up and the poll does not block).
  * A poster appends under engine_mutex and calls uv_async_send iff `sleeping`.
  * Both sides hold the same lock, so either the poster's append comes first and
  * prepare_cb sees the task, or `sleeping` comes first and the poster wakes
- * the loop. A post from the loop thread itself needs no wake-up: that thread is
- * not in epoll, and it passes prepare_cb again before it next blocks. Busy
- * polling is the loop thread's own choice (UV_RUN_NOWAIT turns, `sleeping` 0).
+ * the loop. The rule holds for posts from the loop thread too, whatever order
+ * libuv runs prepare callbacks in. `sleeping` is cleared when the wake-up is
+ * received or the turn ends. Busy polling is the loop thread's own choice
+ * (UV_RUN_NOWAIT turns: `sleeping` stays 0 and posts need no wake-up).
  *
  * Locking: engine_mutex guards the `engine` pointer, the queue, `sleeping`,
  * `wake_pending` and `stopping`. Posting holds it across uv_async_send, so once
@@ -375,11 +376,9 @@ static int engine_post_locked(struct c10d__task *task)
     else
         engine->head = task;
     engine->tail = task;
-    /* The loop thread is not in epoll while it posts, and passes prepare_cb
-     * before it next blocks: its posts need no wake-up (`sleeping` may still
-     * be 1 from the poll its I/O callbacks came out of). */
-    if (loop_engine == engine)
-        return 0;
+    /* The same rule on the loop thread: another prepare callback may run
+     * after prepare_cb and post before the poll. Posts from the poll's own
+     * I/O callbacks, while `sleeping` is still 1, pay a needless write. */
     if (engine->sleeping && !engine->wake_pending) {
         engine->wake_pending = 1;
         uv_async_send(&engine->wake);
