@@ -7,8 +7,7 @@
  * polls only the head of each non-empty queue. While something completes, it
  * polls on every loop turn (the loop then busy-polls, docs/engine.md); when
  * nothing has for a while it backs off to a timer, from 1 ms up to
- * C10D__POLL_MAX_INTERVAL_MS. A waiter that drives the loop polls too. With
- * every queue empty it costs nothing. */
+ * C10D__POLL_MAX_INTERVAL_MS. With every queue empty it costs nothing. */
 #ifndef C10D_ENGINE_POLLER_H
 #define C10D_ENGINE_POLLER_H
 
@@ -48,8 +47,7 @@ struct c10d__poll_item *c10d__poll_cancel(struct c10d__poll_queue *q);
 /* Any thread: items queued and not yet done, across all queues (tests). */
 uint64_t c10d__poll_pending(void);
 
-/* Loop thread: one polling pass now (a driving waiter's turn does this
- * through the loop). Returns how many items completed. */
+/* Loop thread: one polling pass now. Returns how many items completed. */
 int c10d__poll_run(void);
 
 #endif
