@@ -345,6 +345,13 @@ static void test_queues(void **state)
     assert_int_equal(c10d_store_queue_pop_sync(s, "q", 1, &v, &vl), C10D_ETIMEDOUT);
     c10d_store_set_timeout(s, 20000);
     assert_int_equal(c10d_store_queue_push_sync(other, "q", "z", 1), 0);
+    /* QUEUE_PUSH has no reply: on a TCP store push_sync returns once the
+     * request is written, not once the server ran it, and the server orders
+     * requests per connection only, so s's non-blocking pop could run first.
+     * A request with a reply on `other` is answered after the push ran (and
+     * shows that the cancelled wait took nothing). */
+    assert_int_equal(c10d_store_queue_len_sync(other, "q", &len), 0);
+    assert_int_equal(len, 1);
     assert_int_equal(c10d_store_queue_pop_sync(s, "q", 0, &v, &vl), 0);
     assert_memory_equal(v, "z", 1);
     free(v);
