@@ -76,6 +76,36 @@ static int run_first(enum mcase c, c10d_pg *pg, int rank, c10d_work **w)
     return C10D_EINTERNAL;
 }
 
+/* Rank 0 hosts the store, and its server goes with the process. A rank that
+ * learns of the mismatch from a peer's ABORT frame may still be in
+ * c10d_pg_init, waiting for the store's answer to its creation barrier: rank
+ * 0 leaves only once every rank has said, through the store, that it is done
+ * with it. */
+static int all_done_with_store(int rank, int n)
+{
+    c10d_store_tcp_opts so = C10D_STORE_TCP_OPTS_INIT;
+    so.timeout_ms = 20000;
+    c10d_store *st = NULL;
+    MP_CHECK(c10d_store_tcp_connect(getenv("MASTER_ADDR"), atoi(getenv("MASTER_PORT")), &so, &st) ==
+                 0,
+             "store: %s", c10d_last_error());
+    const char *all = "test_pg_mismatch/all_done";
+    int rc = 0;
+    if (rank == 0) {
+        rc = c10d_store_wait_sync(st, &all, 1, 20000);
+    } else {
+        int64_t v = 0;
+        rc = c10d_store_add_sync(st, "test_pg_mismatch/done", 1, &v);
+        if (rc == 0 && v == n - 1)
+            rc = c10d_store_set_sync(st, all, "1", 1);
+    }
+    char why[512];
+    snprintf(why, sizeof why, "%s", rc == 0 ? "" : c10d_last_error());
+    c10d_store_release(st);
+    MP_CHECK(rc == 0, "store: %s", why);
+    return 0;
+}
+
 static int mismatch_main(int rank, int n, void *arg)
 {
     (void)n;
@@ -123,6 +153,8 @@ static int mismatch_main(int rank, int n, void *arg)
              "no mismatch named: %s", why);
     MP_CHECK(strstr(why, spec->aspect) != NULL, "'%s' not named: %s", spec->aspect, why);
     MP_CHECK(strstr(why, "Rank 0 ") != NULL || strstr(why, "Rank 1 ") != NULL, "no rank: %s", why);
+    if (all_done_with_store(rank, n) != 0)
+        return 1;
     if (spec->detail) {
         /* The group is healthy here, and the check all_reduce having
          * completed on this rank says only that this rank's part is done: a
