@@ -67,16 +67,17 @@ static _Thread_local struct engine *loop_engine;
 static atomic_int check_handoff;
 static atomic_long handoff_violations;
 
+/* Not shutdown_mutex: c10d_shutdown holds it while it joins a loop thread
+ * that may need locks other modules' fork handlers (run before this one)
+ * already took; the child makes its own anyway. */
 static void fork_prepare(void)
 {
-    uv_mutex_lock(&shutdown_mutex);
     uv_mutex_lock(&engine_mutex);
 }
 
 static void fork_parent(void)
 {
     uv_mutex_unlock(&engine_mutex);
-    uv_mutex_unlock(&shutdown_mutex);
 }
 
 /* The child has no loop thread: the parent's engine (and every handle on it) is

@@ -26,6 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#define MAX_WAIT_MS (100LL * 365 * 24 * 3600 * 1000)
+
 struct work_callback {
     c10d_work_cb cb;
     void *arg;
@@ -452,13 +454,12 @@ static int add_callback(c10d_work *w, c10d_work_cb cb, void *arg)
     w->callbacks[w->ncallbacks++] = (struct work_callback){cb, arg};
     int rc = 0, run_inline = 0;
     if (w->done) {
-        /* Waiters from now on wait for this callback too. */
-        atomic_store(&w->settled, 0);
         rc = schedule_drain_locked(w, &run_inline);
-        if (rc != 0) {
-            w->ncallbacks--; /* a failed call never calls back */
-            atomic_store(&w->settled, w->next_callback == w->ncallbacks);
-        }
+        if (rc != 0)
+            w->ncallbacks--; /* a failed call never calls back; settled stays as it was */
+        else                 /* waiters from now on wait for this callback too; the drain
+                              * needs the mutex we hold, so it cannot settle before this */
+            atomic_store(&w->settled, 0);
     }
     uv_mutex_unlock(&w->mutex);
     if (run_inline)
@@ -489,6 +490,8 @@ int c10d_work_wait(c10d_work *w, int64_t timeout_ms)
                           "deadlock: '%s' can only complete on this thread; use "
                           "c10d_work_on_complete instead",
                           w->what);
+    if (timeout_ms > MAX_WAIT_MS) /* beyond a century: no deadline (and no overflow) */
+        timeout_ms = -1;
     uint64_t deadline = timeout_ms >= 0 ? c10d__now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
     int64_t spin_us = c10d__env_int(C10D_ENV_WAIT_SPIN_US);
     if (spin_us > 0) {
@@ -502,7 +505,11 @@ int c10d_work_wait(c10d_work *w, int64_t timeout_ms)
                c10d__now_ns() < spin_end)
             sched_yield();
     }
-    while (!atomic_load(&w->settled)) {
+    /* What the loop saw decides: settled may fall back to 0 afterwards (a
+     * callback added to the completed work by another thread), and this
+     * wait was for the callbacks registered when it began. */
+    int settled;
+    while (!(settled = atomic_load(&w->settled))) {
         uint64_t now = c10d__now_ns();
         if (timeout_ms >= 0 && now >= deadline)
             break;
@@ -511,7 +518,6 @@ int c10d_work_wait(c10d_work *w, int64_t timeout_ms)
             futex_wait(&w->settled, 0, timeout_ms >= 0 ? deadline - now : 0);
         atomic_fetch_sub(&w->sleepers, 1);
     }
-    int settled = atomic_load(&w->settled);
     uv_mutex_lock(&w->mutex);
     int done = w->done, status = w->status;
     if (settled && status < 0)

@@ -11,6 +11,7 @@
 #include "engine/work.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -236,6 +237,54 @@ static void test_callback_releases_last_reference(void **state)
     for (int i = 0; i < 5000 && atomic_load(&n) < 100; i++)
         usleep(1000);
     assert_int_equal(atomic_load(&n), 100);
+}
+
+/* A wait with no deadline never reports a timeout, even while another
+ * thread keeps adding callbacks to the completed work it waits on (each
+ * makes the work unsettled again for a moment). */
+struct adder {
+    c10d_work *w;
+    atomic_int stop;
+    atomic_int added;
+};
+
+static void count_added_cb(c10d_work *w, int status, void *arg)
+{
+    (void)w;
+    (void)status;
+    atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+static void *adder_main(void *arg)
+{
+    struct adder *a = arg;
+    static atomic_int ran;
+    while (!atomic_load(&a->stop))
+        if (c10d_work_on_complete(a->w, count_added_cb, &ran) == 0)
+            atomic_fetch_add(&a->added, 1);
+    return NULL;
+}
+
+static void test_unbounded_wait_never_times_out(void **state)
+{
+    (void)state;
+    struct adder a = {0};
+    assert_int_equal(c10d_work_create("t", 0, &a.w), 0);
+    c10d_work_complete(a.w, C10D_OK, NULL);
+    pthread_t t;
+    pthread_create(&t, NULL, adder_main, &a);
+    while (atomic_load(&a.added) == 0)
+        sched_yield();
+    for (int i = 0; i < 20000; i++) {
+        int rc = c10d_work_wait(a.w, -1);
+        if (rc != 0)
+            fail_msg("wait %d returned %s: %s", i, c10d_status_name(rc), c10d_last_error());
+    }
+    atomic_store(&a.stop, 1);
+    pthread_join(t, NULL);
+    assert_true(atomic_load(&a.added) > 0);
+    assert_int_equal(c10d_work_wait(a.w, -1), 0);
+    c10d_work_release(a.w);
 }
 
 static void test_bad_arguments(void **state)
@@ -530,6 +579,7 @@ int main(void)
         cmocka_unit_test(test_wait_timeout_leaves_work_pending),
         cmocka_unit_test(test_wait_on_loop_thread_fails),
         cmocka_unit_test(test_callback_releases_last_reference),
+        cmocka_unit_test(test_unbounded_wait_never_times_out),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_exactly_once_under_races),
         cmocka_unit_test(test_waiter_never_runs_loop),

@@ -458,10 +458,13 @@ static void tcp_run(void *state, struct c10d__op *op)
     o->work = op->work;
     o->start_ms = c10d__now_ms();
     o->p2p = op->kind == C10D_OP_SEND || op->kind == C10D_OP_RECV;
-    o->refs = 1; /* the lists' */
-    if (c10d__work_on_complete(op->work, on_work_done, o) == 0) {
-        o->refs++;
-        s->refs++;
+    /* The lists' reference and the callback's, both taken before the
+     * callback is registered: at shutdown it may run inside this call. */
+    o->refs = 2;
+    s->refs++;
+    if (c10d__work_on_complete(op->work, on_work_done, o) != 0) {
+        o->refs--;
+        s->refs--;
     }
     if (o->p2p) {
         run_p2p(s, o);
