@@ -36,6 +36,7 @@
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/loop.h"
+#include "store_server/client/store.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -194,16 +195,18 @@ static int answer_rank(c10d_store *ns, int rank, int64_t gen, uint64_t deadline,
 
 /* ---------------------------------------------------------------- sweep */
 
-static void deleted(const c10d_store_result *res, void *arg)
+static void deleted(c10d_work *w, int status, void *arg)
 {
-    (void)res;
+    (void)w;
+    (void)status;
     c10d_store_release(arg);
 }
 
 static void delete_later(c10d_store *s, const char *key)
 {
+    c10d_store_request q = {.struct_size = sizeof q, .op = C10D_STORE_OP_DELETE_KEY, .key = key};
     c10d_store_retain(s);
-    if (c10d_store_delete_key(s, key, deleted, s) != 0)
+    if (c10d__store_call(s, &q, deleted, s) != 0)
         c10d_store_release(s);
 }
 

@@ -503,14 +503,16 @@ C10D_EXPORT int c10d_recv_object_list(c10d_pg *pg, c10d_bytes *objs, int n, int 
  * stores: TCP (PyTorch's TCPStore wire protocol, either dialect), prefix
  * (PrefixStore), in-memory hash (HashStore) and file (FileStore).
  *
- * Every operation is asynchronous: it checks its arguments on the caller's
- * thread (an error returns at once and never calls back), then runs on the
- * engine's loop thread, and calls `cb` there exactly once with the result.
- * The result and everything it points to are valid only during the callback:
- * copy what you need. Every operation has a deadline (the store's timeout, or
- * the one given to wait): nothing waits forever. The _sync wrappers block the
- * calling thread (C10D_EDEADLK on the loop thread) and hand back malloc'd
- * copies the caller frees with free().
+ * Every operation is a work, as group ops are: c10d_store_submit checks a
+ * request on the caller's thread (an error returns at once and makes no
+ * work), then the operation runs on the engine's loop thread and completes
+ * its work with the result, which c10d_store_work_result reads in place for
+ * as long as the work is held. Wait on it, test it, attach callbacks
+ * (c10d_work_on_complete), compose it (c10d_work_wait_all, c10d_work_then).
+ * Every operation has a deadline (the store's timeout, or the one given to
+ * WAIT): nothing waits forever. The _sync wrappers are submit + wait: they
+ * block the calling thread (C10D_EDEADLK on the loop thread) and hand back
+ * malloc'd copies the caller frees with free().
  *
  * Keys are NUL-terminated strings; values are byte strings. GET and MULTI_GET
  * wait for their keys up to the store's timeout (C10D_ETIMEDOUT); a key that
@@ -535,8 +537,6 @@ typedef struct c10d_store_result {
     size_t count;          /* MULTI_GET values, LIST_KEYS keys */
     const c10d_store_bytes *items;
 } c10d_store_result;
-
-typedef void (*c10d_store_cb)(const c10d_store_result *result, void *arg);
 
 typedef enum c10d_store_dialect {
     C10D_DIALECT_AUTO = 0, /* current first; falls back to legacy (docs/store_client.md) */
@@ -584,49 +584,12 @@ C10D_EXPORT const char *c10d_store_kind(c10d_store *store);
 /* The dialect a TCP store speaks (after auto detection); 0 for other stores. */
 C10D_EXPORT int c10d_store_dialect_of(c10d_store *store);
 
-C10D_EXPORT int c10d_store_set(c10d_store *s, const char *key, const void *value, size_t len,
-                               c10d_store_cb cb, void *arg);
-C10D_EXPORT int c10d_store_get(c10d_store *s, const char *key, c10d_store_cb cb, void *arg);
-C10D_EXPORT int c10d_store_add(c10d_store *s, const char *key, int64_t delta, c10d_store_cb cb,
-                               void *arg);
-/* docs/store_protocol.md's rule; result->data is what the store answered. */
-C10D_EXPORT int c10d_store_compare_set(c10d_store *s, const char *key, const void *expected,
-                                       size_t expected_len, const void *desired, size_t desired_len,
-                                       c10d_store_cb cb, void *arg);
-/* timeout_ms <= 0: the store's timeout. */
-C10D_EXPORT int c10d_store_wait(c10d_store *s, const char *const *keys, size_t n,
-                                int64_t timeout_ms, c10d_store_cb cb, void *arg);
-C10D_EXPORT int c10d_store_check(c10d_store *s, const char *const *keys, size_t n, c10d_store_cb cb,
-                                 void *arg);
-C10D_EXPORT int c10d_store_delete_key(c10d_store *s, const char *key, c10d_store_cb cb, void *arg);
-C10D_EXPORT int c10d_store_num_keys(c10d_store *s, c10d_store_cb cb, void *arg);
-C10D_EXPORT int c10d_store_append(c10d_store *s, const char *key, const void *value, size_t len,
-                                  c10d_store_cb cb, void *arg);
-C10D_EXPORT int c10d_store_multi_get(c10d_store *s, const char *const *keys, size_t n,
-                                     c10d_store_cb cb, void *arg);
-C10D_EXPORT int c10d_store_multi_set(c10d_store *s, const char *const *keys,
-                                     const void *const *values, const size_t *lens, size_t n,
-                                     c10d_store_cb cb, void *arg);
-C10D_EXPORT int c10d_store_queue_push(c10d_store *s, const char *key, const void *value, size_t len,
-                                      c10d_store_cb cb, void *arg);
-/* block: wait up to the store's timeout for an item; else an empty queue is
- * C10D_ENOTFOUND. */
-C10D_EXPORT int c10d_store_queue_pop(c10d_store *s, const char *key, int block, c10d_store_cb cb,
-                                     void *arg);
-C10D_EXPORT int c10d_store_queue_len(c10d_store *s, const char *key, c10d_store_cb cb, void *arg);
-/* Keys with a value (servers that have LIST_KEYS; prefix stores list their own keys). */
-C10D_EXPORT int c10d_store_list_keys(c10d_store *s, c10d_store_cb cb, void *arg);
-C10D_EXPORT int c10d_store_server_stats(c10d_store *s, c10d_store_cb cb, void *arg);
-C10D_EXPORT int c10d_store_ping(c10d_store *s, c10d_store_cb cb, void *arg);
-
-/* The same operations as works, like group ops: one request struct, one
- * call, a work to wait on, test, attach callbacks to and release. The
- * callback forms above remain for code that wants no work object. */
+/* The operations, one request struct for all (torch's Store methods). */
 typedef enum c10d_store_op {
     C10D_STORE_OP_SET = 0,
     C10D_STORE_OP_GET,
     C10D_STORE_OP_ADD,
-    C10D_STORE_OP_COMPARE_SET,
+    C10D_STORE_OP_COMPARE_SET, /* docs/store_protocol.md's rule; data: what the store answered */
     C10D_STORE_OP_WAIT,
     C10D_STORE_OP_CHECK,
     C10D_STORE_OP_DELETE_KEY,
@@ -637,8 +600,9 @@ typedef enum c10d_store_op {
     C10D_STORE_OP_QUEUE_PUSH,
     C10D_STORE_OP_QUEUE_POP,
     C10D_STORE_OP_QUEUE_LEN,
-    C10D_STORE_OP_LIST_KEYS,
-    C10D_STORE_OP_SERVER_STATS,
+    C10D_STORE_OP_LIST_KEYS,    /* keys with a value (servers that have LIST_KEYS; prefix
+                                 * stores list their own keys) */
+    C10D_STORE_OP_SERVER_STATS, /* c10d-store only; data: JSON */
     C10D_STORE_OP_PING,
 } c10d_store_op;
 
@@ -656,7 +620,8 @@ typedef struct c10d_store_request {
     const void *const *values; /* MULTI_SET */
     const size_t *lens;
     int64_t timeout_ms; /* WAIT; <= 0: the store's timeout */
-    int block;          /* QUEUE_POP: wait for an item */
+    int block;          /* QUEUE_POP: wait up to the store's timeout for an item;
+                         * else an empty queue is C10D_ENOTFOUND */
 } c10d_store_request;
 #define C10D_STORE_REQUEST_INIT                                                                    \
     {                                                                                              \

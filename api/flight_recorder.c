@@ -17,6 +17,7 @@
 #include "engine/flight_recorder.h"
 #include "engine/log.h"
 #include "engine/loop.h"
+#include "store_server/client/store.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -217,8 +218,10 @@ static void watch_on_shutdown(struct c10d__shutdown_hook *h)
     watch_stop();
 }
 
-static void checked(const c10d_store_result *r, void *arg)
+static void checked(c10d_work *w, int status, void *arg)
 {
+    (void)status;
+    const c10d_store_result *r = c10d_store_work_result(w);
     c10d_store *store = arg;
     watch_busy = 0;
     if (r->status == 0 && r->value == 1 && !atomic_exchange(&watch_done, 1)) {
@@ -250,7 +253,9 @@ static void watch_tick(uv_timer_t *t)
     }
     const char *keys[1] = {signal_key};
     watch_busy = 1;
-    if (c10d_store_check(store, keys, 1, checked, store) != 0) {
+    c10d_store_request q = {
+        .struct_size = sizeof q, .op = C10D_STORE_OP_CHECK, .keys = keys, .nkeys = 1};
+    if (c10d__store_call(store, &q, checked, store) != 0) {
         watch_busy = 0;
         c10d_store_release(store);
     }
@@ -319,8 +324,10 @@ void c10d__pg_fr_forget(c10d_pg *pg)
 
 /* --------------------------------------------------------- dump on failure */
 
-static void signal_set(const c10d_store_result *r, void *arg)
+static void signal_set(c10d_work *w, int status, void *arg)
 {
+    (void)status;
+    const c10d_store_result *r = c10d_store_work_result(w);
     if (r->status != 0)
         C10D_WARN("fr", "flight recorder: could not ask the other ranks to dump: %s", r->message);
     c10d_store_release(arg);
@@ -345,7 +352,12 @@ void c10d__pg_fr_on_failure(c10d_pg *pg, int status, const char *message)
     char value[800];
     int n = snprintf(value, sizeof value, "%d %s", pg->global_rank, reason);
     size_t len = n < 0 ? 0 : (size_t)n < sizeof value ? (size_t)n : sizeof value - 1;
-    if (c10d_store_set(store, signal_key, value, len, signal_set, store) != 0) {
+    c10d_store_request q = {.struct_size = sizeof q,
+                            .op = C10D_STORE_OP_SET,
+                            .key = signal_key,
+                            .value = value,
+                            .len = len};
+    if (c10d__store_call(store, &q, signal_set, store) != 0) {
         C10D_WARN("fr", "flight recorder: could not ask the other ranks to dump: %s",
                   c10d_last_error());
         c10d_store_release(store);

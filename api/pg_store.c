@@ -6,6 +6,7 @@
 #include "api/attempt.h"
 #include "engine/error.h"
 #include "engine/loop.h"
+#include "store_server/client/store.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -148,9 +149,10 @@ struct sweep_delete_req {
     struct c10d__pg_sweep_flush *flush;
 };
 
-static void sweep_deleted(const c10d_store_result *res, void *arg)
+static void sweep_deleted(c10d_work *w, int status, void *arg)
 {
-    (void)res;
+    (void)w;
+    (void)status;
     struct sweep_delete_req *d = arg;
     c10d_store_release(d->store);
     flush_done(d->flush);
@@ -166,17 +168,19 @@ static void sweep_delete(c10d_store *s, const char *key, struct c10d__pg_sweep_f
     d->flush = flush;
     c10d_store_retain(s);
     flush_add(flush);
-    if (c10d_store_delete_key(s, key, sweep_deleted, d) != 0) {
+    c10d_store_request q = {.struct_size = sizeof q, .op = C10D_STORE_OP_DELETE_KEY, .key = key};
+    if (c10d__store_call(s, &q, sweep_deleted, d) != 0) {
         c10d_store_release(s);
         flush_done(flush);
         free(d);
     }
 }
 
-static void on_counted_out(const c10d_store_result *res, void *arg)
+static void on_counted_out(c10d_work *w, int status, void *arg)
 {
     struct key_sweep *k = arg;
-    if (res->status == 0 && res->value == k->size) {
+    const c10d_store_result *res = w != NULL ? c10d_store_work_result(w) : NULL;
+    if (status == 0 && res != NULL && res->value == k->size) {
         char key[600];
         snprintf(key, sizeof key, "store_based_barrier_key:%s", k->name);
         sweep_delete(k->base, key, k->flush);
@@ -225,10 +229,10 @@ struct c10d__pg_sweep_flush *c10d__pg_sweep_keys(c10d_pg *pg)
             c10d_store_retain(b->store);
         }
     }
-    if (c10d_store_add(pg->store, "destroyed_ranks", 1, on_counted_out, k) != 0) {
-        c10d_store_result none = {.status = C10D_EABORTED};
-        on_counted_out(&none, k);
-    }
+    c10d_store_request q = {
+        .struct_size = sizeof q, .op = C10D_STORE_OP_ADD, .key = "destroyed_ranks", .delta = 1};
+    if (c10d__store_call(pg->store, &q, on_counted_out, k) != 0)
+        on_counted_out(NULL, C10D_EABORTED, k);
     return flush;
 }
 
@@ -274,5 +278,6 @@ void c10d__pg_store_forget(c10d_store *s, const char *prefix, int me)
 {
     char key[C10D__PG_NAME_MAX + 40];
     snprintf(key, sizeof key, "%s/%d", prefix, me);
-    c10d_store_delete_key(s, key, NULL, NULL);
+    c10d_store_request q = {.struct_size = sizeof q, .op = C10D_STORE_OP_DELETE_KEY, .key = key};
+    c10d__store_call(s, &q, NULL, NULL);
 }

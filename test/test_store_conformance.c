@@ -426,8 +426,24 @@ struct cb_record {
     pthread_t caller;
 };
 
-static void record_cb(const c10d_store_result *r, void *arg)
+/* The asynchronous form as a user writes it: submit, attach a callback,
+ * drop the work. */
+static int call_async(c10d_store *s, c10d_store_request q, c10d_work_cb cb, void *arg)
 {
+    q.struct_size = sizeof q;
+    c10d_work *w;
+    int rc = c10d_store_submit(s, &q, &w);
+    if (rc != 0)
+        return rc;
+    rc = c10d_work_on_complete(w, cb, arg);
+    c10d_work_release(w);
+    return rc;
+}
+
+static void record_cb(c10d_work *w, int status, void *arg)
+{
+    (void)status;
+    const c10d_store_result *r = c10d_store_work_result(w);
     struct cb_record *rec = arg;
     rec->status = r->status;
     rec->value = r->value;
@@ -443,7 +459,10 @@ static void test_async_callbacks(void **state)
     struct cb_record rec[16];
     memset(rec, 0, sizeof rec);
     for (int i = 0; i < 16; i++)
-        assert_int_equal(c10d_store_add(s, "ac", 1, record_cb, &rec[i]), 0);
+        assert_int_equal(
+            call_async(s, (c10d_store_request){.op = C10D_STORE_OP_ADD, .key = "ac", .delta = 1},
+                       record_cb, &rec[i]),
+            0);
     for (int i = 0; i < 16; i++) {
         for (int t = 0; t < 10000 && atomic_load(&rec[i].calls) == 0; t++)
             usleep(1000);
@@ -455,7 +474,11 @@ static void test_async_callbacks(void **state)
     }
     /* a bad argument fails at once and never calls back */
     struct cb_record bad = {0};
-    assert_int_equal(c10d_store_set(s, NULL, "x", 1, record_cb, &bad), C10D_EINVAL);
+    assert_int_equal(
+        call_async(
+            s, (c10d_store_request){.op = C10D_STORE_OP_SET, .key = NULL, .value = "x", .len = 1},
+            record_cb, &bad),
+        C10D_EINVAL);
     assert_non_null(strstr(c10d_last_error(), "key"));
     usleep(20000);
     assert_int_equal(atomic_load(&bad.calls), 0);
@@ -605,19 +628,27 @@ static void test_submit_works(void **state)
  * stores' shutdown hooks) and starts more store ops, as c10d_pg_destroy's key
  * sweep does: c10d_shutdown must still return, the late ops failing. Once it
  * kept the loop alive for ever (a tcp store reconnecting). */
-static void late_noop(const c10d_store_result *res, void *arg)
+static void late_noop(c10d_work *w, int status, void *arg)
 {
+    (void)status;
+    const c10d_store_result *res = c10d_store_work_result(w);
     (void)res;
     (void)arg;
 }
 
-static void late_more_ops(const c10d_store_result *res, void *arg)
+static void late_more_ops(c10d_work *w, int status, void *arg)
 {
+    (void)status;
+    const c10d_store_result *res = c10d_store_work_result(w);
     (void)res;
     c10d_store *s = arg;
     const char *never[] = {"never_set"};
-    c10d_store_delete_key(s, "late", late_noop, NULL);
-    c10d_store_wait(s, never, 1, 20000, late_noop, NULL);
+    call_async(s, (c10d_store_request){.op = C10D_STORE_OP_DELETE_KEY, .key = "late"}, late_noop,
+               NULL);
+    call_async(s,
+               (c10d_store_request){
+                   .op = C10D_STORE_OP_WAIT, .keys = never, .nkeys = 1, .timeout_ms = 20000},
+               late_noop, NULL);
 }
 
 static void test_shutdown_with_late_ops(void **state)
@@ -634,7 +665,8 @@ static void test_shutdown_with_late_ops(void **state)
                 fprintf(stderr, "child: open: %s\n", c10d_last_error());
                 _exit(2);
             }
-            c10d_store_add(s, "late", 1, late_more_ops, s);
+            call_async(s, (c10d_store_request){.op = C10D_STORE_OP_ADD, .key = "late", .delta = 1},
+                       late_more_ops, s);
             /* Let the add's reply land at different points of the stop. */
             usleep((useconds_t)(i % 8) * 100);
             if (c10d_shutdown() != 0)
@@ -669,8 +701,10 @@ struct park_race {
     atomic_int a_done, b_done, b_status, timers_closed;
 };
 
-static void park_race_b_cb(const c10d_store_result *r, void *arg)
+static void park_race_b_cb(c10d_work *w, int status, void *arg)
 {
+    (void)status;
+    const c10d_store_result *r = c10d_store_work_result(w);
     struct park_race *pr = arg;
     atomic_store(&pr->b_status, r->status);
     atomic_store(&pr->b_done, 1);
@@ -686,7 +720,9 @@ static void park_race_submit_b(uv_timer_t *t)
 {
     struct park_race *pr = t->data;
     if (flock(pr->lockfd, LOCK_EX | LOCK_NB) < 0 ||
-        c10d_store_add(pr->s, "race_b", 1, park_race_b_cb, pr) < 0) {
+        call_async(pr->s,
+                   (c10d_store_request){.op = C10D_STORE_OP_ADD, .key = "race_b", .delta = 1},
+                   park_race_b_cb, pr) < 0) {
         atomic_store(&pr->b_status, -1000);
         atomic_store(&pr->b_done, 1);
         return;
@@ -694,8 +730,10 @@ static void park_race_submit_b(uv_timer_t *t)
     uv_timer_start(&pr->unlock, park_race_unlock, 50, 0);
 }
 
-static void park_race_a_cb(const c10d_store_result *r, void *arg)
+static void park_race_a_cb(c10d_work *w, int status, void *arg)
 {
+    (void)status;
+    const c10d_store_result *r = c10d_store_work_result(w);
     struct park_race *pr = arg;
     (void)r;
     uv_timer_init(c10d__engine_loop(), &pr->submit_b);
@@ -731,7 +769,10 @@ static void test_file_park_after_idle_tick(void **state)
     assert_true(pr.lockfd >= 0);
     /* A parks behind our lock; the store's retry timer completes it. */
     assert_int_equal(flock(pr.lockfd, LOCK_EX), 0);
-    assert_int_equal(c10d_store_add(pr.s, "race_a", 1, park_race_a_cb, &pr), 0);
+    assert_int_equal(
+        call_async(pr.s, (c10d_store_request){.op = C10D_STORE_OP_ADD, .key = "race_a", .delta = 1},
+                   park_race_a_cb, &pr),
+        0);
     usleep(3 * FILE_STORE_POLL_MS * 1000);
     assert_int_equal(flock(pr.lockfd, LOCK_UN), 0);
     for (int t = 0; t < 3000 && !atomic_load(&pr.a_done); t++)
@@ -913,7 +954,12 @@ static void test_tcp_server_restart(void **state)
     /* an op pending when the server dies fails with ECLOSED */
     struct cb_record rec = {0};
     const char *key = "never";
-    assert_int_equal(c10d_store_wait(s, &key, 1, 10000, record_cb, &rec), 0);
+    assert_int_equal(
+        call_async(s,
+                   (c10d_store_request){
+                       .op = C10D_STORE_OP_WAIT, .keys = &key, .nkeys = 1, .timeout_ms = 10000},
+                   record_cb, &rec),
+        0);
     usleep(100000);
     stop_process_server();
     for (int t = 0; t < 10000 && atomic_load(&rec.calls) == 0; t++)

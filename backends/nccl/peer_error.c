@@ -15,6 +15,7 @@
 #include "engine/env.h"
 #include "engine/log.h"
 #include "engine/loop.h"
+#include "store_server/client/store.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,8 +23,10 @@
 
 static const char key_name[] = "nccl/error";
 
-static void publish_done(const c10d_store_result *r, void *arg)
+static void publish_done(c10d_work *w, int status, void *arg)
 {
+    (void)status;
+    const c10d_store_result *r = c10d_store_work_result(w);
     struct nccl_state *s = arg;
     if (r->status != 0)
         C10D_WARN("nccl", "[PG %s Rank %d] could not tell the other ranks of the failure: %s",
@@ -54,7 +57,13 @@ void c10d__nccl_peer_error_publish(struct nccl_state *s)
     size_t len = (size_t)n < sizeof value ? (size_t)n : sizeof value - 1;
     atomic_fetch_add(&s->pending_calls, 1);
     s->publishing = 1;
-    if (c10d_store_compare_set(s->store, key_name, "", 0, value, len, publish_done, s) != 0) {
+    c10d_store_request q = {.struct_size = sizeof q,
+                            .op = C10D_STORE_OP_COMPARE_SET,
+                            .key = key_name,
+                            .expected = "",
+                            .value = value,
+                            .len = len};
+    if (c10d__store_call(s->store, &q, publish_done, s) != 0) {
         s->publishing = 0;
         atomic_fetch_sub(&s->pending_calls, 1);
         C10D_WARN("nccl", "[PG %s Rank %d] could not tell the other ranks of the failure: %s",
@@ -62,8 +71,10 @@ void c10d__nccl_peer_error_publish(struct nccl_state *s)
     }
 }
 
-static void got_error(const c10d_store_result *r, void *arg)
+static void got_error(c10d_work *w, int op_status, void *arg)
 {
+    (void)op_status;
+    const c10d_store_result *r = c10d_store_work_result(w);
     struct nccl_state *s = arg;
     atomic_fetch_sub(&s->pending_calls, 1);
     if (r->status == 0 && !s->closing && !atomic_load(&s->poisoned)) {
@@ -83,11 +94,14 @@ static void got_error(const c10d_store_result *r, void *arg)
     c10d__nccl_state_maybe_free(s);
 }
 
-static void checked(const c10d_store_result *r, void *arg)
+static void checked(c10d_work *w, int status, void *arg)
 {
+    (void)status;
+    const c10d_store_result *r = c10d_store_work_result(w);
     struct nccl_state *s = arg;
     if (r->status == 0 && r->value == 1 && !s->closing) {
-        if (c10d_store_get(s->store, key_name, got_error, s) == 0)
+        c10d_store_request q = {.struct_size = sizeof q, .op = C10D_STORE_OP_GET, .key = key_name};
+        if (c10d__store_call(s->store, &q, got_error, s) == 0)
             return; /* the GET's callback ends this check */
     }
     atomic_fetch_sub(&s->pending_calls, 1);
@@ -109,7 +123,9 @@ void c10d__nccl_peer_error_poll(struct nccl_state *s)
     const char *keys[1] = {key_name};
     s->peer_check_busy = 1;
     atomic_fetch_add(&s->pending_calls, 1);
-    if (c10d_store_check(s->store, keys, 1, checked, s) != 0) {
+    c10d_store_request q = {
+        .struct_size = sizeof q, .op = C10D_STORE_OP_CHECK, .keys = keys, .nkeys = 1};
+    if (c10d__store_call(s->store, &q, checked, s) != 0) {
         atomic_fetch_sub(&s->pending_calls, 1);
         s->peer_check_busy = 0;
     }

@@ -20,6 +20,7 @@
 #include "engine/loop.h"
 #include "engine/kernels/reduce.h"
 #include "engine/work.h"
+#include "store_server/client/store.h"
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -642,8 +643,10 @@ struct reread {
     int rank;
 };
 
-static void on_reread(const c10d_store_result *res, void *arg)
+static void on_reread(c10d_work *w, int status, void *arg)
 {
+    (void)status;
+    const c10d_store_result *res = c10d_store_work_result(w);
     struct reread *rr = arg;
     struct exchange *x = rr->x;
     if (!x->finished && !x->s->destroyed && x->s->t != NULL && res->status == 0) {
@@ -669,14 +672,17 @@ static void reread_addr(void *arg, int rank)
     rr->x = x;
     rr->rank = rank;
     x->refs++;
-    if (c10d_store_get(x->store, x->keys[rank], on_reread, rr) != 0) {
+    c10d_store_request q = {.struct_size = sizeof q, .op = C10D_STORE_OP_GET, .key = x->keys[rank]};
+    if (c10d__store_call(x->store, &q, on_reread, rr) != 0) {
         x->refs--;
         free(rr);
     }
 }
 
-static void on_addrs(const c10d_store_result *res, void *arg)
+static void on_addrs(c10d_work *w, int status, void *arg)
 {
+    (void)status;
+    const c10d_store_result *res = c10d_store_work_result(w);
     struct exchange *x = arg;
     if (x->s->destroyed) {
         exchange_fail(x, C10D_EABORTED, "reading the peers' addresses", "the group was closed");
@@ -706,8 +712,10 @@ static void on_addrs(const c10d_store_result *res, void *arg)
         exchange_fail(x, rc, "connecting", c10d_last_error());
 }
 
-static void on_addr_published(const c10d_store_result *res, void *arg)
+static void on_addr_published(c10d_work *w, int status, void *arg)
 {
+    (void)status;
+    const c10d_store_result *res = c10d_store_work_result(w);
     struct exchange *x = arg;
     if (res->status < 0) {
         exchange_fail(x, res->status, "publishing this rank's address", res->message);
@@ -717,8 +725,11 @@ static void on_addr_published(const c10d_store_result *res, void *arg)
         exchange_fail(x, C10D_EABORTED, "publishing this rank's address", "the group was closed");
         return;
     }
-    int rc =
-        c10d_store_multi_get(x->store, (const char *const *)x->keys, (size_t)x->size, on_addrs, x);
+    c10d_store_request q = {.struct_size = sizeof q,
+                            .op = C10D_STORE_OP_MULTI_GET,
+                            .keys = (const char *const *)x->keys,
+                            .nkeys = (size_t)x->size};
+    int rc = c10d__store_call(x->store, &q, on_addrs, x);
     if (rc < 0)
         exchange_fail(x, rc, "reading the peers' addresses", c10d_last_error());
 }
@@ -755,8 +766,12 @@ static int tcp_create(const struct c10d__backend_config *cfg, void (*done)(void 
             return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
         }
     }
-    int rc = c10d_store_set(cfg->store, x->keys[cfg->rank], address, strlen(address),
-                            on_addr_published, x);
+    c10d_store_request q = {.struct_size = sizeof q,
+                            .op = C10D_STORE_OP_SET,
+                            .key = x->keys[cfg->rank],
+                            .value = address,
+                            .len = strlen(address)};
+    int rc = c10d__store_call(cfg->store, &q, on_addr_published, x);
     if (rc < 0) {
         exchange_free(x);
         state_destroy(s);
@@ -767,7 +782,6 @@ static int tcp_create(const struct c10d__backend_config *cfg, void (*done)(void 
 }
 
 const struct c10d__backend_vtable c10d__tcp_backend = {
-    .size = sizeof(struct c10d__backend_vtable),
     .name = "tcp",
     .check = tcp_check,
     .create = tcp_create,

@@ -1,8 +1,11 @@
-/* Store ops and the public async entry points: check on the caller's thread,
- * copy, post to the loop, finish exactly once there. */
+/* Store ops and the public entry point: check on the caller's thread, copy
+ * into an op that is its work's payload, post to the loop, finish exactly
+ * once there by completing the work. */
 #include "store.h"
 
 #include "engine/log.h"
+#include "engine/opts.h"
+#include "engine/work.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -89,17 +92,29 @@ int c10d_store_dialect_of(c10d_store *store)
 
 /* ------------------------------------------------------------------ ops */
 
-struct c10d__store_op *c10d__store_op_new(int cmd, const struct c10d__store_str *args, size_t nargs,
-                                          int64_t i64)
+/* Any unique address: tells store ops from other producers' payloads. */
+static const char op_payload_kind = 's';
+
+static void op_free(void *payload);
+
+int c10d__store_op_new(struct c10d__store_op **out, int cmd, const struct c10d__store_str *args,
+                       size_t nargs, int64_t i64)
 {
+    *out = NULL;
     size_t bytes = 0;
     for (size_t i = 0; i < nargs; i++)
         bytes += args[i].len + 1;
     struct c10d__store_op *op = calloc(1, sizeof *op + nargs * sizeof *op->args + bytes);
-    if (!op) {
-        c10d__fail(C10D_ENOMEM, "store %s: out of memory", c10d__store_cmd_name(cmd));
-        return NULL;
+    if (!op)
+        return c10d__fail(C10D_ENOMEM, "store %s: out of memory", c10d__store_cmd_name(cmd));
+    char what[64];
+    snprintf(what, sizeof what, "store %s", c10d__store_cmd_name(cmd));
+    int rc = c10d__work_create(&op->work, what, 0);
+    if (rc != 0) {
+        free(op);
+        return rc;
     }
+    c10d__work_set_payload(op->work, &op_payload_kind, op, op_free);
     op->args = (struct c10d__store_str *)(op + 1);
     uint8_t *p = (uint8_t *)(op->args + nargs);
     for (size_t i = 0; i < nargs; i++) {
@@ -115,7 +130,13 @@ struct c10d__store_op *c10d__store_op_new(int cmd, const struct c10d__store_str 
     op->req.nargs = nargs;
     op->req.args = op->args;
     op->res.message = "";
-    return op;
+    *out = op;
+    return 0;
+}
+
+struct c10d__store_op *c10d__store_op_of(c10d_work *work)
+{
+    return work != NULL ? c10d__work_payload(work, &op_payload_kind) : NULL;
 }
 
 static void op_free_result(struct c10d__store_op *op)
@@ -128,10 +149,10 @@ static void op_free_result(struct c10d__store_op *op)
     op->res_message = NULL;
 }
 
-void c10d__store_op_free(struct c10d__store_op *op)
+/* The work's payload destructor: the op goes with its work. */
+static void op_free(void *payload)
 {
-    if (!op)
-        return;
+    struct c10d__store_op *op = payload;
     op_free_result(op);
     if (op->req.args != op->args)
         free((void *)op->req.args);
@@ -147,19 +168,39 @@ static void submit_task_fn(struct c10d__task *t)
     op->store->vt->submit(op->store, op);
 }
 
-int c10d__store_op_submit(c10d_store *s, struct c10d__store_op *op)
+void c10d__store_op_discard(struct c10d__store_op *op)
 {
+    if (!op)
+        return;
+    /* Completed first: that takes the work off the engine's pending list. */
+    c10d__work_complete(op->work, C10D_ECANCELED, "store %s: not submitted",
+                        c10d__store_cmd_name(op->req.cmd));
+    c10d_work_release(op->work);
+}
+
+int c10d__store_op_submit(c10d_store *s, struct c10d__store_op *op, c10d_work **work)
+{
+    /* Read before posting: from then on the loop may finish the op and drop
+     * the op's reference at any moment. */
+    c10d_work *w = op->work;
     if (op->timeout_ms <= 0)
         op->timeout_ms = atomic_load(&s->timeout_ms);
     c10d__store_ref(s);
     op->store = s;
     op->task.fn = submit_task_fn;
+    if (work)
+        c10d_work_retain(w);
     int rc = c10d__engine_post(&op->task);
     if (rc < 0) {
+        op->store = NULL;
         c10d__store_unref(s);
-        c10d__store_op_free(op);
+        if (work)
+            c10d_work_release(w);
+        c10d__store_op_discard(op);
         return c10d__fail(rc, "store: the engine is shutting down");
     }
+    if (work)
+        *work = w;
     return 0;
 }
 
@@ -190,11 +231,12 @@ int c10d__store_op_add_list_prefix(struct c10d__store_op *op, const char *prefix
 int c10d__store_op_set_data(struct c10d__store_op *op, const void *data, size_t len)
 {
     free(op->res_data);
-    op->res_data = malloc(len ? len : 1);
+    op->res_data = malloc(len + 1);
     if (!op->res_data)
         return c10d__fail(C10D_ENOMEM, "store: out of memory for a %zu-byte value", len);
     if (len)
         memcpy(op->res_data, data, len);
+    ((char *)op->res_data)[len] = 0;
     op->res.data.data = op->res_data;
     op->res.data.len = len;
     return 0;
@@ -262,11 +304,13 @@ static void op_vfinish(struct c10d__store_op *op, int status, const char *fmt, v
         op->res.count = 0;
     }
     c10d_store *s = op->store;
-    if (op->cb)
-        op->cb(&op->res, op->arg);
-    c10d__store_op_free(op);
+    c10d_work *w = op->work;
+    op->store = NULL;
+    /* The op belongs to its work from here on: a waiter may be reading it. */
+    c10d__work_complete(w, status, "%s", status < 0 ? op->res.message : "");
     if (s)
         c10d__store_unref(s);
+    c10d_work_release(w);
 }
 
 void c10d__store_op_finish(struct c10d__store_op *op, int status, const char *fmt, ...)
@@ -358,217 +402,4 @@ size_t c10d__store_op_wait_keys(const struct c10d__store_op *op,
         *keys = NULL;
         return 0;
     }
-}
-
-/* ------------------------------------------------------ public entry points */
-
-static int check_store(c10d_store *s, const char *what)
-{
-    if (!s)
-        return c10d__fail(C10D_EINVAL, "store %s: store is NULL", what);
-    if (atomic_load(&s->users) <= 0)
-        return c10d__fail(C10D_EINVAL, "store %s: store was released", what);
-    return 0;
-}
-
-static int check_key(const char *key, const char *what)
-{
-    if (!key)
-        return c10d__fail(C10D_EINVAL, "store %s: key is NULL", what);
-    return 0;
-}
-
-static int check_value(const void *value, size_t len, const char *what, const char *name)
-{
-    if (!value && len)
-        return c10d__fail(C10D_EINVAL, "store %s: %s is NULL but its length is %zu", what, name,
-                          len);
-    return 0;
-}
-
-static struct c10d__store_str str_of(const void *data, size_t len)
-{
-    struct c10d__store_str s = {data, len};
-    return s;
-}
-
-static struct c10d__store_str key_of(const char *key)
-{
-    return str_of(key, strlen(key));
-}
-
-static int post(c10d_store *s, int cmd, const struct c10d__store_str *args, size_t nargs,
-                int64_t i64, int block, int64_t timeout_ms, c10d_store_cb cb, void *arg)
-{
-    struct c10d__store_op *op = c10d__store_op_new(cmd, args, nargs, i64);
-    if (!op)
-        return C10D_ENOMEM;
-    op->block = block;
-    op->timeout_ms = timeout_ms;
-    op->cb = cb;
-    op->arg = arg;
-    return c10d__store_op_submit(s, op);
-}
-
-static int key_value_op(c10d_store *s, int cmd, const char *what, const char *key,
-                        const void *value, size_t len, c10d_store_cb cb, void *arg)
-{
-    C10D_CHECK(check_store(s, what));
-    C10D_CHECK(check_key(key, what));
-    C10D_CHECK(check_value(value, len, what, "value"));
-    struct c10d__store_str args[2] = {key_of(key), str_of(value, len)};
-    return post(s, cmd, args, 2, 0, 0, 0, cb, arg);
-}
-
-static int key_op(c10d_store *s, int cmd, const char *what, const char *key, int block,
-                  c10d_store_cb cb, void *arg)
-{
-    C10D_CHECK(check_store(s, what));
-    C10D_CHECK(check_key(key, what));
-    struct c10d__store_str k = key_of(key);
-    return post(s, cmd, &k, 1, 0, block, 0, cb, arg);
-}
-
-static int keys_op(c10d_store *s, int cmd, const char *what, const char *const *keys, size_t n,
-                   int64_t timeout_ms, c10d_store_cb cb, void *arg)
-{
-    C10D_CHECK(check_store(s, what));
-    if (n && !keys)
-        return c10d__fail(C10D_EINVAL, "store %s: keys is NULL but n is %zu", what, n);
-    struct c10d__store_str *args = malloc((n ? n : 1) * sizeof *args);
-    if (!args)
-        return c10d__fail(C10D_ENOMEM, "store %s: out of memory", what);
-    for (size_t i = 0; i < n; i++) {
-        if (!keys[i]) {
-            free(args);
-            return c10d__fail(C10D_EINVAL, "store %s: key at index %zu is NULL", what, i);
-        }
-        args[i] = key_of(keys[i]);
-    }
-    int rc = post(s, cmd, args, n, 0, 0, timeout_ms, cb, arg);
-    free(args);
-    return rc;
-}
-
-int c10d_store_set(c10d_store *s, const char *key, const void *value, size_t len, c10d_store_cb cb,
-                   void *arg)
-{
-    return key_value_op(s, C10D_STORE_SET, "set", key, value, len, cb, arg);
-}
-
-int c10d_store_append(c10d_store *s, const char *key, const void *value, size_t len,
-                      c10d_store_cb cb, void *arg)
-{
-    return key_value_op(s, C10D_STORE_APPEND, "append", key, value, len, cb, arg);
-}
-
-int c10d_store_queue_push(c10d_store *s, const char *key, const void *value, size_t len,
-                          c10d_store_cb cb, void *arg)
-{
-    return key_value_op(s, C10D_STORE_QUEUE_PUSH, "queue_push", key, value, len, cb, arg);
-}
-
-int c10d_store_get(c10d_store *s, const char *key, c10d_store_cb cb, void *arg)
-{
-    return key_op(s, C10D_STORE_GET, "get", key, 0, cb, arg);
-}
-
-int c10d_store_delete_key(c10d_store *s, const char *key, c10d_store_cb cb, void *arg)
-{
-    return key_op(s, C10D_STORE_DELETE_KEY, "delete_key", key, 0, cb, arg);
-}
-
-int c10d_store_queue_pop(c10d_store *s, const char *key, int block, c10d_store_cb cb, void *arg)
-{
-    return key_op(s, C10D_STORE_QUEUE_POP, "queue_pop", key, block != 0, cb, arg);
-}
-
-int c10d_store_queue_len(c10d_store *s, const char *key, c10d_store_cb cb, void *arg)
-{
-    return key_op(s, C10D_STORE_QUEUE_LEN, "queue_len", key, 0, cb, arg);
-}
-
-int c10d_store_add(c10d_store *s, const char *key, int64_t delta, c10d_store_cb cb, void *arg)
-{
-    C10D_CHECK(check_store(s, "add"));
-    C10D_CHECK(check_key(key, "add"));
-    struct c10d__store_str k = key_of(key);
-    return post(s, C10D_STORE_ADD, &k, 1, delta, 0, 0, cb, arg);
-}
-
-int c10d_store_compare_set(c10d_store *s, const char *key, const void *expected,
-                           size_t expected_len, const void *desired, size_t desired_len,
-                           c10d_store_cb cb, void *arg)
-{
-    C10D_CHECK(check_store(s, "compare_set"));
-    C10D_CHECK(check_key(key, "compare_set"));
-    C10D_CHECK(check_value(expected, expected_len, "compare_set", "expected"));
-    C10D_CHECK(check_value(desired, desired_len, "compare_set", "desired"));
-    struct c10d__store_str args[3] = {key_of(key), str_of(expected, expected_len),
-                                      str_of(desired, desired_len)};
-    return post(s, C10D_STORE_COMPARE_SET, args, 3, 0, 0, 0, cb, arg);
-}
-
-int c10d_store_wait(c10d_store *s, const char *const *keys, size_t n, int64_t timeout_ms,
-                    c10d_store_cb cb, void *arg)
-{
-    return keys_op(s, C10D_STORE_WAIT, "wait", keys, n, timeout_ms > 0 ? timeout_ms : 0, cb, arg);
-}
-
-int c10d_store_check(c10d_store *s, const char *const *keys, size_t n, c10d_store_cb cb, void *arg)
-{
-    return keys_op(s, C10D_STORE_CHECK, "check", keys, n, 0, cb, arg);
-}
-
-int c10d_store_multi_get(c10d_store *s, const char *const *keys, size_t n, c10d_store_cb cb,
-                         void *arg)
-{
-    return keys_op(s, C10D_STORE_MULTI_GET, "multi_get", keys, n, 0, cb, arg);
-}
-
-int c10d_store_multi_set(c10d_store *s, const char *const *keys, const void *const *values,
-                         const size_t *lens, size_t n, c10d_store_cb cb, void *arg)
-{
-    C10D_CHECK(check_store(s, "multi_set"));
-    if (n && (!keys || !values || !lens))
-        return c10d__fail(C10D_EINVAL, "store multi_set: keys, values and lens must not be NULL");
-    struct c10d__store_str *args = malloc((2 * n + 1) * sizeof *args);
-    if (!args)
-        return c10d__fail(C10D_ENOMEM, "store multi_set: out of memory");
-    for (size_t i = 0; i < n; i++) {
-        if (!keys[i] || (!values[i] && lens[i])) {
-            free(args);
-            return c10d__fail(C10D_EINVAL, "store multi_set: %s at index %zu is NULL",
-                              keys[i] ? "value" : "key", i);
-        }
-        args[2 * i] = key_of(keys[i]);
-        args[2 * i + 1] = str_of(values[i], lens[i]);
-    }
-    int rc = post(s, C10D_STORE_MULTI_SET, args, 2 * n, 0, 0, 0, cb, arg);
-    free(args);
-    return rc;
-}
-
-int c10d_store_num_keys(c10d_store *s, c10d_store_cb cb, void *arg)
-{
-    C10D_CHECK(check_store(s, "num_keys"));
-    return post(s, C10D_STORE_GETNUMKEYS, NULL, 0, 0, 0, 0, cb, arg);
-}
-
-int c10d_store_list_keys(c10d_store *s, c10d_store_cb cb, void *arg)
-{
-    C10D_CHECK(check_store(s, "list_keys"));
-    return post(s, C10D_STORE_LIST_KEYS, NULL, 0, 0, 0, 0, cb, arg);
-}
-
-int c10d_store_server_stats(c10d_store *s, c10d_store_cb cb, void *arg)
-{
-    C10D_CHECK(check_store(s, "server_stats"));
-    return post(s, C10D_STORE_STATS, NULL, 0, 0, 0, 0, cb, arg);
-}
-
-int c10d_store_ping(c10d_store *s, c10d_store_cb cb, void *arg)
-{
-    C10D_CHECK(check_store(s, "ping"));
-    return post(s, C10D_STORE_PING, NULL, 0, 0, 0, 0, cb, arg);
 }

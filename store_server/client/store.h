@@ -1,11 +1,14 @@
 /* The client stores behind one interface (docs/store_client.md).
  *
- * A public call checks its arguments, copies them into a c10d__store_op and
- * posts it to the loop thread, where the store's vtable `submit` runs. The
+ * Every store operation is a c10d_work from birth. A request is checked on
+ * the caller's thread, copied into a c10d__store_op (the payload of its work)
+ * and posted to the loop thread, where the store's vtable `submit` runs. The
  * store finishes the op exactly once with c10d__store_op_finish(), on the loop
- * thread; that runs the user's callback and frees the op. Requests use the
- * codec's layout (struct c10d__store_request), so the TCP store encodes them
- * as they are and the other stores run them against the server's table.
+ * thread: that fills in the op's result and completes the work, whose
+ * callbacks and waiters then read the result in place. The op lives as long
+ * as its work. Requests use the codec's layout (struct c10d__store_request),
+ * so the TCP store encodes them as they are and the other stores run them
+ * against the server's table.
  */
 #ifndef C10D_ENGINE_STORE_H
 #define C10D_ENGINE_STORE_H
@@ -59,15 +62,14 @@ struct c10d__store_op {
     int phase;            /* the stores' progress through a composite op */
     int64_t timeout_ms;   /* > 0 */
     uint64_t deadline_ms; /* c10d__now_ms() clock; set when submitted */
-    c10d_store_cb cb;
-    void *arg;
-    c10d_store *store; /* holds a reference */
+    c10d_work *work;      /* its future; the op is its payload and dies with it */
+    c10d_store *store;    /* holds a reference until the op finished */
     struct c10d__task task;
     struct c10d__store_op *next; /* for the stores' queues */
     void *priv;                  /* the store's */
     int finished;
     char *list_prefix; /* LIST_KEYS through prefix stores: keep and strip these */
-    /* The result, owned by the op until the callback returns. */
+    /* The result, read through c10d_store_work_result(work). */
     c10d_store_result res;
     void *res_data;
     c10d_store_bytes *res_items;
@@ -86,22 +88,32 @@ void c10d__store_unref(c10d_store *s);
  * reached over TCP or has not connected yet. */
 int c10d__store_route(c10d_store *s, struct c10d__store_route *out);
 
-/* Builds an op. args: the codec layout for `cmd`; every string is copied.
- * NULL on allocation failure (with c10d_last_error set). */
-struct c10d__store_op *c10d__store_op_new(int cmd, const struct c10d__store_str *args, size_t nargs,
-                                          int64_t i64);
-void c10d__store_op_free(struct c10d__store_op *op);
-/* Posts op to `s` (takes a reference on s). On failure the op is freed and
- * nothing calls back. */
-int c10d__store_op_submit(c10d_store *s, struct c10d__store_op *op);
-/* Submits op and blocks the calling thread (never the loop thread) until it
- * finishes, or until its deadline plus a margin if the loop never answers.
- * timeout_ms > 0 sets the op's deadline (else the store's timeout). Takes op
- * on every path; sets op's callback. Returns the op's status, with
- * c10d_last_error() set on failure; *value (if not NULL) gets the result's
- * value on success. */
+/* Builds an op and its work (op->work, one reference: the caller's until
+ * submitted) into *out. args: the codec layout for `cmd`; every string is
+ * copied. Returns 0, or C10D_ENOMEM / C10D_EABORTED (shutting down). */
+int c10d__store_op_new(struct c10d__store_op **out, int cmd, const struct c10d__store_str *args,
+                       size_t nargs, int64_t i64);
+/* Drops an op that was never submitted (and its work). */
+void c10d__store_op_discard(struct c10d__store_op *op);
+/* Posts op to `s` (takes a reference on s). *work (if not NULL) gets a
+ * reference to the op's work; the op's own reference is the loop's from now
+ * on. On failure the op is dropped, *work stays NULL and nothing calls back. */
+int c10d__store_op_submit(c10d_store *s, struct c10d__store_op *op, c10d_work **work);
+/* Submits op and waits for its work (never on the loop thread), bounded by
+ * its deadline plus a margin should the loop never answer. timeout_ms > 0
+ * sets the op's deadline (else the store's timeout). Takes op on every path.
+ * Returns the op's status, with c10d_last_error() set on failure; *value (if
+ * not NULL) gets the result's value on success. */
 int c10d__store_op_run_sync(c10d_store *s, struct c10d__store_op *op, int64_t timeout_ms,
                             int64_t *value);
+/* The library's own asynchronous store calls (group layer, backends): submits
+ * `req` and calls cb on the loop thread once it finished, with the result in
+ * c10d_store_work_result(work) during the call. cb may be NULL (fire and
+ * forget). Returns 0, or the submit error (cb is never called). */
+int c10d__store_call(c10d_store *s, const c10d_store_request *req, c10d_work_cb cb, void *arg);
+/* The op behind a store work (NULL for another kind of work). */
+struct c10d__store_op *c10d__store_op_of(c10d_work *work);
+
 /* Hands `op` to `s` right now (loop thread): how a prefix store forwards to
  * its base (the op's reference moves from the old store to s). */
 void c10d__store_op_forward(c10d_store *s, struct c10d__store_op *op);
@@ -110,14 +122,16 @@ void c10d__store_op_forward(c10d_store *s, struct c10d__store_op *op);
  * what outer prefixes asked for) and strips it. */
 int c10d__store_op_add_list_prefix(struct c10d__store_op *op, const char *prefix, size_t plen);
 
-/* Result setters (copy their input). set_items: MULTI_GET's values and
- * LIST_KEYS's keys, each with `strip` leading bytes removed (the TCP
- * store's "/") and filtered by op->list_prefix if set. */
+/* Result setters (copy their input; data is NUL-terminated past its length,
+ * so a text value can be handed out as a C string). set_items: MULTI_GET's
+ * values and LIST_KEYS's keys, each with `strip` leading bytes removed (the
+ * TCP store's "/") and filtered by op->list_prefix if set. */
 int c10d__store_op_set_data(struct c10d__store_op *op, const void *data, size_t len);
 int c10d__store_op_set_items(struct c10d__store_op *op, const struct c10d__store_str *items,
                              size_t n, size_t strip);
-/* Finishes the op: status 0 or negative with a printf message. Calls the
- * callback, drops the store reference, frees the op. Loop thread. */
+/* Finishes the op: status 0 or negative with a printf message. Completes its
+ * work (whose callbacks run next on the loop) and drops the op's references
+ * on the store and on the work. Loop thread. */
 void c10d__store_op_finish(struct c10d__store_op *op, int status, const char *fmt, ...)
     C10D_PRINTF(3, 4);
 /* Finishes every op of a singly linked list (ops' `next`). */

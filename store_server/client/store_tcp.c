@@ -127,9 +127,8 @@ static int raw_add(struct tcp_store *ts, const char *key, int64_t delta, int64_t
                    int64_t *value)
 {
     struct c10d__store_str k = {(const uint8_t *)key, strlen(key)};
-    struct c10d__store_op *op = c10d__store_op_new(C10D_STORE_ADD, &k, 1, delta);
-    if (!op)
-        return C10D_ENOMEM;
+    struct c10d__store_op *op;
+    C10D_CHECK(c10d__store_op_new(&op, C10D_STORE_ADD, &k, 1, delta));
     op->raw_keys = 1;
     return c10d__store_op_run_sync(&ts->base, op, timeout_ms, value);
 }
@@ -233,8 +232,10 @@ int c10d_store_tcp_connect(const char *host, int port, const c10d_store_tcp_opts
     c10d__store_reply_parser_init(&ts->rp, &lim);
 
     uint64_t deadline = c10d__now_ms() + (uint64_t)o.timeout_ms;
-    struct c10d__store_op *op = c10d__store_op_new(C10D_STORE_VALIDATE, NULL, 0, 0);
-    int rc = op ? c10d__store_op_run_sync(&ts->base, op, o.timeout_ms, NULL) : C10D_ENOMEM;
+    struct c10d__store_op *op;
+    int rc = c10d__store_op_new(&op, C10D_STORE_VALIDATE, NULL, 0, 0);
+    if (rc == 0)
+        rc = c10d__store_op_run_sync(&ts->base, op, o.timeout_ms, NULL);
     if (rc == 0 && o.world_size > 0)
         rc = register_worker(ts, &o, deadline);
     if (rc < 0) {
