@@ -1,35 +1,28 @@
-/* Posting a call to the loop and waiting for it (see loop_call.h). */
+/* Posting a call to the loop and waiting for it (see loop_call.h): a work the
+ * loop side completes, and one atomic word that settles who owns `arg` when
+ * the waiter gives up at the moment the loop side answers. */
 #include "loop_call.h"
 
 #include "error.h"
 #include "loop.h"
+#include "work.h"
 
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <uv.h>
+
+enum { CALL_PENDING, CALL_ANSWERED, CALL_ABANDONED };
 
 struct c10d__loop_call {
     struct c10d__task task;
     c10d__loop_call_fn fn;
     void *arg;
     void (*release)(void *arg);
-    uv_mutex_t mutex;
-    uv_cond_t cond;
-    /* Guarded by mutex. */
-    int done, abandoned, status;
-    char message[1024];
-    atomic_int refs; /* the waiter's and the loop side's */
+    c10d_work *work; /* the call is its payload */
+    atomic_int state;
 };
 
-static void call_unref(struct c10d__loop_call *c)
-{
-    if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1) {
-        uv_cond_destroy(&c->cond);
-        uv_mutex_destroy(&c->mutex);
-        free(c);
-    }
-}
+/* Any unique address: tells loop calls from other producers' payloads. */
+static const char payload_kind = 'c';
 
 static void call_task(struct c10d__task *t)
 {
@@ -39,16 +32,13 @@ static void call_task(struct c10d__task *t)
 
 void c10d__loop_call_done(struct c10d__loop_call *c, int status, const char *message)
 {
-    uv_mutex_lock(&c->mutex);
-    c->done = 1;
-    c->status = status;
-    snprintf(c->message, sizeof c->message, "%s", message != NULL ? message : "");
-    int abandoned = c->abandoned;
-    uv_cond_signal(&c->cond);
-    uv_mutex_unlock(&c->mutex);
-    if (abandoned && c->release != NULL)
+    c10d_work *w = c->work;
+    int was = CALL_PENDING;
+    /* The waiter left first: arg is ours, and nobody reads the answer. */
+    if (!atomic_compare_exchange_strong(&c->state, &was, CALL_ANSWERED) && c->release != NULL)
         c->release(c->arg);
-    call_unref(c);
+    c10d__work_complete(w, status, "%s", message != NULL ? message : "");
+    c10d_work_release(w); /* the loop side's */
 }
 
 int c10d__loop_call_run(c10d__loop_call_fn fn, void *arg, void (*release)(void *arg),
@@ -61,37 +51,40 @@ int c10d__loop_call_run(c10d__loop_call_fn fn, void *arg, void (*release)(void *
     struct c10d__loop_call *c = calloc(1, sizeof *c);
     if (c == NULL)
         return c10d__fail(C10D_ENOMEM, "out of memory");
+    c10d_work *w;
+    int rc = c10d__work_create(&w, "loop call", 0);
+    if (rc != 0) {
+        free(c);
+        return rc;
+    }
+    c10d__work_set_payload(w, &payload_kind, c, free);
     c->fn = fn;
     c->arg = arg;
     c->release = release;
+    c->work = w;
     c->task.fn = call_task;
-    uv_mutex_init(&c->mutex);
-    uv_cond_init(&c->cond);
-    atomic_init(&c->refs, 2);
-    int rc = c10d__engine_post(&c->task);
+    atomic_init(&c->state, CALL_PENDING);
+    c10d_work_retain(w); /* the loop side's */
+    rc = c10d__engine_post(&c->task);
     if (rc != 0) {
-        atomic_store(&c->refs, 1);
-        call_unref(c);
+        c10d_work_release(w);
+        c10d__work_complete(w, rc, "%s", c10d_last_error());
+        c10d_work_release(w);
         return rc;
     }
     /* Every blocking path has a deadline: there is no "wait for ever". */
-    uint64_t deadline = c10d__now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 1) * 1000000u;
-    uv_mutex_lock(&c->mutex);
-    while (!c->done) {
-        uint64_t now = c10d__now_ns();
-        if (now >= deadline)
-            break;
-        uv_cond_timedwait(&c->cond, &c->mutex, deadline - now);
+    rc = c10d_work_wait(w, timeout_ms > 0 ? timeout_ms : 1);
+    int was = CALL_PENDING;
+    if (atomic_compare_exchange_strong(&c->state, &was, CALL_ABANDONED)) {
+        /* No answer: the wait timed out, or shutdown aborted the work before
+         * the loop side ran. Either way arg is the loop side's now. */
+        *abandoned = 1;
+        int done = c10d_work_test(w) == 1;
+        c10d_work_release(w);
+        return done ? rc : c10d__fail(C10D_ETIMEDOUT, "%s", on_timeout);
     }
-    int done = c->done;
-    if (!done)
-        c->abandoned = *abandoned = 1;
-    rc = done ? c->status : C10D_ETIMEDOUT;
-    if (done && rc < 0)
-        c10d__fail(rc, "%s", c->message);
-    uv_mutex_unlock(&c->mutex);
-    call_unref(c);
-    if (!done)
-        return c10d__fail(C10D_ETIMEDOUT, "%s", on_timeout);
+    /* Answered: the completion follows the answer at once. */
+    rc = c10d_work_wait(w, -1);
+    c10d_work_release(w);
     return rc;
 }

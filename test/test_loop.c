@@ -359,6 +359,14 @@ static void answer_parked(void *arg)
     c10d__loop_call_done(parked_call, 0, NULL);
 }
 
+static void *shutdown_soon(void *arg)
+{
+    (void)arg;
+    usleep(50000);
+    c10d_shutdown();
+    return NULL;
+}
+
 static void try_from_loop(struct c10d__loop_call *call, void *arg)
 {
     int abandoned;
@@ -395,7 +403,18 @@ static void test_loop_call(void **state)
     assert_int_equal(c10d__loop_call_run(try_from_loop, &nested, NULL, 5000, "late", &abandoned),
                      0);
     assert_int_equal(nested, C10D_EDEADLK);
-    c10d_shutdown();
+    /* Shutdown while the loop side has not answered: the waiter returns at
+     * once (the engine aborts the call's work), and the call is abandoned,
+     * so the caller never touches arg again. */
+    pthread_t stopper;
+    assert_int_equal(pthread_create(&stopper, NULL, shutdown_soon, NULL), 0);
+    uint64_t t0 = uv_hrtime();
+    assert_int_equal(
+        c10d__loop_call_run(answer_later, NULL, release_flag, 20000, "gave up", &abandoned),
+        C10D_EABORTED);
+    assert_true(abandoned);
+    assert_true(uv_hrtime() - t0 < 10000000000ull);
+    pthread_join(stopper, NULL);
 }
 
 int main(void)
