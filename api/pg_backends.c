@@ -146,9 +146,9 @@ static void create_on_loop(struct c10d__loop_call *call, void *arg)
     if (cc->parent != NULL && cc->parent->backends[cc->cfg.device_type].vt == cc->vt)
         parent_state = cc->parent->backends[cc->cfg.device_type].state;
     int (*split)(void *, const struct c10d__backend_config *, int, int, c10d__backend_done_fn,
-                 void *, void **) = C10D__BACKEND_ENTRY(cc->vt, split);
+                 void *, void **) = cc->vt->split;
     int (*shrink)(void *, const struct c10d__backend_config *, const int *, int,
-                  c10d__backend_done_fn, void *, void **) = C10D__BACKEND_ENTRY(cc->vt, shrink);
+                  c10d__backend_done_fn, void *, void **) = cc->vt->shrink;
     int rc = 0;
     if (cc->excluded != NULL && parent_state != NULL && shrink != NULL)
         rc = shrink(parent_state, &cc->cfg, cc->excluded, cc->nexcluded, create_done, cc, &state);
@@ -290,7 +290,7 @@ int c10d__pg_split_out(c10d_pg *parent)
 {
     for (int d = 0; d < C10D__PG_NDEV; d++) {
         const struct c10d__backend_vtable *vt = parent->backends[d].vt;
-        if (vt == NULL || C10D__BACKEND_ENTRY(vt, split) == NULL)
+        if (vt == NULL || vt->split == NULL)
             continue;
         struct create_call *cc = calloc(1, sizeof *cc);
         if (cc == NULL)

@@ -185,10 +185,7 @@ static int post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *optype
     struct c10d__pg_backend *b = &pg->backends[head->dev];
     /* A device backend that times ops from their start on the device keeps
      * the deadline itself. */
-    int own_deadline = b->vt != NULL &&
-                       b->vt->size >= offsetof(struct c10d__backend_vtable, timeout_from_start) +
-                                          sizeof b->vt->timeout_from_start &&
-                       b->vt->timeout_from_start;
+    int own_deadline = b->vt != NULL && b->vt->timeout_from_start;
     c10d_work *w;
     C10D_CHECK(c10d__work_create(&w, what, own_deadline ? 0 : timeout));
     for (struct c10d__pg_op *po = head; po != NULL; po = po->next_in_list) {
@@ -212,7 +209,7 @@ static int post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *optype
     pg->refs++;
     *handed_over = 1;
     int (*enqueue)(void *, struct c10d__op *) =
-        b->vt != NULL && b->state != NULL ? C10D__BACKEND_ENTRY(b->vt, enqueue) : NULL;
+        b->vt != NULL && b->state != NULL ? b->vt->enqueue : NULL;
     if (enqueue != NULL) {
         /* Phase one here, on the caller's thread and under the group's lock:
          * the backend orders the op after what the caller enqueued before.

@@ -100,9 +100,6 @@ struct c10d__backend_config {
 typedef void (*c10d__backend_done_fn)(void *arg, int status);
 
 struct c10d__backend_vtable {
-    /* sizeof(struct c10d__backend_vtable) as the backend was compiled: the
-     * group reads optional entries only if the table is long enough. */
-    size_t size;
     const char *name; /* "tcp", "nccl" */
     /* Any thread. Whether this backend can run `op` (dtype/redop/device); 0 or
      * C10D_EINVAL / C10D_EUNSUPPORTED with a message such as "Cannot use
@@ -166,11 +163,5 @@ int c10d__backend_find(const char *name, const struct c10d__backend_vtable **out
 /* Parses "tcp", "nccl", "cpu:tcp,cuda:nccl" into one backend per device type. */
 int c10d__backend_parse(const char *spec,
                         const struct c10d__backend_vtable *out[C10D__DEVICE_TYPES]);
-
-/* The optional entry `field` of vt, or NULL when vt predates it. */
-#define C10D__BACKEND_ENTRY(vt, field)                                                             \
-    ((vt)->size >= offsetof(struct c10d__backend_vtable, field) + sizeof((vt)->field)              \
-         ? (vt)->field                                                                             \
-         : NULL)
 
 #endif

@@ -250,7 +250,6 @@ static void stream_run(void *state, struct c10d__op *op)
 }
 
 const struct c10d__backend_vtable stream_backend = {
-    .size = sizeof(struct c10d__backend_vtable),
     .name = "stream",
     .check = stream_check,
     .create = stream_create,

@@ -110,7 +110,6 @@ static void fake_destroy(void *state, c10d__backend_done_fn done, void *arg)
 }
 
 static const struct c10d__backend_vtable fake_backend = {
-    .size = sizeof(struct c10d__backend_vtable),
     .name = "tcp",
     .check = fake_check,
     .create = fake_create,

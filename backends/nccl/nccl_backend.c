@@ -814,7 +814,6 @@ static int nccl_shrink(void *parent, const struct c10d__backend_config *cfg, con
 }
 
 const struct c10d__backend_vtable c10d__nccl_backend = {
-    .size = sizeof(struct c10d__backend_vtable),
     .name = "nccl",
     .check = c10d__nccl_check,
     .create = nccl_create,

@@ -837,7 +837,6 @@ static void staged_destroy(void *state, c10d__backend_done_fn done, void *arg)
 }
 
 const struct c10d__backend_vtable c10d__tcp_cuda_backend = {
-    .size = sizeof(struct c10d__backend_vtable),
     .name = "tcp",
     .check = staged_check,
     .create = staged_create,
