@@ -87,10 +87,8 @@ struct c10d_pg {
  * caller's count arrays and buffer lists). Freed once the backend has run it
  * and its work has completed. */
 struct c10d__pg_op {
-    struct c10d__task task;
     c10d_pg *pg;
     int dev;      /* index into pg->backends */
-    int refs;     /* loop thread: the run task + the completion */
     int internal; /* the library's own op (monitored_barrier): no poisoning */
     struct c10d__op op;
     struct c10d__pg_op *next_in_list; /* coalesced / batched members */

@@ -93,7 +93,6 @@ struct c10d__pg_op *c10d__pg_op_new(c10d_pg *pg, int dev, size_t extra_bytes)
     }
     po->pg = pg;
     po->dev = dev;
-    po->refs = 2;
     po->storage = po + 1;
     return po;
 }

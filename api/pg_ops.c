@@ -1,7 +1,7 @@
 /* Op dispatch: every public collective and P2P call is checked here on the
- * caller's thread, then numbered, given its work and posted to the loop where
- * the backend runs it. Numbering and posting happen under the group's mutex,
- * so the loop sees ops in sequence order whatever thread issued them. */
+ * caller's thread, then numbered, given its work and handed to the backend
+ * (its `submit`). Numbering and hand-over happen under the group's mutex, so
+ * backends see ops in sequence order whatever thread issued them. */
 #include "pg.h"
 
 #include "engine/error.h"
@@ -16,44 +16,27 @@
 
 /* ------------------------------------------------------------ op records */
 
-/* Loop thread. The last of (run task, completion) frees the record: the
- * backend may read it until it has run it, and until its work completed. */
-static void op_unref(struct c10d__pg_op *po)
-{
-    if (--po->refs > 0)
-        return;
-    c10d_pg *pg = po->pg;
-    c10d__pg_op_free(po);
-    c10d__pg_unref(pg);
-}
-
 static const char *first_error_locked(const c10d_pg *pg)
 {
     return pg->first_error != NULL ? pg->first_error : c10d_strerror(pg->first_status);
 }
 
-static void run_task(struct c10d__task *t)
+/* Hands the op (list) to its backend: 0, or the backend's refusal, with the
+ * work failed either way it was not taken. The record lives until the work
+ * completed (op_final). */
+static int hand_over(c10d_pg *pg, struct c10d__pg_op *po)
 {
-    struct c10d__pg_op *po = (struct c10d__pg_op *)t;
-    c10d_pg *pg = po->pg;
-    uv_mutex_lock(&pg->mutex);
-    int status = pg->first_status;
-    char *why = status != 0 ? strdup(first_error_locked(pg)) : NULL;
-    uv_mutex_unlock(&pg->mutex);
-    if (status == 0 && pg->aborted_on_loop)
-        status = C10D_EABORTED;
     struct c10d__pg_backend *b = &pg->backends[po->dev];
-    if (status != 0 || b->state == NULL) {
-        c10d__work_complete(po->op.work, status != 0 ? status : C10D_EABORTED,
-                            "%s %s: process group %s failed earlier: %s", pg->backend_name,
-                            c10d__op_kind_name(po->op.kind), pg->name,
-                            why != NULL ? why : "closed");
-    } else {
-        c10d__fr_started(po->fr_id);
-        b->vt->run(b->state, &po->op);
+    int rc = b->state != NULL
+                 ? b->vt->submit(b->state, &po->op)
+                 : c10d__fail(C10D_EABORTED, "%s %s: process group %s is closed", pg->backend_name,
+                              c10d__op_kind_name(po->op.kind), pg->name);
+    if (rc != 0) {
+        c10d__work_complete(po->op.work, rc, "%s", c10d_last_error());
+        return rc;
     }
-    free(why);
-    op_unref(po);
+    c10d__fr_started(po->fr_id);
+    return 0;
 }
 
 /* The work's last callback: by now every callback registered before
@@ -61,8 +44,11 @@ static void run_task(struct c10d__task *t)
 static void op_final(c10d_work *w, int status, void *arg)
 {
     (void)status;
+    struct c10d__pg_op *po = arg;
+    c10d_pg *pg = po->pg;
     c10d_work_release(w);
-    op_unref(arg);
+    c10d__pg_op_free(po);
+    c10d__pg_unref(pg);
 }
 
 static void op_done(c10d_work *w, int status, void *arg)
@@ -204,34 +190,17 @@ static int post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *optype
         c10d_work_release(w);
         return rc;
     }
-    head->task.fn = run_task;
     pg->pending++;
     pg->refs++;
     *handed_over = 1;
-    int (*enqueue)(void *, struct c10d__op *) =
-        b->vt != NULL && b->state != NULL ? b->vt->enqueue : NULL;
-    if (enqueue != NULL) {
-        /* Phase one here, on the caller's thread and under the group's lock:
-         * the backend orders the op after what the caller enqueued before.
-         * The record lives until the work completes (op_final). */
-        head->refs = 1;
-        rc = enqueue(b->state, &head->op);
-        if (rc != 0) {
-            c10d__work_complete(w, rc, "%s", c10d_last_error());
-            return rc;
-        }
-        c10d__fr_started(head->fr_id);
-    } else {
-        rc = c10d__engine_post(&head->task);
-    }
-    if (rc != 0) {
-        /* c10d_shutdown closed posting after the work was created: its last
-         * sweep completes the (pending) work, and op_done then cleans up as
-         * for any op. The task never runs; the user's callback is not
-         * registered yet, so this failed call never calls back. */
-        head->refs = 1;
+    /* Here, on the caller's thread and under the group's lock: a device
+     * backend orders the op after what the caller enqueued before; a host
+     * backend posts it to the loop. A refusal (c10d_shutdown closed posting,
+     * say) fails the work, and op_done cleans up as for any op; the user's
+     * callback is not registered yet, so this failed call never calls back. */
+    rc = hand_over(pg, head);
+    if (rc != 0)
         return rc;
-    }
     /* Registered after the post: a work that already completed still calls
      * back (later, on the loop). Only during shutdown can this fail; the op
      * is then aborted and the call reports it without a callback. */
@@ -314,7 +283,6 @@ void c10d__pg_submit_internal(c10d_pg *pg, struct c10d__pg_op *po)
     uv_mutex_unlock(&pg->mutex);
     if (c10d__work_on_complete(po->op.work, op_done, po) != 0) {
         /* Cannot call back: complete it so its owner sees the failure. */
-        po->refs = 0;
         c10d__work_complete(po->op.work, C10D_ENOMEM, "out of memory");
         uv_mutex_lock(&pg->mutex);
         pg->pending--;
@@ -324,8 +292,17 @@ void c10d__pg_submit_internal(c10d_pg *pg, struct c10d__pg_op *po)
         c10d__pg_unref(pg);
         return;
     }
-    po->task.fn = run_task;
-    run_task(&po->task);
+    uv_mutex_lock(&pg->mutex);
+    int status = pg->first_status;
+    char *why = status != 0 ? strdup(first_error_locked(pg)) : NULL;
+    uv_mutex_unlock(&pg->mutex);
+    if (status != 0)
+        c10d__work_complete(po->op.work, status, "%s %s: process group %s failed earlier: %s",
+                            pg->backend_name, c10d__op_kind_name(po->op.kind), pg->name,
+                            why != NULL ? why : "");
+    else
+        hand_over(pg, po);
+    free(why);
 }
 
 /* ---------------------------------------------------------- public calls */

@@ -2,18 +2,19 @@
  * all a backend sees of a group. Arguments reaching a backend have been
  * checked (docs/semantics.md) and carry their sequence number.
  *
- * An op has two phases. `enqueue` runs on the caller's thread, under the
- * group's lock, in sequence order: a device backend records the event on the
+ * An op is handed over once: `submit` runs on the caller's thread, under the
+ * group's lock, in sequence order. A device backend records the event on the
  * caller's stream and launches there, so the op is ordered after exactly the
- * work the caller had enqueued. Completion is seen on the loop: through the
- * engine's completion poller (engine/poller.h) for device work, through
- * sockets for host work. A backend without `enqueue` gets `run` on the loop
- * thread instead, in the same order. Everything else runs on the loop thread
+ * work the caller had enqueued; a host backend posts the op to the loop
+ * thread, where its sockets live (op->task). Completion is seen on the loop:
+ * through the engine's completion poller (engine/poller.h) for device work,
+ * through sockets for host work. Everything else runs on the loop thread
  * unless it says otherwise. docs/architecture.md walks an op through both. */
 #ifndef C10D_BACKENDS_BACKEND_H
 #define C10D_BACKENDS_BACKEND_H
 
 #include "c10d.h"
+#include "engine/loop.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -70,6 +71,10 @@ struct c10d__op {
      * reference until then. For RECV from any source it sets the source rank. */
     c10d_work *work;
     struct c10d__op *next; /* coalesced / batched ops: a list run as one unit */
+    /* The backend's own: how a host backend hands the op to the loop thread
+     * (post `task`; `state` says whose op it is when it runs). */
+    struct c10d__task task;
+    void *state;
 };
 
 struct c10d__backend_config {
@@ -110,16 +115,15 @@ struct c10d__backend_vtable {
      * returns an error (then never). */
     int (*create)(const struct c10d__backend_config *cfg, c10d__backend_done_fn done, void *arg,
                   void **state);
-    /* Phase one, optional: the caller's thread, under the group's lock, in
-     * sequence order; must not block. Returns 0 when the backend took the op
-     * (it completes op->work exactly once, from any thread), or a negative
-     * status with c10d_last_error() set: nothing was taken and the group
-     * fails the work. The op record stays valid until op->work completed. */
-    int (*enqueue)(void *state, struct c10d__op *op);
-    /* For a backend without enqueue: runs an op (or a list of coalesced ops,
-     * one work). Ops arrive in submission order; they are matched across
-     * ranks by seq. */
-    void (*run)(void *state, struct c10d__op *op);
+    /* Takes an op (or a list of coalesced ops, one work): the caller's
+     * thread, under the group's lock, in sequence order (the group's own
+     * internal ops: the loop thread); must not block. Returns 0 when the
+     * backend took the op: it completes op->work exactly once, from any
+     * thread, and may read the op record until then. Or a negative status
+     * with c10d_last_error() set: nothing was taken and the group fails the
+     * work. Ops are matched across ranks by seq. The state stays valid for
+     * every op submitted before the group asks for abort or destroy. */
+    int (*submit)(void *state, struct c10d__op *op);
     /* Fails every pending op with `status`/`reason` and poisons the state:
      * later ops fail at once naming the first error. It may hand blocking work
      * (a communicator abort) to a worker (c10d__engine_offload) and call

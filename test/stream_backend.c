@@ -121,7 +121,7 @@ static void op_done(struct c10d__poll_item *item)
     free(so);
 }
 
-static int stream_enqueue(void *state, struct c10d__op *op)
+static int stream_submit(void *state, struct c10d__op *op)
 {
     struct stream_state *s = state;
     struct stream_op *so = calloc(1, sizeof *so);
@@ -243,19 +243,12 @@ static void stream_destroy(void *state, c10d__backend_done_fn done, void *arg)
         done(arg, 0);
 }
 
-static void stream_run(void *state, struct c10d__op *op)
-{
-    (void)state;
-    c10d__work_complete(op->work, C10D_EINTERNAL, "stream backend: run called despite enqueue");
-}
-
 const struct c10d__backend_vtable stream_backend = {
     .name = "stream",
     .check = stream_check,
     .create = stream_create,
     .split = stream_split,
-    .enqueue = stream_enqueue,
-    .run = stream_run,
+    .submit = stream_submit,
     .abort = stream_abort,
     .destroy = stream_destroy,
 };

@@ -1,4 +1,4 @@
-/* A test-only backend that behaves as a device backend does: `enqueue` runs
+/* A test-only backend that behaves as a device backend does: `submit` runs
  * on the caller's thread and hands the op to a "stream", a thread of its own
  * that executes ops in order, and completion is seen by the engine's
  * completion poller, never by a socket. One rank; all_reduce copies send to

@@ -115,18 +115,6 @@ static void h_connect_fn(void *p)
         snprintf(a->err, sizeof a->err, "%s", c10d_last_error());
 }
 
-struct h_run_args {
-    void *state;
-    struct c10d__op *op;
-};
-
-static void h_run_async_fn(void *p)
-{
-    struct h_run_args *a = p;
-    c10d__tcp_backend.run(a->state, a->op);
-    free(a);
-}
-
 /* Submits op (numbered like the pg would) and returns its work, not waited for. */
 static c10d_work *h_submit(struct h_ctx *h, struct c10d__op *op)
 {
@@ -139,14 +127,9 @@ static c10d_work *h_submit(struct h_ctx *h, struct c10d__op *op)
         op->seq = ++h->p2p_seq;
     else
         op->seq = ++h->seq;
-    /* Posted without waiting for it to run, as the process group does. */
-    struct h_run_args *a = malloc(sizeof *a);
-    a->state = h->state;
-    a->op = op;
-    if (c10d__engine_call(h_run_async_fn, a) != 0) {
-        free(a);
-        c10d_work_complete(w, C10D_EABORTED, "cannot post to the engine");
-    }
+    /* Handed over without waiting for it to run, as the process group does. */
+    if (c10d__tcp_backend.submit(h->state, op) != 0)
+        c10d_work_complete(w, C10D_EABORTED, c10d_last_error());
     return w;
 }
 

@@ -60,7 +60,8 @@ static int fake_create(const struct c10d__backend_config *cfg, void (*done)(void
     return 0;
 }
 
-static void fake_run(void *state, struct c10d__op *op)
+/* Completes on the caller's thread: the contract allows any thread. */
+static int fake_submit(void *state, struct c10d__op *op)
 {
     (void)state;
     uv_mutex_lock(&fake.mutex);
@@ -82,6 +83,7 @@ static void fake_run(void *state, struct c10d__op *op)
         c10d__work_complete(op->work, fail, "fake: peer 1 closed the connection");
     else if (!hold)
         c10d__work_complete(op->work, 0, NULL);
+    return 0;
 }
 
 static void fake_abort(void *state, int status, const char *reason, c10d__backend_done_fn done,
@@ -113,7 +115,7 @@ static const struct c10d__backend_vtable fake_backend = {
     .name = "tcp",
     .check = fake_check,
     .create = fake_create,
-    .run = fake_run,
+    .submit = fake_submit,
     .abort = fake_abort,
     .destroy = fake_destroy,
 };

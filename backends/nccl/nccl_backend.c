@@ -1,7 +1,7 @@
 /* The nccl backend: NCCL collectives on CUDA buffers, driven by the loop
  * (nccl_impl.h for the file map, docs/nccl.md for the behaviour).
  *
- * An op is issued on the caller's thread (`enqueue`): an event recorded on
+ * An op is issued on the caller's thread (`submit`): an event recorded on
  * the caller's stream orders it after the caller's work, the communicator's
  * stream waits on it, and the NCCL calls go between a start and an end
  * event. The loop's completion poller watches the head of each
@@ -556,7 +556,7 @@ static int defer_op(struct nccl_comm *c, struct nccl_op *no, int *rc)
     return waits;
 }
 
-static int nccl_enqueue(void *state, struct c10d__op *op)
+static int nccl_submit(void *state, struct c10d__op *op)
 {
     struct nccl_state *s = state;
     if (atomic_load(&s->poisoned))
@@ -645,12 +645,6 @@ static int nccl_enqueue(void *state, struct c10d__op *op)
         return rc;
     }
     return 0;
-}
-
-static void nccl_run(void *state, struct c10d__op *op)
-{
-    (void)state;
-    c10d__work_complete(op->work, C10D_EINTERNAL, "nccl: run called despite enqueue");
 }
 
 struct close_call {
@@ -817,8 +811,7 @@ const struct c10d__backend_vtable c10d__nccl_backend = {
     .name = "nccl",
     .check = c10d__nccl_check,
     .create = nccl_create,
-    .enqueue = nccl_enqueue,
-    .run = nccl_run,
+    .submit = nccl_submit,
     .abort = nccl_abort,
     .destroy = nccl_destroy,
     .published_key_fmt = NULL,

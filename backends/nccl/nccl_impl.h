@@ -4,11 +4,11 @@
  *                   loop, the event pool
  *   launch.c        which NCCL calls an op becomes (dtypes, reduce ops, list
  *                   forms as grouped send/recv)
- *   nccl_backend.c  the backend table: enqueue on the caller's thread,
+ *   nccl_backend.c  the backend table: submit on the caller's thread,
  *                   completion and deadlines through the engine's poller,
  *                   failure and poisoning
  *   peer_error.c    failure news between the ranks through the store
- * Threads: `enqueue` runs on callers' threads; everything else on the loop,
+ * Threads: `submit` runs on callers' threads; everything else on the loop,
  * except the calls that may block (init's first call, abort, destroy), which
  * run on offload workers. A communicator's `lock` keeps any two threads
  * from being inside NCCL on it at once. */

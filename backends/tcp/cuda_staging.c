@@ -1,7 +1,7 @@
 /* CUDA buffers on the tcp backend ("cuda:tcp"), as torch's gloo does them:
  * each op is staged through pinned host memory around an ordinary tcp op.
  *
- *   caller's thread (enqueue, in submission order):
+ *   caller's thread (submit, in submission order):
  *     record `start` on the caller's stream; the side stream waits for it and
  *     copies the op's inputs device -> pinned host, then records `in`; the
  *     caller's stream waits for `in`, so a write the caller enqueues after the
@@ -468,7 +468,8 @@ static void part_done(struct c10d__poll_item *item)
             atomic_fetch_add(&so->pending, 1);
             for (struct c10d__op *h = pt->host; h != NULL; h = h->next)
                 h->work = pt->inner_work;
-            c10d__tcp_backend.run(s->inner, pt->host);
+            if (c10d__tcp_backend.submit(s->inner, pt->host) != 0)
+                c10d__work_complete(pt->inner_work, C10D_EABORTED, "%s", c10d_last_error());
         }
     }
     settle(so);
@@ -622,7 +623,7 @@ static int staged_check(const struct c10d__op *op)
     return c10d__tcp_backend.check(&h);
 }
 
-static int staged_enqueue(void *state, struct c10d__op *op)
+static int staged_submit(void *state, struct c10d__op *op)
 {
     struct staged_state *s = state;
     const struct c10d__cudart_api *cu = s->cu;
@@ -840,7 +841,7 @@ const struct c10d__backend_vtable c10d__tcp_cuda_backend = {
     .name = "tcp",
     .check = staged_check,
     .create = staged_create,
-    .enqueue = staged_enqueue,
+    .submit = staged_submit,
     .abort = staged_abort,
     .destroy = staged_destroy,
     .published_key_fmt = "tcp/addr/%d", /* the inner tcp state's (tcp_backend.c) */

@@ -23,6 +23,7 @@
 #include "store_server/client/store.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,7 +61,8 @@ struct tcp_state {
     int64_t timeout_ms;
     struct c10d__tcp_transport *t;
     struct c10d__tcp_tuning tune;
-    int refs; /* the owner's, each registered work callback, a posted advance */
+    int refs;             /* the owner's, each registered work callback, a posted advance */
+    atomic_int submitted; /* ops tcp_submit posted whose task has not run */
     int destroyed;
     int poisoned;
     int poison_status;
@@ -131,9 +133,11 @@ static void state_free(struct tcp_state *s)
     free(s);
 }
 
+/* Freed once no reference is left and no submitted op still waits for its
+ * task (tcp_submit counts those atomically: it runs on callers' threads). */
 static void state_unref(struct tcp_state *s)
 {
-    if (--s->refs == 0)
+    if (--s->refs == 0 && atomic_load(&s->submitted) == 0)
         state_free(s);
 }
 
@@ -476,6 +480,33 @@ static void tcp_run(void *state, struct c10d__op *op)
     start_next(s);
 }
 
+static void run_task(struct c10d__task *t)
+{
+    struct c10d__op *op = (struct c10d__op *)((char *)t - offsetof(struct c10d__op, task));
+    struct tcp_state *s = op->state;
+    tcp_run(s, op);
+    if (atomic_fetch_sub(&s->submitted, 1) == 1 && s->refs == 0)
+        state_free(s);
+}
+
+/* The caller's thread: only posts. The group submits nothing after it asked
+ * for abort or destroy, so the state's last reference goes only after every
+ * increment here; the count keeps the state until each op's task ran. */
+static int tcp_submit(void *state, struct c10d__op *op)
+{
+    struct tcp_state *s = state;
+    op->state = s;
+    op->task.fn = run_task;
+    atomic_fetch_add(&s->submitted, 1);
+    int rc = c10d__engine_post(&op->task);
+    if (rc != 0) {
+        atomic_fetch_sub(&s->submitted, 1);
+        return c10d__fail(rc, "tcp %s seq %llu: the engine is shutting down",
+                          c10d__op_kind_name(op->kind), (unsigned long long)op->seq);
+    }
+    return 0;
+}
+
 /* Closing sockets never blocks: both end before they return. */
 static void tcp_abort(void *state, int status, const char *reason, c10d__backend_done_fn done,
                       void *arg)
@@ -785,7 +816,7 @@ const struct c10d__backend_vtable c10d__tcp_backend = {
     .name = "tcp",
     .check = tcp_check,
     .create = tcp_create,
-    .run = tcp_run,
+    .submit = tcp_submit,
     .abort = tcp_abort,
     .destroy = tcp_destroy,
     .published_key_fmt = ADDR_KEY_FMT,
