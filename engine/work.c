@@ -289,10 +289,13 @@ static int work_vcomplete(c10d_work *w, int status, const char *fmt, va_list ap)
         c10d__fr_completed(rid, status);
     int run_inline = 0;
     int rc = schedule_drain_locked(w, &run_inline);
-    /* With no callback to run (or none that can run: posting is closed and
-     * this is not the loop thread) waiters need not wait for the drain. */
+    /* Posting refused (the engine is stopping) with callbacks to run: the
+     * work stays on the pending list, where the engine's last sweep, on the
+     * loop thread, finds it done and runs them (abort_one). */
+    int orphaned = rc != 0 && w->next_callback < w->ncallbacks;
+    /* With no callback to run waiters need not wait for the drain. */
     int wake = 0;
-    if (w->next_callback == w->ncallbacks || rc != 0)
+    if (w->next_callback == w->ncallbacks)
         wake = settle_locked(w);
     uv_mutex_unlock(&w->mutex);
     /* After the unlock: a waiter woken on this CPU would otherwise run only to
@@ -300,15 +303,17 @@ static int work_vcomplete(c10d_work *w, int status, const char *fmt, va_list ap)
      * pending list's reference keeps the work alive until the end. */
     if (wake)
         futex_wake_all(&w->settled);
-    if (rc != 0)
-        C10D_ERROR("work", "'%s' completed but its callbacks cannot run: %s", w->what,
-                   c10d_last_error());
+    if (orphaned)
+        C10D_DEBUG("work",
+                   "'%s' completed while the engine stops: its callbacks run in the "
+                   "engine's last sweep",
+                   w->what);
     if (run_inline)
         work_drain(w);
     if (status < 0)
         C10D_DEBUG("work", "'%s' failed: %s: %s", w->what, c10d_status_name(status),
                    message != NULL ? message : "");
-    if (pending_remove(w))
+    if (!orphaned && pending_remove(w))
         c10d_work_release(w);
     return 1;
 }
@@ -632,6 +637,26 @@ void c10d__work_set_fr_id(c10d_work *w, uint64_t rid)
     atomic_store(&w->fr_id, rid);
 }
 
+/* The sweep's step for one pending work: complete it, or, if another thread
+ * completed it while posting was closed, run the callbacks that completion
+ * could not schedule (here, on the loop thread) and take it off the list. */
+static void abort_one(c10d_work *w, int status, const char *message)
+{
+    if (complete_plain(w, status, message))
+        return;
+    uv_mutex_lock(&w->mutex);
+    int orphan = w->done && !w->drain_posted && w->next_callback < w->ncallbacks;
+    if (orphan) {
+        c10d_work_retain(w); /* the drain's */
+        w->drain_posted = 1;
+    }
+    uv_mutex_unlock(&w->mutex);
+    if (orphan)
+        work_drain(w);
+    if (pending_remove(w))
+        c10d_work_release(w);
+}
+
 void c10d__work_abort_all(int status, const char *message)
 {
     uv_once(&work_once, work_init_once);
@@ -651,7 +676,7 @@ void c10d__work_abort_all(int status, const char *message)
             return;
         }
         for (size_t i = 0; i < k; i++) {
-            complete_plain(batch[i], status, message);
+            abort_one(batch[i], status, message);
             c10d_work_release(batch[i]);
         }
         free(batch);

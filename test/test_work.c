@@ -573,6 +573,103 @@ static void test_wait_returns_after_callbacks(void **state)
     }
 }
 
+/* A user thread completes works while c10d_shutdown stops the engine, after
+ * posting closed and before the work module's last sweep: such a completion
+ * cannot schedule its callbacks, and the last sweep must run them (on the
+ * loop thread), so every callback runs exactly once and shutdown returns.
+ * The works must be pending then: made by a task that runs between the
+ * first sweep (which fails every pending work) and the closing of posting.
+ * A sweep of the test's own, registered after the work module's and so run
+ * before it, posts that task in the first sweep and lets the completer go in
+ * the last. Before the fix those callbacks were dropped (a c10d_work_then
+ * child never completed). */
+#define STOP_RACE_WORKS 64
+static c10d_work *stop_race_works[STOP_RACE_WORKS];
+static atomic_int stop_race_armed, stop_race_made, stop_race_go, stop_race_done, stop_race_calls,
+    stop_race_off_loop;
+
+static void stop_race_cb(c10d_work *w, int status, void *arg)
+{
+    (void)w;
+    (void)status;
+    (void)arg;
+    atomic_fetch_add(&stop_race_calls, 1);
+    if (!c10d_on_loop_thread())
+        atomic_fetch_add(&stop_race_off_loop, 1);
+}
+
+static void *stop_race_completer(void *p)
+{
+    (void)p;
+    while (!atomic_load(&stop_race_go))
+        sched_yield();
+    for (int i = 0; i < STOP_RACE_WORKS; i++)
+        c10d_work_complete(stop_race_works[i], 0, NULL);
+    atomic_store(&stop_race_done, 1);
+    return NULL;
+}
+
+static void stop_race_make(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < STOP_RACE_WORKS; i++)
+        if (c10d_work_create("race", 0, &stop_race_works[i]) != 0 ||
+            c10d_work_on_complete(stop_race_works[i], stop_race_cb, NULL) != 0)
+            return;
+    atomic_store(&stop_race_made, 1);
+}
+
+/* Runs twice per shutdown: posts the task that makes the works in the first
+ * run, lets the completer go in the second, once posting is closed. */
+static void stop_race_sweep(void)
+{
+    if (!atomic_load(&stop_race_armed))
+        return;
+    if (!c10d__engine_stopping()) {
+        c10d__engine_call(stop_race_make, NULL);
+        return;
+    }
+    atomic_store(&stop_race_armed, 0);
+    atomic_store(&stop_race_go, 1);
+    for (int i = 0; i < 5000 && !atomic_load(&stop_race_done); i++)
+        usleep(1000);
+}
+
+static struct c10d__shutdown_sweep stop_race = {stop_race_sweep, NULL};
+
+static void test_completions_while_engine_stops(void **state)
+{
+    (void)state;
+    c10d_work *first;
+    assert_int_equal(c10d_work_create("registers the work module's sweep", 0, &first), 0);
+    c10d_work_release(first);
+    c10d__engine_add_sweep(&stop_race); /* after it: runs before it */
+    for (int round = 0; round < 5; round++) {
+        atomic_store(&stop_race_calls, 0);
+        atomic_store(&stop_race_made, 0);
+        atomic_store(&stop_race_go, 0);
+        atomic_store(&stop_race_done, 0);
+        c10d_work *start;
+        assert_int_equal(c10d_work_create("starts the engine", 0, &start), 0);
+        c10d_work_release(start);
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, stop_race_completer, NULL), 0);
+        atomic_store(&stop_race_armed, 1);
+        assert_int_equal(c10d_shutdown(), 0);
+        pthread_join(t, NULL);
+        assert_true(atomic_load(&stop_race_made));
+        assert_true(atomic_load(&stop_race_done));
+        /* The completer's status won every race: the sweep let it go first. */
+        for (int i = 0; i < STOP_RACE_WORKS; i++) {
+            assert_int_equal(c10d_work_wait(stop_race_works[i], 10000), 0);
+            c10d_work_release(stop_race_works[i]);
+        }
+        assert_int_equal(atomic_load(&stop_race_calls), STOP_RACE_WORKS);
+    }
+    assert_int_equal(atomic_load(&stop_race_off_loop), 0);
+    c10d_shutdown();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -590,6 +687,7 @@ int main(void)
         cmocka_unit_test(test_waiter_never_runs_loop),
         cmocka_unit_test(test_shutdown_while_waiter_polls),
         cmocka_unit_test(test_wait_returns_after_callbacks),
+        cmocka_unit_test(test_completions_while_engine_stops),
     };
     return cmocka_run_group_tests(tests, NULL, teardown_all);
 }
