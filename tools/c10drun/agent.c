@@ -440,13 +440,24 @@ static int poll_join(struct launcher *l)
     }
     if (store_add(l, "fail", 0, &failed) != 0)
         return -1;
-    if (failed > 0) { /* another node got a signal while joining */
-        remote_failure(l);
-        join_end(l);
-        return 0;
-    }
     if (store_add(l, "joined", 0, &n) != 0)
         return -1;
+    if (failed > 0) {
+        remote_failure(l);
+        if (n >= nn && can_restart(l)) {
+            /* Every node joined, and another node's ranks already failed this attempt
+             * before this node saw the join complete: the job restarts as a whole once
+             * every node stopped (this one has no rank to stop). */
+            l->watching = true;
+            l->watch_reset = true;
+            l->phase = PHASE_RESTART_WAIT;
+            l->marked = false;
+            l->wait_since = uv_now(&l->loop);
+            return 0;
+        }
+        join_end(l); /* another node got a signal while joining, or no restart is left */
+        return 0;
+    }
     int64_t *v = xmalloc((size_t)nn * sizeof *v);
     bool all = n >= nn;
     bool late = !all && uv_now(&l->loop) - l->wait_since > (uint64_t)(l->opt.join_timeout_s * 1000);
