@@ -14,9 +14,11 @@
 #include <stdint.h>
 
 /* Slurm steps without MASTER_PORT get a port in [base, base + span) from a
- * hash of the job and step ids, so two steps of one job differ. */
+ * hash of the job and step ids, so two steps of one job differ. The range
+ * ends below Linux's default ephemeral ports (32768-60999): a port the
+ * kernel hands to outgoing connections would collide (seen in CI). */
 #define C10D_SLURM_PORT_BASE 20000
-#define C10D_SLURM_PORT_SPAN 20000
+#define C10D_SLURM_PORT_SPAN 12768
 
 struct c10d__launch {
     const char *launcher;             /* "Open MPI", ...; "caller" when nothing was needed */

@@ -51,7 +51,7 @@ OVER=""
 
 # 1. srun -n 4
 t0=$(now)
-C10D_LOG_LEVEL=INFO timeout 120 srun -n 4 $OVER --export=ALL "$DDP" >"$T/srun.out" 2>&1
+C10D_LOG_LEVEL=INFO timeout 120 srun -K -n 4 $OVER --export=ALL "$DDP" >"$T/srun.out" 2>&1
 rc=$?
 t1=$(now)
 [ $rc -eq 0 ] || fail "srun -n 4 ddp_tiny exited $rc"
@@ -63,7 +63,7 @@ echo "ok: srun -n 4 ddp_tiny in $(secs "$t0" "$t1") s"
 # 2. sbatch: the job's script runs srun -n 2.
 cat >"$T/job.sh" <<JOB
 #!/bin/sh
-C10D_LOG_LEVEL=INFO srun -n 2 $OVER "$DDP"
+C10D_LOG_LEVEL=INFO srun -K -n 2 $OVER "$DDP"
 JOB
 t0=$(now)
 timeout 180 sbatch --wait -n 2 $OVER -o "$T/sbatch.out" "$T/job.sh" >"$T/submit.out" 2>&1
