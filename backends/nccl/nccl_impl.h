@@ -12,8 +12,8 @@
  * except the calls that may block (init's first call, abort, destroy), which
  * run on offload workers. A communicator's `lock` keeps any two threads
  * from being inside NCCL on it at once. */
-#ifndef C10D_BACKENDS_NCCL_IMPL_H
-#define C10D_BACKENDS_NCCL_IMPL_H
+#ifndef C10D_BACKENDS_NCCL_NCCL_IMPL_H
+#define C10D_BACKENDS_NCCL_NCCL_IMPL_H
 
 #include "backends/backend.h"
 #include "backends/cuda/gpu_api.h"

@@ -1,8 +1,8 @@
 /* The tcp backend's own entry points beyond the vtable: connection setup
  * split in two so the address exchange can go through the store (the
  * vtable's create) or anything else (tests, benches). Loop thread only. */
-#ifndef C10D_BACKENDS_TCP_BACKEND_H
-#define C10D_BACKENDS_TCP_BACKEND_H
+#ifndef C10D_BACKENDS_TCP_TCP_BACKEND_H
+#define C10D_BACKENDS_TCP_TCP_BACKEND_H
 
 #include "backends/backend.h"
 

@@ -6,8 +6,8 @@
  * bodies of a kernel give the same bits): widening keeps the payload and sets
  * the quiet bit; narrowing keeps the payload's top bits, sets the quiet bit
  * and keeps the sign. float8 has one NaN per sign (0x7f/0xff), as in torch. */
-#ifndef C10D_ENGINE_HALF_H
-#define C10D_ENGINE_HALF_H
+#ifndef C10D_ENGINE_KERNELS_HALF_H
+#define C10D_ENGINE_KERNELS_HALF_H
 
 #include <stdint.h>
 #include <string.h>

@@ -9,8 +9,8 @@
  * IEEE 754-2019 minimum). Integer SUM/PRODUCT wrap (two's complement). bool
  * is one byte holding 0/1: SUM/MAX/BOR = or, PRODUCT/MIN/BAND = and, BXOR = xor.
  * Pointers need no alignment; count may be 0. */
-#ifndef C10D_ENGINE_REDUCE_H
-#define C10D_ENGINE_REDUCE_H
+#ifndef C10D_ENGINE_KERNELS_REDUCE_H
+#define C10D_ENGINE_KERNELS_REDUCE_H
 
 #include "c10d.h"
 

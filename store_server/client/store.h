@@ -10,8 +10,8 @@
  * so the TCP store encodes them as they are and the other stores run them
  * against the server's table.
  */
-#ifndef C10D_ENGINE_STORE_H
-#define C10D_ENGINE_STORE_H
+#ifndef C10D_STORE_SERVER_CLIENT_STORE_H
+#define C10D_STORE_SERVER_CLIENT_STORE_H
 
 #include "c10d.h"
 #include "engine/error.h"

@@ -3,8 +3,8 @@
  * wait for keys are parked and re-run whenever something changed, until
  * their deadline. The file store adds a lock, a refresh from the shared log
  * and an append of every change (the hooks). */
-#ifndef C10D_ENGINE_STORE_LOCAL_H
-#define C10D_ENGINE_STORE_LOCAL_H
+#ifndef C10D_STORE_SERVER_CLIENT_STORE_LOCAL_H
+#define C10D_STORE_SERVER_CLIENT_STORE_LOCAL_H
 
 #include "store.h"
 

@@ -6,8 +6,8 @@
  *
  * Everything here runs on the engine's loop thread.
  */
-#ifndef C10D_STORE_CLIENT_STORE_TCP_IMPL_H
-#define C10D_STORE_CLIENT_STORE_TCP_IMPL_H
+#ifndef C10D_STORE_SERVER_CLIENT_STORE_TCP_IMPL_H
+#define C10D_STORE_SERVER_CLIENT_STORE_TCP_IMPL_H
 
 #include "store.h"
 

@@ -6,8 +6,8 @@
  * C10D_WARN("store", ...) line naming the peer and the reason; the server and
  * every other client carry on.
  */
-#ifndef C10D_STORE_SERVER_SERVER_H
-#define C10D_STORE_SERVER_SERVER_H
+#ifndef C10D_STORE_SERVER_SERVER_SERVER_H
+#define C10D_STORE_SERVER_SERVER_SERVER_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -23,7 +23,7 @@ struct c10d__store_limits {
      * arrive (never what a request only announces), and every reply byte
      * until it is written to the socket. */
     uint64_t max_memory_bytes;
-    uint64_t max_connections;      /* [65536] */
+    uint64_t max_connections; /* [65536] */
     /* A connection that sent some bytes but no complete first request
      * (VALIDATE in the current dialect) within this time is closed [30000]. */
     uint64_t validate_timeout_ms;

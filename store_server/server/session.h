@@ -22,8 +22,8 @@
  * later) takes its charge with c10d__store_session_take_out_charge() and gives
  * it back with c10d__store_ctx_release_reply() once the bytes are sent.
  */
-#ifndef C10D_STORE_SERVER_SESSION_H
-#define C10D_STORE_SERVER_SESSION_H
+#ifndef C10D_STORE_SERVER_SERVER_SESSION_H
+#define C10D_STORE_SERVER_SERVER_SESSION_H
 
 #include "store_server/wire/codec.h"
 #include "store_server/table/table.h"

@@ -17,8 +17,8 @@
  * Returned value pointers point into the table and are valid until the next
  * call that mutates it.
  */
-#ifndef C10D_STORE_SERVER_TABLE_H
-#define C10D_STORE_SERVER_TABLE_H
+#ifndef C10D_STORE_SERVER_TABLE_TABLE_H
+#define C10D_STORE_SERVER_TABLE_TABLE_H
 
 #include "store_server/wire/codec.h"
 

@@ -50,8 +50,8 @@
  *    cancel may come first, then WAIT_CANCELED (1). Parse them as two U8
  *    replies (expect CANCEL_WAIT again after a 0).
  */
-#ifndef C10D_STORE_SERVER_CODEC_H
-#define C10D_STORE_SERVER_CODEC_H
+#ifndef C10D_STORE_SERVER_WIRE_CODEC_H
+#define C10D_STORE_SERVER_WIRE_CODEC_H
 
 #include "c10d.h"
 

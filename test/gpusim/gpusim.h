@@ -8,8 +8,8 @@
  *   gpusim_nccl.c  communicators: init, split, shrink, abort, errors, knobs
  *   gpusim_coll.c  collectives, P2P and groups through a shared segment
  *   gpusim_kernel.c  libraries and the one kernel libc10d launches, on the CPU */
-#ifndef C10D_GPUSIM_H
-#define C10D_GPUSIM_H
+#ifndef C10D_TEST_GPUSIM_GPUSIM_H
+#define C10D_TEST_GPUSIM_GPUSIM_H
 
 #include "backends/cuda/gpu_decls.h"
 

@@ -19,8 +19,8 @@
  * (reading the ranks' pipes into tagged lines and log files), writer.c (writing them out
  * on a thread), util.c. All of it runs on the loop thread but writer.c's thread.
  */
-#ifndef C10DRUN_H
-#define C10DRUN_H
+#ifndef C10D_TOOLS_C10DRUN_C10DRUN_H
+#define C10D_TOOLS_C10DRUN_C10DRUN_H
 
 #include <uv.h>
 
