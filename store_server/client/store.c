@@ -333,26 +333,11 @@ void c10d__store_op_fail_list(struct c10d__store_op *list, int status, const cha
     }
 }
 
-int c10d__store_arg_is_key(int cmd, size_t i, size_t nargs)
-{
-    (void)nargs;
-    switch (cmd) {
-    case C10D_STORE_CHECK:
-    case C10D_STORE_WAIT:
-    case C10D_STORE_MULTI_GET:
-        return 1;
-    case C10D_STORE_MULTI_SET:
-        return i % 2 == 0;
-    default:
-        return i == 0 && nargs > 0;
-    }
-}
-
 int c10d__store_op_prefix_keys(struct c10d__store_op *op, const char *prefix, size_t plen)
 {
     size_t n = op->req.nargs, bytes = 0;
     for (size_t i = 0; i < n; i++)
-        if (c10d__store_arg_is_key(op->req.cmd, i, n))
+        if (c10d__store_cmd_arg_is_key(op->req.cmd, i))
             bytes += plen + op->req.args[i].len + 1;
     struct c10d__store_str *args = malloc(n * sizeof *args + bytes + 1);
     if (!args)
@@ -360,7 +345,7 @@ int c10d__store_op_prefix_keys(struct c10d__store_op *op, const char *prefix, si
     uint8_t *p = (uint8_t *)(args + n);
     for (size_t i = 0; i < n; i++) {
         args[i] = op->req.args[i];
-        if (!c10d__store_arg_is_key(op->req.cmd, i, n))
+        if (!c10d__store_cmd_arg_is_key(op->req.cmd, i))
             continue;
         memcpy(p, prefix, plen);
         if (args[i].len)
@@ -387,19 +372,7 @@ int64_t c10d__store_op_remaining_ms(const struct c10d__store_op *op)
 size_t c10d__store_op_wait_keys(const struct c10d__store_op *op,
                                 const struct c10d__store_str **keys)
 {
-    switch (op->req.cmd) {
-    case C10D_STORE_GET:
-        *keys = op->req.args;
-        return 1;
-    case C10D_STORE_QUEUE_POP:
-        *keys = op->req.args;
-        return op->block ? 1 : 0;
-    case C10D_STORE_WAIT:
-    case C10D_STORE_MULTI_GET:
-        *keys = op->req.args;
-        return op->req.nargs;
-    default:
-        *keys = NULL;
-        return 0;
-    }
+    int waits = c10d__store_cmd_waits(op->req.cmd);
+    *keys = waits ? op->req.args : NULL;
+    return waits == 1 || (waits == 2 && op->block) ? op->req.nargs : 0;
 }

@@ -138,8 +138,6 @@ void c10d__store_op_finish(struct c10d__store_op *op, int status, const char *fm
 void c10d__store_op_fail_list(struct c10d__store_op *list, int status, const char *fmt, ...)
     C10D_PRINTF(3, 4);
 
-/* 1 if arg i of a request of `cmd` is a key (the rest are values). */
-int c10d__store_arg_is_key(int cmd, size_t i, size_t nargs);
 /* Rewrites every key argument of op to prefix + key (prefix stores, the TCP
  * store's "/"). */
 int c10d__store_op_prefix_keys(struct c10d__store_op *op, const char *prefix, size_t plen);

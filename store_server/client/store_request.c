@@ -44,6 +44,9 @@ static const struct public_op {
     [C10D_STORE_OP_PING] = {"ping", C10D_STORE_PING, ARGS_NONE},
 };
 
+_Static_assert(sizeof public_ops / sizeof public_ops[0] == C10D_STORE_OP_PING + 1,
+               "a public store op without a row");
+
 static struct c10d__store_str str_of(const void *data, size_t len)
 {
     struct c10d__store_str s = {data, len};

@@ -431,27 +431,6 @@ static int list_key_size(void *arg, struct c10d__store_str key)
 
 /* A command that may change what MULTI_GET answers. Conservative: anything
  * but the commands known to only read. */
-static int read_only(enum c10d__store_cmd cmd)
-{
-    switch (cmd) {
-    case C10D_STORE_VALIDATE:
-    case C10D_STORE_PING:
-    case C10D_STORE_GET:
-    case C10D_STORE_CHECK:
-    case C10D_STORE_WAIT:
-    case C10D_STORE_GETNUMKEYS:
-    case C10D_STORE_MULTI_GET:
-    case C10D_STORE_LIST_KEYS:
-    case C10D_STORE_QUEUE_LEN:
-    case C10D_STORE_STATS:
-    case C10D_STORE_CANCEL_WAIT:
-    case C10D_STORE_AUTH:
-        return 1;
-    default:
-        return 0;
-    }
-}
-
 /* In a rendezvous every rank asks for the same N keys once the table stopped
  * changing: answer repeats with one copy instead of N lookups and encodes. */
 static int mget_match(struct c10d__store_session *s, const struct c10d__store_request *r)
@@ -619,7 +598,7 @@ static void handle(struct c10d__store_session *s, const struct c10d__store_reque
      * was (STATS charges its real size once built). */
     if (reply && r->cmd != C10D_STORE_STATS && out_room(s, reply, r->cmd) < 0)
         return;
-    if (!read_only(r->cmd)) {
+    if (!c10d__store_cmd_read_only(r->cmd)) {
         ctx->generation++;
         if (ctx->mget.reply)
             mget_drop(ctx);

@@ -8,70 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const cmd_names[C10D_STORE_CMD_COUNT] = {
-    "VALIDATE",  "PING",        "SET",        "COMPARE_SET", "GET",       "ADD",
-    "CHECK",     "WAIT",        "GETNUMKEYS", "DELETE_KEY",  "APPEND",    "MULTI_GET",
-    "MULTI_SET", "CANCEL_WAIT", "QUEUE_PUSH", "QUEUE_POP",   "QUEUE_LEN", "LIST_KEYS",
-    "BARRIER",   "WATCH_KEY",   "STATS",      "AUTH",
-};
-
-/* Wire byte -> command, per dialect. */
-static const int8_t legacy_from_wire[] = {
-    C10D_STORE_SET,        C10D_STORE_COMPARE_SET, C10D_STORE_GET,
-    C10D_STORE_ADD,        C10D_STORE_CHECK,       C10D_STORE_WAIT,
-    C10D_STORE_GETNUMKEYS, C10D_STORE_WATCH_KEY,   C10D_STORE_DELETE_KEY,
-};
-static const int8_t current_from_wire[] = {
-    C10D_STORE_VALIDATE,    C10D_STORE_SET,       C10D_STORE_COMPARE_SET, C10D_STORE_GET,
-    C10D_STORE_ADD,         C10D_STORE_CHECK,     C10D_STORE_WAIT,        C10D_STORE_GETNUMKEYS,
-    C10D_STORE_DELETE_KEY,  C10D_STORE_APPEND,    C10D_STORE_MULTI_GET,   C10D_STORE_MULTI_SET,
-    C10D_STORE_CANCEL_WAIT, C10D_STORE_PING,      C10D_STORE_QUEUE_PUSH,  C10D_STORE_QUEUE_POP,
-    C10D_STORE_QUEUE_LEN,   C10D_STORE_LIST_KEYS, C10D_STORE_BARRIER,
-};
-
-const char *c10d__store_cmd_name(int cmd)
-{
-    return cmd >= 0 && cmd < C10D_STORE_CMD_COUNT ? cmd_names[cmd] : "?";
-}
-
-int c10d__store_cmd_from_wire(int dialect, uint8_t byte)
-{
-    if (dialect == C10D_STORE_DIALECT_LEGACY)
-        return byte < sizeof legacy_from_wire ? legacy_from_wire[byte] : -1;
-    if (dialect == C10D_STORE_DIALECT_CURRENT && byte == C10D_STORE_WIRE_STATS)
-        return C10D_STORE_STATS;
-    if (dialect == C10D_STORE_DIALECT_CURRENT && byte == C10D_STORE_WIRE_AUTH)
-        return C10D_STORE_AUTH;
-    if (dialect == C10D_STORE_DIALECT_CURRENT)
-        return byte < sizeof current_from_wire ? current_from_wire[byte] : -1;
-    return -1;
-}
-
-int c10d__store_cmd_to_wire(int dialect, int cmd)
-{
-    const int8_t *t;
-    size_t n;
-    if (dialect == C10D_STORE_DIALECT_LEGACY) {
-        t = legacy_from_wire;
-        n = sizeof legacy_from_wire;
-    } else if (dialect == C10D_STORE_DIALECT_CURRENT) {
-        if (cmd == C10D_STORE_STATS)
-            return C10D_STORE_WIRE_STATS;
-        if (cmd == C10D_STORE_AUTH)
-            return C10D_STORE_WIRE_AUTH;
-        t = current_from_wire;
-        n = sizeof current_from_wire;
-    } else {
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++)
-        if (t[i] == cmd)
-            return (int)i;
-    return -1;
-}
-
-/* ------------------------------------------------------- request layout */
-
 /* Field layout after the command byte: [u32] [u64 count] strings [i64]. */
 struct layout {
     uint8_t u32;      /* VALIDATE magic / PING nonce */
@@ -82,30 +18,75 @@ struct layout {
     uint8_t values;   /* bit i set: string i (of an item) is a value, else a key */
 };
 
-static const struct layout layouts[C10D_STORE_CMD_COUNT] = {
-    [C10D_STORE_VALIDATE] = {.u32 = 1},
-    [C10D_STORE_PING] = {.u32 = 1},
-    [C10D_STORE_SET] = {.nstr = 2, .values = 2},
-    [C10D_STORE_COMPARE_SET] = {.nstr = 3, .values = 6},
-    [C10D_STORE_GET] = {.nstr = 1},
-    [C10D_STORE_ADD] = {.nstr = 1, .i64 = 1},
-    [C10D_STORE_CHECK] = {.counted = 1, .per_item = 1},
-    [C10D_STORE_WAIT] = {.counted = 1, .per_item = 1},
-    [C10D_STORE_GETNUMKEYS] = {0},
-    [C10D_STORE_DELETE_KEY] = {.nstr = 1},
-    [C10D_STORE_APPEND] = {.nstr = 2, .values = 2},
-    [C10D_STORE_MULTI_GET] = {.counted = 1, .per_item = 1},
-    [C10D_STORE_MULTI_SET] = {.counted = 1, .per_item = 2, .values = 2},
-    [C10D_STORE_CANCEL_WAIT] = {0},
-    [C10D_STORE_QUEUE_PUSH] = {.nstr = 2, .values = 2},
-    [C10D_STORE_QUEUE_POP] = {.nstr = 1},
-    [C10D_STORE_QUEUE_LEN] = {.nstr = 1},
-    [C10D_STORE_LIST_KEYS] = {0},
-    [C10D_STORE_BARRIER] = {.nstr = 1, .i64 = 1},
-    [C10D_STORE_WATCH_KEY] = {.nstr = 1},
-    [C10D_STORE_STATS] = {0},
-    [C10D_STORE_AUTH] = {.nstr = 1},
+/* commands.h, one row per command. */
+static const struct command {
+    const char *name;
+    int16_t wire[2]; /* current, legacy; -1: not in that dialect */
+    struct layout layout;
+    uint8_t reply, read_only, waits;
+} commands[C10D_STORE_CMD_COUNT] = {
+#define ROW(name, current, legacy, u32, counted, per_item, nstr, i64, values, reply, ro, waits)    \
+    [C10D_STORE_##name] = {#name,                                                                  \
+                           {current, legacy},                                                      \
+                           {u32, counted, per_item, nstr, i64, values},                            \
+                           C10D_STORE_REPLY_##reply,                                               \
+                           ro,                                                                     \
+                           waits},
+    C10D__STORE_COMMANDS(ROW)
+#undef ROW
 };
+
+static int dialect_index(int dialect)
+{
+    return dialect == C10D_STORE_DIALECT_CURRENT  ? 0
+           : dialect == C10D_STORE_DIALECT_LEGACY ? 1
+                                                  : -1;
+}
+
+const char *c10d__store_cmd_name(int cmd)
+{
+    return cmd >= 0 && cmd < C10D_STORE_CMD_COUNT ? commands[cmd].name : "?";
+}
+
+/* A scan of a 22-row table per request: cheaper than the read that brought it. */
+int c10d__store_cmd_from_wire(int dialect, uint8_t byte)
+{
+    int d = dialect_index(dialect);
+    for (int cmd = 0; d >= 0 && cmd < C10D_STORE_CMD_COUNT; cmd++)
+        if (commands[cmd].wire[d] == byte)
+            return cmd;
+    return -1;
+}
+
+int c10d__store_cmd_to_wire(int dialect, int cmd)
+{
+    int d = dialect_index(dialect);
+    return d >= 0 && cmd >= 0 && cmd < C10D_STORE_CMD_COUNT ? commands[cmd].wire[d] : -1;
+}
+
+int c10d__store_cmd_read_only(int cmd)
+{
+    return cmd >= 0 && cmd < C10D_STORE_CMD_COUNT && commands[cmd].read_only;
+}
+
+int c10d__store_cmd_waits(int cmd)
+{
+    return cmd >= 0 && cmd < C10D_STORE_CMD_COUNT ? commands[cmd].waits : 0;
+}
+
+int c10d__store_cmd_arg_is_key(int cmd, size_t i)
+{
+    if (cmd < 0 || cmd >= C10D_STORE_CMD_COUNT)
+        return 0;
+    const struct layout *l = &commands[cmd].layout;
+    size_t in_item = l->counted ? i % (l->per_item ? l->per_item : 1) : i;
+    return in_item < 8 && !((l->values >> in_item) & 1);
+}
+
+static const struct layout *layout_of(int cmd)
+{
+    return &commands[cmd].layout;
+}
 
 /* --------------------------------------------------------------- integers */
 
@@ -217,7 +198,7 @@ static void reset(struct c10d__store_parser *p)
 /* Whether string number `i` of the current request is a value (for limits). */
 static int string_is_value(const struct c10d__store_parser *p, size_t i)
 {
-    const struct layout *l = &layouts[p->cmd];
+    const struct layout *l = layout_of(p->cmd);
     size_t per = l->counted ? l->per_item : 1;
     size_t in_item = l->counted ? i % per : i;
     return (l->values >> in_item) & 1;
@@ -328,7 +309,7 @@ static int parse_whole(struct c10d__store_parser *p, const uint8_t *buf, size_t 
     int cmd = c10d__store_cmd_from_wire(p->dialect, buf[0]);
     if (cmd < 0)
         return 0;
-    const struct layout *l = &layouts[cmd];
+    const struct layout *l = layout_of(cmd);
     size_t pos = 1;
     uint32_t u32 = 0;
     int64_t i64 = 0;
@@ -412,11 +393,11 @@ static __attribute__((noinline)) int parse_general(struct c10d__store_parser *p,
                         p->dialect == C10D_STORE_DIALECT_LEGACY ? "1.13" : "current");
         p->cmd = cmd;
         p->pos = 1;
-        const struct layout *l = &layouts[cmd];
+        const struct layout *l = layout_of(cmd);
         p->phase = l->u32 ? PH_U32 : l->counted ? PH_COUNT : PH_LEN;
         p->count = l->nstr;
     }
-    const struct layout *l = &layouts[p->cmd];
+    const struct layout *l = layout_of(p->cmd);
     if (p->phase == PH_U32) {
         if (!have(p, len, 4))
             return C10D_STORE_PARSE_MORE;
@@ -432,9 +413,9 @@ static __attribute__((noinline)) int parse_general(struct c10d__store_parser *p,
         uint64_t n = c10d__store_get_u64(buf + p->pos);
         if (p->limits.max_keys && n > p->limits.max_keys)
             return fail(p, C10D_ENOMEM, "%s with %" PRIu64 " keys over the limit of %" PRIu64,
-                        cmd_names[p->cmd], n, p->limits.max_keys);
+                        commands[p->cmd].name, n, p->limits.max_keys);
         if (n > UINT64_MAX / 4)
-            return fail(p, C10D_EPROTO, "%s with %" PRIu64 " keys", cmd_names[p->cmd], n);
+            return fail(p, C10D_EPROTO, "%s with %" PRIu64 " keys", commands[p->cmd].name, n);
         p->count = n * l->per_item;
         p->pos += 8;
         p->phase = PH_LEN;
@@ -561,15 +542,15 @@ int c10d__store_encode_request(struct c10d__store_buf *out, int dialect,
     int wire = c10d__store_cmd_to_wire(dialect, req->cmd);
     if (wire < 0)
         return c10d__fail(C10D_EUNSUPPORTED, "store codec: %s does not exist in the %s dialect",
-                          cmd_names[req->cmd],
+                          commands[req->cmd].name,
                           dialect == C10D_STORE_DIALECT_LEGACY ? "1.13" : "current");
-    const struct layout *l = &layouts[req->cmd];
+    const struct layout *l = layout_of(req->cmd);
     if (l->counted ? req->nargs % l->per_item != 0 : req->nargs != l->nstr)
         return c10d__fail(C10D_EINVAL, "store codec: %s takes %s%u strings, got %zu",
-                          cmd_names[req->cmd], l->counted ? "a multiple of " : "",
+                          commands[req->cmd].name, l->counted ? "a multiple of " : "",
                           l->counted ? l->per_item : l->nstr, req->nargs);
     if (req->nargs && !req->args)
-        return c10d__fail(C10D_EINVAL, "store codec: %s without arguments", cmd_names[req->cmd]);
+        return c10d__fail(C10D_EINVAL, "store codec: %s without arguments", commands[req->cmd].name);
     size_t total = 1 + 4 + 8 + 8;
     for (size_t i = 0; i < req->nargs; i++) {
         if (req->args[i].len && !req->args[i].data)
@@ -596,34 +577,7 @@ int c10d__store_encode_request(struct c10d__store_buf *out, int dialect,
 
 int c10d__store_reply_shape(int cmd)
 {
-    switch (cmd) {
-    case C10D_STORE_CHECK:
-    case C10D_STORE_WAIT:
-    case C10D_STORE_CANCEL_WAIT:
-    case C10D_STORE_BARRIER:
-    case C10D_STORE_WATCH_KEY:
-    case C10D_STORE_AUTH:
-        return C10D_STORE_REPLY_U8;
-    case C10D_STORE_PING:
-        return C10D_STORE_REPLY_U32;
-    case C10D_STORE_ADD:
-    case C10D_STORE_GETNUMKEYS:
-    case C10D_STORE_DELETE_KEY:
-    case C10D_STORE_QUEUE_LEN:
-        return C10D_STORE_REPLY_I64;
-    case C10D_STORE_GET:
-    case C10D_STORE_COMPARE_SET:
-    case C10D_STORE_STATS:
-        return C10D_STORE_REPLY_STR;
-    case C10D_STORE_MULTI_GET:
-        return C10D_STORE_REPLY_NSTR;
-    case C10D_STORE_LIST_KEYS:
-        return C10D_STORE_REPLY_LIST;
-    case C10D_STORE_QUEUE_POP:
-        return C10D_STORE_REPLY_QPOP;
-    default:
-        return C10D_STORE_REPLY_NONE;
-    }
+    return cmd >= 0 && cmd < C10D_STORE_CMD_COUNT ? commands[cmd].reply : C10D_STORE_REPLY_NONE;
 }
 
 void c10d__store_reply_parser_init(struct c10d__store_reply_parser *rp,

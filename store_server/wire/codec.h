@@ -3,8 +3,10 @@
  *
  * Nothing here does I/O or allocates per byte. There are four pieces:
  *
- *  1. Commands: one dialect-independent enum (c10d__store_cmd) and the mapping
- *     to/from the wire byte of each dialect.
+ *  1. Commands: one dialect-independent enum (c10d__store_cmd), made with
+ *     everything else the codec knows of a command from one table
+ *     (commands.h): the wire byte of each dialect, the request layout, the
+ *     reply shape, which arguments are keys.
  *
  *  2. Request parser (server side), an incremental state machine. Contract:
  *
@@ -54,6 +56,7 @@
 #define C10D_STORE_SERVER_WIRE_CODEC_H
 
 #include "c10d.h"
+#include "commands.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -83,47 +86,27 @@ enum c10d__store_dialect {
     C10D_STORE_DIALECT_LEGACY,      /* PyTorch 1.13 */
 };
 
-/* STATS is not PyTorch's: c10d-store answers it with its stats as a JSON string.
- * A byte far above PyTorch's codes, so no PyTorch release can mean something
- * else by it; PyTorch's servers close the connection on it. */
-#define C10D_STORE_WIRE_STATS 0x40
-/* AUTH is ours too (docs/security.md): `S token`, answered with one byte,
- * C10D_STORE_AUTH_OK or C10D_STORE_AUTH_REFUSED (then the server closes). */
-#define C10D_STORE_WIRE_AUTH 0x41
+/* AUTH's one-byte answer (commands.h); REFUSED: the server closes next. */
 enum {
     C10D_STORE_AUTH_REFUSED = 0,
     C10D_STORE_AUTH_OK = 1,
 };
 
-/* Dialect-independent commands. The values are ours, not wire bytes. */
-enum c10d__store_cmd {
-    C10D_STORE_VALIDATE = 0,
-    C10D_STORE_PING,
-    C10D_STORE_SET,
-    C10D_STORE_COMPARE_SET,
-    C10D_STORE_GET,
-    C10D_STORE_ADD,
-    C10D_STORE_CHECK,
-    C10D_STORE_WAIT,
-    C10D_STORE_GETNUMKEYS,
-    C10D_STORE_DELETE_KEY,
-    C10D_STORE_APPEND,
-    C10D_STORE_MULTI_GET,
-    C10D_STORE_MULTI_SET,
-    C10D_STORE_CANCEL_WAIT,
-    C10D_STORE_QUEUE_PUSH,
-    C10D_STORE_QUEUE_POP,
-    C10D_STORE_QUEUE_LEN,
-    C10D_STORE_LIST_KEYS,
-    C10D_STORE_BARRIER,
-    C10D_STORE_WATCH_KEY, /* 1.13 only */
-    C10D_STORE_STATS,     /* libc10d's own (current dialect, wire C10D_STORE_WIRE_STATS) */
-    C10D_STORE_AUTH,      /* libc10d's own (current dialect, wire C10D_STORE_WIRE_AUTH) */
-    C10D_STORE_CMD_COUNT
-};
+/* Dialect-independent commands, in commands.h's order. The values are ours,
+ * not wire bytes. */
+#define C10D__STORE_CMD_ENUM(name, ...) C10D_STORE_##name,
+enum c10d__store_cmd { C10D__STORE_COMMANDS(C10D__STORE_CMD_ENUM) C10D_STORE_CMD_COUNT };
+#undef C10D__STORE_CMD_ENUM
 
 /* "SET", "MULTI_GET", ...; "?" for an out-of-range value. */
 const char *c10d__store_cmd_name(int cmd);
+/* 1 if `cmd` leaves the table as it was (commands.h's ro). */
+int c10d__store_cmd_read_only(int cmd);
+/* 1 if argument i (of nargs) of a `cmd` request is a key, 0 if a value. */
+int c10d__store_cmd_arg_is_key(int cmd, size_t i);
+/* Which key arguments a client waits for before `cmd` runs (commands.h's
+ * waits): 0 none, 1 every key, 2 every key when the op blocks. */
+int c10d__store_cmd_waits(int cmd);
 /* The wire byte of `cmd` in `dialect`, or -1 if that dialect lacks it. */
 int c10d__store_cmd_to_wire(int dialect, int cmd);
 /* The command of wire byte `byte` in `dialect`, or -1 if unknown. */
