@@ -135,6 +135,25 @@ int c10d__pg_shrink_backends(c10d_pg *pg, const struct c10d__backend_vtable *vts
 int c10d__pg_split_out(c10d_pg *parent);
 void c10d__pg_close_backends(c10d_pg *pg, int abort, int status, const char *reason);
 
+/* process_group.c: a group's start and end, shared with pg_subgroups.c. */
+void c10d__pg_registry_once(void);
+/* Makes sure c10d_shutdown ends every group first (a hook on the loop). */
+void c10d__pg_end_at_shutdown(void);
+/* The next group name (creation order) and the default group's size (0 if
+ * none): every rank takes one per group it creates, member or not. */
+int c10d__pg_take_group_id(int *world_size);
+void c10d__pg_set_backend_name(c10d_pg *pg, const struct c10d__backend_vtable *vts[C10D__PG_NDEV]);
+/* The device binding and NCCL settings of a new group: the caller's, else the
+ * parent's. */
+int c10d__pg_set_device_opts(c10d_pg *pg, const c10d_pg_opts *o, const c10d_pg *parent,
+                             const char *what);
+/* Creates, connects and registers a group whose name, store and ranks are set. */
+int c10d__pg_start(c10d_pg *pg, c10d_store *base, const struct c10d__backend_vtable *vts[],
+                   c10d_pg *parent);
+/* A group whose creation failed part way: closed and dropped; the error names
+ * the call and the group. Returns rc. */
+int c10d__pg_creation_failed(c10d_pg *pg, int rc, const char *what);
+
 /* pg_object.c: the group object and the registry of live groups. The
  * registry lock also guards the default-group bookkeeping of process_group.c;
  * walk the list (newest first, by next_group) only while holding it. */

@@ -1,5 +1,6 @@
-/* Process-group objects: the default group from a rendezvous or a store,
- * subgroups, and their end (graceful destroy, immediate abort).
+/* Process groups: the default group from a rendezvous or a store, the start
+ * every group shares (pg_subgroups.c makes the others), queries, and their
+ * end (graceful destroy, immediate abort).
  *
  * Store layout as torch's: the rendezvous store is "default_pg/"-prefixed,
  * each group adds "<name>/", each backend "<device>/". Group names count
@@ -49,6 +50,11 @@ static void registry_fork_child(void)
 static void registry_init(void)
 {
     pthread_atfork(NULL, NULL, registry_fork_child);
+}
+
+void c10d__pg_registry_once(void)
+{
+    uv_once(&registry_once, registry_init);
 }
 
 /* c10d_shutdown ends every group first, on the loop while it still runs
@@ -101,7 +107,12 @@ static void register_groups_hook(void *arg)
     groups_hook_registered = 1;
 }
 
-static void set_backend_name(c10d_pg *pg, const struct c10d__backend_vtable *vts[C10D__PG_NDEV])
+void c10d__pg_end_at_shutdown(void)
+{
+    c10d__engine_call(register_groups_hook, NULL);
+}
+
+void c10d__pg_set_backend_name(c10d_pg *pg, const struct c10d__backend_vtable *vts[C10D__PG_NDEV])
 {
     char *p = pg->backend_name_buf;
     size_t left = sizeof pg->backend_name_buf;
@@ -169,8 +180,8 @@ static int64_t default_timeout(const struct c10d__backend_vtable *vts[C10D__PG_N
 
 /* The device binding and NCCL settings of a new group: the caller's, else
  * the parent's. */
-static int set_device_opts(c10d_pg *pg, const c10d_pg_opts *o, const c10d_pg *parent,
-                           const char *what)
+int c10d__pg_set_device_opts(c10d_pg *pg, const c10d_pg_opts *o, const c10d_pg *parent,
+                             const char *what)
 {
     if (o->bind_device && o->device_index < 0)
         return c10d__fail(C10D_EINVAL, "%s: invalid device_index %d", what, o->device_index);
@@ -192,24 +203,24 @@ static int set_device_opts(c10d_pg *pg, const c10d_pg_opts *o, const c10d_pg *pa
 }
 
 /* Creates, connects and registers a group: name, store and ranks are set. */
-static int pg_start(c10d_pg *pg, c10d_store *base, const struct c10d__backend_vtable *vts[],
-                    c10d_pg *parent)
+int c10d__pg_start(c10d_pg *pg, c10d_store *base, const struct c10d__backend_vtable *vts[],
+                   c10d_pg *parent)
 {
     pg->base_store = base;
     c10d__pg_store_retain(base);
-    c10d__engine_call(register_groups_hook, NULL);
+    c10d__pg_end_at_shutdown();
     if (pg->rank < 0)
         return parent != NULL ? c10d__pg_split_out(parent) : 0;
     char prefix[C10D__PG_NAME_MAX + 2];
     snprintf(prefix, sizeof prefix, "%s/", pg->name);
     C10D_CHECK(c10d__pg_store_prefix(base, prefix, &pg->store));
-    set_backend_name(pg, vts);
+    c10d__pg_set_backend_name(pg, vts);
     return c10d__pg_create_backends(pg, vts, parent);
 }
 
 /* A group whose creation failed part way: closed and dropped; the error
  * names the call and the group. */
-static int creation_failed(c10d_pg *pg, int rc, const char *what)
+int c10d__pg_creation_failed(c10d_pg *pg, int rc, const char *what)
 {
     char why[1024];
     snprintf(why, sizeof why, "%s", c10d_last_error());
@@ -223,14 +234,14 @@ static int creation_failed(c10d_pg *pg, int rc, const char *what)
 int c10d__pg_create_with_backend(const struct c10d__backend_vtable *vt, c10d_store *store, int rank,
                                  int size, int64_t timeout_ms, c10d_pg **out)
 {
-    uv_once(&registry_once, registry_init);
+    c10d__pg_registry_once();
     if (out == NULL || vt == NULL || size <= 0 || rank < 0 || rank >= size)
         return c10d__fail(C10D_EINVAL, "c10d__pg_create_with_backend: bad arguments");
     c10d_pg *pg;
     C10D_CHECK(c10d__pg_alloc("test", "test", rank, size, rank, NULL,
                               timeout_ms > 0 ? timeout_ms : TCP_DEFAULT_TIMEOUT_MS, &pg));
     const struct c10d__backend_vtable *vts[C10D__PG_NDEV] = {vt, NULL};
-    int rc = pg_start(pg, store, vts, NULL);
+    int rc = c10d__pg_start(pg, store, vts, NULL);
     if (rc != 0) {
         c10d__pg_close_backends(pg, 1, C10D_EABORTED, "creation failed");
         c10d__pg_unref(pg);
@@ -242,7 +253,7 @@ int c10d__pg_create_with_backend(const struct c10d__backend_vtable *vt, c10d_sto
 
 int c10d_pg_init(const c10d_pg_opts *opts, c10d_pg **out)
 {
-    uv_once(&registry_once, registry_init);
+    c10d__pg_registry_once();
     if (out == NULL)
         return c10d__fail(C10D_EINVAL, "c10d_pg_init: out is NULL");
     *out = NULL;
@@ -302,11 +313,11 @@ int c10d_pg_init(const c10d_pg_opts *opts, c10d_pg **out)
         rc = c10d__pg_alloc("0", o.group_desc != NULL ? o.group_desc : "default_pg", rank, size,
                             rank, NULL, timeout, &pg);
     if (rc == 0)
-        rc = set_device_opts(pg, &o, NULL, "c10d_pg_init");
+        rc = c10d__pg_set_device_opts(pg, &o, NULL, "c10d_pg_init");
     if (rc == 0) {
         pg->is_default = 1;
         c10d__log_set_rank(rank);
-        rc = pg_start(pg, base, vts, NULL);
+        rc = c10d__pg_start(pg, base, vts, NULL);
     }
     if (rc == 0)
         rc = c10d__pg_store_barrier(base, "0", size, timeout);
@@ -335,531 +346,13 @@ int c10d_pg_init(const c10d_pg_opts *opts, c10d_pg **out)
     return 0;
 }
 
-static int cmp_int(const void *a, const void *b)
+int c10d__pg_take_group_id(int *world_size)
 {
-    int x = *(const int *)a, y = *(const int *)b;
-    return (x > y) - (x < y);
-}
-
-static int format_ranks(char *buf, size_t cap, const int *ranks, int n)
-{
-    size_t k = 0;
-    for (int i = 0; i < n && k + 16 < cap; i++)
-        k += (size_t)snprintf(buf + k, cap - k, "%s%d", i > 0 ? "," : "", ranks[i]);
-    return (int)k;
-}
-
-/* Every rank of the world creates every group, in the same order: group k
- * must have the same members everywhere. A rank that created its groups in
- * another order would otherwise connect to the wrong peers and hang; here
- * every rank sees every rank's list, so all of them fail, naming the group
- * and both lists. */
-static int check_same_members(c10d_store *base, const char *name, int me, int world_size,
-                              const int *global, int n, int64_t timeout)
-{
-    if (base == NULL || world_size < 2)
-        return 0;
-    char mine[1024];
-    format_ranks(mine, sizeof mine, global, n);
-    char prefix[C10D__PG_NAME_MAX + 16];
-    snprintf(prefix, sizeof prefix, "%s/members", name);
-    struct c10d__pg_exchanged got;
-    int rc =
-        c10d__pg_store_exchange(base, prefix, me, world_size, mine, strlen(mine), timeout, &got);
-    for (int r = 0; r < world_size && rc == 0; r++) {
-        if (got.lens[r] == strlen(mine) && memcmp(got.values[r], mine, got.lens[r]) == 0)
-            continue;
-        rc = c10d__fail(C10D_EINVAL,
-                        "global rank %d creates group %s with global ranks [%s], but global "
-                        "rank %d creates it with [%.*s]: groups were created in a different "
-                        "order (or with different ranks) on different ranks",
-                        me, name, mine, r, (int)(got.lens[r] < 900 ? got.lens[r] : 900),
-                        (const char *)got.values[r]);
-    }
-    c10d__pg_exchanged_free(&got);
-    return rc;
-}
-
-/* Creates a group of `n` members (this rank `my_rank`, -1: not a member)
- * that only its members wait for: split (from `split_from` with `color`,
- * where its backends can) and local groups. */
-static int start_members_group(c10d_pg *parent, const char *what, const char *name,
-                               const int *global, int n, int my_rank, const c10d_pg_opts *o,
-                               const struct c10d__backend_vtable *vts[], c10d_pg *split_from,
-                               int color, c10d_pg **out)
-{
-    int64_t timeout = o->timeout_ms > 0 ? o->timeout_ms : parent->timeout_ms;
-    c10d_pg *pg;
-    C10D_CHECK(c10d__pg_alloc(name, o->group_desc != NULL ? o->group_desc : parent->desc, my_rank,
-                              my_rank >= 0 ? n : -1, parent->global_rank, global, timeout, &pg));
-    pg->split_color = color;
-    int rc = set_device_opts(pg, o, parent, what);
-    if (rc == 0 && my_rank < 0)
-        set_backend_name(pg, vts);
-    if (rc == 0)
-        rc = pg_start(pg, parent->base_store, vts, split_from);
-    if (rc == 0 && my_rank >= 0)
-        rc = c10d__pg_store_barrier(parent->base_store, name, n, timeout);
-    if (rc != 0)
-        return creation_failed(pg, rc, what);
-    *out = pg;
-    return 0;
-}
-
-/* Groups made with use_local_synchronization, by member list: the members
- * name the k-th group of one list alike without asking anyone else. */
-struct local_count {
-    struct local_count *next;
-    uint64_t hash;
-    int count;
-};
-static struct local_count *local_counts; /* under the registry lock */
-
-static uint64_t hash_ranks(const int *global, int n)
-{
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (int i = 0; i < n; i++)
-        for (int b = 0; b < 4; b++) {
-            h ^= (uint8_t)((unsigned)global[i] >> (8 * b));
-            h *= 1099511628211ull;
-        }
-    return h;
-}
-
-static int new_local_group(c10d_pg *parent, const int *global, int n, int my_rank,
-                           const c10d_pg_opts *o, const struct c10d__backend_vtable *vts[],
-                           c10d_pg **out)
-{
-    static const char what[] = "c10d_pg_new_group";
-    if (my_rank < 0) {
-        /* torch: a non-member need not call; if it does, it gets a handle. */
-        c10d_pg *pg;
-        C10D_CHECK(c10d__pg_alloc("local:non-member", o->group_desc, -1, -1, parent->global_rank,
-                                  NULL, parent->timeout_ms, &pg));
-        set_backend_name(pg, vts);
-        *out = pg;
-        return 0;
-    }
-    uint64_t h = hash_ranks(global, n);
-    c10d__pg_registry_lock();
-    struct local_count *lc = local_counts;
-    while (lc != NULL && lc->hash != h)
-        lc = lc->next;
-    if (lc == NULL && (lc = calloc(1, sizeof *lc)) != NULL) {
-        lc->hash = h;
-        lc->next = local_counts;
-        local_counts = lc;
-    }
-    int k = lc != NULL ? lc->count++ : -1;
-    c10d__pg_registry_unlock();
-    if (k < 0)
-        return c10d__fail(C10D_ENOMEM, "%s: out of memory", what);
-    char name[64];
-    snprintf(name, sizeof name, "local:%016llx.%d", (unsigned long long)h, k);
-    /* No split from the parent: its other ranks take no part. */
-    return start_members_group(parent, what, name, global, n, my_rank, o, vts, NULL, 0, out);
-}
-
-int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_pg_opts *opts,
-                      c10d_pg **out)
-{
-    uv_once(&registry_once, registry_init);
-    if (out == NULL)
-        return c10d__fail(C10D_EINVAL, "c10d_pg_new_group: out is NULL");
-    *out = NULL;
-    if (parent == NULL)
-        return c10d__fail(C10D_EINVAL, "c10d_pg_new_group: parent is NULL");
-    c10d_pg_opts o;
-    C10D_CHECK(c10d__opts_read(&o, sizeof o, C10D__PG_OPTS_V1_SIZE, opts, "c10d_pg_new_group"));
-    opts = &o;
-    if (c10d__on_loop_thread())
-        return c10d__fail(C10D_EDEADLK,
-                          "c10d_pg_new_group blocks: it cannot run inside a callback");
-    if (parent->rank < 0)
-        return c10d__fail(C10D_EINVAL,
-                          "c10d_pg_new_group: this rank is not a member of parent group %s",
-                          parent->name);
-    if (nranks < 0 || (ranks == NULL && nranks > 0))
-        return c10d__fail(C10D_EINVAL, "c10d_pg_new_group: invalid ranks list (%p, %d entries)",
-                          (const void *)ranks, nranks);
-    if (opts != NULL && (opts->store != NULL || opts->init_method != NULL))
-        return c10d__fail(C10D_EINVAL,
-                          "c10d_pg_new_group: a subgroup uses its parent's store (no store or "
-                          "init_method)");
-    if (opts != NULL && opts->timeout_ms < 0)
-        return c10d__fail(C10D_EINVAL, "c10d_pg_new_group: invalid timeout %lld ms",
-                          (long long)opts->timeout_ms);
-    int n = nranks > 0 ? nranks : parent->size;
-    int *sorted = malloc((size_t)n * sizeof(int));
-    int *global = malloc((size_t)n * sizeof(int));
-    if (sorted == NULL || global == NULL) {
-        free(sorted);
-        free(global);
-        return c10d__fail(C10D_ENOMEM, "c10d_pg_new_group: out of memory");
-    }
-    for (int i = 0; i < n; i++)
-        sorted[i] = nranks > 0 ? ranks[i] : i;
-    qsort(sorted, (size_t)n, sizeof(int), cmp_int);
-    int rc = 0, my_rank = -1;
-    for (int i = 0; i < n && rc == 0; i++) {
-        if (sorted[i] < 0 || sorted[i] >= parent->size)
-            rc = c10d__fail(C10D_EINVAL,
-                            "c10d_pg_new_group: rank %d is out of range (parent group size %d)",
-                            sorted[i], parent->size);
-        else if (i > 0 && sorted[i] == sorted[i - 1])
-            rc = c10d__fail(C10D_EINVAL, "c10d_pg_new_group: rank %d appears more than once",
-                            sorted[i]);
-        else {
-            global[i] = parent->global_ranks[sorted[i]];
-            if (sorted[i] == parent->rank)
-                my_rank = i;
-        }
-    }
-    const struct c10d__backend_vtable *vts[C10D__PG_NDEV];
-    for (int d = 0; d < C10D__PG_NDEV; d++)
-        vts[d] = parent->backends[d].vt;
-    if (rc == 0 && opts != NULL && opts->backend != NULL)
-        rc = c10d__backend_parse(opts->backend, vts);
-    free(sorted);
-    if (rc != 0) {
-        free(global);
-        return rc;
-    }
-    if (opts->use_local_synchronization) {
-        rc = new_local_group(parent, global, n, my_rank, opts, vts, out);
-        free(global);
-        return rc;
-    }
-    /* From here the name is taken on every rank: failures are fatal anyway. */
     c10d__pg_registry_lock();
     int id = group_count++;
-    c10d_pg *world = default_pg;
-    int world_size = world != NULL ? world->size : parent->size;
+    *world_size = default_pg != NULL ? default_pg->size : 0;
     c10d__pg_registry_unlock();
-    char name[16];
-    snprintf(name, sizeof name, "%d", id);
-    int64_t timeout = opts != NULL && opts->timeout_ms > 0 ? opts->timeout_ms : parent->timeout_ms;
-    rc = check_same_members(parent->base_store, name, parent->global_rank, world_size, global, n,
-                            timeout);
-    if (rc != 0) {
-        free(global);
-        char why[1200];
-        snprintf(why, sizeof why, "%s", c10d_last_error());
-        return c10d__fail(rc, "c10d_pg_new_group: %s", why);
-    }
-    c10d_pg *pg;
-    rc = c10d__pg_alloc(name, opts != NULL ? opts->group_desc : NULL, my_rank,
-                        my_rank >= 0 ? n : -1, parent->global_rank, global, timeout, &pg);
-    free(global);
-    if (rc != 0)
-        return rc;
-    rc = set_device_opts(pg, opts, parent, "c10d_pg_new_group");
-    if (rc != 0) {
-        c10d__pg_unref(pg);
-        return rc;
-    }
-    if (my_rank < 0) {
-        /* Keep the members for rank translation, but no backend. */
-        set_backend_name(pg, vts);
-    }
-    c10d_store *base = parent->base_store;
-    rc = pg_start(pg, base, vts, parent);
-    if (rc == 0)
-        rc = c10d__pg_store_barrier(base, name, world_size, timeout);
-    if (rc != 0)
-        return creation_failed(pg, rc, "c10d_pg_new_group");
-    /* Every rank passed the barrier, so every rank has read every member
-     * list: this rank's is no longer needed. */
-    char prefix[C10D__PG_NAME_MAX + 16];
-    snprintf(prefix, sizeof prefix, "%s/members", name);
-    c10d__pg_store_forget(base, prefix, parent->global_rank);
-    if (my_rank < 0)
-        C10D_INFO("pg", "group %s created; this rank is not a member", name);
-    *out = pg;
-    return 0;
-}
-
-int c10d_pg_shrink(c10d_pg *parent, const int *excluded, int nexcluded, const c10d_pg_opts *opts,
-                   c10d_pg **out)
-{
-    static const char what[] = "c10d_pg_shrink";
-    uv_once(&registry_once, registry_init);
-    if (out == NULL)
-        return c10d__fail(C10D_EINVAL, "%s: out is NULL", what);
-    *out = NULL;
-    if (parent == NULL)
-        return c10d__fail(C10D_EINVAL, "%s: parent is NULL", what);
-    c10d_pg_opts o;
-    C10D_CHECK(c10d__opts_read(&o, sizeof o, C10D__PG_OPTS_V1_SIZE, opts, what));
-    if (c10d__on_loop_thread())
-        return c10d__fail(C10D_EDEADLK, "%s blocks: it cannot run inside a callback", what);
-    if (parent->rank < 0)
-        return c10d__fail(C10D_EINVAL, "%s: this rank is not a member of parent group %s", what,
-                          parent->name);
-    if (nexcluded <= 0 || excluded == NULL)
-        return c10d__fail(C10D_EINVAL, "%s: no ranks to exclude (%p, %d entries)", what,
-                          (const void *)excluded, nexcluded);
-    if (o.store != NULL || o.init_method != NULL || o.backend != NULL)
-        return c10d__fail(C10D_EINVAL,
-                          "%s: a shrunk group keeps its parent's store and backends (no store, "
-                          "init_method or backend)",
-                          what);
-    if (o.timeout_ms < 0)
-        return c10d__fail(C10D_EINVAL, "%s: invalid timeout %lld ms", what,
-                          (long long)o.timeout_ms);
-    unsigned char *gone = calloc((size_t)parent->size, 1);
-    int *global = malloc((size_t)parent->size * sizeof(int));
-    if (gone == NULL || global == NULL) {
-        free(gone);
-        free(global);
-        return c10d__fail(C10D_ENOMEM, "%s: out of memory", what);
-    }
-    int rc = 0;
-    for (int i = 0; i < nexcluded && rc == 0; i++) {
-        int x = excluded[i];
-        if (x < 0 || x >= parent->size)
-            rc = c10d__fail(C10D_EINVAL, "%s: rank %d is out of range (parent group size %d)", what,
-                            x, parent->size);
-        else if (gone[x])
-            rc = c10d__fail(C10D_EINVAL, "%s: rank %d appears more than once", what, x);
-        else if (x == parent->rank)
-            rc = c10d__fail(C10D_EINVAL, "%s: rank %d excludes itself (only survivors call it)",
-                            what, x);
-        else
-            gone[x] = 1;
-    }
-    int n = 0, my_rank = -1;
-    for (int r = 0; r < parent->size && rc == 0; r++) {
-        if (gone[r])
-            continue;
-        if (r == parent->rank)
-            my_rank = n;
-        global[n++] = parent->global_ranks[r];
-    }
-    free(gone);
-    if (rc != 0) {
-        free(global);
-        return rc;
-    }
-    const struct c10d__backend_vtable *vts[C10D__PG_NDEV];
-    for (int d = 0; d < C10D__PG_NDEV; d++)
-        vts[d] = parent->backends[d].vt;
-    uv_mutex_lock(&parent->mutex);
-    int k = ++parent->shrink_count;
-    uv_mutex_unlock(&parent->mutex);
-    char name[C10D__PG_NAME_MAX + 1];
-    if (snprintf(name, sizeof name, "%s/shrink%d", parent->name, k) >= (int)sizeof name)
-        return c10d__fail(C10D_EINVAL,
-                          "%s: the name of a group shrunk from %s would exceed %d "
-                          "characters (groups nested too deep)",
-                          what, parent->name, C10D__PG_NAME_MAX);
-    int64_t timeout = o.timeout_ms > 0 ? o.timeout_ms : parent->timeout_ms;
-    c10d_pg *pg;
-    rc = c10d__pg_alloc(name, o.group_desc != NULL ? o.group_desc : parent->desc, my_rank, n,
-                        parent->global_rank, global, timeout, &pg);
-    free(global);
-    if (rc != 0)
-        return rc;
-    rc = set_device_opts(pg, &o, parent, what);
-    c10d_store *base = parent->base_store;
-    if (rc == 0) {
-        pg->base_store = base;
-        c10d__pg_store_retain(base);
-        c10d__engine_call(register_groups_hook, NULL);
-        char prefix[C10D__PG_NAME_MAX + 2];
-        snprintf(prefix, sizeof prefix, "%s/", name);
-        rc = c10d__pg_store_prefix(base, prefix, &pg->store);
-    }
-    if (rc == 0) {
-        set_backend_name(pg, vts);
-        rc = c10d__pg_shrink_backends(pg, vts, parent, excluded, nexcluded);
-    }
-    if (rc == 0)
-        rc = c10d__pg_store_barrier(base, name, n, timeout);
-    if (rc != 0)
-        return creation_failed(pg, rc, what);
-    *out = pg;
-    return 0;
-}
-
-/* ---------------------------------------------------------------- split */
-
-struct split_entry {
-    int color, key, parent_rank;
-};
-
-static int cmp_split(const void *a, const void *b)
-{
-    const struct split_entry *x = a, *y = b;
-    if (x->key != y->key)
-        return (x->key > y->key) - (x->key < y->key);
-    return (x->parent_rank > y->parent_rank) - (x->parent_rank < y->parent_rank);
-}
-
-/* Every parent rank's (color, key), through the parent's store: ranks
- * outside the parent take no part, so no world-wide name or barrier. */
-static int split_exchange(c10d_pg *parent, int k, int color, int key, int64_t timeout,
-                          struct split_entry *all)
-{
-    int n = parent->size;
-    char prefix[32];
-    snprintf(prefix, sizeof prefix, "split%d", k);
-    int32_t mine[2] = {color, key};
-    struct c10d__pg_exchanged got;
-    int rc = c10d__pg_store_exchange(parent->store, prefix, parent->rank, n, mine, sizeof mine,
-                                     timeout, &got);
-    for (int r = 0; r < n && rc == 0; r++) {
-        int32_t v[2];
-        if (got.lens[r] != sizeof v) {
-            rc = c10d__fail(C10D_EPROTO, "rank %d's color and key have %zu bytes", r, got.lens[r]);
-            break;
-        }
-        memcpy(v, got.values[r], sizeof v);
-        all[r] = (struct split_entry){v[0] < 0 ? -1 : v[0], v[1], r};
-    }
-    if (rc == 0 && k > 2) {
-        /* Every rank published split k - 1 only after it had read all of
-         * k - 2: this rank's key of k - 2 is read by nobody any more. */
-        snprintf(prefix, sizeof prefix, "split%d", k - 2);
-        c10d__pg_store_forget(parent->store, prefix, parent->rank);
-    }
-    c10d__pg_exchanged_free(&got);
-    return rc;
-}
-
-int c10d_pg_split(c10d_pg *parent, int color, int key, const c10d_pg_opts *opts, c10d_pg **out)
-{
-    static const char what[] = "c10d_pg_split";
-    uv_once(&registry_once, registry_init);
-    if (out == NULL)
-        return c10d__fail(C10D_EINVAL, "%s: out is NULL", what);
-    *out = NULL;
-    if (parent == NULL)
-        return c10d__fail(C10D_EINVAL, "%s: parent is NULL", what);
-    c10d_pg_opts o;
-    C10D_CHECK(c10d__opts_read(&o, sizeof o, C10D__PG_OPTS_V1_SIZE, opts, what));
-    if (c10d__on_loop_thread())
-        return c10d__fail(C10D_EDEADLK, "%s blocks: it cannot run inside a callback", what);
-    if (parent->rank < 0)
-        return c10d__fail(C10D_EINVAL, "%s: this rank is not a member of parent group %s", what,
-                          parent->name);
-    if (parent->store == NULL)
-        return c10d__fail(C10D_EUNSUPPORTED, "%s: parent group %s has no store", what,
-                          parent->name);
-    if (o.store != NULL || o.init_method != NULL || o.backend != NULL)
-        return c10d__fail(C10D_EINVAL,
-                          "%s: a split group keeps its parent's store and backends (no store, "
-                          "init_method or backend)",
-                          what);
-    if (o.timeout_ms < 0)
-        return c10d__fail(C10D_EINVAL, "%s: invalid timeout %lld ms", what,
-                          (long long)o.timeout_ms);
-    if (color < 0 && color != C10D_SPLIT_NO_COLOR)
-        return c10d__fail(C10D_EINVAL, "%s: invalid color %d (>= 0, or C10D_SPLIT_NO_COLOR)", what,
-                          color);
-    uv_mutex_lock(&parent->mutex);
-    int k = ++parent->split_count;
-    uv_mutex_unlock(&parent->mutex);
-    int64_t timeout = o.timeout_ms > 0 ? o.timeout_ms : parent->timeout_ms;
-    struct split_entry *all = calloc((size_t)parent->size, sizeof *all);
-    int *global = malloc((size_t)parent->size * sizeof(int));
-    if (all == NULL || global == NULL) {
-        free(all);
-        free(global);
-        return c10d__fail(C10D_ENOMEM, "%s: out of memory", what);
-    }
-    int rc = split_exchange(parent, k, color, key, timeout, all);
-    if (rc != 0) {
-        char why[512];
-        snprintf(why, sizeof why, "%s", c10d_last_error());
-        free(all);
-        free(global);
-        return c10d__fail(rc, "%s: group %s: exchanging colors: %s", what, parent->name, why);
-    }
-    /* MPI_Comm_split's order: by key, ties by parent rank. */
-    int n = 0;
-    for (int r = 0; r < parent->size; r++)
-        if (color >= 0 && all[r].color == color)
-            all[n++] = all[r];
-    qsort(all, (size_t)n, sizeof *all, cmp_split);
-    int my_rank = -1;
-    for (int i = 0; i < n; i++) {
-        global[i] = parent->global_ranks[all[i].parent_rank];
-        if (all[i].parent_rank == parent->rank)
-            my_rank = i;
-    }
-    free(all);
-    char name[C10D__PG_NAME_MAX + 1];
-    if (snprintf(name, sizeof name, "%s/split%d.%d", parent->name, k, color < 0 ? 0 : color) >=
-        (int)sizeof name) {
-        free(global);
-        return c10d__fail(C10D_EINVAL,
-                          "%s: the name of a group split from %s would exceed %d "
-                          "characters (groups nested too deep)",
-                          what, parent->name, C10D__PG_NAME_MAX);
-    }
-    const struct c10d__backend_vtable *vts[C10D__PG_NDEV];
-    for (int d = 0; d < C10D__PG_NDEV; d++)
-        vts[d] = parent->backends[d].vt;
-    rc = start_members_group(parent, what, name, global, n, my_rank, &o, vts, parent, color, out);
-    free(global);
-    return rc;
-}
-
-int c10d_pg_new_subgroups(c10d_pg *parent, int group_size, const c10d_pg_opts *opts, c10d_pg **out)
-{
-    if (out != NULL)
-        *out = NULL;
-    if (parent == NULL || parent->rank < 0)
-        return c10d__fail(C10D_EINVAL, "c10d_pg_new_subgroups: %s",
-                          parent == NULL ? "parent is NULL" : "this rank is not a member");
-    if (group_size <= 0 || parent->size % group_size != 0)
-        return c10d__fail(C10D_EINVAL,
-                          "c10d_pg_new_subgroups: the group size %d must divide the parent's %d",
-                          group_size, parent->size);
-    return c10d_pg_split(parent, parent->rank / group_size, parent->rank, opts, out);
-}
-
-int c10d_pg_new_subgroups_by_enumeration(c10d_pg *parent, const int *const *lists, const int *sizes,
-                                         int nlists, const c10d_pg_opts *opts, c10d_pg **out)
-{
-    static const char what[] = "c10d_pg_new_subgroups_by_enumeration";
-    if (out != NULL)
-        *out = NULL;
-    if (parent == NULL || parent->rank < 0)
-        return c10d__fail(C10D_EINVAL, "%s: %s", what,
-                          parent == NULL ? "parent is NULL" : "this rank is not a member");
-    if (nlists <= 0 || lists == NULL || sizes == NULL)
-        return c10d__fail(C10D_EINVAL, "%s: no lists", what);
-    int *owner = malloc((size_t)parent->size * sizeof(int));
-    if (owner == NULL)
-        return c10d__fail(C10D_ENOMEM, "%s: out of memory", what);
-    for (int r = 0; r < parent->size; r++)
-        owner[r] = -1;
-    int rc = 0;
-    for (int l = 0; l < nlists && rc == 0; l++) {
-        if (sizes[l] <= 0 || lists[l] == NULL) {
-            rc = c10d__fail(C10D_EINVAL, "%s: list %d is empty", what, l);
-            break;
-        }
-        for (int i = 0; i < sizes[l] && rc == 0; i++) {
-            int r = lists[l][i];
-            if (r < 0 || r >= parent->size)
-                rc = c10d__fail(C10D_EINVAL, "%s: rank %d in list %d is out of range (size %d)",
-                                what, r, l, parent->size);
-            else if (owner[r] >= 0)
-                rc = c10d__fail(C10D_EINVAL, "%s: rank %d is in list %d and in list %d", what, r,
-                                owner[r], l);
-            else
-                owner[r] = l;
-        }
-    }
-    int color = rc == 0 && owner[parent->rank] >= 0 ? owner[parent->rank] : C10D_SPLIT_NO_COLOR;
-    free(owner);
-    if (rc != 0)
-        return rc;
-    /* Ranks in ascending order within each subgroup, as torch's new_group. */
-    return c10d_pg_split(parent, color, parent->rank, opts, out);
+    return id;
 }
 
 /* --------------------------------------------------------------- queries */
@@ -956,7 +449,7 @@ uint64_t c10d_pg_p2p_seq(c10d_pg *pg)
 
 int c10d_is_initialized(void)
 {
-    uv_once(&registry_once, registry_init);
+    c10d__pg_registry_once();
     c10d__pg_registry_lock();
     int up = default_pg != NULL;
     c10d__pg_registry_unlock();

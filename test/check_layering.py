@@ -139,6 +139,28 @@ def check_guards(src):
     return problems
 
 
+LONG_LINES = 800
+
+
+def check_long_files(src):
+    """A library source over LONG_LINES lines says why in its opening comment."""
+    problems = []
+    for root in ROOTS:
+        for dirpath, _, names in os.walk(os.path.join(src, root)):
+            for name in names:
+                if not name.endswith(".c"):
+                    continue
+                f = os.path.relpath(os.path.join(dirpath, name), src)
+                text = open(os.path.join(src, f), encoding="utf-8").read()
+                if text.count("\n") <= LONG_LINES:
+                    continue
+                opening = re.sub(r"\n\s*\*", " ", text.split("*/", 1)[0])
+                if f"Over {LONG_LINES} lines" not in " ".join(opening.split()):
+                    problems.append(f"{f}: {text.count(chr(10))} lines, and its opening comment "
+                                    f"does not say why (\"Over {LONG_LINES} lines because ...\")")
+    return problems
+
+
 def source_of(obj, folder=""):
     """The source path (relative to the tree) an object file was built from."""
     m = re.search(r"\.dir/(.+)\.o$", obj.replace(os.sep, "/"))
@@ -251,6 +273,7 @@ def main():
     inc_problems, nfiles = check_includes(src, arrows)
     problems += inc_problems
     problems += check_guards(src)
+    problems += check_long_files(src)
     nobjs = 0
     if len(sys.argv) > 2:
         obj_problems, nobjs = check_objects(sys.argv[2:], arrows)

@@ -10,7 +10,11 @@
  * ncclCommGetAsyncError is read with them. A timeout or an async error fails
  * the group: every pending op fails, the communicators are aborted off the
  * loop, and later ops fail at once naming the first error. There is no
- * watchdog thread and nothing kills the process. */
+ * watchdog thread and nothing kills the process.
+ *
+ * Over 800 lines because the backend table's entries share one per-group
+ * state and its locking; communicators, launches and peer errors are in
+ * comm.c, launch.c and peer_error.c. */
 #include "nccl_impl.h"
 
 #include "engine/env.h"

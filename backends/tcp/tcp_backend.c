@@ -8,7 +8,11 @@
  * Failure policy (docs/semantics.md, 4): the first failure of any kind
  * (a peer gone, a mismatch, a timeout, an abort) fails every pending op with
  * the reason, closes every connection after telling the peers why, and
- * poisons the group: later ops fail at once naming that first error. */
+ * poisons the group: later ops fail at once naming that first error.
+ *
+ * Over 800 lines because the op queue, the failure policy and the address
+ * exchange at creation all change the same per-group state; the transport
+ * (transport.h) and the algorithms (coll.h) are elsewhere. */
 #include "tcp_backend.h"
 
 #include "coll.h"
