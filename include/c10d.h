@@ -30,8 +30,25 @@ extern "C" {
 #define C10D_EXPORT
 #endif
 
+/* An options struct with only its size set, the rest zero (the defaults):
+ * `c10d_pg_opts o = C10D_PG_OPTS_INIT;`. C++ has designated initializers
+ * only from C++20, and -Wextra warns on a partial one: it gets a lambda. */
+#ifdef __cplusplus
+#define C10D__SIZED_INIT(T)                                                                        \
+    ([] {                                                                                          \
+        T c10d_init_{};                                                                            \
+        c10d_init_.struct_size = sizeof(T);                                                        \
+        return c10d_init_;                                                                         \
+    }())
+#else
+#define C10D__SIZED_INIT(T)                                                                        \
+    {                                                                                              \
+        .struct_size = sizeof(T)                                                                   \
+    }
+#endif
+
 #define C10D_VERSION_MAJOR 0
-#define C10D_VERSION_MINOR 1
+#define C10D_VERSION_MINOR 2
 #define C10D_VERSION_PATCH 0
 
 /* ---------------------------------------------------------------- status */
@@ -65,7 +82,7 @@ C10D_EXPORT const char *c10d_last_error(void);
 
 C10D_EXPORT const char *c10d_version(void);
 
-/* What this build contains, e.g. "libc10d 0.1.0; backends: tcp; nccl 2.28.3 (runtime 2.28.3)". */
+/* What this build contains, e.g. "libc10d 0.2.0; backends: tcp; nccl 2.28.3 (runtime 2.28.3)". */
 C10D_EXPORT const char *c10d_build_info(void);
 
 /* ---------------------------------------------------- dtypes, reduce ops */
@@ -279,14 +296,8 @@ typedef struct c10d_nccl_opts {
      * either way (docs/nccl.md). */
     int nonblocking;
 } c10d_nccl_opts;
-#define C10D_NCCL_OPTS_INIT                                                                        \
-    {                                                                                              \
-        .struct_size = sizeof(c10d_nccl_opts)                                                      \
-    }
-#define C10D_PG_OPTS_INIT                                                                          \
-    {                                                                                              \
-        .struct_size = sizeof(c10d_pg_opts)                                                        \
-    }
+#define C10D_NCCL_OPTS_INIT C10D__SIZED_INIT(c10d_nccl_opts)
+#define C10D_PG_OPTS_INIT C10D__SIZED_INIT(c10d_pg_opts)
 
 /* Per-call options; zero-initialised means defaults. */
 typedef struct c10d_op_opts {
@@ -299,10 +310,7 @@ typedef struct c10d_op_opts {
     int device_index; /* CUDA device of the buffers */
     void *stream;     /* CUDA: the caller's cudaStream_t (NULL: the default stream) */
 } c10d_op_opts;
-#define C10D_OP_OPTS_INIT                                                                          \
-    {                                                                                              \
-        .struct_size = sizeof(c10d_op_opts)                                                        \
-    }
+#define C10D_OP_OPTS_INIT C10D__SIZED_INIT(c10d_op_opts)
 
 /* Creates the default group: rendezvous, then connects the backend. Blocks
  * until ready or failed (bounded by opts->timeout_ms). */
@@ -519,7 +527,6 @@ C10D_EXPORT int c10d_recv_object_list(c10d_pg *pg, c10d_bytes *objs, int n, int 
  * vanished after the wait is C10D_ENOTFOUND "key not found", never an empty
  * value. Counters (ADD) are stored as decimal text. */
 
-typedef struct c10d_store c10d_store;
 
 typedef struct c10d_store_bytes {
     const void *data;
@@ -555,10 +562,7 @@ typedef struct c10d_store_tcp_opts {
      * master waits for its workers) before returning. */
     int wait_for_workers;
 } c10d_store_tcp_opts;
-#define C10D_STORE_TCP_OPTS_INIT                                                                   \
-    {                                                                                              \
-        .struct_size = sizeof(c10d_store_tcp_opts)                                                 \
-    }
+#define C10D_STORE_TCP_OPTS_INIT C10D__SIZED_INIT(c10d_store_tcp_opts)
 
 /* Connects (retrying with exponential backoff until the timeout) and returns
  * a connected store. opts may be NULL. */
@@ -623,10 +627,7 @@ typedef struct c10d_store_request {
     int block;          /* QUEUE_POP: wait up to the store's timeout for an item;
                          * else an empty queue is C10D_ENOTFOUND */
 } c10d_store_request;
-#define C10D_STORE_REQUEST_INIT                                                                    \
-    {                                                                                              \
-        .struct_size = sizeof(c10d_store_request)                                                  \
-    }
+#define C10D_STORE_REQUEST_INIT C10D__SIZED_INIT(c10d_store_request)
 
 /* Checks and starts `req` on `s`; *work (not NULL) completes with the op's
  * status and message, bounded by the store's deadline. The arguments are
@@ -688,10 +689,7 @@ typedef struct c10d_rendezvous_opts {
     int world_size;
     int dialect; /* c10d_store_dialect for TCP [AUTO] */
 } c10d_rendezvous_opts;
-#define C10D_RENDEZVOUS_OPTS_INIT                                                                  \
-    {                                                                                              \
-        .struct_size = sizeof(c10d_rendezvous_opts)                                                \
-    }
+#define C10D_RENDEZVOUS_OPTS_INIT C10D__SIZED_INIT(c10d_rendezvous_opts)
 
 typedef struct c10d_rendezvous_result {
     /* PrefixStore("default_pg") over the rendezvous store; on an agent or
@@ -721,10 +719,7 @@ typedef struct c10d_launch_info {
     int local_world_size; /* processes on this node; -1: the launcher does not say */
     const char *launcher; /* "torchrun/c10drun", "Open MPI", "Slurm srun", ..., "none" */
 } c10d_launch_info;
-#define C10D_LAUNCH_INFO_INIT                                                                      \
-    {                                                                                              \
-        .struct_size = sizeof(c10d_launch_info)                                                    \
-    }
+#define C10D_LAUNCH_INFO_INIT C10D__SIZED_INIT(c10d_launch_info)
 
 /* Reads the environment now (no I/O, no engine). No launcher: 0 with
  * rank -1 and launcher "none". A launcher whose variables are half-set or
