@@ -1,6 +1,6 @@
 #include "c10d.h"
 
-#include "backends/cuda/gpu_api.h"
+#include "gpu/gpu_api.h"
 
 #include <stdio.h>
 #include <uv.h>

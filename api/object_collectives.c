@@ -9,7 +9,7 @@
  * before anything is allocated from it. */
 #include "pg.h"
 
-#include "backends/cuda/gpu_api.h"
+#include "gpu/gpu_api.h"
 #include "engine/error.h"
 
 #include <stdint.h>

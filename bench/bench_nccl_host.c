@@ -15,7 +15,7 @@
  *
  * CUDA and NCCL are the ones libc10d loads (C10D_CUDART_LIBRARY,
  * C10D_NCCL_LIBRARY), so both modes use the very same libraries. */
-#include "backends/cuda/gpu_api.h"
+#include "gpu/gpu_api.h"
 #include "c10d.h"
 #include "engine/error.h"
 #include "engine/loop.h"

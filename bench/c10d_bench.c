@@ -16,7 +16,7 @@
 #include "data.h"
 #include "engine/error.h"
 
-#include "backends/cuda/gpu_api.h"
+#include "gpu/gpu_api.h"
 
 #include <getopt.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
 """Checks the library's arrows against docs/architecture.md.
 
 Every quoted #include in the library and tools (api/, backends/, engine/,
-store_server/, tools/) must either stay inside its module or follow an arrow
+gpu/, store_server/, tools/) must either stay inside its module or follow an arrow
 the architecture page allows; the public header include/c10d.h may be included
 from anywhere. The allowed arrows must form no cycle. Every header's guard
 names its file (C10D_<PATH>; the public header keeps C10D_H).
@@ -23,7 +23,7 @@ import re
 import subprocess
 import sys
 
-ROOTS = ("api", "backends", "engine", "store_server", "tools")
+ROOTS = ("api", "backends", "engine", "gpu", "store_server", "tools")
 # Folders whose object files must not call each other around a loop.
 CYCLE_FREE = ("engine/", "api/", "backends/op_kind", "backends/registry", "store_server/wire/",
               "store_server/table/")

@@ -1,5 +1,5 @@
 /* test_gpu_decls' program (test_gpu_decls.sh builds and runs it): libc10d's
- * own declarations of CUDA and NCCL (backends/cuda/gpu_decls.h) against the
+ * own declarations of CUDA and NCCL (gpu/gpu_decls.h) against the
  * real headers. Compiling it is most of the check: gpu_decls.h in check
  * mode redeclares every typedef and prototype after the real ones and
  * asserts every value, size and field offset. What is not an integer
@@ -8,7 +8,7 @@
 #include <nccl.h>
 
 #define C10D__GPU_DECLS_CHECK 1
-#include "backends/cuda/gpu_decls.h"
+#include "gpu/gpu_decls.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 #!/bin/sh
 # test_gpu_decls: libc10d declares what it uses of CUDA and NCCL itself
-# (backends/cuda/gpu_decls.h), so that it builds without them; this checks
+# (gpu/gpu_decls.h), so that it builds without them; this checks
 # those declarations against the real headers wherever they are installed.
 # The check is compiled here, when the test runs, so that a build without
 # the headers still configures and builds; without them it is skipped (77).
@@ -24,7 +24,7 @@ if [ ! -f "$cuda_inc/cuda_runtime_api.h" ] || [ ! -f "$nccl_inc/nccl.h" ]; then
 fi
 
 mkdir -p "$work" || exit 1
-echo "checking backends/cuda/gpu_decls.h against $cuda_inc/cuda_runtime_api.h and $nccl_inc/nccl.h"
+echo "checking gpu/gpu_decls.h against $cuda_inc/cuda_runtime_api.h and $nccl_inc/nccl.h"
 # -isystem: the real headers are not ours to keep warning-free.
 "$cc" -std=c11 -Wall -Wextra -Werror -I"$src" -isystem "$cuda_inc" -isystem "$nccl_inc" \
     -o "$work/gpu_decls_check" "$src/test/gpu_decls_check.c" || {

@@ -15,8 +15,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "backends/cuda/gpu_api.h"
-#include "backends/cuda/nan_check.h"
+#include "gpu/gpu_api.h"
+#include "gpu/nan_check.h"
 #include "bench/data.h"
 #include "c10d.h"
 #include "engine/env.h"

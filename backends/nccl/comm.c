@@ -20,7 +20,7 @@
  * (launch.c). */
 #include "nccl_impl.h"
 
-#include "backends/cuda/nan_check.h"
+#include "gpu/nan_check.h"
 #include "engine/env.h"
 
 #include "engine/error.h"

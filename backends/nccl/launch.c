@@ -5,7 +5,7 @@
  * batches included, is one ncclGroupStart/ncclGroupEnd. */
 #include "nccl_impl.h"
 
-#include "backends/cuda/nan_check.h"
+#include "gpu/nan_check.h"
 #include "engine/error.h"
 #include "engine/kernels/reduce.h"
 #include "engine/loop.h"

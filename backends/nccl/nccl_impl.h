@@ -16,7 +16,7 @@
 #define C10D_BACKENDS_NCCL_NCCL_IMPL_H
 
 #include "backends/backend.h"
-#include "backends/cuda/gpu_api.h"
+#include "gpu/gpu_api.h"
 #include "engine/poller.h"
 
 #include <stdatomic.h>

@@ -11,7 +11,7 @@
 #ifndef C10D_TEST_GPUSIM_GPUSIM_H
 #define C10D_TEST_GPUSIM_GPUSIM_H
 
-#include "backends/cuda/gpu_decls.h"
+#include "gpu/gpu_decls.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

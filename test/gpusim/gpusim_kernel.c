@@ -1,10 +1,10 @@
 /* gpusim: libraries and kernel launches. The one kernel libc10d launches is
- * the NaN check (backends/cuda/nan_check_kernel.h); its fatbin is accepted
+ * the NaN check (gpu/nan_check_kernel.h); its fatbin is accepted
  * as opaque bytes and the kernel runs on the CPU, as a task on its stream,
  * with the arguments copied at the launch as CUDA copies them. */
 #include "gpusim.h"
 
-#include "backends/cuda/nan_check_kernel.h"
+#include "gpu/nan_check_kernel.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "backends/cuda/gpu_decls.h"
+#include "gpu/gpu_decls.h"
 
 #include "mp_harness.h"
 

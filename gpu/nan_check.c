@@ -1,5 +1,5 @@
 /* Loading and launching the NaN check kernel (nan_check.h). */
-#include "backends/cuda/nan_check.h"
+#include "gpu/nan_check.h"
 
 #include "engine/error.h"
 

@@ -29,7 +29,7 @@
  * Over 800 lines because an op's three stages and their events, parts and
  * pool buffers form one lifetime that reads best in one place. */
 #include "backends/backend.h"
-#include "backends/cuda/gpu_api.h"
+#include "gpu/gpu_api.h"
 
 #include "engine/env.h"
 #include "engine/error.h"

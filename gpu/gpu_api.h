@@ -9,10 +9,10 @@
  * at all: gpu_decls.h declares the part of both interfaces we use, and each
  * table below is made from its list there, so an entry has exactly the type
  * of the function it holds. */
-#ifndef C10D_BACKENDS_CUDA_GPU_API_H
-#define C10D_BACKENDS_CUDA_GPU_API_H
+#ifndef C10D_GPU_GPU_API_H
+#define C10D_GPU_GPU_API_H
 
-#include "backends/cuda/gpu_decls.h"
+#include "gpu/gpu_decls.h"
 
 #include <stddef.h>
 

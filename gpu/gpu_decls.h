@@ -19,8 +19,8 @@
  *
  * Only what the library, its tests and the simulation use is here; a new
  * CUDA or NCCL name goes into its list, and the check covers it at once. */
-#ifndef C10D_BACKENDS_CUDA_GPU_DECLS_H
-#define C10D_BACKENDS_CUDA_GPU_DECLS_H
+#ifndef C10D_GPU_GPU_DECLS_H
+#define C10D_GPU_GPU_DECLS_H
 
 #include <limits.h>
 #include <stddef.h>

@@ -1,7 +1,7 @@
 /* Loading the CUDA runtime and NCCL at run time (gpu_api.h says why). Each
  * part is loaded once per process; a failure is remembered with its message,
  * so every later group names the same missing file. */
-#include "backends/cuda/gpu_api.h"
+#include "gpu/gpu_api.h"
 
 #include "engine/env.h"
 #include "engine/error.h"

@@ -7,11 +7,11 @@
  * event fires. A NaN thus fails the op (and the group) with a message; it
  * does not stop the collective, and nothing traps the device or kills the
  * process. The kernel's ABI is in nan_check_kernel.h. */
-#ifndef C10D_BACKENDS_CUDA_NAN_CHECK_H
-#define C10D_BACKENDS_CUDA_NAN_CHECK_H
+#ifndef C10D_GPU_NAN_CHECK_H
+#define C10D_GPU_NAN_CHECK_H
 
-#include "backends/cuda/gpu_api.h"
-#include "backends/cuda/nan_check_kernel.h"
+#include "gpu/gpu_api.h"
+#include "gpu/nan_check_kernel.h"
 #include "c10d.h"
 
 #include <stdint.h>

@@ -3,8 +3,8 @@
  * by the kernel (nan_check.cu, C++), its launcher (nan_check.c) and the CPU
  * simulation of the CUDA runtime, which runs the same check on the host;
  * so it includes nothing. */
-#ifndef C10D_BACKENDS_CUDA_NAN_CHECK_KERNEL_H
-#define C10D_BACKENDS_CUDA_NAN_CHECK_KERNEL_H
+#ifndef C10D_GPU_NAN_CHECK_KERNEL_H
+#define C10D_GPU_NAN_CHECK_KERNEL_H
 
 /* The kernel's name in the fatbin, and what it is told about the elements. */
 #define C10D_NAN_CHECK_KERNEL "c10d_nan_check"
