@@ -362,7 +362,7 @@ static void init_done(struct c10d__poll_item *item)
 {
     struct nccl_comm *c =
         (struct nccl_comm *)((char *)item - offsetof(struct nccl_comm, init_item));
-    c10d__nccl_comm_settled(c);
+    c->s->up->comm_settled(c);
 }
 
 static void start_after(void *arg)
@@ -380,14 +380,14 @@ static void start_after(void *arg)
         if (c->init_status == 0)
             c10d__nccl_comm_fail_start(c, C10D_EABORTED,
                                        "the group ended during communicator setup");
-        c10d__nccl_comm_settled(c);
+        c->s->up->comm_settled(c);
         return;
     }
     c->init_item.ready = init_ready;
     c->init_item.done = init_done;
     if (c10d__poll_push(&c->completions, &c->init_item) != 0) {
         c10d__nccl_comm_fail_start(c, C10D_EABORTED, "the engine is shutting down");
-        c10d__nccl_comm_settled(c);
+        c->s->up->comm_settled(c);
     }
 }
 
@@ -466,12 +466,12 @@ static void start_task(void *arg)
     if (c->s->closing) {
         c10d__nccl_comm_fail_start(c, C10D_EABORTED,
                                    "the group ended before its communicator started");
-        c10d__nccl_comm_settled(c);
+        c->s->up->comm_settled(c);
         return;
     }
     if (comm_start(c) != 0) {
         c10d__nccl_comm_fail_start(c, C10D_EIO, "%s", c10d_last_error());
-        c10d__nccl_comm_settled(c);
+        c->s->up->comm_settled(c);
     }
 }
 

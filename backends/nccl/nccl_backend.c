@@ -29,6 +29,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+static void state_maybe_free(struct nccl_state *s);
+
 /* -------------------------------------------------------------- ops */
 
 static const char payload_kind = 0; /* tells our works' payloads apart */
@@ -305,7 +307,7 @@ static void drain_after(void *arg)
         d->ready_done(d->ready_arg, 0);
     atomic_fetch_sub(&s->pending_calls, 1);
     free(d);
-    c10d__nccl_state_maybe_free(s);
+    state_maybe_free(s);
 }
 
 /* Under c->defer_mu, any thread, with ops in `deferred`: starts the worker
@@ -331,7 +333,7 @@ static int drain_schedule(struct nccl_comm *c, c10d__backend_done_fn ready_done,
     return 0;
 }
 
-void c10d__nccl_comm_settled(struct nccl_comm *c)
+static void comm_settled(struct nccl_comm *c)
 {
     struct nccl_state *s = c->s;
     int ok = atomic_load(&c->init_status) == 0;
@@ -408,7 +410,7 @@ static void fail_pending(struct nccl_state *s, int status, const char *why)
             items = items->next;
             if (it == &c->init_item) {
                 c10d__nccl_comm_fail_start(c, status, "%s", why);
-                c10d__nccl_comm_settled(c);
+                comm_settled(c);
                 continue;
             }
             c10d_work *w = ((struct nccl_op *)it)->op->work;
@@ -425,7 +427,7 @@ static void abort_comms_task(void *arg)
     if (!s->closing)
         fail_pending(s, s->first_status, s->first_error);
     atomic_fetch_sub(&s->pending_calls, 1);
-    c10d__nccl_state_maybe_free(s);
+    state_maybe_free(s);
 }
 
 enum fail_origin { FAIL_OURS, FAIL_PEER, FAIL_QUIET };
@@ -460,12 +462,19 @@ void c10d__nccl_fail(struct nccl_state *s, int status, const char *fmt, ...)
     va_end(ap);
 }
 
-void c10d__nccl_fail_from_peer(struct nccl_state *s, int status, const char *fmt, ...)
+static void fail_from_peer(struct nccl_state *s, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void fail_from_peer(struct nccl_state *s, int status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     fail_v(s, status, FAIL_PEER, fmt, ap);
     va_end(ap);
+}
+
+static void peer_failed(struct nccl_state *s, int status, const char *message)
+{
+    fail_from_peer(s, status, "%s", message);
 }
 
 static void fail_quiet(struct nccl_state *s, int status, const char *fmt, ...)
@@ -482,12 +491,16 @@ static void fail_quiet(struct nccl_state *s, int status, const char *fmt, ...)
 
 /* A group's state from its config (the group passes its NCCL options,
  * inherited from the parent where it set none). */
+/* What comm.c and peer_error.c call up through (nccl_impl.h). */
+static const struct nccl_reports reports = {comm_settled, peer_failed, state_maybe_free};
+
 static struct nccl_state *state_new(const struct c10d__gpu_api *api,
                                     const struct c10d__backend_config *cfg, int bound_device)
 {
     struct nccl_state *s = calloc(1, sizeof *s);
     if (s == NULL)
         return NULL;
+    s->up = &reports;
     s->api = api;
     s->rank = cfg->rank;
     s->size = cfg->size;
@@ -665,7 +678,7 @@ static void state_free(struct nccl_state *s)
     free(s);
 }
 
-void c10d__nccl_state_maybe_free(struct nccl_state *s)
+static void state_maybe_free(struct nccl_state *s)
 {
     if (s->free_requested && s->close_finished && atomic_load(&s->pending_calls) == 0 &&
         !s->freed) {
@@ -684,7 +697,7 @@ static void closed(void *arg)
     c10d__backend_done_fn done = cc->done;
     void *done_arg = cc->arg;
     free(cc);
-    c10d__nccl_state_maybe_free(s);
+    state_maybe_free(s);
     if (done != NULL)
         done(done_arg, 0);
 }
@@ -698,7 +711,7 @@ static void nccl_close(struct nccl_state *s, int abort, c10d__backend_done_fn do
     if (s->closing) {
         /* Already closing: a destroy after an abort frees when that ends. */
         if (!abort)
-            c10d__nccl_state_maybe_free(s);
+            state_maybe_free(s);
         if (done != NULL)
             done(arg, 0);
         return;

@@ -24,6 +24,20 @@
 #include <uv.h>
 
 struct nccl_state;
+struct nccl_comm;
+
+/* How comm.c and peer_error.c report to the backend: nccl_backend.c installs
+ * these in every state it makes, so the lower files never call up into it. */
+struct nccl_reports {
+    /* Loop: `c` became ready (status 0: issue the ops that waited) or failed. */
+    void (*comm_settled)(struct nccl_comm *c);
+    /* Another rank reported the group's failure: fail it here too (not told
+     * to the others again). */
+    void (*peer_failed)(struct nccl_state *s, int status, const char *message);
+    /* Loop: frees the state once destroy asked, its communicators are closed
+     * and no store callback is to come. */
+    void (*maybe_free)(struct nccl_state *s);
+};
 
 /* Events, created without timing on one device and reused. Shared by the
  * communicator and the ops that hold its events: the last of them frees it,
@@ -133,6 +147,7 @@ struct nccl_op {
 };
 
 struct nccl_state {
+    const struct nccl_reports *up;
     const struct c10d__gpu_api *api;
     int rank, size;
     char name[64], desc[128];
@@ -212,18 +227,10 @@ const char *c10d__nccl_error_text(const struct c10d__gpu_api *api, ncclResult_t 
                                   size_t len);
 
 /* ---- nccl_backend.c */
-/* Loop: `c` became ready (status 0: issue the ops that waited) or failed. */
-void c10d__nccl_comm_settled(struct nccl_comm *c);
 /* Any thread: fails the group (the first error wins) and, on the loop,
  * fails every pending op and aborts the communicators. */
 void c10d__nccl_fail(struct nccl_state *s, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* The same for a failure another rank reported: not told to the others. */
-void c10d__nccl_fail_from_peer(struct nccl_state *s, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-/* Loop: frees the state once destroy asked, its communicators are closed
- * and no store callback is to come. */
-void c10d__nccl_state_maybe_free(struct nccl_state *s);
 
 /* ---- peer_error.c */
 /* Loop: tells the other ranks of the group's first error if it is ours and

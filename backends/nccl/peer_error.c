@@ -38,7 +38,7 @@ static void publish_done(c10d_work *w, int status, void *arg)
         then(s->after_publish_arg);
     }
     atomic_fetch_sub(&s->pending_calls, 1);
-    c10d__nccl_state_maybe_free(s);
+    s->up->maybe_free(s);
 }
 
 void c10d__nccl_peer_error_publish(struct nccl_state *s)
@@ -87,11 +87,13 @@ static void got_error(c10d_work *w, int op_status, void *arg)
             status = C10D_EABORTED, off = 0;
         C10D_WARN("nccl", "[PG %s Rank %d] rank %d failed the group: %s", s->name, s->rank, rank,
                   text + off);
-        c10d__nccl_fail_from_peer(s, status, "[PG %s Rank %d] rank %d failed: %s", s->name, s->rank,
-                                  rank, text + off);
+        char why[800];
+        snprintf(why, sizeof why, "[PG %s Rank %d] rank %d failed: %s", s->name, s->rank, rank,
+                 text + off);
+        s->up->peer_failed(s, status, why);
     }
     s->peer_check_busy = 0;
-    c10d__nccl_state_maybe_free(s);
+    s->up->maybe_free(s);
 }
 
 static void checked(c10d_work *w, int status, void *arg)
@@ -106,7 +108,7 @@ static void checked(c10d_work *w, int status, void *arg)
     }
     atomic_fetch_sub(&s->pending_calls, 1);
     s->peer_check_busy = 0;
-    c10d__nccl_state_maybe_free(s);
+    s->up->maybe_free(s);
 }
 
 void c10d__nccl_peer_error_poll(struct nccl_state *s)

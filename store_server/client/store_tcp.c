@@ -194,6 +194,8 @@ int c10d_store_tcp_connect(const char *host, int port, const c10d_store_tcp_opts
         o.timeout_ms = 300000;
     *out = NULL;
     struct tcp_store *ts = calloc(1, sizeof *ts);
+    if (ts != NULL)
+        ts->requests = &c10d__store_tcp_requests;
     if (!ts || !(ts->host = strdup(host))) {
         free(ts);
         return c10d__fail(C10D_ENOMEM, "store tcp_connect: out of memory");

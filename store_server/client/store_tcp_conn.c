@@ -102,7 +102,7 @@ static void on_tick(uv_timer_t *t)
 {
     struct tcp_store *ts = t->data;
     uint64_t now = c10d__now_ms();
-    c10d__store_tcp_expire_ops(ts, now);
+    ts->requests->expire(ts, now);
     if (ts->cancelling && now >= ts->cancel_deadline)
         c10d__store_tcp_drop_conn(ts, C10D_ECLOSED, "no WAIT_CANCELED from the server");
     if (ts->state == ST_HANDSHAKE && ts->handshake_deadline && now >= ts->handshake_deadline)
@@ -162,7 +162,7 @@ void c10d__store_tcp_drop_conn(struct tcp_store *ts, int status, const char *why
             ts->trying = C10D_STORE_DIALECT_LEGACY;
             ts->state = ST_DOWN;
             if (op)
-                c10d__store_tcp_enqueue(ts, op); /* never on the wire */
+                ts->requests->requeue(ts, op); /* never on the wire */
             start_attempt(ts);
             return;
         }
@@ -468,7 +468,7 @@ void c10d__store_tcp_kick(struct tcp_store *ts)
     if (ts->state == ST_DOWN && ts->head)
         start_attempt(ts);
     else if (ts->state == ST_READY)
-        c10d__store_tcp_pump(ts);
+        ts->requests->pump(ts);
 }
 
 /* --------------------------------------------------------------- reading */
@@ -514,7 +514,7 @@ static void auth_refused(struct tcp_store *ts)
     if (op)
         c10d__store_op_finish(op, C10D_ECLOSED, "store tcp %s %s: %s", ts->name,
                               c10d__store_tcp_op_name(op), why);
-    c10d__store_tcp_fail_queue(ts, C10D_ECLOSED, why);
+    ts->requests->fail_queue(ts, C10D_ECLOSED, why);
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
@@ -569,7 +569,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
             else /* the STOP_WAITING that raced the cancel */
                 c10d__store_reply_expect(&ts->rp, C10D_STORE_CANCEL_WAIT, 0);
         } else {
-            c10d__store_tcp_handle_reply(ts, &r);
+            ts->requests->handle_reply(ts, &r);
         }
     }
     if (ts->conn != c)
@@ -580,4 +580,23 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         ts->rlen -= off;
     }
     c10d__store_tcp_kick(ts);
+}
+
+const char *c10d__store_tcp_op_name(const struct c10d__store_op *op)
+{
+    switch (op->req.cmd) {
+    case C10D_STORE_VALIDATE:
+        return "connect";
+    case C10D_STORE_GETNUMKEYS:
+        return "num_keys";
+    default: {
+        static _Thread_local char buf[32];
+        const char *n = c10d__store_cmd_name(op->req.cmd);
+        size_t i = 0;
+        for (; n[i] && i < sizeof buf - 1; i++)
+            buf[i] = (char)(n[i] >= 'A' && n[i] <= 'Z' ? n[i] + 32 : n[i]);
+        buf[i] = 0;
+        return buf;
+    }
+    }
 }

@@ -31,8 +31,27 @@ enum conn_state {
 
 struct conn;
 
+struct tcp_store;
+
+/* What the connection reports to the requests: store_tcp_pipeline.c's table
+ * (c10d__store_tcp_requests), installed by store_tcp.c, so the connection
+ * never calls the pipeline by name. */
+struct tcp_store_requests {
+    /* An op that never reached the wire goes back in line. */
+    void (*requeue)(struct tcp_store *ts, struct c10d__store_op *op);
+    /* Gave up connecting: fail every queued op. */
+    void (*fail_queue)(struct tcp_store *ts, int status, const char *why);
+    /* The tick: fail the ops past their deadline, queued or on the wire. */
+    void (*expire)(struct tcp_store *ts, uint64_t now);
+    /* The connection is ready: put queued ops on it. */
+    void (*pump)(struct tcp_store *ts);
+    /* A reply for the op on the wire. */
+    void (*handle_reply)(struct tcp_store *ts, const struct c10d__store_reply *r);
+};
+
 struct tcp_store {
     c10d_store base;
+    const struct tcp_store_requests *requests;
     char *host;
     int port;
     char name[300]; /* "host:port" for messages */
@@ -96,11 +115,12 @@ void c10d__store_tcp_send_bytes(struct tcp_store *ts, struct c10d__store_buf *b,
 /* Writes CANCEL_WAIT for the WAIT on the wire and sets ts->cancelling; leaves
  * it clear if the request could not be written. */
 void c10d__store_tcp_send_cancel(struct tcp_store *ts, uint64_t now);
+/* The op's name in messages ("get", "connect", ...). */
+const char *c10d__store_tcp_op_name(const struct c10d__store_op *op);
 
 /* The requests (store_tcp_pipeline.c). */
 
-/* The op's name in messages ("get", "connect", ...). */
-const char *c10d__store_tcp_op_name(const struct c10d__store_op *op);
+extern const struct tcp_store_requests c10d__store_tcp_requests;
 void c10d__store_tcp_enqueue(struct tcp_store *ts, struct c10d__store_op *op);
 void c10d__store_tcp_fail_queue(struct tcp_store *ts, int status, const char *why);
 /* Fails the ops past their deadline, queued or on the wire. */

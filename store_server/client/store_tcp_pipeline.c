@@ -29,25 +29,6 @@ enum { PH_MAIN = 0, PH_WAIT, PH_CHECK_EMPTY };
 #define KEYF    "'%.*s'"
 #define KEYA(s) (int)((s).len > 200 ? 200 : (s).len), (const char *)(s).data
 
-const char *c10d__store_tcp_op_name(const struct c10d__store_op *op)
-{
-    switch (op->req.cmd) {
-    case C10D_STORE_VALIDATE:
-        return "connect";
-    case C10D_STORE_GETNUMKEYS:
-        return "num_keys";
-    default: {
-        static _Thread_local char buf[32];
-        const char *n = c10d__store_cmd_name(op->req.cmd);
-        size_t i = 0;
-        for (; n[i] && i < sizeof buf - 1; i++)
-            buf[i] = (char)(n[i] >= 'A' && n[i] <= 'Z' ? n[i] + 32 : n[i]);
-        buf[i] = 0;
-        return buf;
-    }
-    }
-}
-
 /* ------------------------------------------------------------ the queue */
 
 void c10d__store_tcp_enqueue(struct tcp_store *ts, struct c10d__store_op *op)
@@ -299,3 +280,8 @@ done:
     else
         c10d__store_op_finish(op, 0, NULL);
 }
+
+const struct tcp_store_requests c10d__store_tcp_requests = {
+    c10d__store_tcp_enqueue, c10d__store_tcp_fail_queue,   c10d__store_tcp_expire_ops,
+    c10d__store_tcp_pump,    c10d__store_tcp_handle_reply,
+};
