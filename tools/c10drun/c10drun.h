@@ -18,6 +18,9 @@
  * job), agent.c (the nodes meeting in the store: failures, restarts, the end), output.c
  * (reading the ranks' pipes into tagged lines and log files), writer.c (writing them out
  * on a thread), util.c. All of it runs on the loop thread but writer.c's thread.
+ *
+ * The files stack: output.c < children.c < store.c < agent.c < main.c. A lower file
+ * reaches a higher one only through `struct launcher_up`, which main.c fills.
  */
 #ifndef C10D_TOOLS_C10DRUN_C10DRUN_H
 #define C10D_TOOLS_C10DRUN_C10DRUN_H
@@ -179,8 +182,20 @@ struct old_ranks {
     struct child *ranks;
 };
 
+struct launcher;
+
+/* The calls that go up the stack (see the top of this file). */
+struct launcher_up {
+    void (*settle)(struct launcher *l);  /* children.c's maybe_finish: a stream closed */
+    void (*restart)(struct launcher *l); /* store.c's restart_ranks */
+    void (*agent_start)(struct launcher *l);
+    void (*agent_report_failure)(struct launcher *l, const char *what);
+    void (*agent_close)(struct launcher *l);
+};
+
 struct launcher {
     struct options opt;
+    struct launcher_up up;
     uv_loop_t loop;
     struct child *ranks; /* this attempt's */
     struct old_ranks *old;
@@ -277,6 +292,8 @@ char *find_in_path(const char *name);
 char *find_store(struct launcher *l, char *looked, size_t looked_len);
 int resolve_master(struct launcher *l, const char *host, int port, bool quiet);
 void start_ranks(struct launcher *l);
+/* The next attempt: the last one's ranks are gone. */
+void restart_ranks(struct launcher *l);
 void start_store(struct launcher *l);
 void await_store(struct launcher *l);
 
@@ -299,6 +316,5 @@ int std_spec_for(const char *spec, int local_rank);
 void agent_start(struct launcher *l);
 void agent_report_failure(struct launcher *l, const char *what);
 void agent_close(struct launcher *l);
-void restart_ranks(struct launcher *l);
 
 #endif

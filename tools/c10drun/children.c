@@ -112,7 +112,7 @@ void on_signal(uv_signal_t *h, int sig)
             char what[96];
             snprintf(what, sizeof what, "node %d: c10drun received %s", l->opt.node_rank,
                      signal_name(sig));
-            agent_report_failure(l, what);
+            l->up.agent_report_failure(l, what);
         }
         begin_stop(l, sig);
     } else {
@@ -175,7 +175,7 @@ void on_rank_exit(uv_process_t *p, int64_t exit_status, int term_signal)
             char what[200];
             snprintf(what, sizeof what, "node %d: rank %d (pid %d) %s", l->opt.node_rank, c->rank,
                      (int)c->pid, how);
-            agent_report_failure(l, what);
+            l->up.agent_report_failure(l, what);
         }
         begin_failure(l);
     } else {
@@ -428,7 +428,7 @@ void maybe_finish(struct launcher *l)
         if (l->restart_wanted && !l->no_restart) {
             uv_timer_stop(&l->grace_timer);
             if (!l->coordinate) {
-                restart_ranks(l);
+                l->up.restart(l);
                 return;
             }
             /* agent.c restarts once every node's ranks are gone. */
@@ -448,7 +448,7 @@ void maybe_finish(struct launcher *l)
     if ((l->phase == PHASE_RESTART_WAIT || l->phase == PHASE_NODES_WAIT) && !l->no_restart &&
         !l->agent_done)
         return;
-    agent_close(l);
+    l->up.agent_close(l);
     if (l->have_store && child_live(&l->store)) {
         stop_store(l);
         return;

@@ -61,6 +61,8 @@ int main(int argc, char **argv)
 
     static struct launcher L;
     struct launcher *l = &L;
+    l->up = (struct launcher_up){maybe_finish, restart_ranks, agent_start, agent_report_failure,
+                                 agent_close};
     int rc = parse_args(&l->opt, argc, argv);
     if (rc != 0)
         return rc;

@@ -117,7 +117,7 @@ static void on_pipe_closed(uv_handle_t *h)
     free(s->partial);
     s->partial = NULL;
     s->len = s->cap = 0;
-    maybe_finish(s->c->l);
+    s->c->l->up.settle(s->c->l);
 }
 
 void close_stream(struct out_stream *s)

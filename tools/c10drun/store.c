@@ -141,7 +141,7 @@ static void on_probe_closed(uv_handle_t *h)
         uv_timer_stop(&l->store_deadline_timer);
         VERBOSE(l, "the store accepts connections on %s:%s", l->opt.master_addr, l->port_text);
         if (l->coordinate)
-            agent_start(l);
+            l->up.agent_start(l);
         if (l->coordinate && l->opt.nnodes > 1) {
             /* agent.c starts the ranks once every node joined with the same -n. */
             l->phase = PHASE_JOIN;
