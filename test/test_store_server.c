@@ -192,6 +192,55 @@ static void test_table_waits(void **state)
     c10d__store_table_free(t);
 }
 
+/* A QUEUE_PUSH wakes one waiter, which owes the queue a pop: if it asks for
+ * something else first (its CANCEL_WAIT raced the wake) or leaves, the wake
+ * passes to the next waiter while items remain; a pop settles it. Before,
+ * the other waiters slept beside a non-empty queue until the next push. */
+static void test_table_queue_wake_passes_on(void **state)
+{
+    (void)state;
+    struct c10d__store_table *t = new_table(0);
+    struct c10d__store_client c[4];
+    memset(c, 0, sizeof c);
+    for (int i = 0; i < 4; i++)
+        c[i].data = (void *)(intptr_t)i;
+    struct c10d__store_str none = {NULL, 0};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(c10d__store_table_wait(t, &c[i], &STR("/q"), 1), 0);
+    assert_int_equal(c10d__store_table_queue_push(t, STR("/q"), STR("one")), 0);
+    assert_int_equal(woken[0] + woken[1] + woken[2], 1);
+    assert_int_equal(woken[0], 1);
+    /* Client 0 gave up: its next request is the CANCEL_WAIT. */
+    c10d__store_table_client_request(t, &c[0], C10D_STORE_CANCEL_WAIT, none);
+    assert_int_equal(woken[1], 1);
+    assert_int_equal(woken[2], 0);
+    /* Client 1 pops: the wake is used; client 2 sleeps on (the queue is empty). */
+    c10d__store_table_client_request(t, &c[1], C10D_STORE_QUEUE_POP, STR("/q"));
+    int64_t n;
+    struct c10d__store_str v;
+    assert_int_equal(c10d__store_table_queue_pop(t, STR("/q"), &n, &v), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(woken[2], 0);
+    /* A woken client that leaves passes the wake on too. */
+    assert_int_equal(c10d__store_table_wait(t, &c[3], &STR("/q"), 1), 0);
+    assert_int_equal(c10d__store_table_queue_push(t, STR("/q"), STR("two")), 0);
+    assert_int_equal(woken[2], 1);
+    c10d__store_table_client_gone(t, &c[2]);
+    assert_int_equal(woken[3], 1);
+    /* A pop of another key does not settle it: the wake passes on (nobody is
+     * left) and the entry is freed once the queue is empty. */
+    c10d__store_table_client_request(t, &c[3], C10D_STORE_QUEUE_POP, STR("/other"));
+    c10d__store_table_client_request(t, &c[0], C10D_STORE_QUEUE_POP, STR("/q"));
+    assert_int_equal(c10d__store_table_queue_pop(t, STR("/q"), &n, &v), 0);
+    assert_int_equal(n, 1);
+    struct c10d__store_table_stats st;
+    c10d__store_table_get_stats(t, &st);
+    assert_int_equal(st.waiters, 0);
+    for (int i = 0; i < 4; i++)
+        c10d__store_table_client_gone(t, &c[i]);
+    c10d__store_table_free(t);
+}
+
 static void test_table_queues_barrier(void **state)
 {
     (void)state;
@@ -522,9 +571,13 @@ static void test_server_stats(void **state)
 int main(void)
 {
     const struct CMUnitTest table_tests[] = {
-        cmocka_unit_test(test_table_values),       cmocka_unit_test(test_table_compare_set),
-        cmocka_unit_test(test_table_waits),        cmocka_unit_test(test_table_queues_barrier),
-        cmocka_unit_test(test_table_delete_queue), cmocka_unit_test(test_table_watch_and_memory),
+        cmocka_unit_test(test_table_values),
+        cmocka_unit_test(test_table_compare_set),
+        cmocka_unit_test(test_table_waits),
+        cmocka_unit_test(test_table_queues_barrier),
+        cmocka_unit_test(test_table_queue_wake_passes_on),
+        cmocka_unit_test(test_table_delete_queue),
+        cmocka_unit_test(test_table_watch_and_memory),
     };
     const struct CMUnitTest server_tests[] = {
         cmocka_unit_test(test_server_current),

@@ -62,6 +62,7 @@ struct entry {
     size_t qlen;
     struct link *wfirst, *wlast;
     struct c10d__store_watch *watchers;
+    int owed; /* clients a QUEUE_PUSH woke that have not popped yet */
     size_t klen;
     uint8_t key[];
 };
@@ -228,7 +229,7 @@ static int get_or_create(struct c10d__store_table *t, struct c10d__store_str key
 /* Frees the entry once nothing refers to it. */
 static void maybe_gc(struct c10d__store_table *t, struct entry *e)
 {
-    if (e->has_val || e->qlen || e->wfirst || e->watchers)
+    if (e->has_val || e->qlen || e->wfirst || e->watchers || e->owed)
         return;
     struct entry **pp = &t->buckets[e->hash & (t->nbuckets - 1)];
     while (*pp != e)
@@ -276,17 +277,22 @@ static void free_wait(struct c10d__store_table *t, struct c10d__store_wait *w)
     free(w);
 }
 
-/* Counts down the waiter of link l (already unlinked); fires at zero. */
-static int count_down(struct c10d__store_table *t, struct link *l)
+/* Counts down the waiter of link l (already unlinked); at zero its wait is
+ * over: returns its client, whom the caller wakes (cbs.wake). */
+static struct c10d__store_client *count_down(struct c10d__store_table *t, struct link *l)
 {
     struct c10d__store_wait *w = l->w;
     if (--w->missing > 0)
-        return 0;
+        return NULL;
     struct c10d__store_client *c = w->client;
     free_wait(t, w);
-    if (t->cbs.wake)
+    return c;
+}
+
+static void wake(struct c10d__store_table *t, struct c10d__store_client *c)
+{
+    if (c != NULL && t->cbs.wake)
         t->cbs.wake(c);
-    return 1;
 }
 
 static void wake_all(struct c10d__store_table *t, struct entry *e)
@@ -297,19 +303,54 @@ static void wake_all(struct c10d__store_table *t, struct entry *e)
         struct link *next = l->next;
         l->prev = l->next = NULL;
         l->e = NULL;
-        count_down(t, l);
+        wake(t, count_down(t, l));
         l = next;
     }
 }
 
+static void settle_owed(struct c10d__store_table *t, struct c10d__store_client *c, int popped);
+
+/* QUEUE_PUSH: wakes the first waiter that fires, which then owes the queue
+ * a pop (c10d__store_table_client_request settles it). */
 static void wake_one(struct c10d__store_table *t, struct entry *e)
 {
     while (e->wfirst) {
         struct link *l = e->wfirst;
         unlink_link(l);
-        if (count_down(t, l))
-            return;
+        struct c10d__store_client *c = count_down(t, l);
+        if (c == NULL)
+            continue;
+        if (c->owed_wake != NULL)
+            settle_owed(t, c, 0);
+        c->owed_wake = e;
+        e->owed++;
+        wake(t, c);
+        return;
     }
+}
+
+/* The client's owed wake ends: with its pop, or handed to the next waiter
+ * while items remain (it left, or asked for something else). */
+static void settle_owed(struct c10d__store_table *t, struct c10d__store_client *c, int popped)
+{
+    struct entry *e = c->owed_wake;
+    c->owed_wake = NULL;
+    e->owed--;
+    if (!popped && e->qlen > 0)
+        wake_one(t, e);
+    maybe_gc(t, e);
+}
+
+void c10d__store_table_client_request(struct c10d__store_table *t,
+                                      struct c10d__store_client *client, int cmd,
+                                      struct c10d__store_str first_arg)
+{
+    struct entry *e = client->owed_wake;
+    if (e == NULL)
+        return;
+    int popped = cmd == C10D_STORE_QUEUE_POP && first_arg.len == e->klen &&
+                 memcmp(first_arg.data, e->key, e->klen) == 0;
+    settle_owed(t, client, popped);
 }
 
 int c10d__store_table_cancel_wait(struct c10d__store_table *t, struct c10d__store_client *client)
@@ -815,6 +856,8 @@ int c10d__store_table_watch(struct c10d__store_table *t, struct c10d__store_clie
 void c10d__store_table_client_gone(struct c10d__store_table *t, struct c10d__store_client *client)
 {
     c10d__store_table_cancel_wait(t, client);
+    if (client->owed_wake != NULL)
+        settle_owed(t, client, 0);
     struct c10d__store_watch *w = client->watches;
     client->watches = NULL;
     while (w) {

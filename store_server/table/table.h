@@ -10,7 +10,11 @@
  * pending wait, registered on each missing key. A change that makes a key
  * present (SET, ADD, APPEND, MULTI_SET, a storing COMPARE_SET, BARRIER's last
  * arrival) counts down every waiter of that key; QUEUE_PUSH counts down
- * waiters in FIFO order until one of them fires. DELETE_KEY wakes nobody.
+ * waiters in FIFO order until one of them fires (as PyTorch's server does);
+ * that client owes the queue a pop: if its next request is not QUEUE_POP of
+ * that key (it gave up: a CANCEL_WAIT raced the wake) or it leaves, the wake
+ * passes to the next waiter while items remain, so no waiter sleeps beside
+ * a non-empty queue. DELETE_KEY wakes nobody.
  * A waiter whose count reaches zero is unregistered, then the table calls
  * cbs.wake(client). Callbacks must not call back into the table.
  *
@@ -32,7 +36,8 @@ struct c10d__store_watch;
 /* A table user (a connection). Zero-initialise; owned by the caller, who must
  * call c10d__store_table_client_gone() before freeing it. */
 struct c10d__store_client {
-    struct c10d__store_wait *wait;     /* the pending WAIT/BARRIER, if any */
+    struct c10d__store_wait *wait; /* the pending WAIT/BARRIER, if any */
+    void *owed_wake; /* the queue whose QUEUE_PUSH woke this client, until its next request */
     struct c10d__store_watch *watches; /* 1.13 WATCH_KEY registrations */
     void *data;                        /* the owner's */
 };
@@ -100,7 +105,12 @@ int64_t c10d__store_table_queue_len(struct c10d__store_table *t, struct c10d__st
 /* 1.13 WATCH_KEY: future changes of key call cbs.watch(client, ...). */
 int c10d__store_table_watch(struct c10d__store_table *t, struct c10d__store_client *client,
                             struct c10d__store_str key);
-/* Drops the client's wait and watches. */
+/* Before each request of `client` (cmd, and its first argument): settles a
+ * wake the client owes a queue (see the top of this file). */
+void c10d__store_table_client_request(struct c10d__store_table *t,
+                                      struct c10d__store_client *client, int cmd,
+                                      struct c10d__store_str first_arg);
+/* Drops the client's wait, watches and owed wake. */
 void c10d__store_table_client_gone(struct c10d__store_table *t, struct c10d__store_client *client);
 
 /* Number of keys with a value (GETNUMKEYS). */
