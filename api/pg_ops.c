@@ -23,7 +23,10 @@ static const char *first_error_locked(const c10d_pg *pg)
 
 /* Hands the op (list) to its backend: 0, or the backend's refusal, with the
  * work failed either way it was not taken. The record lives until the work
- * completed (op_final). */
+ * completed (op_final). Failing the work here may hold pg->mutex: its
+ * callbacks (op_done takes that mutex) then run later on the loop; they could
+ * run inline only on the loop thread once posting closed, and by then the
+ * shutdown hook has ended every group, so no op gets this far. */
 static int hand_over(c10d_pg *pg, struct c10d__pg_op *po)
 {
     struct c10d__pg_backend *b = &pg->backends[po->dev];
