@@ -148,20 +148,20 @@ static struct {
 
 /* ------------------------------------------------------------ encoding */
 
-static void encode(struct c10d__store_buf *b, int cmd, uint32_t u32, int64_t i64, size_t nargs,
-                   const struct c10d__store_str *args)
+static void encode(struct c10d__wire_buf *b, int cmd, uint32_t u32, int64_t i64, size_t nargs,
+                   const struct c10d__wire_str *args)
 {
-    struct c10d__store_request req = {
+    struct c10d__wire_request req = {
         .cmd = cmd, .u32 = u32, .i64 = i64, .nargs = nargs, .args = args};
-    int rc = c10d__store_encode_request(b, opt.dialect, &req);
+    int rc = c10d__wire_encode_request(b, opt.dialect, &req);
     if (rc < 0)
-        die("cannot encode %s in the %s dialect: %s", c10d__store_cmd_name(cmd),
+        die("cannot encode %s in the %s dialect: %s", c10d__wire_cmd_name(cmd),
             opt.dialect == C10D_STORE_DIALECT_LEGACY ? "legacy" : "current", c10d_strerror(rc));
 }
 
-static struct c10d__store_str str_of(const char *s)
+static struct c10d__wire_str str_of(const char *s)
 {
-    return (struct c10d__store_str){(const uint8_t *)s, strlen(s)};
+    return (struct c10d__wire_str){(const uint8_t *)s, strlen(s)};
 }
 
 static char *values; /* rdzv: the value of every rank, back to back */
@@ -258,7 +258,7 @@ static size_t rdec_feed(struct rdec *d, const uint8_t *p, size_t n)
         if (d->tmp_have < d->tmp_need)
             break;
         if (d->shape == SH_STR || d->shape == SH_NSTR) {
-            d->cur_len = c10d__store_get_u64(d->tmp);
+            d->cur_len = c10d__wire_get_u64(d->tmp);
             d->body_left = d->cur_len;
             d->head_have = 0;
             d->in_body = 1;
@@ -266,8 +266,8 @@ static size_t rdec_feed(struct rdec *d, const uint8_t *p, size_t n)
                 rdec_string_done(d);
         } else {
             d->ival = d->shape == SH_U8    ? d->tmp[0]
-                      : d->shape == SH_U32 ? (int64_t)c10d__store_get_u32(d->tmp)
-                                           : (int64_t)c10d__store_get_u64(d->tmp);
+                      : d->shape == SH_U32 ? (int64_t)c10d__wire_get_u32(d->tmp)
+                                           : (int64_t)c10d__wire_get_u64(d->tmp);
             d->done = 1;
         }
     }
@@ -290,8 +290,8 @@ struct conn {
     /* what is being written: up to two parts (own bytes, then shared bytes) */
     struct iovec iov[2];
     int niov;
-    struct c10d__store_buf own;   /* this connection's encoded requests */
-    struct c10d__store_buf setup; /* ops mode: its first request */
+    struct c10d__wire_buf own;   /* this connection's encoded requests */
+    struct c10d__wire_buf setup; /* ops mode: its first request */
     struct rdec dec;
     int phase; /* ops: 0 setup, 1 measuring; rdzv: see enum rphase */
     int next_get;
@@ -462,7 +462,7 @@ static void pump_connects(void)
 /* ------------------------------------------------------------ the modes */
 
 /* ops mode */
-static struct c10d__store_buf op_add_buf; /* ADD /bench/add 1: the same for everyone */
+static struct c10d__wire_buf op_add_buf; /* ADD /bench/add 1: the same for everyone */
 static uint64_t win_start, win_end;
 static uint64_t ops_done, *lat;
 /* Every op answered, in the window or not (warm-up, tail): what the server
@@ -486,7 +486,7 @@ static void ops_prepare(struct conn *c)
     char key[64], value[4096];
     size_t vlen = opt.value_bytes < sizeof value ? opt.value_bytes : sizeof value;
     make_value(value, vlen, c->idx);
-    struct c10d__store_str kv[2];
+    struct c10d__wire_str kv[2];
     if (opt.dialect == C10D_STORE_DIALECT_CURRENT) {
         encode(&c->setup, C10D_STORE_VALIDATE, C10D_STORE_MAGIC, 0, 0, NULL);
     }
@@ -494,7 +494,7 @@ static void ops_prepare(struct conn *c)
      * round trip that also proves the connection works before timing starts. */
     snprintf(key, sizeof key, "/bench/%s/%d", pattern_names[opt.pattern], c->idx);
     kv[0] = str_of(key);
-    kv[1] = (struct c10d__store_str){(const uint8_t *)value, vlen};
+    kv[1] = (struct c10d__wire_str){(const uint8_t *)value, vlen};
     encode(&c->setup, C10D_STORE_SET, 0, 0, 2, kv);
     encode(&c->setup, C10D_STORE_CHECK, 0, 0, 1, kv);
     switch (opt.pattern) {
@@ -569,8 +569,8 @@ static void ops_on_reply(struct conn *c)
 enum rphase { R_PING, R_INIT, R_BARRIER_ADD, R_BARRIER_WAIT, R_WAIT_ALL, R_READ, R_DONE };
 static const char *const rphase_names[] = {"ping",     "init", "barrier", "barrier",
                                            "wait-all", "read", "done"};
-static struct c10d__store_buf init_buf, barrier_buf, wait_last_buf, wait_all_buf, mget_buf;
-static struct c10d__store_buf barrier2_buf, wait_last2_buf;
+static struct c10d__wire_buf init_buf, barrier_buf, wait_last_buf, wait_all_buf, mget_buf;
+static struct c10d__wire_buf barrier2_buf, wait_last2_buf;
 static uint64_t *phase_done_at; /* per phase: when the last rank passed it */
 static int *phase_count;
 static int ranks_done;
@@ -578,7 +578,7 @@ static int ranks_done;
 static void rdzv_prepare(void)
 {
     int n = nconns;
-    struct c10d__store_str k = str_of("init/");
+    struct c10d__wire_str k = str_of("init/");
     encode(&init_buf, C10D_STORE_ADD, 0, 1, 1, &k);
     k = str_of("/rdzv/barrier");
     if (opt.barrier_cmd)
@@ -596,12 +596,12 @@ static void rdzv_prepare(void)
     encode(&wait_last2_buf, C10D_STORE_WAIT, 0, 0, 1, &k);
     /* Every rank waits for and reads the same N keys: encode them once. */
     char *names = malloc((size_t)n * 24);
-    struct c10d__store_str *keys = malloc((size_t)n * sizeof *keys);
+    struct c10d__wire_str *keys = malloc((size_t)n * sizeof *keys);
     if (!names || !keys)
         die("out of memory");
     for (int i = 0; i < n; i++) {
         int len = snprintf(names + (size_t)i * 24, 24, "/rdzv/addr/%d", i);
-        keys[i] = (struct c10d__store_str){(const uint8_t *)names + (size_t)i * 24, (size_t)len};
+        keys[i] = (struct c10d__wire_str){(const uint8_t *)names + (size_t)i * 24, (size_t)len};
     }
     encode(&wait_all_buf, C10D_STORE_WAIT, 0, 0, (size_t)n, keys);
     if (opt.read_multiget)
@@ -630,7 +630,7 @@ static void rdzv_send_get(struct conn *c)
 {
     char key[32];
     snprintf(key, sizeof key, "/rdzv/addr/%d", c->next_get);
-    struct c10d__store_str k = str_of(key);
+    struct c10d__wire_str k = str_of(key);
     c->own.len = 0;
     encode(&c->own, C10D_STORE_GET, 0, 0, 1, &k);
     conn_send(c, c->own.data, c->own.len, NULL, 0, SH_STR, 1, c->next_get);
@@ -681,7 +681,7 @@ static void rdzv_on_reply(struct conn *c)
         c->own.len = 0;
         if (d->ival == nconns) {
             /* The last arrival releases everyone (PyTorch's store barrier). */
-            struct c10d__store_str kv[2] = {str_of("/rdzv/barrier/last_worker"), str_of("1")};
+            struct c10d__wire_str kv[2] = {str_of("/rdzv/barrier/last_worker"), str_of("1")};
             encode(&c->own, C10D_STORE_SET, 0, 0, 2, kv);
         }
         conn_send(c, c->own.data, c->own.len, wait_last_buf.data, wait_last_buf.len, SH_U8, 0, -1);
@@ -691,7 +691,7 @@ static void rdzv_on_reply(struct conn *c)
         rdzv_enter(c, R_WAIT_ALL);
         char key[32];
         snprintf(key, sizeof key, "/rdzv/addr/%d", c->idx);
-        struct c10d__store_str kv[2] = {
+        struct c10d__wire_str kv[2] = {
             str_of(key),
             {(const uint8_t *)values + (size_t)c->idx * opt.value_bytes, opt.value_bytes}};
         c->own.len = 0;
@@ -710,7 +710,7 @@ static void rdzv_on_reply(struct conn *c)
             c->sub = 1;
             c->own.len = 0;
             if (d->ival == nconns) {
-                struct c10d__store_str kv[2] = {str_of("/rdzv/barrier2/last_worker"), str_of("1")};
+                struct c10d__wire_str kv[2] = {str_of("/rdzv/barrier2/last_worker"), str_of("1")};
                 encode(&c->own, C10D_STORE_SET, 0, 0, 2, kv);
             }
             conn_send(c, c->own.data, c->own.len, wait_last2_buf.data, wait_last2_buf.len, SH_U8, 0,
@@ -1062,7 +1062,7 @@ int main(int argc, char **argv)
     const char *dialect = opt.dialect == C10D_STORE_DIALECT_LEGACY ? "legacy" : "current";
     long rss0 = opt.server_pid ? proc_rss_kib(opt.server_pid) : -1;
     if (opt.mode == MODE_OPS) {
-        struct c10d__store_str k = str_of("/bench/add");
+        struct c10d__wire_str k = str_of("/bench/add");
         encode(&op_add_buf, C10D_STORE_ADD, 0, 1, 1, &k);
         for (int i = 0; i < nconns; i++)
             ops_prepare(&conns[i]);
@@ -1139,8 +1139,8 @@ int main(int argc, char **argv)
     fflush(stdout);
     for (int i = 0; i < nconns; i++) {
         conn_close(&conns[i]);
-        c10d__store_buf_free(&conns[i].own);
-        c10d__store_buf_free(&conns[i].setup);
+        c10d__wire_buf_free(&conns[i].own);
+        c10d__wire_buf_free(&conns[i].setup);
     }
     return ok ? 0 : 1;
 }

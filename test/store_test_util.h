@@ -184,15 +184,15 @@ static int store_tc_send(int fd, const void *data, size_t len)
 
 /* Sends one request; 0 or -1. */
 static int store_tc_req(int fd, int dialect, int cmd, uint32_t u32, int64_t i64, size_t nargs,
-                        const struct c10d__store_str *args)
+                        const struct c10d__wire_str *args)
 {
-    struct c10d__store_buf b = {0};
-    struct c10d__store_request r = {
+    struct c10d__wire_buf b = {0};
+    struct c10d__wire_request r = {
         .cmd = cmd, .u32 = u32, .i64 = i64, .nargs = nargs, .args = args};
-    int rc = c10d__store_encode_request(&b, dialect, &r);
+    int rc = c10d__wire_encode_request(&b, dialect, &r);
     if (rc == 0)
         rc = store_tc_send(fd, b.data, b.len);
-    c10d__store_buf_free(&b);
+    c10d__wire_buf_free(&b);
     return rc;
 }
 
@@ -200,7 +200,7 @@ static int store_tc_req(int fd, int dialect, int cmd, uint32_t u32, int64_t i64,
 struct store_tc {
     int fd;
     int dialect;
-    struct c10d__store_reply_parser rp;
+    struct c10d__wire_reply_parser rp;
     uint8_t *buf;
     size_t len, cap, used; /* buf[used..len) not yet consumed */
 };
@@ -210,7 +210,7 @@ static int store_tc_open(struct store_tc *c, int port, int family, int dialect)
     memset(c, 0, sizeof *c);
     c->fd = store_tc_connect(port, family);
     c->dialect = dialect;
-    c10d__store_reply_parser_init(&c->rp, NULL);
+    c10d__wire_reply_parser_init(&c->rp, NULL);
     if (c->fd < 0)
         return -1;
     if (dialect == C10D_STORE_DIALECT_CURRENT)
@@ -225,17 +225,17 @@ static void store_tc_close(struct store_tc *c)
     c->fd = -1;
     free(c->buf);
     c->buf = NULL;
-    c10d__store_reply_parser_free(&c->rp);
+    c10d__wire_reply_parser_free(&c->rp);
 }
 
 /* Receives one reply of the expected shape. 0 ok, -1 closed/timeout/bad. The
  * reply points into c->buf until the next call. */
 static int store_tc_recv(struct store_tc *c, int cmd, size_t nkeys, int event,
-                         struct c10d__store_reply *rep)
+                         struct c10d__wire_reply *rep)
 {
     if (event)
-        c10d__store_reply_expect_event(&c->rp);
-    else if (c10d__store_reply_expect(&c->rp, cmd, nkeys) < 0)
+        c10d__wire_reply_expect_event(&c->rp);
+    else if (c10d__wire_reply_expect(&c->rp, cmd, nkeys) < 0)
         return -1;
     /* drop what the previous reply consumed */
     if (c->used)
@@ -244,7 +244,7 @@ static int store_tc_recv(struct store_tc *c, int cmd, size_t nkeys, int event,
     c->used = 0;
     for (;;) {
         size_t used;
-        int rc = c10d__store_parse_reply(&c->rp, c->buf, c->len, rep, &used);
+        int rc = c10d__wire_parse_reply(&c->rp, c->buf, c->len, rep, &used);
         if (rc < 0)
             return -1;
         if (rc == C10D_STORE_PARSE_DONE) {
@@ -266,11 +266,11 @@ static int store_tc_recv(struct store_tc *c, int cmd, size_t nkeys, int event,
 
 /* Request + reply (cmd must have a reply). */
 static int store_tc_call(struct store_tc *c, int cmd, uint32_t u32, int64_t i64, size_t nargs,
-                         const struct c10d__store_str *args, struct c10d__store_reply *rep)
+                         const struct c10d__wire_str *args, struct c10d__wire_reply *rep)
 {
     if (store_tc_req(c->fd, c->dialect, cmd, u32, i64, nargs, args) < 0)
         return -1;
-    if (c10d__store_reply_shape(cmd) == C10D_STORE_REPLY_NONE)
+    if (c10d__wire_reply_shape(cmd) == C10D_STORE_REPLY_NONE)
         return 0;
     size_t nkeys = cmd == C10D_STORE_MULTI_GET ? nargs : 0;
     return store_tc_recv(c, cmd, nkeys, 0, rep);
@@ -293,6 +293,6 @@ static int store_tc_wait_closed(int fd, int ms)
     }
 }
 
-#define STR(lit) ((struct c10d__store_str){(const uint8_t *)(lit), sizeof(lit) - 1})
+#define STR(lit) ((struct c10d__wire_str){(const uint8_t *)(lit), sizeof(lit) - 1})
 
 #endif

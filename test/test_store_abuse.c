@@ -28,10 +28,10 @@ static int idle_target;
 /* The well-behaved client: a full round of commands with checked answers. */
 static void good_round(void)
 {
-    struct c10d__store_reply r;
+    struct c10d__wire_reply r;
     char val[32];
     snprintf(val, sizeof val, "v%" PRId64, good_counter);
-    struct c10d__store_str kv[] = {STR("/good/k"), {(const uint8_t *)val, strlen(val)}};
+    struct c10d__wire_str kv[] = {STR("/good/k"), {(const uint8_t *)val, strlen(val)}};
     assert_int_equal(store_tc_call(&good, C10D_STORE_SET, 0, 0, 2, kv, &r), 0);
     assert_int_equal(store_tc_call(&good, C10D_STORE_GET, 0, 0, 1, kv, &r), 0);
     assert_int_equal(r.vals[0].len, strlen(val));
@@ -163,12 +163,12 @@ static void test_half_sent_then_disconnect(void **state)
 {
     (void)state;
     /* A SET whose 1 MiB value is cut off, on 100 connections, then gone. */
-    struct c10d__store_buf b = {0};
+    struct c10d__wire_buf b = {0};
     uint8_t *val = calloc(1, 1 << 20);
-    struct c10d__store_str kv[] = {STR("/half"), {val, 1 << 20}};
-    struct c10d__store_request r = {.cmd = C10D_STORE_SET, .nargs = 2, .args = kv};
-    c10d__store_put_raw(&b, "\x00\xCE\xF7\x85\x3C", 5);
-    c10d__store_encode_request(&b, C10D_STORE_DIALECT_CURRENT, &r);
+    struct c10d__wire_str kv[] = {STR("/half"), {val, 1 << 20}};
+    struct c10d__wire_request r = {.cmd = C10D_STORE_SET, .nargs = 2, .args = kv};
+    c10d__wire_put_raw(&b, "\x00\xCE\xF7\x85\x3C", 5);
+    c10d__wire_encode_request(&b, C10D_STORE_DIALECT_CURRENT, &r);
     for (int i = 0; i < 100; i++) {
         int fd = store_tc_connect(port, AF_INET);
         size_t cut = 1 + (size_t)i * (b.len / 100);
@@ -178,10 +178,10 @@ static void test_half_sent_then_disconnect(void **state)
             good_round();
     }
     free(val);
-    c10d__store_buf_free(&b);
+    c10d__wire_buf_free(&b);
     good_round();
     /* The half value was never stored. */
-    struct c10d__store_reply rep;
+    struct c10d__wire_reply rep;
     assert_int_equal(store_tc_call(&good, C10D_STORE_CHECK, 0, 0, 1, &STR("/half"), &rep), 0);
     assert_int_equal(rep.u8, C10D_STORE_NOT_READY);
 }
@@ -232,19 +232,19 @@ static void test_thousands_of_idle_connections(void **state)
 static void test_never_reads_replies(void **state)
 {
     (void)state;
-    struct c10d__store_reply r;
+    struct c10d__wire_reply r;
     /* A 1 MiB value, then a client that pipelines GETs and never reads. */
     uint8_t *val = calloc(1, 1 << 20);
-    struct c10d__store_str kv[] = {STR("/bigval"), {val, 1 << 20}};
+    struct c10d__wire_str kv[] = {STR("/bigval"), {val, 1 << 20}};
     assert_int_equal(store_tc_call(&good, C10D_STORE_SET, 0, 0, 2, kv, &r), 0);
     free(val);
     int fd = store_tc_connect(port, AF_INET);
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    struct c10d__store_buf b = {0};
-    c10d__store_put_raw(&b, "\x00\xCE\xF7\x85\x3C", 5);
+    struct c10d__wire_buf b = {0};
+    c10d__wire_put_raw(&b, "\x00\xCE\xF7\x85\x3C", 5);
     for (int i = 0; i < 64; i++) {
-        struct c10d__store_request q = {.cmd = C10D_STORE_GET, .nargs = 1, .args = kv};
-        c10d__store_encode_request(&b, C10D_STORE_DIALECT_CURRENT, &q);
+        struct c10d__wire_request q = {.cmd = C10D_STORE_GET, .nargs = 1, .args = kv};
+        c10d__wire_encode_request(&b, C10D_STORE_DIALECT_CURRENT, &q);
     }
     /* Keep sending GETs until the kernel buffers are full both ways. */
     size_t sent_total = 0;
@@ -262,7 +262,7 @@ static void test_never_reads_replies(void **state)
         if (rounds % 50 == 0)
             good_round();
     }
-    c10d__store_buf_free(&b);
+    c10d__wire_buf_free(&b);
     good_round();
     /* Buffered replies stay bounded: requests stop running past the cap, so
      * at most the cap plus one reply is queued. */
@@ -282,7 +282,7 @@ static void test_never_reads_replies(void **state)
     setsockopt(w.fd, SOL_SOCKET, SO_RCVBUF, &one, sizeof one);
     assert_int_equal(store_tc_call(&w, C10D_STORE_WATCH_KEY, 0, 0, 1, &STR("/watched"), &r), 0);
     uint8_t *v64 = calloc(1, 64 * 1024);
-    struct c10d__store_str wkv[] = {STR("/watched"), {v64, 64 * 1024}};
+    struct c10d__wire_str wkv[] = {STR("/watched"), {v64, 64 * 1024}};
     int closed = 0;
     for (int i = 0; i < 400 && !closed; i++) {
         assert_int_equal(store_tc_call(&good, C10D_STORE_SET, 0, 0, 2, wkv, &r), 0);
@@ -313,17 +313,17 @@ static void test_never_readers_fill_server_cap(void **state)
     int port2 = store_ts_start(&ts2, &o);
     assert_true(port2 > 0);
     struct store_tc good2;
-    struct c10d__store_reply r;
+    struct c10d__wire_reply r;
     assert_int_equal(store_tc_open(&good2, port2, AF_INET, C10D_STORE_DIALECT_CURRENT), 0);
     uint8_t *val = calloc(1, 64 * 1024);
-    struct c10d__store_str kv[] = {STR("/v"), {val, 64 * 1024}};
+    struct c10d__wire_str kv[] = {STR("/v"), {val, 64 * 1024}};
     assert_int_equal(store_tc_call(&good2, C10D_STORE_SET, 0, 0, 2, kv, &r), 0);
     free(val);
-    struct c10d__store_buf b = {0};
-    c10d__store_put_raw(&b, "\x00\xCE\xF7\x85\x3C", 5);
+    struct c10d__wire_buf b = {0};
+    c10d__wire_put_raw(&b, "\x00\xCE\xF7\x85\x3C", 5);
     for (int i = 0; i < 32; i++) {
-        struct c10d__store_request q = {.cmd = C10D_STORE_GET, .nargs = 1, .args = kv};
-        c10d__store_encode_request(&b, C10D_STORE_DIALECT_CURRENT, &q);
+        struct c10d__wire_request q = {.cmd = C10D_STORE_GET, .nargs = 1, .args = kv};
+        c10d__wire_encode_request(&b, C10D_STORE_DIALECT_CURRENT, &q);
     }
     enum { NBAD = 12 };
     int bad[NBAD];
@@ -347,7 +347,7 @@ static void test_never_readers_fill_server_cap(void **state)
                 break;
         }
     }
-    c10d__store_buf_free(&b);
+    c10d__wire_buf_free(&b);
     usleep(200000);
     /* Served, after the stuck readers were closed (store_tc's 20 s receive
      * timeout fails the test if it never is). */

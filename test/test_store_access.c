@@ -149,9 +149,9 @@ static int64_t stats_refused(int port, const char *token)
     struct store_tc c;
     int64_t v = -1;
     if (store_tc_open(&c, port, AF_INET, C10D_STORE_DIALECT_CURRENT) == 0) {
-        struct c10d__store_reply r;
+        struct c10d__wire_reply r;
         if (token) {
-            struct c10d__store_str t = {(const uint8_t *)token, strlen(token)};
+            struct c10d__wire_str t = {(const uint8_t *)token, strlen(token)};
             if (store_tc_call(&c, C10D_STORE_AUTH, 0, 0, 1, &t, &r) < 0) {
                 store_tc_close(&c);
                 return -1;
@@ -175,7 +175,7 @@ static int ping_ok(int port)
     struct store_tc c;
     int ok = 0;
     if (store_tc_open(&c, port, AF_INET, C10D_STORE_DIALECT_CURRENT) == 0) {
-        struct c10d__store_reply r;
+        struct c10d__wire_reply r;
         ok = store_tc_call(&c, C10D_STORE_PING, 4242, 0, 0, NULL, &r) == 0 && r.u32 == 4242;
     }
     store_tc_close(&c);
@@ -218,27 +218,27 @@ static void test_sigpipe_does_not_kill_the_server(void **state)
     assert_int_equal(spawn_store(&p, 0, NULL), 0);
     static uint8_t value[64 * 1024];
     memset(value, 'v', sizeof value);
-    struct c10d__store_str kv[2] = {STR("/big"), {value, sizeof value}};
+    struct c10d__wire_str kv[2] = {STR("/big"), {value, sizeof value}};
     struct store_tc c;
     assert_int_equal(store_tc_open(&c, p.port, AF_INET, C10D_STORE_DIALECT_CURRENT), 0);
     assert_int_equal(store_tc_req(c.fd, c.dialect, C10D_STORE_SET, 0, 0, 2, kv), 0);
-    struct c10d__store_reply rep;
+    struct c10d__wire_reply rep;
     assert_int_equal(store_tc_call(&c, C10D_STORE_GET, 0, 0, 1, kv, &rep), 0);
     assert_int_equal(rep.vals[0].len, sizeof value);
     store_tc_close(&c);
-    struct c10d__store_buf gets = {0};
-    struct c10d__store_request g = {.cmd = C10D_STORE_GET, .nargs = 1, .args = kv};
+    struct c10d__wire_buf gets = {0};
+    struct c10d__wire_request g = {.cmd = C10D_STORE_GET, .nargs = 1, .args = kv};
     for (int i = 0; i < 20000; i++)
-        assert_int_equal(c10d__store_encode_request(&gets, C10D_STORE_DIALECT_CURRENT, &g), 0);
+        assert_int_equal(c10d__wire_encode_request(&gets, C10D_STORE_DIALECT_CURRENT, &g), 0);
     /* A race (the reset must land while replies are queued): many rounds. */
     for (int round = 0; round < 10 && proc_exited(&p) < 0; round++) {
         int fd = store_tc_connect(p.port, AF_INET);
         assert_true(fd >= 0);
-        struct c10d__store_request v = {.cmd = C10D_STORE_VALIDATE, .u32 = C10D_STORE_MAGIC};
-        struct c10d__store_buf b = {0};
-        c10d__store_encode_request(&b, C10D_STORE_DIALECT_CURRENT, &v);
+        struct c10d__wire_request v = {.cmd = C10D_STORE_VALIDATE, .u32 = C10D_STORE_MAGIC};
+        struct c10d__wire_buf b = {0};
+        c10d__wire_encode_request(&b, C10D_STORE_DIALECT_CURRENT, &v);
         store_tc_send(fd, b.data, b.len);
-        c10d__store_buf_free(&b);
+        c10d__wire_buf_free(&b);
         /* Send what the kernel takes without blocking: the server stops
          * reading once its replies back up. */
         fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
@@ -255,7 +255,7 @@ static void test_sigpipe_does_not_kill_the_server(void **state)
         close(fd); /* RST */
         usleep(200 * 1000);
     }
-    c10d__store_buf_free(&gets);
+    c10d__wire_buf_free(&gets);
     int st = proc_exited(&p);
     if (st >= 0) {
         fprintf(stderr, "c10d-store exited: %s %d\n", WIFSIGNALED(st) ? "signal" : "status",
@@ -438,15 +438,15 @@ static void test_token_server(void **state)
     assert_true(raw_closed_after(p.port, legacy_numkeys, sizeof legacy_numkeys));
     /* A wrong token is answered REFUSED, then closed. */
     struct store_tc c;
-    struct c10d__store_reply r;
-    struct c10d__store_str bad = STR("s3cret-of-another-job");
+    struct c10d__wire_reply r;
+    struct c10d__wire_str bad = STR("s3cret-of-another-job");
     assert_int_equal(store_tc_open(&c, p.port, AF_INET, C10D_STORE_DIALECT_CURRENT), 0);
     assert_int_equal(store_tc_call(&c, C10D_STORE_AUTH, 0, 0, 1, &bad, &r), 0);
     assert_int_equal(r.u8, C10D_STORE_AUTH_REFUSED);
     assert_true(store_tc_wait_closed(c.fd, 3000));
     store_tc_close(&c);
     /* The right one opens every command. */
-    struct c10d__store_str good = STR(TOKEN), kv[2] = {STR("/k"), STR("v")};
+    struct c10d__wire_str good = STR(TOKEN), kv[2] = {STR("/k"), STR("v")};
     assert_int_equal(store_tc_open(&c, p.port, AF_INET, C10D_STORE_DIALECT_CURRENT), 0);
     assert_int_equal(store_tc_call(&c, C10D_STORE_AUTH, 0, 0, 1, &good, &r), 0);
     assert_int_equal(r.u8, C10D_STORE_AUTH_OK);

@@ -203,7 +203,7 @@ static void srv_stop(struct srv *s)
 static json_t *srv_stats(const struct srv *s)
 {
     struct store_tc c;
-    struct c10d__store_reply r;
+    struct c10d__wire_reply r;
     assert_int_equal(store_tc_open(&c, s->port, AF_INET, C10D_STORE_DIALECT_CURRENT), 0);
     assert_int_equal(store_tc_call(&c, C10D_STORE_STATS, 0, 0, 0, NULL, &r), 0);
     json_t *o = json_loadb((const char *)r.vals[0].data, r.vals[0].len, 0, NULL);
@@ -224,9 +224,9 @@ static int64_t stat_int(json_t *o, const char *a, const char *b)
 static void good_round(const struct srv *s)
 {
     struct store_tc c;
-    struct c10d__store_reply r;
+    struct c10d__wire_reply r;
     assert_int_equal(store_tc_open(&c, s->port, AF_INET, C10D_STORE_DIALECT_CURRENT), 0);
-    struct c10d__store_str kv[] = {STR("/good"), STR("value")};
+    struct c10d__wire_str kv[] = {STR("/good"), STR("value")};
     assert_int_equal(store_tc_call(&c, C10D_STORE_SET, 0, 0, 2, kv, &r), 0);
     assert_int_equal(store_tc_call(&c, C10D_STORE_GET, 0, 0, 1, kv, &r), 0);
     assert_int_equal(r.vals[0].len, 5);
@@ -238,10 +238,10 @@ static void good_round(const struct srv *s)
 static void set_big(const struct srv *s, const char *key, size_t len, uint8_t fill)
 {
     struct store_tc c;
-    struct c10d__store_reply r;
+    struct c10d__wire_reply r;
     uint8_t *val = malloc(len);
     memset(val, fill, len);
-    struct c10d__store_str kv[] = {{(const uint8_t *)key, strlen(key)}, {val, len}};
+    struct c10d__wire_str kv[] = {{(const uint8_t *)key, strlen(key)}, {val, len}};
     assert_int_equal(store_tc_open(&c, s->port, AF_INET, C10D_STORE_DIALECT_CURRENT), 0);
     assert_int_equal(store_tc_call(&c, C10D_STORE_SET, 0, 0, 2, kv, &r), 0);
     /* SET has no reply: a PING proves it ran. */
@@ -262,9 +262,9 @@ static int send_multi_get(int port, const char *key, size_t n)
     int fd = store_tc_connect(port, AF_INET);
     assert_true(fd >= 0);
     small_rcvbuf(fd);
-    struct c10d__store_str *keys = malloc(n * sizeof *keys);
+    struct c10d__wire_str *keys = malloc(n * sizeof *keys);
     for (size_t i = 0; i < n; i++)
-        keys[i] = (struct c10d__store_str){(const uint8_t *)key, strlen(key)};
+        keys[i] = (struct c10d__wire_str){(const uint8_t *)key, strlen(key)};
     assert_int_equal(store_tc_req(fd, C10D_STORE_DIALECT_CURRENT, C10D_STORE_VALIDATE,
                                   C10D_STORE_MAGIC, 0, 0, NULL),
                      0);
@@ -336,7 +336,7 @@ static void test_watch_amplification(void **state)
 {
     (void)state;
     static struct srv s; /* static: teardown reaches it after a failed assertion */
-    struct c10d__store_reply r;
+    struct c10d__wire_reply r;
     /* Reply cap 17 MiB; a 12 MiB key changing pushes 24 MiB events. */
     const char *args[] = {"--max-memory", "64M", "--max-value-bytes", "16M", NULL};
     srv_start(&s, "watch", args);
@@ -390,7 +390,7 @@ static void test_announced_not_arrived(void **state)
 {
     (void)state;
     static struct srv s; /* static: teardown reaches it after a failed assertion */
-    struct c10d__store_reply r;
+    struct c10d__wire_reply r;
     const char *args[] = {
         "--max-memory", "200M", "--max-value-bytes", "64M", "--request-timeout-ms", "1500", NULL};
     srv_start(&s, "announce", args);
@@ -437,7 +437,7 @@ static void test_announced_not_arrived(void **state)
     /* The WAIT outlived the timeout and is answered when the key comes. */
     struct store_tc setter;
     assert_int_equal(store_tc_open(&setter, s.port, AF_INET, C10D_STORE_DIALECT_CURRENT), 0);
-    struct c10d__store_str kv[] = {STR("/later"), STR("1")};
+    struct c10d__wire_str kv[] = {STR("/later"), STR("1")};
     assert_int_equal(store_tc_call(&setter, C10D_STORE_SET, 0, 0, 2, kv, &r), 0);
     assert_int_equal(store_tc_recv(&waiter, C10D_STORE_WAIT, 0, 0, &r), 0);
     assert_int_equal(r.u8, C10D_STORE_STOP_WAITING);
@@ -461,7 +461,7 @@ static void test_non_reader_does_not_stall_others(void **state)
 {
     (void)state;
     static struct srv s; /* static: teardown reaches it after a failed assertion */
-    struct c10d__store_reply r;
+    struct c10d__wire_reply r;
     /* Scaled down from 2 x 256 MiB against a 256 MiB cap (building the reply
      * itself, page faults and copying, is what a PING may have to wait for,
      * and a loaded sanitizer build is slow at it). The slow-reader timeout
@@ -504,7 +504,7 @@ static void test_non_reader_does_not_stall_others(void **state)
         if (pings % 5 == 0) {
             char key[32];
             snprintf(key, sizeof key, "/k%d", pings);
-            struct c10d__store_str kv[] = {{(const uint8_t *)key, strlen(key)}, STR("v")};
+            struct c10d__wire_str kv[] = {{(const uint8_t *)key, strlen(key)}, STR("v")};
             assert_int_equal(store_tc_call(&good, C10D_STORE_SET, 0, 0, 2, kv, &r), 0);
             t0 = now_ms();
             assert_int_equal(store_tc_call(&good, C10D_STORE_GET, 0, 0, 1, kv, &r), 0);

@@ -23,8 +23,8 @@ static void t_wake(struct c10d__store_client *c)
     woken[(intptr_t)c->data]++;
 }
 
-static void t_watch(struct c10d__store_client *c, int event, struct c10d__store_str key,
-                    struct c10d__store_str old_value, struct c10d__store_str new_value)
+static void t_watch(struct c10d__store_client *c, int event, struct c10d__wire_str key,
+                    struct c10d__wire_str old_value, struct c10d__wire_str new_value)
 {
     (void)c, (void)key, (void)old_value, (void)new_value;
     if (nevents < 16)
@@ -43,8 +43,8 @@ static struct c10d__store_table *new_table(size_t max_memory)
 
 static void assert_value(struct c10d__store_table *t, const char *key, const char *want)
 {
-    struct c10d__store_str v;
-    struct c10d__store_str k = {(const uint8_t *)key, strlen(key)};
+    struct c10d__wire_str v;
+    struct c10d__wire_str k = {(const uint8_t *)key, strlen(key)};
     assert_int_equal(c10d__store_table_get(t, k, &v), want != NULL);
     if (want) {
         assert_int_equal(v.len, strlen(want));
@@ -97,9 +97,9 @@ static void test_table_values(void **state)
             char want[32];
             snprintf(want, sizeof want, "%" PRId64, vals[i]);
             int64_t cur = 0, got;
-            struct c10d__store_str sv;
+            struct c10d__wire_str sv;
             if (c10d__store_table_get(t, STR("/d"), &sv))
-                assert_int_equal(c10d__store_parse_i64(sv.data, sv.len, &cur), 0);
+                assert_int_equal(c10d__wire_parse_i64(sv.data, sv.len, &cur), 0);
             assert_int_equal(c10d__store_table_add(t, STR("/d"), vals[i] - cur, &got), 0);
             assert_int_equal(got, vals[i]);
             assert_value(t, "/d", want);
@@ -111,7 +111,7 @@ static void test_table_values(void **state)
     for (int i = 0; i < 100; i++)
         assert_int_equal(c10d__store_table_append(t, STR("/new"), STR("2")), 0);
     assert_value(t, "/a", "xyz");
-    struct c10d__store_str nv;
+    struct c10d__wire_str nv;
     c10d__store_table_get(t, STR("/new"), &nv);
     assert_int_equal(nv.len, 101);
     assert_int_equal(c10d__store_table_num_keys(t), 4);
@@ -128,7 +128,7 @@ static void test_table_compare_set(void **state)
 {
     (void)state;
     struct c10d__store_table *t = new_table(0);
-    struct c10d__store_str r;
+    struct c10d__wire_str r;
     /* missing, empty expected: store desired, reply desired */
     assert_int_equal(c10d__store_table_compare_set(t, STR("/k"), STR(""), STR("d1"), &r), 0);
     assert_int_equal(r.len, 2);
@@ -157,11 +157,11 @@ static void test_table_waits(void **state)
     memset(c, 0, sizeof c);
     for (int i = 0; i < 4; i++)
         c[i].data = (void *)(intptr_t)i;
-    struct c10d__store_str ab[] = {STR("/a"), STR("/b")};
+    struct c10d__wire_str ab[] = {STR("/a"), STR("/b")};
     assert_int_equal(c10d__store_table_check(t, ab, 2), 0);
     assert_int_equal(c10d__store_table_wait(t, &c[0], ab, 2), 0);
     assert_non_null(c[0].wait);
-    struct c10d__store_str aa[] = {STR("/a"), STR("/a")};
+    struct c10d__wire_str aa[] = {STR("/a"), STR("/a")};
     assert_int_equal(c10d__store_table_wait(t, &c[1], aa, 2), 0);
     assert_int_equal(c10d__store_table_set(t, STR("/a"), STR("1")), 0);
     assert_int_equal(woken[0], 0); /* still needs /b */
@@ -204,7 +204,7 @@ static void test_table_queue_wake_passes_on(void **state)
     memset(c, 0, sizeof c);
     for (int i = 0; i < 4; i++)
         c[i].data = (void *)(intptr_t)i;
-    struct c10d__store_str none = {NULL, 0};
+    struct c10d__wire_str none = {NULL, 0};
     for (int i = 0; i < 3; i++)
         assert_int_equal(c10d__store_table_wait(t, &c[i], &STR("/q"), 1), 0);
     assert_int_equal(c10d__store_table_queue_push(t, STR("/q"), STR("one")), 0);
@@ -217,7 +217,7 @@ static void test_table_queue_wake_passes_on(void **state)
     /* Client 1 pops: the wake is used; client 2 sleeps on (the queue is empty). */
     c10d__store_table_client_request(t, &c[1], C10D_STORE_QUEUE_POP, STR("/q"));
     int64_t n;
-    struct c10d__store_str v;
+    struct c10d__wire_str v;
     assert_int_equal(c10d__store_table_queue_pop(t, STR("/q"), &n, &v), 0);
     assert_int_equal(n, 1);
     assert_int_equal(woken[2], 0);
@@ -260,7 +260,7 @@ static void test_table_queues_barrier(void **state)
     assert_int_equal(c10d__store_table_queue_push(t, STR("/q"), STR("two")), 0);
     assert_int_equal(woken[1], 1);
     int64_t n;
-    struct c10d__store_str v;
+    struct c10d__wire_str v;
     assert_int_equal(c10d__store_table_queue_pop(t, STR("/q"), &n, &v), 0);
     assert_int_equal(n, 2);
     assert_memory_equal(v.data, "one", 3);
@@ -343,7 +343,7 @@ static void test_table_watch_and_memory(void **state)
     /* The memory budget: a value that does not fit fails and changes nothing. */
     t = new_table(64 * 1024);
     static uint8_t big[40000];
-    struct c10d__store_str bs = {big, sizeof big};
+    struct c10d__wire_str bs = {big, sizeof big};
     assert_int_equal(c10d__store_table_set(t, STR("/1"), bs), 0);
     assert_int_equal(c10d__store_table_set(t, STR("/2"), bs), C10D_ENOMEM);
     assert_int_equal(c10d__store_table_queue_push(t, STR("/2"), bs), C10D_ENOMEM);
@@ -373,7 +373,7 @@ static int stop_server(void **state)
     return 0;
 }
 
-static void expect_str(const struct c10d__store_reply *r, size_t i, const char *want)
+static void expect_str(const struct c10d__wire_reply *r, size_t i, const char *want)
 {
     assert_true(i < r->nvals);
     assert_int_equal(r->vals[i].len, strlen(want));
@@ -384,11 +384,11 @@ static void test_server_current(void **state)
 {
     (void)state;
     struct store_tc c;
-    struct c10d__store_reply r;
+    struct c10d__wire_reply r;
     assert_int_equal(store_tc_open(&c, port, AF_INET, C10D_STORE_DIALECT_CURRENT), 0);
     assert_int_equal(store_tc_call(&c, C10D_STORE_PING, 1234, 0, 0, NULL, &r), 0);
     assert_int_equal(r.u32, 1234);
-    struct c10d__store_str kv[] = {STR("/cur/a"), STR("va")};
+    struct c10d__wire_str kv[] = {STR("/cur/a"), STR("va")};
     assert_int_equal(store_tc_call(&c, C10D_STORE_SET, 0, 0, 2, kv, &r), 0);
     assert_int_equal(store_tc_call(&c, C10D_STORE_GET, 0, 0, 1, kv, &r), 0);
     expect_str(&r, 0, "va");
@@ -396,28 +396,28 @@ static void test_server_current(void **state)
     assert_int_equal(r.i64, 5);
     assert_int_equal(store_tc_call(&c, C10D_STORE_GET, 0, 0, 1, &STR("/cur/n"), &r), 0);
     expect_str(&r, 0, "5");
-    struct c10d__store_str cas[] = {STR("/cur/a"), STR("va"), STR("vb")};
+    struct c10d__wire_str cas[] = {STR("/cur/a"), STR("va"), STR("vb")};
     assert_int_equal(store_tc_call(&c, C10D_STORE_COMPARE_SET, 0, 0, 3, cas, &r), 0);
     expect_str(&r, 0, "vb");
-    struct c10d__store_str chk[] = {STR("/cur/a"), STR("/cur/none")};
+    struct c10d__wire_str chk[] = {STR("/cur/a"), STR("/cur/none")};
     assert_int_equal(store_tc_call(&c, C10D_STORE_CHECK, 0, 0, 2, chk, &r), 0);
     assert_int_equal(r.u8, C10D_STORE_NOT_READY);
     assert_int_equal(store_tc_call(&c, C10D_STORE_CHECK, 0, 0, 1, chk, &r), 0);
     assert_int_equal(r.u8, C10D_STORE_READY);
     assert_int_equal(store_tc_call(&c, C10D_STORE_WAIT, 0, 0, 1, chk, &r), 0);
     assert_int_equal(r.u8, C10D_STORE_STOP_WAITING);
-    struct c10d__store_str ms[] = {STR("/cur/m1"), STR("1"), STR("/cur/m2"), STR("22")};
+    struct c10d__wire_str ms[] = {STR("/cur/m1"), STR("1"), STR("/cur/m2"), STR("22")};
     assert_int_equal(store_tc_call(&c, C10D_STORE_MULTI_SET, 0, 0, 4, ms, &r), 0);
-    struct c10d__store_str mg[] = {STR("/cur/m1"), STR("/cur/m2"), STR("/cur/none")};
+    struct c10d__wire_str mg[] = {STR("/cur/m1"), STR("/cur/m2"), STR("/cur/none")};
     assert_int_equal(store_tc_call(&c, C10D_STORE_MULTI_GET, 0, 0, 3, mg, &r), 0);
     expect_str(&r, 0, "1");
     expect_str(&r, 1, "22");
     expect_str(&r, 2, "");
-    struct c10d__store_str ap[] = {STR("/cur/m1"), STR("+")};
+    struct c10d__wire_str ap[] = {STR("/cur/m1"), STR("+")};
     assert_int_equal(store_tc_call(&c, C10D_STORE_APPEND, 0, 0, 2, ap, &r), 0);
     assert_int_equal(store_tc_call(&c, C10D_STORE_GET, 0, 0, 1, ap, &r), 0);
     expect_str(&r, 0, "1+");
-    struct c10d__store_str qp[] = {STR("/cur/q"), STR("item")};
+    struct c10d__wire_str qp[] = {STR("/cur/q"), STR("item")};
     assert_int_equal(store_tc_call(&c, C10D_STORE_QUEUE_PUSH, 0, 0, 2, qp, &r), 0);
     assert_int_equal(store_tc_call(&c, C10D_STORE_QUEUE_LEN, 0, 0, 1, qp, &r), 0);
     assert_int_equal(r.i64, 1);
@@ -449,18 +449,18 @@ static void test_server_wait_and_cancel(void **state)
 {
     (void)state;
     struct store_tc a, b;
-    struct c10d__store_reply r;
+    struct c10d__wire_reply r;
     assert_int_equal(store_tc_open(&a, port, AF_INET6, C10D_STORE_DIALECT_CURRENT), 0);
     assert_int_equal(store_tc_open(&b, port, AF_INET, C10D_STORE_DIALECT_CURRENT), 0);
     /* A pending WAIT fires when the last missing key appears. */
-    struct c10d__store_str keys[] = {STR("/w/1"), STR("/w/2")};
+    struct c10d__wire_str keys[] = {STR("/w/1"), STR("/w/2")};
     assert_int_equal(store_tc_req(a.fd, a.dialect, C10D_STORE_WAIT, 0, 0, 2, keys), 0);
     assert_int_equal(store_tc_call(&b, C10D_STORE_SET, 0, 0, 2,
-                                   (struct c10d__store_str[]){STR("/w/1"), STR("x")}, &r),
+                                   (struct c10d__wire_str[]){STR("/w/1"), STR("x")}, &r),
                      0);
     assert_int_equal(store_tc_call(&b, C10D_STORE_PING, 1, 0, 0, NULL, &r), 0); /* ordered */
     assert_int_equal(store_tc_call(&b, C10D_STORE_SET, 0, 0, 2,
-                                   (struct c10d__store_str[]){STR("/w/2"), STR("y")}, &r),
+                                   (struct c10d__wire_str[]){STR("/w/2"), STR("y")}, &r),
                      0);
     assert_int_equal(store_tc_recv(&a, C10D_STORE_WAIT, 0, 0, &r), 0);
     assert_int_equal(r.u8, C10D_STORE_STOP_WAITING);
@@ -474,7 +474,7 @@ static void test_server_wait_and_cancel(void **state)
     assert_int_equal(store_tc_call(&a, C10D_STORE_PING, 77, 0, 0, NULL, &r), 0);
     assert_int_equal(r.u32, 77);
     assert_int_equal(store_tc_call(&b, C10D_STORE_SET, 0, 0, 2,
-                                   (struct c10d__store_str[]){STR("/w/late"), STR("z")}, &r),
+                                   (struct c10d__wire_str[]){STR("/w/late"), STR("z")}, &r),
                      0);
     assert_int_equal(store_tc_call(&a, C10D_STORE_PING, 78, 0, 0, NULL, &r), 0);
     assert_int_equal(r.u32, 78);
@@ -490,17 +490,17 @@ static void test_server_wait_and_cancel(void **state)
     assert_int_equal(store_tc_recv(&a, C10D_STORE_BARRIER, 0, 0, &r), 0);
     assert_int_equal(store_tc_recv(&b, C10D_STORE_BARRIER, 0, 0, &r), 0);
     /* A pipelined burst: several requests in one write, replies in order. */
-    struct c10d__store_buf burst = {0};
+    struct c10d__wire_buf burst = {0};
     for (int i = 0; i < 50; i++) {
-        struct c10d__store_request q = {.cmd = C10D_STORE_PING, .u32 = (uint32_t)i};
-        c10d__store_encode_request(&burst, C10D_STORE_DIALECT_CURRENT, &q);
+        struct c10d__wire_request q = {.cmd = C10D_STORE_PING, .u32 = (uint32_t)i};
+        c10d__wire_encode_request(&burst, C10D_STORE_DIALECT_CURRENT, &q);
     }
     assert_int_equal(store_tc_send(c.fd, burst.data, burst.len), 0);
     for (int i = 0; i < 50; i++) {
         assert_int_equal(store_tc_recv(&c, C10D_STORE_PING, 0, 0, &r), 0);
         assert_int_equal(r.u32, (uint32_t)i);
     }
-    c10d__store_buf_free(&burst);
+    c10d__wire_buf_free(&burst);
     store_tc_close(&a);
     store_tc_close(&b);
     store_tc_close(&c);
@@ -510,14 +510,14 @@ static void test_server_legacy(void **state)
 {
     (void)state;
     struct store_tc c, w;
-    struct c10d__store_reply r;
+    struct c10d__wire_reply r;
     assert_int_equal(store_tc_open(&c, port, AF_INET, C10D_STORE_DIALECT_LEGACY), 0);
     assert_int_equal(store_tc_open(&w, port, AF_INET, C10D_STORE_DIALECT_LEGACY), 0);
     /* GETNUMKEYS is one byte: answered without waiting for more. */
     assert_int_equal(store_tc_call(&c, C10D_STORE_GETNUMKEYS, 0, 0, 0, NULL, &r), 0);
     assert_int_equal(store_tc_call(&w, C10D_STORE_WATCH_KEY, 0, 0, 1, &STR("/leg/w"), &r), 0);
     assert_int_equal(r.u8, C10D_STORE_KEY_CALLBACK_REGISTERED);
-    struct c10d__store_str kv[] = {STR("/leg/w"), STR("1")};
+    struct c10d__wire_str kv[] = {STR("/leg/w"), STR("1")};
     assert_int_equal(store_tc_call(&c, C10D_STORE_SET, 0, 0, 2, kv, &r), 0);
     assert_int_equal(store_tc_call(&c, C10D_STORE_ADD, 0, 2, 1, kv, &r), 0);
     assert_int_equal(r.i64, 3);
@@ -537,7 +537,7 @@ static void test_server_legacy(void **state)
     assert_int_equal(r.u8, C10D_STORE_KEY_DELETED);
     expect_str(&r, 1, "3");
     /* ADD on a non-number: that connection is closed, the others carry on. */
-    struct c10d__store_str txt[] = {STR("/leg/txt"), STR("abc")};
+    struct c10d__wire_str txt[] = {STR("/leg/txt"), STR("abc")};
     assert_int_equal(store_tc_call(&c, C10D_STORE_SET, 0, 0, 2, txt, &r), 0);
     assert_int_equal(store_tc_req(c.fd, c.dialect, C10D_STORE_ADD, 0, 1, 1, txt), 0);
     assert_int_equal(store_tc_wait_closed(c.fd, 20000), 1);

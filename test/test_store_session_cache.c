@@ -15,13 +15,13 @@
 
 /* What the fake owner received from a session, in order. */
 struct capture {
-    struct c10d__store_buf got;
+    struct c10d__wire_buf got;
 };
 
 static void fake_flush(struct c10d__store_session *s)
 {
     struct capture *c = s->data;
-    assert_int_equal(c10d__store_put_raw(&c->got, s->out.data, s->out.len), 0);
+    assert_int_equal(c10d__wire_put_raw(&c->got, s->out.data, s->out.len), 0);
     /* Not sent yet: counts against the server-wide cap until drained. */
     c10d__store_session_set_pending(s, s->pending_out + s->out.len);
     s->out.len = 0;
@@ -40,17 +40,17 @@ static void after_nothing(struct c10d__store_session *s)
 static void send_req(struct c10d__store_session *s, int cmd, int64_t i64, size_t nargs,
                      const char *const *args)
 {
-    struct c10d__store_str a[16];
+    struct c10d__wire_str a[16];
     assert_true(nargs <= 16);
     for (size_t i = 0; i < nargs; i++)
-        a[i] = (struct c10d__store_str){(const uint8_t *)args[i], strlen(args[i])};
-    struct c10d__store_request r = {.cmd = cmd, .i64 = i64, .nargs = nargs, .args = a};
+        a[i] = (struct c10d__wire_str){(const uint8_t *)args[i], strlen(args[i])};
+    struct c10d__wire_request r = {.cmd = cmd, .i64 = i64, .nargs = nargs, .args = a};
     if (cmd == C10D_STORE_VALIDATE)
         r.u32 = C10D_STORE_MAGIC;
-    struct c10d__store_buf b = {0};
-    assert_int_equal(c10d__store_encode_request(&b, C10D_STORE_DIALECT_CURRENT, &r), 0);
+    struct c10d__wire_buf b = {0};
+    assert_int_equal(c10d__wire_encode_request(&b, C10D_STORE_DIALECT_CURRENT, &r), 0);
     assert_int_equal(c10d__store_session_feed(s, b.data, b.len), 0);
-    c10d__store_buf_free(&b);
+    c10d__wire_buf_free(&b);
 }
 
 struct fixture {
@@ -86,9 +86,9 @@ static int teardown(void **state)
     c10d__store_session_free(&f->c);
     assert_int_equal(f->ctx.queued, 0);
     c10d__store_ctx_free(&f->ctx);
-    c10d__store_buf_free(&f->ca.got);
-    c10d__store_buf_free(&f->cb.got);
-    c10d__store_buf_free(&f->cc.got);
+    c10d__wire_buf_free(&f->ca.got);
+    c10d__wire_buf_free(&f->cb.got);
+    c10d__wire_buf_free(&f->cc.got);
     free(f);
     return 0;
 }
@@ -117,7 +117,7 @@ static void value_at(const uint8_t *reply, size_t len, size_t idx, char *out, si
     size_t off = 0;
     for (size_t i = 0;; i++) {
         assert_true(off + 8 <= len);
-        uint64_t n = c10d__store_get_u64(reply + off);
+        uint64_t n = c10d__wire_get_u64(reply + off);
         off += 8;
         assert_true(off + n <= len);
         if (i == idx) {

@@ -97,7 +97,7 @@ static const char op_payload_kind = 's';
 
 static void op_free(void *payload);
 
-int c10d__store_op_new(struct c10d__store_op **out, int cmd, const struct c10d__store_str *args,
+int c10d__store_op_new(struct c10d__store_op **out, int cmd, const struct c10d__wire_str *args,
                        size_t nargs, int64_t i64)
 {
     *out = NULL;
@@ -106,16 +106,16 @@ int c10d__store_op_new(struct c10d__store_op **out, int cmd, const struct c10d__
         bytes += args[i].len + 1;
     struct c10d__store_op *op = calloc(1, sizeof *op + nargs * sizeof *op->args + bytes);
     if (!op)
-        return c10d__fail(C10D_ENOMEM, "store %s: out of memory", c10d__store_cmd_name(cmd));
+        return c10d__fail(C10D_ENOMEM, "store %s: out of memory", c10d__wire_cmd_name(cmd));
     char what[64];
-    snprintf(what, sizeof what, "store %s", c10d__store_cmd_name(cmd));
+    snprintf(what, sizeof what, "store %s", c10d__wire_cmd_name(cmd));
     int rc = c10d__work_create(&op->work, what, 0);
     if (rc != 0) {
         free(op);
         return rc;
     }
     c10d__work_set_payload(op->work, &op_payload_kind, op, op_free);
-    op->args = (struct c10d__store_str *)(op + 1);
+    op->args = (struct c10d__wire_str *)(op + 1);
     uint8_t *p = (uint8_t *)(op->args + nargs);
     for (size_t i = 0; i < nargs; i++) {
         if (args[i].len)
@@ -174,7 +174,7 @@ void c10d__store_op_discard(struct c10d__store_op *op)
         return;
     /* Completed first: that takes the work off the engine's pending list. */
     c10d__work_complete(op->work, C10D_ECANCELED, "store %s: not submitted",
-                        c10d__store_cmd_name(op->req.cmd));
+                        c10d__wire_cmd_name(op->req.cmd));
     c10d_work_release(op->work);
 }
 
@@ -242,7 +242,7 @@ int c10d__store_op_set_data(struct c10d__store_op *op, const void *data, size_t 
     return 0;
 }
 
-static int keep_item(const struct c10d__store_op *op, struct c10d__store_str item, size_t strip,
+static int keep_item(const struct c10d__store_op *op, struct c10d__wire_str item, size_t strip,
                      size_t plen)
 {
     if (!op->list_prefix)
@@ -250,7 +250,7 @@ static int keep_item(const struct c10d__store_op *op, struct c10d__store_str ite
     return item.len >= strip + plen && memcmp(item.data + strip, op->list_prefix, plen) == 0;
 }
 
-int c10d__store_op_set_items(struct c10d__store_op *op, const struct c10d__store_str *items,
+int c10d__store_op_set_items(struct c10d__store_op *op, const struct c10d__wire_str *items,
                              size_t n, size_t strip)
 {
     size_t plen = op->list_prefix ? strlen(op->list_prefix) : 0;
@@ -288,7 +288,7 @@ int c10d__store_op_set_items(struct c10d__store_op *op, const struct c10d__store
 static void op_vfinish(struct c10d__store_op *op, int status, const char *fmt, va_list ap)
 {
     if (op->finished) {
-        C10D_ERROR("store", "internal: %s finished twice", c10d__store_cmd_name(op->req.cmd));
+        C10D_ERROR("store", "internal: %s finished twice", c10d__wire_cmd_name(op->req.cmd));
         return;
     }
     op->finished = 1;
@@ -337,15 +337,15 @@ int c10d__store_op_prefix_keys(struct c10d__store_op *op, const char *prefix, si
 {
     size_t n = op->req.nargs, bytes = 0;
     for (size_t i = 0; i < n; i++)
-        if (c10d__store_cmd_arg_is_key(op->req.cmd, i))
+        if (c10d__wire_cmd_arg_is_key(op->req.cmd, i))
             bytes += plen + op->req.args[i].len + 1;
-    struct c10d__store_str *args = malloc(n * sizeof *args + bytes + 1);
+    struct c10d__wire_str *args = malloc(n * sizeof *args + bytes + 1);
     if (!args)
         return c10d__fail(C10D_ENOMEM, "store: out of memory");
     uint8_t *p = (uint8_t *)(args + n);
     for (size_t i = 0; i < n; i++) {
         args[i] = op->req.args[i];
-        if (!c10d__store_cmd_arg_is_key(op->req.cmd, i))
+        if (!c10d__wire_cmd_arg_is_key(op->req.cmd, i))
             continue;
         memcpy(p, prefix, plen);
         if (args[i].len)
@@ -369,10 +369,9 @@ int64_t c10d__store_op_remaining_ms(const struct c10d__store_op *op)
     return now >= op->deadline_ms ? 0 : (int64_t)(op->deadline_ms - now);
 }
 
-size_t c10d__store_op_wait_keys(const struct c10d__store_op *op,
-                                const struct c10d__store_str **keys)
+size_t c10d__store_op_wait_keys(const struct c10d__store_op *op, const struct c10d__wire_str **keys)
 {
-    int waits = c10d__store_cmd_waits(op->req.cmd);
+    int waits = c10d__wire_cmd_waits(op->req.cmd);
     *keys = waits ? op->req.args : NULL;
     return waits == 1 || (waits == 2 && op->block) ? op->req.nargs : 0;
 }

@@ -6,7 +6,7 @@
  * store finishes the op exactly once with c10d__store_op_finish(), on the loop
  * thread: that fills in the op's result and completes the work, whose
  * callbacks and waiters then read the result in place. The op lives as long
- * as its work. Requests use the codec's layout (struct c10d__store_request),
+ * as its work. Requests use the codec's layout (struct c10d__wire_request),
  * so the TCP store encodes them as they are and the other stores run them
  * against the server's table.
  */
@@ -55,8 +55,8 @@ struct c10d_store {
 
 /* The op: a request in the codec's layout plus what the stores need. */
 struct c10d__store_op {
-    struct c10d__store_request req; /* req.args points into `blob` */
-    struct c10d__store_str *args;
+    struct c10d__wire_request req; /* req.args points into `blob` */
+    struct c10d__wire_str *args;
     int block;            /* QUEUE_POP: wait for an item */
     int raw_keys;         /* TCP: send keys as they are (torch's "init/") */
     int phase;            /* the stores' progress through a composite op */
@@ -91,7 +91,7 @@ int c10d__store_route(c10d_store *s, struct c10d__store_route *out);
 /* Builds an op and its work (op->work, one reference: the caller's until
  * submitted) into *out. args: the codec layout for `cmd`; every string is
  * copied. Returns 0, or C10D_ENOMEM / C10D_EABORTED (shutting down). */
-int c10d__store_op_new(struct c10d__store_op **out, int cmd, const struct c10d__store_str *args,
+int c10d__store_op_new(struct c10d__store_op **out, int cmd, const struct c10d__wire_str *args,
                        size_t nargs, int64_t i64);
 /* Drops an op that was never submitted (and its work). */
 void c10d__store_op_discard(struct c10d__store_op *op);
@@ -127,7 +127,7 @@ int c10d__store_op_add_list_prefix(struct c10d__store_op *op, const char *prefix
  * values and LIST_KEYS's keys, each with `strip` leading bytes removed (the
  * TCP store's "/") and filtered by op->list_prefix if set. */
 int c10d__store_op_set_data(struct c10d__store_op *op, const void *data, size_t len);
-int c10d__store_op_set_items(struct c10d__store_op *op, const struct c10d__store_str *items,
+int c10d__store_op_set_items(struct c10d__store_op *op, const struct c10d__wire_str *items,
                              size_t n, size_t strip);
 /* Finishes the op: status 0 or negative with a printf message. Completes its
  * work (whose callbacks run next on the loop) and drops the op's references
@@ -145,7 +145,7 @@ int c10d__store_op_prefix_keys(struct c10d__store_op *op, const char *prefix, si
 /* The keys op waits for before running (GET, MULTI_GET, blocking QUEUE_POP,
  * WAIT); 0 keys if it does not wait. */
 size_t c10d__store_op_wait_keys(const struct c10d__store_op *op,
-                                const struct c10d__store_str **keys);
+                                const struct c10d__wire_str **keys);
 
 /* Milliseconds left before op's deadline (0 when past). */
 int64_t c10d__store_op_remaining_ms(const struct c10d__store_op *op);

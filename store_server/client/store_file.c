@@ -76,16 +76,16 @@ static int refresh(struct file_store *fs)
         }
         got += (size_t)n;
     }
-    struct c10d__store_parser p;
-    struct c10d__store_codec_limits lim = {0};
-    c10d__store_parser_init(&p, &lim);
+    struct c10d__wire_parser p;
+    struct c10d__wire_codec_limits lim = {0};
+    c10d__wire_parser_init(&p, &lim);
     p.dialect = C10D_STORE_DIALECT_CURRENT;
     size_t off = 0;
     int rc = 0;
     while (off < len) {
-        struct c10d__store_request req;
+        struct c10d__wire_request req;
         size_t used = 0;
-        rc = c10d__store_parse_request(&p, buf + off, len - off, &req, &used);
+        rc = c10d__wire_parse_request(&p, buf + off, len - off, &req, &used);
         if (rc == C10D_STORE_PARSE_MORE) {
             rc = 0;
             break;
@@ -103,7 +103,7 @@ static int refresh(struct file_store *fs)
         off += used;
         rc = 0;
     }
-    c10d__store_parser_free(&p);
+    c10d__wire_parser_free(&p);
     free(buf);
     fs->pos += off;
     return rc;
@@ -123,11 +123,11 @@ static int file_begin(struct c10d__local_store *ls)
     return rc;
 }
 
-static int file_commit(struct c10d__local_store *ls, const struct c10d__store_request *req)
+static int file_commit(struct c10d__local_store *ls, const struct c10d__wire_request *req)
 {
     struct file_store *fs = (struct file_store *)ls;
-    struct c10d__store_buf b = {0};
-    int rc = c10d__store_encode_request(&b, C10D_STORE_DIALECT_CURRENT, req);
+    struct c10d__wire_buf b = {0};
+    int rc = c10d__wire_encode_request(&b, C10D_STORE_DIALECT_CURRENT, req);
     if (rc == 0 && fs->size > fs->pos && ftruncate(fs->fd, (off_t)fs->pos) < 0)
         rc = c10d__fail(C10D_EIO, "file store %s: truncate a partial record: %s", fs->path,
                         strerror(errno));
@@ -141,7 +141,7 @@ static int file_commit(struct c10d__local_store *ls, const struct c10d__store_re
         else
             done += (size_t)n;
     }
-    c10d__store_buf_free(&b);
+    c10d__wire_buf_free(&b);
     if (rc < 0) {
         /* Our table already holds the change: rebuild it from the log. */
         fs->resync = 1;
@@ -179,8 +179,8 @@ static void cleanup(struct file_store *fs)
         C10D_WARN("store", "file store %s: could not lock it to count users; leaving it", fs->path);
         return;
     }
-    struct c10d__store_str key = {(const uint8_t *)CLEANUP_KEY, CLEANUP_LEN};
-    struct c10d__store_request req = {.cmd = C10D_STORE_ADD, .i64 = 1, .nargs = 1, .args = &key};
+    struct c10d__wire_str key = {(const uint8_t *)CLEANUP_KEY, CLEANUP_LEN};
+    struct c10d__wire_request req = {.cmd = C10D_STORE_ADD, .i64 = 1, .nargs = 1, .args = &key};
     int64_t done = 0;
     if (refresh(fs) == 0 && c10d__store_table_add(fs->ls.table, key, 1, &done) == 0 &&
         file_commit(&fs->ls, &req) == 0 && done >= fs->world_size)

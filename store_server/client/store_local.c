@@ -27,7 +27,7 @@ struct done {
 
 /* ------------------------------------------------------ running requests */
 
-static int hidden(const struct c10d__local_store *ls, struct c10d__store_str key)
+static int hidden(const struct c10d__local_store *ls, struct c10d__wire_str key)
 {
     return ls->hidden_key && key.len == ls->hidden_len &&
            memcmp(key.data, ls->hidden_key, key.len) == 0;
@@ -35,19 +35,19 @@ static int hidden(const struct c10d__local_store *ls, struct c10d__store_str key
 
 struct key_list {
     const struct c10d__local_store *ls;
-    struct c10d__store_str *keys;
+    struct c10d__wire_str *keys;
     size_t n, cap;
     int oom;
 };
 
-static int collect_key(void *arg, struct c10d__store_str key)
+static int collect_key(void *arg, struct c10d__wire_str key)
 {
     struct key_list *kl = arg;
     if (hidden(kl->ls, key))
         return 0;
     if (kl->n == kl->cap) {
         size_t cap = kl->cap ? 2 * kl->cap : 64;
-        struct c10d__store_str *k = realloc(kl->keys, cap * sizeof *k);
+        struct c10d__wire_str *k = realloc(kl->keys, cap * sizeof *k);
         if (!k) {
             kl->oom = 1;
             return 1;
@@ -62,7 +62,7 @@ static int collect_key(void *arg, struct c10d__store_str key)
 static int run_multi_get(struct c10d__store_table *t, struct c10d__store_op *op)
 {
     size_t n = op->req.nargs;
-    struct c10d__store_str *vals = malloc((n ? n : 1) * sizeof *vals);
+    struct c10d__wire_str *vals = malloc((n ? n : 1) * sizeof *vals);
     if (!vals)
         return c10d__fail(C10D_ENOMEM, "store multi_get: out of memory");
     for (size_t i = 0; i < n; i++) {
@@ -80,14 +80,14 @@ static int run_multi_get(struct c10d__store_table *t, struct c10d__store_op *op)
 int c10d__local_store_run(struct c10d__local_store *ls, struct c10d__store_op *op, int *mutated)
 {
     struct c10d__store_table *t = ls->table;
-    const struct c10d__store_request *r = &op->req;
-    const struct c10d__store_str *a = r->args;
-    struct c10d__store_str v;
+    const struct c10d__wire_request *r = &op->req;
+    const struct c10d__wire_str *a = r->args;
+    struct c10d__wire_str v;
     int64_t i;
     int rc;
     *mutated = 0;
 
-    const struct c10d__store_str *wkeys;
+    const struct c10d__wire_str *wkeys;
     size_t nw = c10d__store_op_wait_keys(op, &wkeys);
     if (nw && !c10d__store_table_check(t, wkeys, nw))
         return 1;
@@ -124,7 +124,7 @@ int c10d__local_store_run(struct c10d__local_store *ls, struct c10d__store_op *o
     case C10D_STORE_GETNUMKEYS: {
         size_t n = c10d__store_table_num_keys(t);
         if (ls->hidden_key) {
-            struct c10d__store_str hk = {(const uint8_t *)ls->hidden_key, ls->hidden_len};
+            struct c10d__wire_str hk = {(const uint8_t *)ls->hidden_key, ls->hidden_len};
             if (c10d__store_table_get(t, hk, &v))
                 n--;
         }
@@ -186,14 +186,14 @@ int c10d__local_store_run(struct c10d__local_store *ls, struct c10d__store_op *o
         return 0;
     default:
         return c10d__fail(C10D_EUNSUPPORTED, "%s store: %s is not supported", ls->base.vt->kind,
-                          c10d__store_cmd_name(r->cmd));
+                          c10d__wire_cmd_name(r->cmd));
     }
 }
 
-int c10d__local_store_apply(struct c10d__store_table *t, const struct c10d__store_request *req)
+int c10d__local_store_apply(struct c10d__store_table *t, const struct c10d__wire_request *req)
 {
-    const struct c10d__store_str *a = req->args;
-    struct c10d__store_str v;
+    const struct c10d__wire_str *a = req->args;
+    struct c10d__wire_str v;
     int64_t i;
     switch (req->cmd) {
     case C10D_STORE_SET:
@@ -216,7 +216,7 @@ int c10d__local_store_apply(struct c10d__store_table *t, const struct c10d__stor
         return c10d__store_table_queue_pop(t, a[0], &i, &v);
     default:
         return c10d__fail(C10D_EPROTO, "store log: unexpected %s record",
-                          c10d__store_cmd_name(req->cmd));
+                          c10d__wire_cmd_name(req->cmd));
     }
 }
 
@@ -313,7 +313,7 @@ static const char *what_of(int cmd)
     case C10D_STORE_WAIT:
         return "wait";
     default:
-        return c10d__store_cmd_name(cmd);
+        return c10d__wire_cmd_name(cmd);
     }
 }
 
@@ -324,7 +324,7 @@ static void on_waiter_timeout(uv_timer_t *t)
     struct c10d__store_op *op = w->op;
     w->op = NULL;
     unlink_waiter(w);
-    const struct c10d__store_str *keys;
+    const struct c10d__wire_str *keys;
     size_t n = c10d__store_op_wait_keys(op, &keys);
     if (!w->ran)
         c10d__store_op_finish(op, C10D_ETIMEDOUT,

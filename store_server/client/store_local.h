@@ -15,7 +15,7 @@ struct c10d__local_hooks {
     /* Before running ops: 0 ready, 1 busy (try again later), < 0 error. */
     int (*begin)(struct c10d__local_store *ls);
     /* A request changed the table: make it durable. 0 or < 0. */
-    int (*commit)(struct c10d__local_store *ls, const struct c10d__store_request *req);
+    int (*commit)(struct c10d__local_store *ls, const struct c10d__wire_request *req);
     void (*end)(struct c10d__local_store *ls);
     /* 1 if something may have changed since the last pass (cheap check). */
     int (*changed)(struct c10d__local_store *ls);
@@ -53,6 +53,6 @@ int c10d__local_store_init(struct c10d__local_store *ls, const struct c10d__stor
 int c10d__local_store_run(struct c10d__local_store *ls, struct c10d__store_op *op, int *mutated);
 
 /* Applies a replayed request (the file store's log) to the table. */
-int c10d__local_store_apply(struct c10d__store_table *t, const struct c10d__store_request *req);
+int c10d__local_store_apply(struct c10d__store_table *t, const struct c10d__wire_request *req);
 
 #endif

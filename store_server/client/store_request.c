@@ -47,9 +47,9 @@ static const struct public_op {
 _Static_assert(sizeof public_ops / sizeof public_ops[0] == C10D_STORE_OP_PING + 1,
                "a public store op without a row");
 
-static struct c10d__store_str str_of(const void *data, size_t len)
+static struct c10d__wire_str str_of(const void *data, size_t len)
 {
-    struct c10d__store_str s = {data, len};
+    struct c10d__wire_str s = {data, len};
     return s;
 }
 
@@ -63,7 +63,7 @@ static int check_value(const void *value, size_t len, const char *what, const ch
 
 /* Fills args (room for 2 * nkeys + 3) from q as `op` lays them out; *nargs. */
 static int build_args(const c10d_store_request *q, const struct public_op *op,
-                      struct c10d__store_str *args, size_t *nargs)
+                      struct c10d__wire_str *args, size_t *nargs)
 {
     const char *what = op->name;
     *nargs = 0;
@@ -121,7 +121,7 @@ int c10d_store_submit(c10d_store *s, const c10d_store_request *req, c10d_work **
     if (atomic_load(&s->users) <= 0)
         return c10d__fail(C10D_EINVAL, "store %s: store was released", op->name);
     size_t room = (op->shape == ARGS_KEYS || op->shape == ARGS_PAIRS) ? 2 * q.nkeys + 1 : 3;
-    struct c10d__store_str *args = malloc(room * sizeof *args);
+    struct c10d__wire_str *args = malloc(room * sizeof *args);
     if (!args)
         return c10d__fail(C10D_ENOMEM, "store %s: out of memory", op->name);
     size_t nargs;

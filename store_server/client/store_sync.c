@@ -41,7 +41,7 @@ static int refuse_on_loop(const char *what)
 int c10d__store_op_run_sync(c10d_store *s, struct c10d__store_op *op, int64_t timeout_ms,
                             int64_t *value)
 {
-    const char *what = c10d__store_cmd_name(op->req.cmd);
+    const char *what = c10d__wire_cmd_name(op->req.cmd);
     if (c10d__on_loop_thread()) {
         c10d__store_op_discard(op);
         return c10d__fail(C10D_EDEADLK, "store %s: a blocking op on the loop thread", what);

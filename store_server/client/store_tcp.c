@@ -97,7 +97,7 @@ static void tcp_close(c10d_store *s)
 static void tcp_destroy(c10d_store *s)
 {
     struct tcp_store *ts = (struct tcp_store *)s;
-    c10d__store_reply_parser_free(&ts->rp);
+    c10d__wire_reply_parser_free(&ts->rp);
     free(ts->rbuf);
     free(ts->host);
     free(ts);
@@ -126,7 +126,7 @@ static const struct c10d__store_vtable tcp_vtable = {
 static int raw_add(struct tcp_store *ts, const char *key, int64_t delta, int64_t timeout_ms,
                    int64_t *value)
 {
-    struct c10d__store_str k = {(const uint8_t *)key, strlen(key)};
+    struct c10d__wire_str k = {(const uint8_t *)key, strlen(key)};
     struct c10d__store_op *op;
     C10D_CHECK(c10d__store_op_new(&op, C10D_STORE_ADD, &k, 1, delta));
     op->raw_keys = 1;
@@ -230,8 +230,8 @@ int c10d_store_tcp_connect(const char *host, int port, const c10d_store_tcp_opts
     }
     memcpy(ts->token, tok, tok_len);
     ts->token_len = tok_len;
-    struct c10d__store_codec_limits lim = {0};
-    c10d__store_reply_parser_init(&ts->rp, &lim);
+    struct c10d__wire_codec_limits lim = {0};
+    c10d__wire_reply_parser_init(&ts->rp, &lim);
 
     uint64_t deadline = c10d__now_ms() + (uint64_t)o.timeout_ms;
     struct c10d__store_op *op;

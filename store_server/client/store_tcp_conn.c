@@ -274,27 +274,27 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 
 static void send_handshake(struct tcp_store *ts)
 {
-    struct c10d__store_buf b = {0};
-    c10d__store_reply_parser_free(&ts->rp);
-    struct c10d__store_codec_limits lim = {0};
-    c10d__store_reply_parser_init(&ts->rp, &lim);
+    struct c10d__wire_buf b = {0};
+    c10d__wire_reply_parser_free(&ts->rp);
+    struct c10d__wire_codec_limits lim = {0};
+    c10d__wire_reply_parser_init(&ts->rp, &lim);
     if (ts->trying == C10D_STORE_DIALECT_CURRENT) {
-        struct c10d__store_request v = {.cmd = C10D_STORE_VALIDATE, .u32 = C10D_STORE_MAGIC};
-        struct c10d__store_request p = {.cmd = C10D_STORE_PING, .u32 = ts->nonce};
-        c10d__store_encode_request(&b, ts->trying, &v);
+        struct c10d__wire_request v = {.cmd = C10D_STORE_VALIDATE, .u32 = C10D_STORE_MAGIC};
+        struct c10d__wire_request p = {.cmd = C10D_STORE_PING, .u32 = ts->nonce};
+        c10d__wire_encode_request(&b, ts->trying, &v);
         ts->awaiting_auth = 0;
         if (ts->token_len) {
-            struct c10d__store_str t = {ts->token, ts->token_len};
-            struct c10d__store_request a = {.cmd = C10D_STORE_AUTH, .nargs = 1, .args = &t};
-            c10d__store_encode_request(&b, ts->trying, &a);
+            struct c10d__wire_str t = {ts->token, ts->token_len};
+            struct c10d__wire_request a = {.cmd = C10D_STORE_AUTH, .nargs = 1, .args = &t};
+            c10d__wire_encode_request(&b, ts->trying, &a);
             ts->awaiting_auth = 1;
         }
-        c10d__store_encode_request(&b, ts->trying, &p);
-        c10d__store_reply_expect(&ts->rp, ts->token_len ? C10D_STORE_AUTH : C10D_STORE_PING, 0);
+        c10d__wire_encode_request(&b, ts->trying, &p);
+        c10d__wire_reply_expect(&ts->rp, ts->token_len ? C10D_STORE_AUTH : C10D_STORE_PING, 0);
     } else {
-        struct c10d__store_request c = {.cmd = C10D_STORE_CHECK};
-        c10d__store_encode_request(&b, ts->trying, &c);
-        c10d__store_reply_expect(&ts->rp, C10D_STORE_CHECK, 0);
+        struct c10d__wire_request c = {.cmd = C10D_STORE_CHECK};
+        c10d__wire_encode_request(&b, ts->trying, &c);
+        c10d__wire_reply_expect(&ts->rp, C10D_STORE_CHECK, 0);
     }
     ts->state = ST_HANDSHAKE;
     ts->handshake_deadline =
@@ -410,12 +410,12 @@ static void on_written(uv_write_t *req, int status)
         c10d__store_op_finish(op, 0, NULL);
 }
 
-void c10d__store_tcp_send_bytes(struct tcp_store *ts, struct c10d__store_buf *b,
+void c10d__store_tcp_send_bytes(struct tcp_store *ts, struct c10d__wire_buf *b,
                                 struct c10d__store_op *op)
 {
     struct write_req *w = calloc(1, sizeof *w);
     if (!w) {
-        c10d__store_buf_free(b);
+        c10d__wire_buf_free(b);
         if (op)
             c10d__store_op_finish(op, C10D_ENOMEM, "store tcp %s: out of memory", ts->name);
         c10d__store_tcp_drop_conn(ts, C10D_ENOMEM, "out of memory");
@@ -439,10 +439,10 @@ void c10d__store_tcp_send_bytes(struct tcp_store *ts, struct c10d__store_buf *b,
 
 void c10d__store_tcp_send_cancel(struct tcp_store *ts, uint64_t now)
 {
-    struct c10d__store_request req = {.cmd = C10D_STORE_CANCEL_WAIT};
+    struct c10d__wire_request req = {.cmd = C10D_STORE_CANCEL_WAIT};
     struct write_req *w = calloc(1, sizeof *w);
-    struct c10d__store_buf b = {0};
-    if (w && c10d__store_encode_request(&b, ts->dialect, &req) == 0) {
+    struct c10d__wire_buf b = {0};
+    if (w && c10d__wire_encode_request(&b, ts->dialect, &req) == 0) {
         w->ts = ts;
         w->conn = ts->conn;
         w->data = b.data;
@@ -450,14 +450,14 @@ void c10d__store_tcp_send_cancel(struct tcp_store *ts, uint64_t now)
         if (uv_write(&w->req, (uv_stream_t *)&ts->conn->tcp, &ub, 1, on_written) == 0) {
             ts->cancelling = 1;
             ts->cancel_deadline = now + CANCEL_GRACE_MS;
-            c10d__store_reply_expect(&ts->rp, C10D_STORE_CANCEL_WAIT, 0);
+            c10d__wire_reply_expect(&ts->rp, C10D_STORE_CANCEL_WAIT, 0);
         } else {
             free(b.data);
             free(w);
         }
     } else {
         free(w);
-        c10d__store_buf_free(&b);
+        c10d__wire_buf_free(&b);
     }
 }
 
@@ -473,7 +473,7 @@ void c10d__store_tcp_kick(struct tcp_store *ts)
 
 /* --------------------------------------------------------------- reading */
 
-static void handshake_done(struct tcp_store *ts, const struct c10d__store_reply *r)
+static void handshake_done(struct tcp_store *ts, const struct c10d__wire_reply *r)
 {
     if (ts->trying == C10D_STORE_DIALECT_CURRENT && r->u32 != ts->nonce) {
         c10d__store_tcp_drop_conn(ts, C10D_EPROTO, "PING answered with a different nonce");
@@ -542,9 +542,9 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
                                       "protocol mismatch: the server sent bytes nobody asked for");
             return;
         }
-        struct c10d__store_reply r;
+        struct c10d__wire_reply r;
         size_t used = 0;
-        int rc = c10d__store_parse_reply(&ts->rp, ts->rbuf + off, ts->rlen - off, &r, &used);
+        int rc = c10d__wire_parse_reply(&ts->rp, ts->rbuf + off, ts->rlen - off, &r, &used);
         if (rc == C10D_STORE_PARSE_MORE)
             break;
         if (rc < 0) {
@@ -560,14 +560,14 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
                 auth_refused(ts);
                 return;
             }
-            c10d__store_reply_expect(&ts->rp, C10D_STORE_PING, 0);
+            c10d__wire_reply_expect(&ts->rp, C10D_STORE_PING, 0);
         } else if (ts->state == ST_HANDSHAKE) {
             handshake_done(ts, &r);
         } else if (ts->cancelling) {
             if (r.u8 == C10D_STORE_WAIT_CANCELED)
                 ts->cancelling = 0;
             else /* the STOP_WAITING that raced the cancel */
-                c10d__store_reply_expect(&ts->rp, C10D_STORE_CANCEL_WAIT, 0);
+                c10d__wire_reply_expect(&ts->rp, C10D_STORE_CANCEL_WAIT, 0);
         } else {
             ts->requests->handle_reply(ts, &r);
         }
@@ -591,7 +591,7 @@ const char *c10d__store_tcp_op_name(const struct c10d__store_op *op)
         return "num_keys";
     default: {
         static _Thread_local char buf[32];
-        const char *n = c10d__store_cmd_name(op->req.cmd);
+        const char *n = c10d__wire_cmd_name(op->req.cmd);
         size_t i = 0;
         for (; n[i] && i < sizeof buf - 1; i++)
             buf[i] = (char)(n[i] >= 'A' && n[i] <= 'Z' ? n[i] + 32 : n[i]);

@@ -46,7 +46,7 @@ struct tcp_store_requests {
     /* The connection is ready: put queued ops on it. */
     void (*pump)(struct tcp_store *ts);
     /* A reply for the op on the wire. */
-    void (*handle_reply)(struct tcp_store *ts, const struct c10d__store_reply *r);
+    void (*handle_reply)(struct tcp_store *ts, const struct c10d__wire_reply *r);
 };
 
 struct tcp_store {
@@ -86,7 +86,7 @@ struct tcp_store {
     uint64_t sent_ns;
     int cancelling; /* CANCEL_WAIT sent, WAIT_CANCELED not yet read */
     uint64_t cancel_deadline;
-    struct c10d__store_reply_parser rp;
+    struct c10d__wire_reply_parser rp;
     uint8_t *rbuf;
     size_t rlen, rcap;
     int closed;
@@ -110,7 +110,7 @@ void c10d__store_tcp_close_conn(struct tcp_store *ts);
 void c10d__store_tcp_ensure_tick(struct tcp_store *ts);
 void c10d__store_tcp_close_timers(struct tcp_store *ts);
 /* Writes b (taking its bytes). op: finish it once written (no reply). */
-void c10d__store_tcp_send_bytes(struct tcp_store *ts, struct c10d__store_buf *b,
+void c10d__store_tcp_send_bytes(struct tcp_store *ts, struct c10d__wire_buf *b,
                                 struct c10d__store_op *op);
 /* Writes CANCEL_WAIT for the WAIT on the wire and sets ts->cancelling; leaves
  * it clear if the request could not be written. */
@@ -128,6 +128,6 @@ void c10d__store_tcp_expire_ops(struct tcp_store *ts, uint64_t now);
 /* Puts queued ops on a ready connection until one awaits a reply. */
 void c10d__store_tcp_pump(struct tcp_store *ts);
 /* A reply for the op on the wire. */
-void c10d__store_tcp_handle_reply(struct tcp_store *ts, const struct c10d__store_reply *r);
+void c10d__store_tcp_handle_reply(struct tcp_store *ts, const struct c10d__wire_reply *r);
 
 #endif

@@ -72,7 +72,7 @@ static void timeout_message(struct tcp_store *ts, struct c10d__store_op *op, cha
         }
         return;
     }
-    const struct c10d__store_str *keys;
+    const struct c10d__wire_str *keys;
     size_t n = c10d__store_op_wait_keys(op, &keys);
     if (n && (op->req.cmd == C10D_STORE_WAIT || op->phase == PH_WAIT))
         snprintf(buf, len, "store tcp %s %s: timed out after %lld ms waiting for key " KEYF "%s",
@@ -136,9 +136,9 @@ void c10d__store_tcp_expire_ops(struct tcp_store *ts, uint64_t now)
 /* Puts the current phase of op on the wire. */
 static void send_phase(struct tcp_store *ts, struct c10d__store_op *op)
 {
-    struct c10d__store_request req = op->req;
+    struct c10d__wire_request req = op->req;
     if (op->phase == PH_WAIT) {
-        const struct c10d__store_str *keys;
+        const struct c10d__wire_str *keys;
         req.cmd = C10D_STORE_WAIT;
         req.nargs = c10d__store_op_wait_keys(op, &keys);
         req.args = keys;
@@ -151,28 +151,28 @@ static void send_phase(struct tcp_store *ts, struct c10d__store_op *op)
     } else if (req.cmd == C10D_STORE_PING) {
         req.u32 = ts->nonce;
     }
-    struct c10d__store_buf b = {0};
-    int rc = c10d__store_encode_request(&b, ts->dialect, &req);
+    struct c10d__wire_buf b = {0};
+    int rc = c10d__wire_encode_request(&b, ts->dialect, &req);
     if (rc < 0) {
-        c10d__store_buf_free(&b);
+        c10d__wire_buf_free(&b);
         c10d__store_op_finish(op, rc, "store tcp %s %s: %s", ts->name, c10d__store_tcp_op_name(op),
                               c10d_last_error());
         return;
     }
-    int shape = c10d__store_reply_shape(req.cmd);
+    int shape = c10d__wire_reply_shape(req.cmd);
     if (shape == C10D_STORE_REPLY_NONE) {
         c10d__store_tcp_send_bytes(ts, &b, op);
         return;
     }
     ts->inflight = op;
     ts->sent_ns = c10d__now_ns();
-    c10d__store_reply_expect(&ts->rp, req.cmd, req.cmd == C10D_STORE_MULTI_GET ? req.nargs : 0);
+    c10d__wire_reply_expect(&ts->rp, req.cmd, req.cmd == C10D_STORE_MULTI_GET ? req.nargs : 0);
     c10d__store_tcp_send_bytes(ts, &b, NULL);
 }
 
 static int waits_first(const struct c10d__store_op *op)
 {
-    const struct c10d__store_str *keys;
+    const struct c10d__wire_str *keys;
     return op->req.cmd != C10D_STORE_WAIT && c10d__store_op_wait_keys(op, &keys) > 0;
 }
 
@@ -184,7 +184,7 @@ void c10d__store_tcp_pump(struct tcp_store *ts)
             c10d__store_op_finish(op, 0, NULL);
             continue;
         }
-        if (c10d__store_cmd_to_wire(ts->dialect, op->req.cmd) < 0 &&
+        if (c10d__wire_cmd_to_wire(ts->dialect, op->req.cmd) < 0 &&
             !(op->req.cmd == C10D_STORE_PING)) {
             c10d__store_op_finish(op, C10D_EUNSUPPORTED,
                                   "store tcp %s %s: not supported by a PyTorch 1.13 server "
@@ -199,7 +199,7 @@ void c10d__store_tcp_pump(struct tcp_store *ts)
 
 /* --------------------------------------------------------------- replies */
 
-void c10d__store_tcp_handle_reply(struct tcp_store *ts, const struct c10d__store_reply *r)
+void c10d__store_tcp_handle_reply(struct tcp_store *ts, const struct c10d__wire_reply *r)
 {
     struct c10d__store_op *op = ts->inflight;
     ts->inflight = NULL;
@@ -272,7 +272,7 @@ void c10d__store_tcp_handle_reply(struct tcp_store *ts, const struct c10d__store
         break;
     default:
         rc = c10d__fail(C10D_EINTERNAL, "store tcp: unexpected reply to %s",
-                        c10d__store_cmd_name(op->req.cmd));
+                        c10d__wire_cmd_name(op->req.cmd));
     }
 done:
     if (rc < 0)

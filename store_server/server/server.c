@@ -374,7 +374,7 @@ static void flush(struct c10d__store_session *s)
     if (off == s->out.len) {
         s->out.len = 0;
         if (s->out.cap > 64 * 1024)
-            c10d__store_buf_free(&s->out); /* the session releases its charge */
+            c10d__wire_buf_free(&s->out); /* the session releases its charge */
         if (s->closing)
             conn_close(c, s->reason[0] ? s->reason : NULL);
         return;
@@ -392,7 +392,7 @@ static void flush(struct c10d__store_session *s)
     /* The buffer stays charged until it is written (or the write cancelled). */
     w->charged = c10d__store_session_take_out_charge(s);
     uv_buf_t b = uv_buf_init((char *)s->out.data + off, (unsigned)w->len);
-    s->out = (struct c10d__store_buf){0};
+    s->out = (struct c10d__wire_buf){0};
     if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_written) < 0) {
         c10d__store_ctx_release_reply(&srv->ctx, w->charged);
         free(w->data);
@@ -441,7 +441,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         if (nread == UV_ENOBUFS)
             conn_close(c, c->s.reason[0] ? c->s.reason : "no buffer for the request");
         else {
-            if (nread == UV_EOF && !c10d__store_parser_idle(&c->s.parser))
+            if (nread == UV_EOF && !c10d__wire_parser_idle(&c->s.parser))
                 C10D_DEBUG("store", "%s disconnected in the middle of a request", c->s.peer);
             conn_close(c, NULL);
         }
@@ -714,7 +714,7 @@ static void close_stalled_requests(struct c10d__store_server *srv, uint64_t now)
                      "no bytes for %" PRIu64 " ms in the middle of a%s%s request (%zu bytes of it "
                      "buffered)",
                      now - c->last_byte_ms, cmd >= 0 ? " " : "",
-                     cmd >= 0 ? c10d__store_cmd_name(cmd) : "", c->s.in_len);
+                     cmd >= 0 ? c10d__wire_cmd_name(cmd) : "", c->s.in_len);
             srv->closed_request_timeout++;
             conn_close(c, why);
         }
@@ -936,7 +936,7 @@ int c10d__store_server_start(uv_loop_t *loop, const struct c10d__store_server_op
     srv->lim = opts->limits;
     c10d__store_limits_defaults(&srv->lim);
     srv->world_size = opts->world_size;
-    struct c10d__store_codec_limits cl = {
+    struct c10d__wire_codec_limits cl = {
         .max_key_bytes = srv->lim.max_key_bytes,
         .max_value_bytes = srv->lim.max_value_bytes,
         .max_keys = srv->lim.max_keys_per_request,
@@ -1035,9 +1035,9 @@ char *c10d__store_server_stats_json(struct c10d__store_server *s)
         total += n;
         total_delta += d;
         if (n)
-            json_object_set_new(ops, c10d__store_cmd_name(i), json_integer((json_int_t)n));
+            json_object_set_new(ops, c10d__wire_cmd_name(i), json_integer((json_int_t)n));
         if (d && dt > 0)
-            json_object_set_new(rates, c10d__store_cmd_name(i), json_real((double)d / dt));
+            json_object_set_new(rates, c10d__wire_cmd_name(i), json_real((double)d / dt));
         s->last_ops[i] = n;
     }
     s->last_stats_ms = now;

@@ -44,7 +44,7 @@ void c10d__store_session_fail(struct c10d__store_session *s, const char *fmt, ..
 }
 
 /* Keys are mostly text; show them safely in log lines. */
-static const char *printable(struct c10d__store_str key, char *buf, size_t size)
+static const char *printable(struct c10d__wire_str key, char *buf, size_t size)
 {
     size_t j = 0;
     for (size_t i = 0; i < key.len && j + 5 < size; i++) {
@@ -79,7 +79,7 @@ static void on_wake(struct c10d__store_client *c)
     if (s->closing)
         return;
     if (out_reserve(s, 1, "STOP_WAITING") == 0)
-        c10d__store_put_u8(&s->out, C10D_STORE_STOP_WAITING);
+        c10d__wire_put_u8(&s->out, C10D_STORE_STOP_WAITING);
     do_flush(s);
 }
 
@@ -87,8 +87,8 @@ static void on_wake(struct c10d__store_client *c)
  * one that does not fit (over max_reply, past what the server may queue, or
  * over the memory budget) closes that watcher's connection. Without this, a
  * change of a 256 MiB key pushes 512 MiB to every watcher. */
-static void on_watch(struct c10d__store_client *c, int event, struct c10d__store_str key,
-                     struct c10d__store_str old_value, struct c10d__store_str new_value)
+static void on_watch(struct c10d__store_client *c, int event, struct c10d__wire_str key,
+                     struct c10d__wire_str old_value, struct c10d__wire_str new_value)
 {
     struct c10d__store_session *s = session_of(c);
     struct c10d__store_ctx *ctx = s->ctx;
@@ -103,15 +103,15 @@ static void on_watch(struct c10d__store_client *c, int event, struct c10d__store
                                  "of replies (limit %zu)",
                                  n, ctx->queued, hard);
     } else if (out_reserve(s, n, "watch event") == 0) {
-        c10d__store_put_u8(&s->out, (uint8_t)event);
-        c10d__store_put_str(&s->out, key.data, key.len);
-        c10d__store_put_str(&s->out, old_value.data, old_value.len);
-        c10d__store_put_str(&s->out, new_value.data, new_value.len);
+        c10d__wire_put_u8(&s->out, (uint8_t)event);
+        c10d__wire_put_str(&s->out, key.data, key.len);
+        c10d__wire_put_str(&s->out, old_value.data, old_value.len);
+        c10d__wire_put_str(&s->out, new_value.data, new_value.len);
     }
     do_flush(s);
 }
 
-int c10d__store_ctx_init(struct c10d__store_ctx *ctx, const struct c10d__store_codec_limits *lim,
+int c10d__store_ctx_init(struct c10d__store_ctx *ctx, const struct c10d__wire_codec_limits *lim,
                          size_t max_memory, void (*flush)(struct c10d__store_session *s))
 {
     memset(ctx, 0, sizeof *ctx);
@@ -231,7 +231,7 @@ void c10d__store_session_init(struct c10d__store_session *s, struct c10d__store_
     memset(s, 0, sizeof *s);
     s->ctx = ctx;
     s->client.data = s;
-    c10d__store_parser_init(&s->parser, &ctx->limits);
+    c10d__wire_parser_init(&s->parser, &ctx->limits);
     snprintf(s->peer, sizeof s->peer, "%s", peer ? peer : "?");
 }
 
@@ -289,7 +289,7 @@ static int out_reserve(struct c10d__store_session *s, size_t n, const char *what
                                  ctx->max_reply);
         return C10D_ENOMEM;
     }
-    struct c10d__store_buf *b = &s->out;
+    struct c10d__wire_buf *b = &s->out;
     if (n <= b->cap - b->len)
         return 0;
     size_t want = add_sat(b->len, n);
@@ -326,20 +326,20 @@ void c10d__store_session_free(struct c10d__store_session *s)
     c10d__store_session_set_pending(s, 0);
     c10d__store_table_client_gone(s->ctx->table, &s->client);
     free_own(s);
-    c10d__store_parser_free(&s->parser);
-    c10d__store_buf_free(&s->out);
+    c10d__wire_parser_free(&s->parser);
+    c10d__wire_buf_free(&s->out);
     out_sync(s);
 }
 
 int c10d__store_session_mid_request(const struct c10d__store_session *s)
 {
-    return !s->stalled && !s->closing && (s->in_len > 0 || !c10d__store_parser_idle(&s->parser));
+    return !s->stalled && !s->closing && (s->in_len > 0 || !c10d__wire_parser_idle(&s->parser));
 }
 
 int c10d__store_session_partial_cmd(const struct c10d__store_session *s)
 {
     /* The command is known once the parser left its start phase. */
-    if (c10d__store_parser_idle(&s->parser) || s->parser.phase <= 0)
+    if (c10d__wire_parser_idle(&s->parser) || s->parser.phase <= 0)
         return -1;
     return s->parser.cmd;
 }
@@ -416,13 +416,13 @@ static int reply_ok(struct c10d__store_session *s, int rc)
     return rc;
 }
 
-static int list_key(void *arg, struct c10d__store_str key)
+static int list_key(void *arg, struct c10d__wire_str key)
 {
     struct c10d__store_session *s = arg;
-    return c10d__store_put_str(&s->out, key.data, key.len);
+    return c10d__wire_put_str(&s->out, key.data, key.len);
 }
 
-static int list_key_size(void *arg, struct c10d__store_str key)
+static int list_key_size(void *arg, struct c10d__wire_str key)
 {
     size_t *n = arg;
     *n = add_sat(*n, add_sat(8, key.len));
@@ -433,7 +433,7 @@ static int list_key_size(void *arg, struct c10d__store_str key)
  * but the commands known to only read. */
 /* In a rendezvous every rank asks for the same N keys once the table stopped
  * changing: answer repeats with one copy instead of N lookups and encodes. */
-static int mget_match(struct c10d__store_session *s, const struct c10d__store_request *r)
+static int mget_match(struct c10d__store_session *s, const struct c10d__wire_request *r)
 {
     struct c10d__store_mget_cache *m = &s->ctx->mget;
     if (!s->ctx->mget_cache_max || !m->reply || m->generation != s->ctx->generation ||
@@ -449,12 +449,12 @@ static int mget_match(struct c10d__store_session *s, const struct c10d__store_re
     return 1;
 }
 
-static int mget_hit(struct c10d__store_session *s, const struct c10d__store_request *r)
+static int mget_hit(struct c10d__store_session *s, const struct c10d__wire_request *r)
 {
     struct c10d__store_mget_cache *m = &s->ctx->mget;
     if (!mget_match(s, r))
         return 0;
-    if (reply_ok(s, c10d__store_put_raw(&s->out, m->reply, m->reply_len)) == 0)
+    if (reply_ok(s, c10d__wire_put_raw(&s->out, m->reply, m->reply_len)) == 0)
         s->ctx->mget_hits++;
     return 1;
 }
@@ -466,15 +466,15 @@ static int mget_hit(struct c10d__store_session *s, const struct c10d__store_requ
  * lookup: nothing changes the table between the two. */
 struct found {
     int present;
-    struct c10d__store_str v;
+    struct c10d__wire_str v;
 };
 
-static size_t reply_size(struct c10d__store_session *s, const struct c10d__store_request *r,
+static size_t reply_size(struct c10d__store_session *s, const struct c10d__wire_request *r,
                          struct found *f)
 {
     struct c10d__store_table *t = s->ctx->table;
-    const struct c10d__store_str *a = r->args;
-    struct c10d__store_str v;
+    const struct c10d__wire_str *a = r->args;
+    struct c10d__wire_str v;
     switch (r->cmd) {
     case C10D_STORE_PING:
         return 4;
@@ -522,7 +522,7 @@ static size_t reply_size(struct c10d__store_session *s, const struct c10d__store
     }
 }
 
-static void mget_remember(struct c10d__store_session *s, const struct c10d__store_request *r,
+static void mget_remember(struct c10d__store_session *s, const struct c10d__wire_request *r,
                           const uint8_t *reply, size_t reply_len)
 {
     struct c10d__store_ctx *ctx = s->ctx;
@@ -559,49 +559,48 @@ static void mget_remember(struct c10d__store_session *s, const struct c10d__stor
     m->generation = ctx->generation;
 }
 
-static void table_error(struct c10d__store_session *s, int rc, const struct c10d__store_request *r)
+static void table_error(struct c10d__store_session *s, int rc, const struct c10d__wire_request *r)
 {
     char k[80];
     if (rc == C10D_EINVAL)
         c10d__store_session_fail(s,
                                  "%s on key '%s' whose value is not a decimal integer "
                                  "(or the result overflows int64)",
-                                 c10d__store_cmd_name(r->cmd),
+                                 c10d__wire_cmd_name(r->cmd),
                                  r->nargs ? printable(r->args[0], k, sizeof k) : "");
     else
-        c10d__store_session_fail(s, "%s: server memory limit reached",
-                                 c10d__store_cmd_name(r->cmd));
+        c10d__store_session_fail(s, "%s: server memory limit reached", c10d__wire_cmd_name(r->cmd));
 }
 
 /* out_reserve() when the reply may not fit; the command's name is only
  * looked up for the message of a failure. */
 static inline int out_room(struct c10d__store_session *s, size_t n, int cmd)
 {
-    struct c10d__store_buf *b = &s->out;
+    struct c10d__wire_buf *b = &s->out;
     if (!s->closing && (!s->ctx->max_reply || n <= s->ctx->max_reply) && n <= b->cap - b->len)
         return 0;
-    return out_reserve(s, n, c10d__store_cmd_name(cmd));
+    return out_reserve(s, n, c10d__wire_cmd_name(cmd));
 }
 
 /* Runs `r`, whose reply takes at most `reply` bytes (reply_size(), which
  * filled `f` for a GET). */
-static void handle(struct c10d__store_session *s, const struct c10d__store_request *r, size_t reply,
+static void handle(struct c10d__store_session *s, const struct c10d__wire_request *r, size_t reply,
                    const struct found *f)
 {
     struct c10d__store_ctx *ctx = s->ctx;
     struct c10d__store_table *t = ctx->table;
-    struct c10d__store_buf *out = &s->out;
-    const struct c10d__store_str *a = r->args;
+    struct c10d__wire_buf *out = &s->out;
+    const struct c10d__wire_str *a = r->args;
     int rc = 0;
     ctx->ops[r->cmd]++;
     /* A wake this client owes a queue is settled by what it asks next. */
-    struct c10d__store_str none = {NULL, 0};
+    struct c10d__wire_str none = {NULL, 0};
     c10d__store_table_client_request(t, &s->client, r->cmd, r->nargs ? a[0] : none);
     /* Charged before the command runs: a refused reply leaves the table as it
      * was (STATS charges its real size once built). */
     if (reply && r->cmd != C10D_STORE_STATS && out_room(s, reply, r->cmd) < 0)
         return;
-    if (!c10d__store_cmd_read_only(r->cmd)) {
+    if (!c10d__wire_cmd_read_only(r->cmd)) {
         ctx->generation++;
         if (ctx->mget.reply)
             mget_drop(ctx);
@@ -610,20 +609,20 @@ static void handle(struct c10d__store_session *s, const struct c10d__store_reque
     case C10D_STORE_VALIDATE:
         break;
     case C10D_STORE_PING:
-        reply_ok(s, c10d__store_put_u32(out, r->u32));
+        reply_ok(s, c10d__wire_put_u32(out, r->u32));
         break;
     case C10D_STORE_SET:
         rc = c10d__store_table_set(t, a[0], a[1]);
         break;
     case C10D_STORE_COMPARE_SET: {
-        struct c10d__store_str v;
+        struct c10d__wire_str v;
         rc = c10d__store_table_compare_set(t, a[0], a[1], a[2], &v);
         if (rc == 0)
-            reply_ok(s, c10d__store_put_str(out, v.data, v.len));
+            reply_ok(s, c10d__wire_put_str(out, v.data, v.len));
         break;
     }
     case C10D_STORE_GET: {
-        struct c10d__store_str v = f->v;
+        struct c10d__wire_str v = f->v;
         if (!f->present) {
             /* Only a race with DELETE_KEY gets here: PyTorch clients WAIT first. */
             char k[80];
@@ -631,14 +630,14 @@ static void handle(struct c10d__store_session *s, const struct c10d__store_reque
             C10D_INFO("store", "%s: GET of missing key '%s': answering an empty value", s->peer,
                       printable(a[0], k, sizeof k));
         }
-        reply_ok(s, c10d__store_put_str(out, v.data, v.len));
+        reply_ok(s, c10d__wire_put_str(out, v.data, v.len));
         break;
     }
     case C10D_STORE_ADD: {
         int64_t v;
         rc = c10d__store_table_add(t, a[0], r->i64, &v);
         if (rc == 0) {
-            reply_ok(s, c10d__store_put_i64(out, v));
+            reply_ok(s, c10d__wire_put_i64(out, v));
             if (ctx->world_size > 0 && v == ctx->world_size && a[0].len == 5 &&
                 !memcmp(a[0].data, "init/", 5))
                 C10D_INFO("store", "all %d workers registered (init/ reached %d)", ctx->world_size,
@@ -647,20 +646,20 @@ static void handle(struct c10d__store_session *s, const struct c10d__store_reque
         break;
     }
     case C10D_STORE_CHECK:
-        reply_ok(s, c10d__store_put_u8(out, c10d__store_table_check(t, a, r->nargs)
-                                                ? C10D_STORE_READY
-                                                : C10D_STORE_NOT_READY));
+        reply_ok(s, c10d__wire_put_u8(out, c10d__store_table_check(t, a, r->nargs)
+                                               ? C10D_STORE_READY
+                                               : C10D_STORE_NOT_READY));
         break;
     case C10D_STORE_WAIT:
         rc = c10d__store_table_wait(t, &s->client, a, r->nargs);
         if (rc == 1)
-            reply_ok(s, c10d__store_put_u8(out, C10D_STORE_STOP_WAITING));
+            reply_ok(s, c10d__wire_put_u8(out, C10D_STORE_STOP_WAITING));
         break;
     case C10D_STORE_GETNUMKEYS:
-        reply_ok(s, c10d__store_put_i64(out, (int64_t)c10d__store_table_num_keys(t)));
+        reply_ok(s, c10d__wire_put_i64(out, (int64_t)c10d__store_table_num_keys(t)));
         break;
     case C10D_STORE_DELETE_KEY:
-        reply_ok(s, c10d__store_put_i64(out, c10d__store_table_delete(t, a[0])));
+        reply_ok(s, c10d__wire_put_i64(out, c10d__store_table_delete(t, a[0])));
         break;
     case C10D_STORE_APPEND:
         rc = c10d__store_table_append(t, a[0], a[1]);
@@ -670,9 +669,9 @@ static void handle(struct c10d__store_session *s, const struct c10d__store_reque
             break;
         size_t start = out->len;
         for (size_t i = 0; i < r->nargs && rc == 0; i++) {
-            struct c10d__store_str v;
+            struct c10d__wire_str v;
             c10d__store_table_get(t, a[i], &v);
-            rc = reply_ok(s, c10d__store_put_str(out, v.data, v.len));
+            rc = reply_ok(s, c10d__wire_put_str(out, v.data, v.len));
         }
         if (rc == 0 && ctx->mget_cache_max && r->nargs > 0) { /* else out->data may be NULL */
             ctx->mget_misses++;
@@ -687,48 +686,48 @@ static void handle(struct c10d__store_session *s, const struct c10d__store_reque
         break;
     case C10D_STORE_CANCEL_WAIT:
         c10d__store_table_cancel_wait(t, &s->client);
-        reply_ok(s, c10d__store_put_u8(out, C10D_STORE_WAIT_CANCELED));
+        reply_ok(s, c10d__wire_put_u8(out, C10D_STORE_WAIT_CANCELED));
         break;
     case C10D_STORE_QUEUE_PUSH:
         rc = c10d__store_table_queue_push(t, a[0], a[1]);
         break;
     case C10D_STORE_QUEUE_POP: {
         int64_t n;
-        struct c10d__store_str v;
+        struct c10d__wire_str v;
         c10d__store_table_queue_pop(t, a[0], &n, &v);
-        if (reply_ok(s, c10d__store_put_i64(out, n)) == 0 && n > 0)
-            reply_ok(s, c10d__store_put_str(out, v.data, v.len));
+        if (reply_ok(s, c10d__wire_put_i64(out, n)) == 0 && n > 0)
+            reply_ok(s, c10d__wire_put_str(out, v.data, v.len));
         break;
     }
     case C10D_STORE_QUEUE_LEN:
-        reply_ok(s, c10d__store_put_i64(out, c10d__store_table_queue_len(t, a[0])));
+        reply_ok(s, c10d__wire_put_i64(out, c10d__store_table_queue_len(t, a[0])));
         break;
     case C10D_STORE_LIST_KEYS:
-        if (reply_ok(s, c10d__store_put_i64(out, (int64_t)c10d__store_table_num_keys(t))) == 0)
+        if (reply_ok(s, c10d__wire_put_i64(out, (int64_t)c10d__store_table_num_keys(t))) == 0)
             reply_ok(s, c10d__store_table_foreach_key(t, list_key, s));
         break;
     case C10D_STORE_BARRIER:
         rc = c10d__store_table_barrier(t, &s->client, a[0], r->i64);
         if (rc == 1)
-            reply_ok(s, c10d__store_put_u8(out, C10D_STORE_STOP_WAITING));
+            reply_ok(s, c10d__wire_put_u8(out, C10D_STORE_STOP_WAITING));
         break;
     case C10D_STORE_STATS: {
         char *json = s->ctx->stats_json ? s->ctx->stats_json(s->ctx) : NULL;
         const char *text = json ? json : "{}";
         if (out_reserve(s, 8 + strlen(text), "STATS") == 0)
-            reply_ok(s, c10d__store_put_str(out, text, strlen(text)));
+            reply_ok(s, c10d__wire_put_str(out, text, strlen(text)));
         free(json);
         break;
     }
     case C10D_STORE_AUTH:
         /* Checked in gate() when the server has a token; without one any
          * token is welcome, so a client configured with one still works. */
-        reply_ok(s, c10d__store_put_u8(out, C10D_STORE_AUTH_OK));
+        reply_ok(s, c10d__wire_put_u8(out, C10D_STORE_AUTH_OK));
         break;
     case C10D_STORE_WATCH_KEY:
         rc = c10d__store_table_watch(t, &s->client, a[0]);
         if (rc == 0)
-            reply_ok(s, c10d__store_put_u8(out, C10D_STORE_KEY_CALLBACK_REGISTERED));
+            reply_ok(s, c10d__wire_put_u8(out, C10D_STORE_KEY_CALLBACK_REGISTERED));
         break;
     }
     if (rc < 0)
@@ -738,7 +737,7 @@ static void handle(struct c10d__store_session *s, const struct c10d__store_reque
 /* With a token: 1 if the request may run. Otherwise the session is marked
  * closing (an AUTH with the wrong token is answered REFUSED first, so that
  * the client can tell a wrong token from a dropped connection). */
-static int gate(struct c10d__store_session *s, const struct c10d__store_request *r)
+static int gate(struct c10d__store_session *s, const struct c10d__wire_request *r)
 {
     struct c10d__store_ctx *ctx = s->ctx;
     if (!ctx->token_len || s->authed)
@@ -755,16 +754,16 @@ static int gate(struct c10d__store_session *s, const struct c10d__store_request 
         ctx->ops[r->cmd]++;
         if (c10d__token_equal(r->args[0].data, r->args[0].len, ctx->token, ctx->token_len)) {
             s->authed = 1;
-            reply_ok(s, c10d__store_put_u8(&s->out, C10D_STORE_AUTH_OK));
+            reply_ok(s, c10d__wire_put_u8(&s->out, C10D_STORE_AUTH_OK));
             return 0;
         }
         ctx->auth_failures++;
-        reply_ok(s, c10d__store_put_u8(&s->out, C10D_STORE_AUTH_REFUSED));
+        reply_ok(s, c10d__wire_put_u8(&s->out, C10D_STORE_AUTH_REFUSED));
         c10d__store_session_fail(s, "wrong token presented (AUTH)");
         return 0;
     }
     ctx->auth_failures++;
-    c10d__store_session_fail(s, "no valid token presented before %s", c10d__store_cmd_name(r->cmd));
+    c10d__store_session_fail(s, "no valid token presented before %s", c10d__wire_cmd_name(r->cmd));
     return 0;
 }
 
@@ -789,11 +788,11 @@ static size_t process(struct c10d__store_session *s, const uint8_t *buf, size_t 
         /* Bytes of a new request while a WAIT/BARRIER is pending: the client
          * gave up on it (1.13 clients cannot cancel), so its late answer must
          * never land on this request. */
-        if (s->client.wait && c10d__store_parser_idle(&s->parser))
+        if (s->client.wait && c10d__wire_parser_idle(&s->parser))
             c10d__store_table_cancel_wait(s->ctx->table, &s->client);
-        struct c10d__store_request req;
+        struct c10d__wire_request req;
         size_t used;
-        int rc = c10d__store_parse_request(&s->parser, buf + start, len - start, &req, &used);
+        int rc = c10d__wire_parse_request(&s->parser, buf + start, len - start, &req, &used);
         if (rc == C10D_STORE_PARSE_MORE)
             break;
         if (rc < 0) {
@@ -810,7 +809,7 @@ static size_t process(struct c10d__store_session *s, const uint8_t *buf, size_t 
         if (s->ctx->max_reply && reply > s->ctx->max_reply) {
             s->ctx->closed_reply_cap++;
             c10d__store_session_fail(s, "%s reply of %zu bytes over the limit of %zu",
-                                     c10d__store_cmd_name(req.cmd), reply, s->ctx->max_reply);
+                                     c10d__wire_cmd_name(req.cmd), reply, s->ctx->max_reply);
             break;
         }
         if (over_queued_cap(s, reply)) {
@@ -831,7 +830,7 @@ static size_t process(struct c10d__store_session *s, const uint8_t *buf, size_t 
         /* A 10k-key MULTI_GET leaves 240 KB of argument arrays behind; kept
          * by 10k sessions that is gigabytes of RSS. */
         if (s->parser.cap > 1024)
-            c10d__store_parser_free(&s->parser);
+            c10d__wire_parser_free(&s->parser);
     }
     return start;
 }

@@ -36,7 +36,7 @@ struct c10d__store_session;
 /* What sessions share (one per server). */
 struct c10d__store_ctx {
     struct c10d__store_table *table;
-    struct c10d__store_codec_limits limits;
+    struct c10d__wire_codec_limits limits;
     void (*flush)(struct c10d__store_session *s);
     void *data;
     int world_size; /* > 0: log when init/ reaches it */
@@ -96,21 +96,21 @@ struct c10d__store_ctx {
 };
 
 /* Creates the context's table and shared buffer. */
-int c10d__store_ctx_init(struct c10d__store_ctx *ctx, const struct c10d__store_codec_limits *lim,
+int c10d__store_ctx_init(struct c10d__store_ctx *ctx, const struct c10d__wire_codec_limits *lim,
                          size_t max_memory, void (*flush)(struct c10d__store_session *s));
 void c10d__store_ctx_free(struct c10d__store_ctx *ctx);
 
 struct c10d__store_session {
     struct c10d__store_client client; /* table registrations; client.data = this */
     struct c10d__store_ctx *ctx;
-    struct c10d__store_parser parser;
+    struct c10d__wire_parser parser;
     uint8_t *in;   /* own buffer: the unfinished request, from in[0] */
     size_t in_len; /* bytes in it */
     size_t in_cap; /* charged to the table's memory budget */
     int reading_shared;
-    struct c10d__store_buf out; /* replies not yet handed to flush() */
-    size_t out_charged;         /* out.cap's bytes charged to the budget */
-    size_t pending_out;         /* the owner's: bytes flushed but not yet sent */
+    struct c10d__wire_buf out; /* replies not yet handed to flush() */
+    size_t out_charged;        /* out.cap's bytes charged to the budget */
+    size_t pending_out;        /* the owner's: bytes flushed but not yet sent */
     int stalled; /* stopped at out_cap with requests left: call received(s, 0) later */
     /* Waiting in ctx's FIFO for the server-wide cap (then stalled is set too):
      * only c10d__store_ctx_resume() runs it again. */
@@ -160,7 +160,7 @@ void c10d__store_ctx_release_reply(struct c10d__store_ctx *ctx, size_t charged);
  * or bytes wait in the own buffer) and the session is not stalled: the
  * client owes the server bytes. A pending WAIT is not a partial request. */
 int c10d__store_session_mid_request(const struct c10d__store_session *s);
-/* The command of the partial request (enum c10d__store_cmd), or -1 when its
+/* The command of the partial request (enum c10d__wire_cmd), or -1 when its
  * command byte has not been read yet. */
 int c10d__store_session_partial_cmd(const struct c10d__store_session *s);
 /* 1 once the first request (VALIDATE in the current dialect) completed and,

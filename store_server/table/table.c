@@ -144,7 +144,7 @@ static uint64_t hash_key(uint64_t seed, const uint8_t *d, size_t n)
     return mix(h ^ w ^ ((uint64_t)r << 56));
 }
 
-static struct entry **slot(struct c10d__store_table *t, struct c10d__store_str key, uint64_t h)
+static struct entry **slot(struct c10d__store_table *t, struct c10d__wire_str key, uint64_t h)
 {
     struct entry **pp = &t->buckets[h & (t->nbuckets - 1)];
     while (*pp) {
@@ -157,7 +157,7 @@ static struct entry **slot(struct c10d__store_table *t, struct c10d__store_str k
     return pp;
 }
 
-static struct entry *find(struct c10d__store_table *t, struct c10d__store_str key)
+static struct entry *find(struct c10d__store_table *t, struct c10d__wire_str key)
 {
     return *slot(t, key, hash_key(t->seed, key.data, key.len));
 }
@@ -192,7 +192,7 @@ static size_t entry_mem(size_t klen)
 
 /* Creates the entry for `key` at *pp, the empty slot slot() returned for
  * hash h. */
-static int create_at(struct c10d__store_table *t, struct entry **pp, struct c10d__store_str key,
+static int create_at(struct c10d__store_table *t, struct entry **pp, struct c10d__wire_str key,
                      uint64_t h, struct entry **out)
 {
     if (c10d__store_table_charge(t, entry_mem(key.len)) < 0)
@@ -214,8 +214,7 @@ static int create_at(struct c10d__store_table *t, struct entry **pp, struct c10d
     return 0;
 }
 
-static int get_or_create(struct c10d__store_table *t, struct c10d__store_str key,
-                         struct entry **out)
+static int get_or_create(struct c10d__store_table *t, struct c10d__wire_str key, struct entry **out)
 {
     uint64_t h = hash_key(t->seed, key.data, key.len);
     struct entry **pp = slot(t, key, h);
@@ -241,14 +240,14 @@ static void maybe_gc(struct c10d__store_table *t, struct entry *e)
     free(e);
 }
 
-static struct c10d__store_str key_of(const struct entry *e)
+static struct c10d__wire_str key_of(const struct entry *e)
 {
-    return (struct c10d__store_str){e->key, e->klen};
+    return (struct c10d__wire_str){e->key, e->klen};
 }
 
-static struct c10d__store_str val_of(const struct entry *e)
+static struct c10d__wire_str val_of(const struct entry *e)
 {
-    return (struct c10d__store_str){e->val, e->vlen};
+    return (struct c10d__wire_str){e->val, e->vlen};
 }
 
 /* ----------------------------------------------------------------- waits */
@@ -343,7 +342,7 @@ static void settle_owed(struct c10d__store_table *t, struct c10d__store_client *
 
 void c10d__store_table_client_request(struct c10d__store_table *t,
                                       struct c10d__store_client *client, int cmd,
-                                      struct c10d__store_str first_arg)
+                                      struct c10d__wire_str first_arg)
 {
     struct entry *e = client->owed_wake;
     if (e == NULL)
@@ -376,7 +375,7 @@ static int present(const struct entry *e)
     return e && (e->has_val || e->qlen > 0);
 }
 
-int c10d__store_table_check(struct c10d__store_table *t, const struct c10d__store_str *keys,
+int c10d__store_table_check(struct c10d__store_table *t, const struct c10d__wire_str *keys,
                             size_t n)
 {
     drop_popped(t);
@@ -419,7 +418,7 @@ static int register_wait(struct c10d__store_table *t, struct c10d__store_client 
 }
 
 int c10d__store_table_wait(struct c10d__store_table *t, struct c10d__store_client *client,
-                           const struct c10d__store_str *keys, size_t n)
+                           const struct c10d__wire_str *keys, size_t n)
 {
     drop_popped(t);
     c10d__store_table_cancel_wait(t, client);
@@ -454,9 +453,9 @@ int c10d__store_table_wait(struct c10d__store_table *t, struct c10d__store_clien
 /* ---------------------------------------------------------------- values */
 
 static void notify_watchers(struct c10d__store_table *t, struct entry *e, int event,
-                            struct c10d__store_str old_value)
+                            struct c10d__wire_str old_value)
 {
-    struct c10d__store_str new_value = {NULL, 0};
+    struct c10d__wire_str new_value = {NULL, 0};
     if (event != C10D_STORE_KEY_DELETED)
         new_value = val_of(e);
     for (struct c10d__store_watch *w = e->watchers; w; w = w->next)
@@ -467,8 +466,8 @@ static void notify_watchers(struct c10d__store_table *t, struct entry *e, int ev
 /* Replaces e's value with the concatenation of a and b (a may be e's own
  * value: APPEND), then, if `wake`, wakes the key's waiters; watchers hear of
  * every change. */
-static int store_value(struct c10d__store_table *t, struct entry *e, struct c10d__store_str a,
-                       struct c10d__store_str b, int wake)
+static int store_value(struct c10d__store_table *t, struct entry *e, struct c10d__wire_str a,
+                       struct c10d__wire_str b, int wake)
 {
     size_t len = a.len + b.len;
     if (len < a.len)
@@ -507,7 +506,7 @@ static int store_value(struct c10d__store_table *t, struct entry *e, struct c10d
     t->value_bytes = t->value_bytes - (created ? 0 : old_len) + len + (created ? e->klen : 0);
     if (e->watchers)
         notify_watchers(t, e, created ? C10D_STORE_KEY_CREATED : C10D_STORE_KEY_UPDATED,
-                        (struct c10d__store_str){old, created ? 0 : old_len});
+                        (struct c10d__wire_str){old, created ? 0 : old_len});
     if (nv != old && old) {
         c10d__store_table_release(t, old_cap + ALLOC_OVERHEAD);
         free(old);
@@ -517,24 +516,24 @@ static int store_value(struct c10d__store_table *t, struct entry *e, struct c10d
     return 0;
 }
 
-int c10d__store_table_set(struct c10d__store_table *t, struct c10d__store_str key,
-                          struct c10d__store_str value)
+int c10d__store_table_set(struct c10d__store_table *t, struct c10d__wire_str key,
+                          struct c10d__wire_str value)
 {
     drop_popped(t);
     struct entry *e;
     C10D_CHECK(get_or_create(t, key, &e));
-    int rc = store_value(t, e, value, (struct c10d__store_str){NULL, 0}, 1);
+    int rc = store_value(t, e, value, (struct c10d__wire_str){NULL, 0}, 1);
     maybe_gc(t, e);
     return rc;
 }
 
-int c10d__store_table_get(struct c10d__store_table *t, struct c10d__store_str key,
-                          struct c10d__store_str *value)
+int c10d__store_table_get(struct c10d__store_table *t, struct c10d__wire_str key,
+                          struct c10d__wire_str *value)
 {
     drop_popped(t);
     struct entry *e = find(t, key);
     if (!e || !e->has_val) {
-        *value = (struct c10d__store_str){NULL, 0};
+        *value = (struct c10d__wire_str){NULL, 0};
         return 0;
     }
     *value = val_of(e);
@@ -551,7 +550,7 @@ static int counter_of(struct entry *e, int64_t *v)
         *v = e->ival;
         return 0;
     }
-    return c10d__store_parse_i64(e->val, e->vlen, v);
+    return c10d__wire_parse_i64(e->val, e->vlen, v);
 }
 
 static const char digit_pairs[] = "00010203040506070809101112131415161718192021222324"
@@ -609,8 +608,8 @@ static int store_counter(struct c10d__store_table *t, struct entry *e, int64_t v
     }
     uint8_t text[24];
     put_i64(v, n, text);
-    int rc = store_value(t, e, (struct c10d__store_str){text, n}, (struct c10d__store_str){NULL, 0},
-                         wake);
+    int rc =
+        store_value(t, e, (struct c10d__wire_str){text, n}, (struct c10d__wire_str){NULL, 0}, wake);
     if (rc == 0) {
         e->ival = v;
         e->ival_ok = 1;
@@ -620,7 +619,7 @@ static int store_counter(struct c10d__store_table *t, struct entry *e, int64_t v
 
 /* The entry of `key` (created if missing) and its counter plus delta, with
  * one hash and one chain walk. */
-static int counter_entry(struct c10d__store_table *t, struct c10d__store_str key, int64_t delta,
+static int counter_entry(struct c10d__store_table *t, struct c10d__wire_str key, int64_t delta,
                          struct entry **out, int64_t *v)
 {
     uint64_t h = hash_key(t->seed, key.data, key.len);
@@ -634,7 +633,7 @@ static int counter_entry(struct c10d__store_table *t, struct c10d__store_str key
     return create_at(t, pp, key, h, out);
 }
 
-int c10d__store_table_add(struct c10d__store_table *t, struct c10d__store_str key, int64_t delta,
+int c10d__store_table_add(struct c10d__store_table *t, struct c10d__wire_str key, int64_t delta,
                           int64_t *result)
 {
     drop_popped(t);
@@ -648,21 +647,21 @@ int c10d__store_table_add(struct c10d__store_table *t, struct c10d__store_str ke
     return rc;
 }
 
-static int str_eq(struct c10d__store_str a, struct c10d__store_str b)
+static int str_eq(struct c10d__wire_str a, struct c10d__wire_str b)
 {
     return a.len == b.len && (a.len == 0 || !memcmp(a.data, b.data, a.len));
 }
 
-int c10d__store_table_compare_set(struct c10d__store_table *t, struct c10d__store_str key,
-                                  struct c10d__store_str expected, struct c10d__store_str desired,
-                                  struct c10d__store_str *reply)
+int c10d__store_table_compare_set(struct c10d__store_table *t, struct c10d__wire_str key,
+                                  struct c10d__wire_str expected, struct c10d__wire_str desired,
+                                  struct c10d__wire_str *reply)
 {
     drop_popped(t);
     struct entry *e = find(t, key);
     int has = e && e->has_val;
     if ((!has && expected.len == 0) || (has && str_eq(val_of(e), expected))) {
         C10D_CHECK(get_or_create(t, key, &e));
-        int rc = store_value(t, e, desired, (struct c10d__store_str){NULL, 0}, 1);
+        int rc = store_value(t, e, desired, (struct c10d__wire_str){NULL, 0}, 1);
         maybe_gc(t, e);
         if (rc < 0)
             return rc;
@@ -673,19 +672,19 @@ int c10d__store_table_compare_set(struct c10d__store_table *t, struct c10d__stor
     return 0;
 }
 
-int c10d__store_table_append(struct c10d__store_table *t, struct c10d__store_str key,
-                             struct c10d__store_str value)
+int c10d__store_table_append(struct c10d__store_table *t, struct c10d__wire_str key,
+                             struct c10d__wire_str value)
 {
     drop_popped(t);
     struct entry *e;
     C10D_CHECK(get_or_create(t, key, &e));
-    struct c10d__store_str cur = e->has_val ? val_of(e) : (struct c10d__store_str){NULL, 0};
+    struct c10d__wire_str cur = e->has_val ? val_of(e) : (struct c10d__wire_str){NULL, 0};
     int rc = store_value(t, e, cur, value, 1);
     maybe_gc(t, e);
     return rc;
 }
 
-int c10d__store_table_delete(struct c10d__store_table *t, struct c10d__store_str key)
+int c10d__store_table_delete(struct c10d__store_table *t, struct c10d__wire_str key)
 {
     drop_popped(t);
     struct entry *e = find(t, key);
@@ -711,7 +710,7 @@ int c10d__store_table_delete(struct c10d__store_table *t, struct c10d__store_str
         maybe_gc(t, e);
         return 1;
     }
-    struct c10d__store_str old = val_of(e);
+    struct c10d__wire_str old = val_of(e);
     e->has_val = 0;
     e->ival_ok = 0;
     t->keys--;
@@ -728,7 +727,7 @@ int c10d__store_table_delete(struct c10d__store_table *t, struct c10d__store_str
 }
 
 int c10d__store_table_barrier(struct c10d__store_table *t, struct c10d__store_client *client,
-                              struct c10d__store_str key, int64_t world_size)
+                              struct c10d__wire_str key, int64_t world_size)
 {
     drop_popped(t);
     c10d__store_table_cancel_wait(t, client);
@@ -752,8 +751,8 @@ int c10d__store_table_barrier(struct c10d__store_table *t, struct c10d__store_cl
 
 /* ---------------------------------------------------------------- queues */
 
-int c10d__store_table_queue_push(struct c10d__store_table *t, struct c10d__store_str key,
-                                 struct c10d__store_str value)
+int c10d__store_table_queue_push(struct c10d__store_table *t, struct c10d__wire_str key,
+                                 struct c10d__wire_str value)
 {
     drop_popped(t);
     struct entry *e;
@@ -786,13 +785,13 @@ int c10d__store_table_queue_push(struct c10d__store_table *t, struct c10d__store
     return 0;
 }
 
-int c10d__store_table_queue_pop(struct c10d__store_table *t, struct c10d__store_str key,
-                                int64_t *len_before, struct c10d__store_str *value)
+int c10d__store_table_queue_pop(struct c10d__store_table *t, struct c10d__wire_str key,
+                                int64_t *len_before, struct c10d__wire_str *value)
 {
     drop_popped(t);
     struct entry *e = find(t, key);
     *len_before = e ? (int64_t)e->qlen : 0;
-    *value = (struct c10d__store_str){NULL, 0};
+    *value = (struct c10d__wire_str){NULL, 0};
     if (!e || !e->qlen)
         return 0;
     struct qitem *q = e->qhead;
@@ -804,18 +803,18 @@ int c10d__store_table_queue_pop(struct c10d__store_table *t, struct c10d__store_
     t->queue_items--;
     t->value_bytes -= q->len;
     t->popped = q;
-    *value = (struct c10d__store_str){q->data, q->len};
+    *value = (struct c10d__wire_str){q->data, q->len};
     maybe_gc(t, e);
     return 0;
 }
 
-size_t c10d__store_table_queue_front_len(struct c10d__store_table *t, struct c10d__store_str key)
+size_t c10d__store_table_queue_front_len(struct c10d__store_table *t, struct c10d__wire_str key)
 {
     struct entry *e = find(t, key);
     return e && e->qhead ? e->qhead->len : 0;
 }
 
-int64_t c10d__store_table_queue_len(struct c10d__store_table *t, struct c10d__store_str key)
+int64_t c10d__store_table_queue_len(struct c10d__store_table *t, struct c10d__wire_str key)
 {
     drop_popped(t);
     struct entry *e = find(t, key);
@@ -825,7 +824,7 @@ int64_t c10d__store_table_queue_len(struct c10d__store_table *t, struct c10d__st
 /* --------------------------------------------------------------- watches */
 
 int c10d__store_table_watch(struct c10d__store_table *t, struct c10d__store_client *client,
-                            struct c10d__store_str key)
+                            struct c10d__wire_str key)
 {
     drop_popped(t);
     struct entry *e;
@@ -952,7 +951,7 @@ size_t c10d__store_table_num_keys(const struct c10d__store_table *t)
 }
 
 int c10d__store_table_foreach_key(struct c10d__store_table *t,
-                                  int (*fn)(void *arg, struct c10d__store_str key), void *arg)
+                                  int (*fn)(void *arg, struct c10d__wire_str key), void *arg)
 {
     drop_popped(t);
     for (size_t i = 0; i < t->nbuckets; i++)

@@ -43,7 +43,7 @@ static int dialect_index(int dialect)
                                                   : -1;
 }
 
-const char *c10d__store_cmd_name(int cmd)
+const char *c10d__wire_cmd_name(int cmd)
 {
     return cmd >= 0 && cmd < C10D_STORE_CMD_COUNT ? commands[cmd].name : "?";
 }
@@ -59,7 +59,7 @@ const char *c10d__store_cmd_name(int cmd)
 #pragma GCC diagnostic ignored "-Woverride-init"
 #endif
 static const uint8_t from_wire[2][257] = {
-#define CURRENT(name, current, ...) [(current) + 1] = C10D_STORE_##name + 1,
+#define CURRENT(name, current, ...)        [(current) + 1] = C10D_STORE_##name + 1,
 #define LEGACY(name, current, legacy, ...) [(legacy) + 1] = C10D_STORE_##name + 1,
     {C10D__STORE_COMMANDS(CURRENT)},
     {C10D__STORE_COMMANDS(LEGACY)},
@@ -68,29 +68,29 @@ static const uint8_t from_wire[2][257] = {
 };
 #pragma GCC diagnostic pop
 
-int c10d__store_cmd_from_wire(int dialect, uint8_t byte)
+int c10d__wire_cmd_from_wire(int dialect, uint8_t byte)
 {
     int d = dialect_index(dialect);
     return d >= 0 ? from_wire[d][byte + 1] - 1 : -1;
 }
 
-int c10d__store_cmd_to_wire(int dialect, int cmd)
+int c10d__wire_cmd_to_wire(int dialect, int cmd)
 {
     int d = dialect_index(dialect);
     return d >= 0 && cmd >= 0 && cmd < C10D_STORE_CMD_COUNT ? commands[cmd].wire[d] : -1;
 }
 
-int c10d__store_cmd_read_only(int cmd)
+int c10d__wire_cmd_read_only(int cmd)
 {
     return cmd >= 0 && cmd < C10D_STORE_CMD_COUNT && commands[cmd].read_only;
 }
 
-int c10d__store_cmd_waits(int cmd)
+int c10d__wire_cmd_waits(int cmd)
 {
     return cmd >= 0 && cmd < C10D_STORE_CMD_COUNT ? commands[cmd].waits : 0;
 }
 
-int c10d__store_cmd_arg_is_key(int cmd, size_t i)
+int c10d__wire_cmd_arg_is_key(int cmd, size_t i)
 {
     if (cmd < 0 || cmd >= C10D_STORE_CMD_COUNT)
         return 0;
@@ -106,17 +106,17 @@ static const struct layout *layout_of(int cmd)
 
 /* --------------------------------------------------------------- integers */
 
-uint32_t c10d__store_get_u32(const uint8_t *p)
+uint32_t c10d__wire_get_u32(const uint8_t *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-uint64_t c10d__store_get_u64(const uint8_t *p)
+uint64_t c10d__wire_get_u64(const uint8_t *p)
 {
-    return (uint64_t)c10d__store_get_u32(p) | (uint64_t)c10d__store_get_u32(p + 4) << 32;
+    return (uint64_t)c10d__wire_get_u32(p) | (uint64_t)c10d__wire_get_u32(p + 4) << 32;
 }
 
-int c10d__store_parse_i64(const uint8_t *d, size_t len, int64_t *out)
+int c10d__wire_parse_i64(const uint8_t *d, size_t len, int64_t *out)
 {
     size_t i = 0;
     while (i < len && (d[i] == ' ' || (d[i] >= '\t' && d[i] <= '\r')))
@@ -158,8 +158,8 @@ enum phase {
     PH_R_I64,
 };
 
-static int fail(struct c10d__store_parser *p, int status, const char *fmt, ...) C10D_PRINTF(3, 4);
-static int fail(struct c10d__store_parser *p, int status, const char *fmt, ...)
+static int fail(struct c10d__wire_parser *p, int status, const char *fmt, ...) C10D_PRINTF(3, 4);
+static int fail(struct c10d__wire_parser *p, int status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -169,15 +169,15 @@ static int fail(struct c10d__store_parser *p, int status, const char *fmt, ...)
     return status;
 }
 
-void c10d__store_parser_init(struct c10d__store_parser *p,
-                             const struct c10d__store_codec_limits *limits)
+void c10d__wire_parser_init(struct c10d__wire_parser *p,
+                            const struct c10d__wire_codec_limits *limits)
 {
     memset(p, 0, sizeof *p);
     if (limits)
         p->limits = *limits;
 }
 
-void c10d__store_parser_free(struct c10d__store_parser *p)
+void c10d__wire_parser_free(struct c10d__wire_parser *p)
 {
     free(p->offs);
     free(p->args);
@@ -186,13 +186,13 @@ void c10d__store_parser_free(struct c10d__store_parser *p)
     p->cap = 0;
 }
 
-int c10d__store_parser_idle(const struct c10d__store_parser *p)
+int c10d__wire_parser_idle(const struct c10d__wire_parser *p)
 {
     return p->phase == PH_START && p->pos == 0;
 }
 
 /* Do we have n more bytes at p->pos? If not, record how many are missing. */
-static int have(struct c10d__store_parser *p, size_t len, uint64_t n)
+static int have(struct c10d__wire_parser *p, size_t len, uint64_t n)
 {
     if (len >= p->pos && len - p->pos >= n)
         return 1;
@@ -200,7 +200,7 @@ static int have(struct c10d__store_parser *p, size_t len, uint64_t n)
     return 0;
 }
 
-static void reset(struct c10d__store_parser *p)
+static void reset(struct c10d__wire_parser *p)
 {
     p->phase = PH_START;
     p->pos = 0;
@@ -212,7 +212,7 @@ static void reset(struct c10d__store_parser *p)
 }
 
 /* Whether string number `i` of the current request is a value (for limits). */
-static int string_is_value(const struct c10d__store_parser *p, size_t i)
+static int string_is_value(const struct c10d__wire_parser *p, size_t i)
 {
     const struct layout *l = layout_of(p->cmd);
     size_t per = l->counted ? l->per_item : 1;
@@ -222,7 +222,7 @@ static int string_is_value(const struct c10d__store_parser *p, size_t i)
 
 /* Makes room for n strings in the argument arrays (offs and args together:
  * the general parser keeps them the same size). */
-static int reserve_args(struct c10d__store_parser *p, size_t n)
+static int reserve_args(struct c10d__wire_parser *p, size_t n)
 {
     if (n <= p->cap)
         return 0;
@@ -233,7 +233,7 @@ static int reserve_args(struct c10d__store_parser *p, size_t n)
     if (!offs)
         return C10D_ENOMEM;
     p->offs = offs;
-    struct c10d__store_str *args = realloc(p->args, cap * sizeof *args);
+    struct c10d__wire_str *args = realloc(p->args, cap * sizeof *args);
     if (!args)
         return C10D_ENOMEM;
     p->args = args;
@@ -244,14 +244,13 @@ static int reserve_args(struct c10d__store_parser *p, size_t n)
 /* Reads `p->count` strings starting at PH_LEN; shared by requests and replies.
  * `value_rule`: 0 = request layout (key/value by layout), 1 = all values,
  * 2 = all keys. Returns DONE when the strings are complete, MORE, or error. */
-static int read_strings(struct c10d__store_parser *p, const uint8_t *buf, size_t len,
-                        int value_rule)
+static int read_strings(struct c10d__wire_parser *p, const uint8_t *buf, size_t len, int value_rule)
 {
     while (p->nstr < p->count) {
         if (p->phase == PH_LEN) {
             if (!have(p, len, 8))
                 return C10D_STORE_PARSE_MORE;
-            uint64_t n = c10d__store_get_u64(buf + p->pos);
+            uint64_t n = c10d__wire_get_u64(buf + p->pos);
             int is_value = value_rule == 1 || (value_rule == 0 && string_is_value(p, p->nstr));
             uint64_t max = is_value ? p->limits.max_value_bytes : p->limits.max_key_bytes;
             if (max && n > max)
@@ -282,7 +281,7 @@ static int read_strings(struct c10d__store_parser *p, const uint8_t *buf, size_t
     return C10D_STORE_PARSE_DONE;
 }
 
-static void resolve_args(struct c10d__store_parser *p, const uint8_t *buf)
+static void resolve_args(struct c10d__wire_parser *p, const uint8_t *buf)
 {
     for (size_t i = 0; i < p->nstr; i++)
         p->args[i].data = buf + p->offs[i];
@@ -294,7 +293,7 @@ static const uint8_t magic_bytes[5] = {0x00, 0xCE, 0xF7, 0x85, 0x3C};
  * start VALIDATE, so it decides at once; that matters because a 1.13 client's
  * first request may be a single byte (GETNUMKEYS) whose reply it awaits. A
  * legacy SET (byte 0) is at least 17 bytes long, so waiting for 5 is safe. */
-static int detect(struct c10d__store_parser *p, const uint8_t *buf, size_t len)
+static int detect(struct c10d__wire_parser *p, const uint8_t *buf, size_t len)
 {
     size_t n = len < 5 ? len : 5;
     if (memcmp(buf, magic_bytes, n) != 0) {
@@ -319,10 +318,10 @@ static int detect(struct c10d__store_parser *p, const uint8_t *buf, size_t len)
  * Returns DONE with exactly what the general parser would return, or 0 when
  * anything is missing, over a limit or malformed: the general parser then
  * runs from the same start and says what is wrong or how much it needs. */
-static int parse_whole(struct c10d__store_parser *p, const uint8_t *buf, size_t len,
-                       struct c10d__store_request *req, size_t *used)
+static int parse_whole(struct c10d__wire_parser *p, const uint8_t *buf, size_t len,
+                       struct c10d__wire_request *req, size_t *used)
 {
-    int cmd = c10d__store_cmd_from_wire(p->dialect, buf[0]);
+    int cmd = c10d__wire_cmd_from_wire(p->dialect, buf[0]);
     if (cmd < 0)
         return 0;
     const struct layout *l = layout_of(cmd);
@@ -333,7 +332,7 @@ static int parse_whole(struct c10d__store_parser *p, const uint8_t *buf, size_t 
     if (l->u32) {
         if (len - pos < 4)
             return 0;
-        u32 = c10d__store_get_u32(buf + pos);
+        u32 = c10d__wire_get_u32(buf + pos);
         pos += 4;
         if (cmd == C10D_STORE_VALIDATE && u32 != C10D_STORE_MAGIC)
             return 0;
@@ -341,7 +340,7 @@ static int parse_whole(struct c10d__store_parser *p, const uint8_t *buf, size_t 
     if (l->counted) {
         if (len - pos < 8)
             return 0;
-        uint64_t n = c10d__store_get_u64(buf + pos);
+        uint64_t n = c10d__wire_get_u64(buf + pos);
         if ((p->limits.max_keys && n > p->limits.max_keys) || n > WHOLE_MAX_ARGS / l->per_item)
             return 0;
         count = n * l->per_item;
@@ -352,7 +351,7 @@ static int parse_whole(struct c10d__store_parser *p, const uint8_t *buf, size_t 
     for (size_t i = 0; i < count; i++) {
         if (len - pos < 8)
             return 0;
-        uint64_t n = c10d__store_get_u64(buf + pos);
+        uint64_t n = c10d__wire_get_u64(buf + pos);
         size_t in_item = l->counted ? i % l->per_item : i;
         uint64_t max =
             (l->values >> in_item) & 1 ? p->limits.max_value_bytes : p->limits.max_key_bytes;
@@ -372,7 +371,7 @@ static int parse_whole(struct c10d__store_parser *p, const uint8_t *buf, size_t 
     if (l->i64) {
         if (len - pos < 8)
             return 0;
-        i64 = (int64_t)c10d__store_get_u64(buf + pos);
+        i64 = (int64_t)c10d__wire_get_u64(buf + pos);
         pos += 8;
     }
     p->cmd = cmd;
@@ -387,8 +386,8 @@ static int parse_whole(struct c10d__store_parser *p, const uint8_t *buf, size_t 
 
 /* The state machine: any request, in as many calls as its bytes take. Kept
  * out of line so that the one-pass path's callers do not pay its frame. */
-static __attribute__((noinline)) int parse_general(struct c10d__store_parser *p, const uint8_t *buf,
-                                                   size_t len, struct c10d__store_request *req,
+static __attribute__((noinline)) int parse_general(struct c10d__wire_parser *p, const uint8_t *buf,
+                                                   size_t len, struct c10d__wire_request *req,
                                                    size_t *used)
 {
     if (p->phase < 0)
@@ -403,7 +402,7 @@ static __attribute__((noinline)) int parse_general(struct c10d__store_parser *p,
         }
         if (p->dialect == C10D_STORE_DIALECT_UNKNOWN && !detect(p, buf, len))
             return C10D_STORE_PARSE_MORE;
-        int cmd = c10d__store_cmd_from_wire(p->dialect, buf[0]);
+        int cmd = c10d__wire_cmd_from_wire(p->dialect, buf[0]);
         if (cmd < 0)
             return fail(p, C10D_EPROTO, "unknown command byte %u (%s dialect)", buf[0],
                         p->dialect == C10D_STORE_DIALECT_LEGACY ? "1.13" : "current");
@@ -417,7 +416,7 @@ static __attribute__((noinline)) int parse_general(struct c10d__store_parser *p,
     if (p->phase == PH_U32) {
         if (!have(p, len, 4))
             return C10D_STORE_PARSE_MORE;
-        p->u32 = c10d__store_get_u32(buf + p->pos);
+        p->u32 = c10d__wire_get_u32(buf + p->pos);
         p->pos += 4;
         if (p->cmd == C10D_STORE_VALIDATE && p->u32 != C10D_STORE_MAGIC)
             return fail(p, C10D_EPROTO, "VALIDATE with wrong magic 0x%08" PRIx32, p->u32);
@@ -426,7 +425,7 @@ static __attribute__((noinline)) int parse_general(struct c10d__store_parser *p,
     if (p->phase == PH_COUNT) {
         if (!have(p, len, 8))
             return C10D_STORE_PARSE_MORE;
-        uint64_t n = c10d__store_get_u64(buf + p->pos);
+        uint64_t n = c10d__wire_get_u64(buf + p->pos);
         if (p->limits.max_keys && n > p->limits.max_keys)
             return fail(p, C10D_ENOMEM, "%s with %" PRIu64 " keys over the limit of %" PRIu64,
                         commands[p->cmd].name, n, p->limits.max_keys);
@@ -445,7 +444,7 @@ static __attribute__((noinline)) int parse_general(struct c10d__store_parser *p,
     if (p->phase == PH_I64) {
         if (!have(p, len, 8))
             return C10D_STORE_PARSE_MORE;
-        p->i64 = (int64_t)c10d__store_get_u64(buf + p->pos);
+        p->i64 = (int64_t)c10d__wire_get_u64(buf + p->pos);
         p->pos += 8;
         p->phase = PH_DONE;
     }
@@ -460,8 +459,8 @@ static __attribute__((noinline)) int parse_general(struct c10d__store_parser *p,
     return C10D_STORE_PARSE_DONE;
 }
 
-int c10d__store_parse_request(struct c10d__store_parser *p, const uint8_t *buf, size_t len,
-                              struct c10d__store_request *req, size_t *used)
+int c10d__wire_parse_request(struct c10d__wire_parser *p, const uint8_t *buf, size_t len,
+                             struct c10d__wire_request *req, size_t *used)
 {
     if (p->phase == PH_START && p->pos == 0 && len > 0 && !p->general_only &&
         p->dialect != C10D_STORE_DIALECT_UNKNOWN && parse_whole(p, buf, len, req, used)) {
@@ -473,7 +472,7 @@ int c10d__store_parse_request(struct c10d__store_parser *p, const uint8_t *buf, 
 
 /* -------------------------------------------------------------- encoding */
 
-int c10d__store_buf_reserve(struct c10d__store_buf *b, size_t extra)
+int c10d__wire_buf_reserve(struct c10d__wire_buf *b, size_t extra)
 {
     if (extra <= b->cap - b->len)
         return 0;
@@ -490,16 +489,16 @@ int c10d__store_buf_reserve(struct c10d__store_buf *b, size_t extra)
     return 0;
 }
 
-void c10d__store_buf_free(struct c10d__store_buf *b)
+void c10d__wire_buf_free(struct c10d__wire_buf *b)
 {
     free(b->data);
     b->data = NULL;
     b->len = b->cap = 0;
 }
 
-int c10d__store_put_raw(struct c10d__store_buf *b, const void *data, size_t len)
+int c10d__wire_put_raw(struct c10d__wire_buf *b, const void *data, size_t len)
 {
-    if (c10d__store_buf_reserve(b, len) < 0)
+    if (c10d__wire_buf_reserve(b, len) < 0)
         return C10D_ENOMEM;
     if (len)
         memcpy(b->data + b->len, data, len);
@@ -507,15 +506,15 @@ int c10d__store_put_raw(struct c10d__store_buf *b, const void *data, size_t len)
     return 0;
 }
 
-int c10d__store_put_u8(struct c10d__store_buf *b, uint8_t v)
+int c10d__wire_put_u8(struct c10d__wire_buf *b, uint8_t v)
 {
-    return c10d__store_put_raw(b, &v, 1);
+    return c10d__wire_put_raw(b, &v, 1);
 }
 
-int c10d__store_put_u32(struct c10d__store_buf *b, uint32_t v)
+int c10d__wire_put_u32(struct c10d__wire_buf *b, uint32_t v)
 {
     uint8_t x[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
-    return c10d__store_put_raw(b, x, 4);
+    return c10d__wire_put_raw(b, x, 4);
 }
 
 static void store_u64(uint8_t *d, uint64_t v)
@@ -524,23 +523,23 @@ static void store_u64(uint8_t *d, uint64_t v)
         d[i] = (uint8_t)(v >> (8 * i));
 }
 
-int c10d__store_put_u64(struct c10d__store_buf *b, uint64_t v)
+int c10d__wire_put_u64(struct c10d__wire_buf *b, uint64_t v)
 {
-    if (c10d__store_buf_reserve(b, 8) < 0)
+    if (c10d__wire_buf_reserve(b, 8) < 0)
         return C10D_ENOMEM;
     store_u64(b->data + b->len, v);
     b->len += 8;
     return 0;
 }
 
-int c10d__store_put_i64(struct c10d__store_buf *b, int64_t v)
+int c10d__wire_put_i64(struct c10d__wire_buf *b, int64_t v)
 {
-    return c10d__store_put_u64(b, (uint64_t)v);
+    return c10d__wire_put_u64(b, (uint64_t)v);
 }
 
-int c10d__store_put_str(struct c10d__store_buf *b, const void *data, size_t len)
+int c10d__wire_put_str(struct c10d__wire_buf *b, const void *data, size_t len)
 {
-    if (len > SIZE_MAX - 8 || c10d__store_buf_reserve(b, 8 + len) < 0)
+    if (len > SIZE_MAX - 8 || c10d__wire_buf_reserve(b, 8 + len) < 0)
         return C10D_ENOMEM;
     /* One reservation for both parts: a GET's reply is built here. */
     store_u64(b->data + b->len, len);
@@ -550,12 +549,12 @@ int c10d__store_put_str(struct c10d__store_buf *b, const void *data, size_t len)
     return 0;
 }
 
-int c10d__store_encode_request(struct c10d__store_buf *out, int dialect,
-                               const struct c10d__store_request *req)
+int c10d__wire_encode_request(struct c10d__wire_buf *out, int dialect,
+                              const struct c10d__wire_request *req)
 {
     if (!req || req->cmd < 0 || req->cmd >= C10D_STORE_CMD_COUNT)
         return c10d__fail(C10D_EINVAL, "store codec: bad command");
-    int wire = c10d__store_cmd_to_wire(dialect, req->cmd);
+    int wire = c10d__wire_cmd_to_wire(dialect, req->cmd);
     if (wire < 0)
         return c10d__fail(C10D_EUNSUPPORTED, "store codec: %s does not exist in the %s dialect",
                           commands[req->cmd].name,
@@ -566,7 +565,8 @@ int c10d__store_encode_request(struct c10d__store_buf *out, int dialect,
                           commands[req->cmd].name, l->counted ? "a multiple of " : "",
                           l->counted ? l->per_item : l->nstr, req->nargs);
     if (req->nargs && !req->args)
-        return c10d__fail(C10D_EINVAL, "store codec: %s without arguments", commands[req->cmd].name);
+        return c10d__fail(C10D_EINVAL, "store codec: %s without arguments",
+                          commands[req->cmd].name);
     size_t total = 1 + 4 + 8 + 8;
     for (size_t i = 0; i < req->nargs; i++) {
         if (req->args[i].len && !req->args[i].data)
@@ -574,45 +574,45 @@ int c10d__store_encode_request(struct c10d__store_buf *out, int dialect,
         total += 8 + req->args[i].len;
     }
     size_t old_len = out->len;
-    if (c10d__store_buf_reserve(out, total) < 0)
+    if (c10d__wire_buf_reserve(out, total) < 0)
         return c10d__fail(C10D_ENOMEM, "store codec: out of memory");
-    c10d__store_put_u8(out, (uint8_t)wire);
+    c10d__wire_put_u8(out, (uint8_t)wire);
     if (l->u32)
-        c10d__store_put_u32(out, req->cmd == C10D_STORE_VALIDATE ? C10D_STORE_MAGIC : req->u32);
+        c10d__wire_put_u32(out, req->cmd == C10D_STORE_VALIDATE ? C10D_STORE_MAGIC : req->u32);
     if (l->counted)
-        c10d__store_put_u64(out, req->nargs / l->per_item);
+        c10d__wire_put_u64(out, req->nargs / l->per_item);
     for (size_t i = 0; i < req->nargs; i++)
-        c10d__store_put_str(out, req->args[i].data, req->args[i].len);
+        c10d__wire_put_str(out, req->args[i].data, req->args[i].len);
     if (l->i64)
-        c10d__store_put_i64(out, req->i64);
+        c10d__wire_put_i64(out, req->i64);
     (void)old_len;
     return 0;
 }
 
 /* ----------------------------------------------------------- reply parser */
 
-int c10d__store_reply_shape(int cmd)
+int c10d__wire_reply_shape(int cmd)
 {
     return cmd >= 0 && cmd < C10D_STORE_CMD_COUNT ? commands[cmd].reply : C10D_STORE_REPLY_NONE;
 }
 
-void c10d__store_reply_parser_init(struct c10d__store_reply_parser *rp,
-                                   const struct c10d__store_codec_limits *limits)
+void c10d__wire_reply_parser_init(struct c10d__wire_reply_parser *rp,
+                                  const struct c10d__wire_codec_limits *limits)
 {
     memset(rp, 0, sizeof *rp);
     if (limits)
         rp->limits = *limits;
-    c10d__store_parser_init(&rp->p, limits);
+    c10d__wire_parser_init(&rp->p, limits);
     rp->p.phase = -1; /* nothing expected yet */
     snprintf(rp->p.error, sizeof rp->p.error, "no reply expected");
 }
 
-void c10d__store_reply_parser_free(struct c10d__store_reply_parser *rp)
+void c10d__wire_reply_parser_free(struct c10d__wire_reply_parser *rp)
 {
-    c10d__store_parser_free(&rp->p);
+    c10d__wire_parser_free(&rp->p);
 }
 
-static void reply_start(struct c10d__store_reply_parser *rp, int cmd, int shape, uint64_t nkeys)
+static void reply_start(struct c10d__wire_reply_parser *rp, int cmd, int shape, uint64_t nkeys)
 {
     reset(&rp->p);
     rp->cmd = cmd;
@@ -643,30 +643,30 @@ static void reply_start(struct c10d__store_reply_parser *rp, int cmd, int shape,
     }
 }
 
-int c10d__store_reply_expect(struct c10d__store_reply_parser *rp, int cmd, size_t nkeys)
+int c10d__wire_reply_expect(struct c10d__wire_reply_parser *rp, int cmd, size_t nkeys)
 {
-    int shape = c10d__store_reply_shape(cmd);
+    int shape = c10d__wire_reply_shape(cmd);
     if (shape == C10D_STORE_REPLY_NONE)
-        return c10d__fail(C10D_EINVAL, "store codec: %s has no reply", c10d__store_cmd_name(cmd));
+        return c10d__fail(C10D_EINVAL, "store codec: %s has no reply", c10d__wire_cmd_name(cmd));
     reply_start(rp, cmd, shape, nkeys);
     return 0;
 }
 
-void c10d__store_reply_expect_event(struct c10d__store_reply_parser *rp)
+void c10d__wire_reply_expect_event(struct c10d__wire_reply_parser *rp)
 {
     reply_start(rp, C10D_STORE_WATCH_KEY, C10D_STORE_REPLY_EVENT, 0);
 }
 
-static int reply_fail(struct c10d__store_reply_parser *rp, int rc)
+static int reply_fail(struct c10d__wire_reply_parser *rp, int rc)
 {
     memcpy(rp->error, rp->p.error, sizeof rp->error);
     return rc;
 }
 
-int c10d__store_parse_reply(struct c10d__store_reply_parser *rp, const uint8_t *buf, size_t len,
-                            struct c10d__store_reply *rep, size_t *used)
+int c10d__wire_parse_reply(struct c10d__wire_reply_parser *rp, const uint8_t *buf, size_t len,
+                           struct c10d__wire_reply *rep, size_t *used)
 {
-    struct c10d__store_parser *p = &rp->p;
+    struct c10d__wire_parser *p = &rp->p;
     if (p->phase < 0)
         return reply_fail(rp,
                           fail(p, C10D_EINVAL, "%s", p->error[0] ? p->error : "no reply expected"));
@@ -691,14 +691,14 @@ int c10d__store_parse_reply(struct c10d__store_reply_parser *rp, const uint8_t *
     if (p->phase == PH_U32) {
         if (!have(p, len, 4))
             goto more;
-        p->u32 = c10d__store_get_u32(buf + p->pos);
+        p->u32 = c10d__wire_get_u32(buf + p->pos);
         p->pos += 4;
         p->phase = PH_DONE;
     }
     if (p->phase == PH_R_I64) {
         if (!have(p, len, 8))
             goto more;
-        p->i64 = (int64_t)c10d__store_get_u64(buf + p->pos);
+        p->i64 = (int64_t)c10d__wire_get_u64(buf + p->pos);
         p->pos += 8;
         p->phase = PH_DONE;
         if (rp->shape == C10D_STORE_REPLY_LIST) {

@@ -15,7 +15,7 @@
  *   nstr      strings when not counted
  *   i64       a trailing i64 (ADD's delta, BARRIER's world size)
  *   values    bit i set: string i (of an item) is a value, else a key
- *   reply     what the server answers (enum c10d__store_reply_shape's suffix)
+ *   reply     what the server answers (enum c10d__wire_reply_shape's suffix)
  *   ro        1: leaves the table as it was (no generation bump, caches stay)
  *   waits     the key args the client waits for before the command runs
  *             (0: none, 1: every key, 2: every key when the op blocks)

@@ -10,7 +10,7 @@ mkdir -p "$out"
 clang -std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
   -Wall -Wextra -Werror -Wno-unused-command-line-argument \
-  -DC10D_VERSION_STRING='"fuzz"' -I"$root" -I"$root/api" \
+  -DC10D_VERSION_STRING='"fuzz"' -I"$root" -I"$root/include" \
   "$root/test/fuzz/fuzz_store_server.c" \
   "$root/store_server/wire/codec.c" "$root/store_server/table/table.c" "$root/store_server/server/session.c" \
   "$root/engine/error.c" "$root/engine/log.c" "$root/engine/env.c" "$root/engine/token.c" \

@@ -28,10 +28,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     /* Small limits so that the fuzzer reaches every limit path. */
-    struct c10d__store_codec_limits lim = {.max_key_bytes = 256,
-                                           .max_value_bytes = 4096,
-                                           .max_keys = 64,
-                                           .max_request_bytes = 64 * 1024};
+    struct c10d__wire_codec_limits lim = {.max_key_bytes = 256,
+                                          .max_value_bytes = 4096,
+                                          .max_keys = 64,
+                                          .max_request_bytes = 64 * 1024};
     struct c10d__store_ctx ctx;
     if (c10d__store_ctx_init(&ctx, &lim, 1 << 20, discard) < 0)
         return 0;
