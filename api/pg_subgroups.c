@@ -258,23 +258,33 @@ int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_
     return 0;
 }
 
-int c10d_pg_shrink(c10d_pg *parent, const int *excluded, int nexcluded, const c10d_pg_opts *opts,
-                   c10d_pg **out)
+/* What every call run by the parent's members checks first: out and parent
+ * given, the options readable, not inside a callback (they block), this
+ * rank a member of the parent. */
+static int member_call(const char *what, c10d_pg *parent, const c10d_pg_opts *opts, c10d_pg_opts *o,
+                       c10d_pg **out)
 {
-    static const char what[] = "c10d_pg_shrink";
     c10d__pg_registry_once();
     if (out == NULL)
         return c10d__fail(C10D_EINVAL, "%s: out is NULL", what);
     *out = NULL;
     if (parent == NULL)
         return c10d__fail(C10D_EINVAL, "%s: parent is NULL", what);
-    c10d_pg_opts o;
-    C10D_CHECK(c10d__opts_read(&o, sizeof o, C10D__PG_OPTS_V1_SIZE, opts, what));
+    C10D_CHECK(c10d__opts_read(o, sizeof *o, C10D__PG_OPTS_V1_SIZE, opts, what));
     if (c10d__on_loop_thread())
         return c10d__fail(C10D_EDEADLK, "%s blocks: it cannot run inside a callback", what);
     if (parent->rank < 0)
         return c10d__fail(C10D_EINVAL, "%s: this rank is not a member of parent group %s", what,
                           parent->name);
+    return 0;
+}
+
+int c10d_pg_shrink(c10d_pg *parent, const int *excluded, int nexcluded, const c10d_pg_opts *opts,
+                   c10d_pg **out)
+{
+    static const char what[] = "c10d_pg_shrink";
+    c10d_pg_opts o;
+    C10D_CHECK(member_call(what, parent, opts, &o, out));
     if (nexcluded <= 0 || excluded == NULL)
         return c10d__fail(C10D_EINVAL, "%s: no ranks to exclude (%p, %d entries)", what,
                           (const void *)excluded, nexcluded);
@@ -409,19 +419,8 @@ static int split_exchange(c10d_pg *parent, int k, int color, int key, int64_t ti
 int c10d_pg_split(c10d_pg *parent, int color, int key, const c10d_pg_opts *opts, c10d_pg **out)
 {
     static const char what[] = "c10d_pg_split";
-    c10d__pg_registry_once();
-    if (out == NULL)
-        return c10d__fail(C10D_EINVAL, "%s: out is NULL", what);
-    *out = NULL;
-    if (parent == NULL)
-        return c10d__fail(C10D_EINVAL, "%s: parent is NULL", what);
     c10d_pg_opts o;
-    C10D_CHECK(c10d__opts_read(&o, sizeof o, C10D__PG_OPTS_V1_SIZE, opts, what));
-    if (c10d__on_loop_thread())
-        return c10d__fail(C10D_EDEADLK, "%s blocks: it cannot run inside a callback", what);
-    if (parent->rank < 0)
-        return c10d__fail(C10D_EINVAL, "%s: this rank is not a member of parent group %s", what,
-                          parent->name);
+    C10D_CHECK(member_call(what, parent, opts, &o, out));
     if (parent->store == NULL)
         return c10d__fail(C10D_EUNSUPPORTED, "%s: parent group %s has no store", what,
                           parent->name);
