@@ -83,16 +83,21 @@ def find_cycle(graph):
     return None
 
 
+def tree_files(src, roots, suffixes):
+    """Paths (relative to src) of the files under `roots` ending in `suffixes`, sorted."""
+    files = []
+    for root in roots:
+        for dirpath, _, names in os.walk(os.path.join(src, root)):
+            files += [os.path.relpath(os.path.join(dirpath, n), src) for n in names
+                      if n.endswith(suffixes)]
+    return sorted(files)
+
+
 def check_includes(src, arrows):
     modules = set(arrows)
     problems = []
-    files = []
-    for root in ROOTS:
-        for dirpath, _, names in os.walk(os.path.join(src, root)):
-            for name in names:
-                if name.endswith((".c", ".h")):
-                    files.append(os.path.relpath(os.path.join(dirpath, name), src))
-    for f in sorted(files):
+    files = tree_files(src, ROOTS, (".c", ".h"))
+    for f in files:
         mod = module_of(f, modules)
         if mod is None:
             problems.append(f"{f}: in no module of docs/architecture.md's layering block")
@@ -125,18 +130,13 @@ def check_includes(src, arrows):
 
 def check_guards(src):
     problems = []
-    for root in ROOTS + ("include", "test"):
-        for dirpath, _, names in os.walk(os.path.join(src, root)):
-            for name in names:
-                if not name.endswith(".h"):
-                    continue
-                f = os.path.relpath(os.path.join(dirpath, name), src)
-                text = open(os.path.join(src, f), encoding="utf-8").read()
-                m = re.search(r"#ifndef\s+(\w+)\s*\n#define\s+(\w+)", text)
-                want = "C10D_H" if f == "include/c10d.h" else \
-                    "C10D_" + re.sub(r"[^A-Za-z0-9]", "_", f).upper()
-                if m is None or m.group(1) != want or m.group(2) != want:
-                    problems.append(f"{f}: header guard should be {want}")
+    for f in tree_files(src, ROOTS + ("include", "test"), (".h",)):
+        text = open(os.path.join(src, f), encoding="utf-8").read()
+        m = re.search(r"#ifndef\s+(\w+)\s*\n#define\s+(\w+)", text)
+        want = "C10D_H" if f == "include/c10d.h" else \
+            "C10D_" + re.sub(r"[^A-Za-z0-9]", "_", f).upper()
+        if m is None or m.group(1) != want or m.group(2) != want:
+            problems.append(f"{f}: header guard should be {want}")
     return problems
 
 
@@ -146,19 +146,14 @@ LONG_LINES = 800
 def check_long_files(src):
     """A library source over LONG_LINES lines says why in its opening comment."""
     problems = []
-    for root in ROOTS:
-        for dirpath, _, names in os.walk(os.path.join(src, root)):
-            for name in names:
-                if not name.endswith(".c"):
-                    continue
-                f = os.path.relpath(os.path.join(dirpath, name), src)
-                text = open(os.path.join(src, f), encoding="utf-8").read()
-                if text.count("\n") <= LONG_LINES:
-                    continue
-                opening = re.sub(r"\n\s*\*", " ", text.split("*/", 1)[0])
-                if f"Over {LONG_LINES} lines" not in " ".join(opening.split()):
-                    problems.append(f"{f}: {text.count(chr(10))} lines, and its opening comment "
-                                    f"does not say why (\"Over {LONG_LINES} lines because ...\")")
+    for f in tree_files(src, ROOTS, (".c",)):
+        text = open(os.path.join(src, f), encoding="utf-8").read()
+        if text.count("\n") <= LONG_LINES:
+            continue
+        opening = re.sub(r"\n\s*\*", " ", text.split("*/", 1)[0])
+        if f"Over {LONG_LINES} lines" not in " ".join(opening.split()):
+            problems.append(f"{f}: {text.count(chr(10))} lines, and its opening comment "
+                            f"does not say why (\"Over {LONG_LINES} lines because ...\")")
     return problems
 
 
