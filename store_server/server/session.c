@@ -593,9 +593,12 @@ static void handle(struct c10d__store_session *s, const struct c10d__wire_reques
     const struct c10d__wire_str *a = r->args;
     int rc = 0;
     ctx->ops[r->cmd]++;
-    /* A wake this client owes a queue is settled by what it asks next. */
-    struct c10d__wire_str none = {NULL, 0};
-    c10d__store_table_client_request(t, &s->client, r->cmd, r->nargs ? a[0] : none);
+    /* A wake this client owes a queue is settled by what it asks next (a
+     * test here: the call is rare, and this is every request's path). */
+    if (s->client.owed_wake != NULL) {
+        struct c10d__wire_str none = {NULL, 0};
+        c10d__store_table_client_request(t, &s->client, r->cmd, r->nargs ? a[0] : none);
+    }
     /* Charged before the command runs: a refused reply leaves the table as it
      * was (STATS charges its real size once built). */
     if (reply && r->cmd != C10D_STORE_STATS && out_room(s, reply, r->cmd) < 0)
