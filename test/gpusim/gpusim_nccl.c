@@ -76,6 +76,10 @@ int sim_backoff(struct sim_comm *c, unsigned *spins)
     return 0;
 }
 
+/* Its presence tells a test that the simulation, not real NCCL, is loaded:
+ * the fault knobs (C10D_SIM_*) exist only here. */
+SIM_API const char c10d_gpusim[] = "libc10d CPU simulation of CUDA + NCCL";
+
 SIM_API ncclResult_t ncclGetVersion(int *version)
 {
     if (version == NULL)
