@@ -156,7 +156,8 @@ esac
 echo "GPUs: $gpus, NCCL loaded: ${nccl_version:-unknown}, ranks per test <= $max_ranks" |
     tee -a "$summary"
 
-step test_nccl test_nccl.log 150 env C10D_TEST_MAX_RANKS=$max_ranks "$build/test/test_nccl"
+step test_nccl test_nccl.log 150 env C10D_TEST_MAX_RANKS=$max_ranks NCCL_DEBUG=WARN \
+    "$build/test/test_nccl"
 
 step host_cost host_cost.log 40 "$build/bench/bench_nccl_host" -n 1000 -r 11 -b 4
 step host_cost_torch host_cost.log 40 $py "$here/nccl_host_torch.py" -n 1000 -r 11 -b 4
@@ -182,5 +183,18 @@ for n in 2 4; do
     step "gloo_cuda_$n" tcp_cuda.log 45 "$run_tool" --timeout 40 -n $n --no-prefix \
         $py "$here/gloo_cuda_torch.py" -b 4K -e $top -f 4 -n 20 -w 5
 done
+# Processes sharing one GPU time-slice it; CUDA MPS (root can start it) lets
+# their small copies run at once: the same 2-rank sweeps under MPS.
+if command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/c10d-mps CUDA_MPS_LOG_DIRECTORY=/tmp/c10d-mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    step mps_start tcp_cuda.log 15 nvidia-cuda-mps-control -d
+    step tcp_cuda_2_mps tcp_cuda.log 35 "$run_tool" --timeout 30 -n 2 --no-prefix \
+        "$build/bench/c10d-bench" --backend tcp --device cuda -o all_reduce -b 4K -e 256M \
+        -f 4 -z 1 -c 1 -n 20 -w 5
+    step gloo_cuda_2_mps tcp_cuda.log 45 "$run_tool" --timeout 40 -n 2 --no-prefix \
+        $py "$here/gloo_cuda_torch.py" -b 4K -e 256M -f 4 -n 20 -w 5
+    step mps_stop tcp_cuda.log 15 sh -c 'echo quit | nvidia-cuda-mps-control'
+fi
 echo "total: $(($(date +%s) - t_start)) s of ${budget} s, status $status" | tee -a "$summary"
 exit $status

@@ -169,7 +169,8 @@ static int check_all_reduce(c10d_pg *pg, int rank, int n, c10d_dtype dt, c10d_re
     int bitwise = op == C10D_BAND || op == C10D_BOR || op == C10D_BXOR;
     int premul_bad = op == C10D_PREMUL_SUM &&
                      (!data_is_float(dt) || dt == C10D_FLOAT8_E4M3 || dt == C10D_FLOAT8_E5M2);
-    int avg_bool = op == C10D_AVG && dt == C10D_BOOL;
+    int avg_bad =
+        op == C10D_AVG && (dt == C10D_BOOL || dt == C10D_FLOAT8_E4M3 || dt == C10D_FLOAT8_E5M2);
     if (use_tcp_cuda) {
         /* The host backend's rules: what c10d_reduce_op_check accepts works. */
         if (c10d_reduce_op_check(op, dt) != 0) {
@@ -178,9 +179,9 @@ static int check_all_reduce(c10d_pg *pg, int rank, int n, c10d_dtype dt, c10d_re
             cu->cudaFree(send), cu->cudaFree(recv), free(h);
             return 0;
         }
-        bitwise = premul_bad = avg_bool = 0;
+        bitwise = premul_bad = avg_bad = 0;
     }
-    if (bitwise || premul_bad || avg_bool) {
+    if (bitwise || premul_bad || avg_bad) {
         char want[96];
         snprintf(want, sizeof want,
                  bitwise ? "Cannot use ReduceOp.%s with NCCL" : "Cannot use ReduceOp.%s",

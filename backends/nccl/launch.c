@@ -65,6 +65,13 @@ int c10d__nccl_check(const struct c10d__op *op)
         case C10D_AVG:
             if (op->dtype == C10D_BOOL)
                 return c10d__fail(C10D_EINVAL, "Cannot use ReduceOp.AVG with boolean inputs");
+            /* NCCL (2.28.9 on an H200) fails the launch with ncclInvalidArgument,
+             * which would fail the whole group; refused here, the group lives. */
+            if (op->dtype == C10D_FLOAT8_E4M3 || op->dtype == C10D_FLOAT8_E5M2)
+                return c10d__fail(C10D_EINVAL,
+                                  "Cannot use ReduceOp.AVG with dtype %s on NCCL (NCCL has no "
+                                  "average of fp8 values; SUM, then scale)",
+                                  c10d_dtype_name(op->dtype));
             break;
         case C10D_PREMUL_SUM:
             if (!is_float(op->dtype) || op->dtype == C10D_FLOAT8_E4M3 ||

@@ -661,6 +661,11 @@ static ncclResult_t check(struct sim_op *o, ncclComm_t comm)
             o->op = ncclSum;
         }
     }
+    /* Real NCCL has no fp8 average (seen on NCCL 2.28.9, H200). */
+    if ((o->kind == K_ALLREDUCE || o->kind == K_REDUCE || o->kind == K_REDSCAT) &&
+        o->op == ncclAvg && (o->dt == ncclFloat8e4m3 || o->dt == ncclFloat8e5m2) && o->count > 0)
+        return bad(o, ncclInvalidArgument, "ncclAvg is not supported for fp8 datatype",
+                   (long)o->dt);
     if ((o->kind == K_BCAST || o->kind == K_REDUCE || is_p2p(o)) &&
         (o->root < 0 || o->root >= c->nranks))
         return bad(o, ncclInvalidArgument, is_p2p(o) ? "invalid peer" : "invalid root",
