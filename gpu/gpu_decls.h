@@ -61,6 +61,7 @@
     X(cudaErrorInvalidResourceHandle, 400)                                                         \
     X(cudaErrorSymbolNotFound, 500)                                                                \
     X(cudaErrorNotReady, 600)                                                                      \
+    X(cudaErrorIllegalAddress, 700)                                                                \
     X(cudaErrorNotSupported, 801)
 
 #define C10D__CUDA_MEMCPY_KINDS(X)                                                                 \

@@ -922,6 +922,62 @@ static void test_async_error(void **s)
     run(2, async_main, NULL, 60);
 }
 
+/* A sticky CUDA error fails an op that has not started within a poll,
+ * instead of leaving it "not started" for ever (no clock would run out).
+ * The op waits behind a caller stream held by a host function; then a NaN
+ * check kernel on another stream reads an address no allocation holds (an
+ * illegal address on a GPU as in the simulation), and the fault sticks to
+ * the whole process. The group is failed; abort and shutdown return. One
+ * rank: it runs on one GPU against real NCCL too. */
+static int sticky_main(int rank, int n, void *arg)
+{
+    (void)rank, (void)n, (void)arg;
+    setenv("C10D_BACKEND_CLOSE_MS", "3000", 1);
+    c10d__env_reload();
+    c10d_pg *pg = init_group(1, 30000);
+    MP_CHECK(pg != NULL, "init");
+    MP_CHECK(c10d__nan_check_load() == 0, "NaN check kernel: %s", c10d_last_error());
+    c10d_op_opts o = gpu_opts();
+    float *buf = dev_alloc(4096);
+    uint64_t *flag = dev_alloc(sizeof *flag);
+    c10d_work *w;
+    MP_CHECK(finish(c10d_all_reduce(pg, buf, buf, 1024, C10D_FLOAT32, C10D_SUM, &o, &w), &w) == 0,
+             "a clean op: %s", c10d_last_error());
+    cudaStream_t side;
+    MP_CHECK(cu->cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, 0) == cudaSuccess,
+             "stream");
+    MP_CHECK(cu->cudaLaunchHostFunc(NULL, stall_fn, NULL) == cudaSuccess, "host func");
+    uint64_t t0 = now_ms();
+    MP_CHECK(c10d_all_reduce(pg, buf, buf, 1024, C10D_FLOAT32, C10D_SUM, &o, &w) == 0,
+             "issue behind the held stream: %s", c10d_last_error());
+    const float *wild = (const float *)((const char *)buf + ((size_t)1 << 40));
+    MP_CHECK(c10d__nan_check_launch(cu, wild, 1 << 20, C10D_FLOAT32, flag, 1, side) == 0,
+             "launch: %s", c10d_last_error());
+    int rc = c10d_work_wait_release(w);
+    uint64_t took = now_ms() - t0;
+    MP_CHECK(rc == C10D_EIO, "the op behind a device fault: %d %s", rc, c10d_last_error());
+    MP_CHECK(took <= 3000, "failure took %llu ms", (unsigned long long)took);
+    MP_CHECK(strstr(c10d_last_error(), "illegal memory access") != NULL, "message: %s",
+             c10d_last_error());
+    printf("rank %d: failed after %llu ms: %s\n", rank, (unsigned long long)took,
+           c10d_last_error());
+    MP_CHECK(c10d_all_reduce(pg, buf, buf, 1, C10D_FLOAT32, C10D_SUM, &o, NULL) != 0,
+             "op after failure");
+    uint64_t a0 = now_ms();
+    c10d_pg_abort(pg, "test: sticky error");
+    uint64_t abort_ms = now_ms() - a0;
+    MP_CHECK(abort_ms < 3000 + 2000, "abort took %llu ms", (unsigned long long)abort_ms);
+    atomic_store(&stall_gate, 1);
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_sticky_error(void **s)
+{
+    (void)s;
+    run(1, sticky_main, NULL, 30);
+}
+
 /* C10D_NCCL_NAN_CHECK: a NaN in an input fails that op on its rank, and
  * the other ranks through the store; infinities and clean inputs pass. */
 static void put_bits(void *buf, size_t i, c10d_dtype dt, uint64_t bits)
@@ -1415,6 +1471,7 @@ int main(void)
         cmocka_unit_test(test_first_launch_blocks),
         cmocka_unit_test(test_async_error),
         cmocka_unit_test(test_nan_check),
+        cmocka_unit_test(test_sticky_error),
         cmocka_unit_test(test_init_never_joins),
         cmocka_unit_test(test_loop_never_blocks),
         cmocka_unit_test(test_shrink),

@@ -91,9 +91,23 @@ static int op_ready(struct c10d__poll_item *item)
     enum cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
     api->cuda.cudaThreadExchangeStreamCaptureMode(&mode);
     int ready = 0;
-    if (no->started_ms == 0 && api->cuda.cudaEventQuery(no->start_ev) == cudaSuccess)
-        no->started_ms = c10d__now_ms();
-    if (no->started_ms != 0) {
+    if (no->started_ms == 0) {
+        cudaError_t e = api->cuda.cudaEventQuery(no->start_ev);
+        if (e == cudaSuccess) {
+            no->started_ms = c10d__now_ms();
+        } else if (e != cudaErrorNotReady) {
+            /* A sticky error (a kernel's illegal address, an Xid): the op will
+             * never start and no clock would ever run out; fail it now. */
+            no->status = C10D_EIO;
+            snprintf(no->why, sizeof no->why,
+                     "CUDA error before %s (SeqNum=%llu) started on the communicator's "
+                     "stream: %s; the device context is unusable, abort the group",
+                     op_type(no->op), (unsigned long long)no->op->seq,
+                     api->cuda.cudaGetErrorString(e));
+            ready = 1;
+        }
+    }
+    if (!ready && no->started_ms != 0) {
         cudaError_t e = api->cuda.cudaEventQuery(no->end_ev);
         if (e == cudaSuccess) {
             /* Tags are unique: a slot holding ours was written by our check

@@ -27,6 +27,17 @@ cudaError_t sim_stream_enqueue(cudaStream_t stream, void (*fn)(void *), void *ar
 /* 1 if the handle names a live stream (or one of the default-stream aliases). */
 int sim_stream_valid(cudaStream_t stream);
 
+/* ------------------------------------------------------- sticky errors */
+/* A device fault (a kernel touched memory no allocation holds): from then
+ * on, as on a GPU, the process's CUDA calls fail with `e` and NCCL's with
+ * ncclUnhandledCudaError. */
+void sim_fault(cudaError_t e);
+/* The sticky error, or cudaSuccess. */
+cudaError_t sim_sticky(void);
+/* 1 if the device can reach [p, p + n): inside one live allocation, or host
+ * memory the process maps. */
+int sim_dev_range_valid(const void *p, size_t n);
+
 /* ------------------------------------------------------ shared segment */
 #define SIM_MAX_RANKS  256
 #define SIM_SLOT_BYTES (1u << 20) /* per rank, for collectives */

@@ -481,10 +481,40 @@ static int run_p2p(struct sim_job *j)
     }
 }
 
+/* 1 if an op's buffers reach outside every allocation: on a GPU that is
+ * an illegal address, a fault that sticks (NCCL's kernels read them all). */
+static int job_faults(const struct sim_job *j)
+{
+    for (size_t i = 0; i < j->nops; i++) {
+        const struct sim_op *o = &j->ops[i];
+        if (o->count == 0)
+            continue;
+        size_t one = o->count * sim_dtype_size(o->dt), n = (size_t)o->c->nranks;
+        int root = o->root == o->c->rank;
+        size_t in = o->kind == K_REDSCAT                                 ? one * n
+                    : o->kind == K_RECV || (o->kind == K_BCAST && !root) ? 0
+                                                                         : one;
+        size_t out = o->kind == K_ALLGATHER                                ? one * n
+                     : o->kind == K_SEND || (o->kind == K_REDUCE && !root) ? 0
+                                                                           : one;
+        if ((in > 0 && !sim_dev_range_valid(o->send, in)) ||
+            (out > 0 && !sim_dev_range_valid(o->recv, out)))
+            return 1;
+    }
+    return 0;
+}
+
 static void run_job(void *p)
 {
     struct sim_job *j = p;
     int stop = 0;
+    /* After a fault the device runs nothing more. */
+    if (sim_sticky() != cudaSuccess) {
+        stop = -1;
+    } else if (job_faults(j)) {
+        sim_fault(cudaErrorIllegalAddress);
+        stop = -1;
+    }
     for (size_t i = 0; i < j->ncomms && !stop; i++) { /* this communicator's turn */
         unsigned spins = 0;
         while (!stop &&
@@ -638,6 +668,10 @@ static ncclResult_t check(struct sim_op *o, ncclComm_t comm)
     ncclResult_t r = sim_comm_check_ready(c, who);
     if (r != ncclSuccess)
         return r;
+    if (sim_sticky() != cudaSuccess) {
+        sim_set_error("%s: Cuda failure '%s'", who, cudaGetErrorString(sim_sticky()));
+        return ncclUnhandledCudaError;
+    }
     o->c = c;
     size_t es = sim_dtype_size(o->dt);
     if (es == 0)

@@ -9,6 +9,9 @@
  * the marker of its latest record has run. */
 #include "gpusim.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -61,6 +64,54 @@ static cudaError_t ret(cudaError_t e)
     if (e != cudaSuccess)
         t_last_error = e;
     return e;
+}
+
+/* ------------------------------------------------------- sticky errors */
+static _Atomic int g_sticky; /* a cudaError_t; 0 until a fault */
+
+void sim_fault(cudaError_t e)
+{
+    int none = 0;
+    atomic_compare_exchange_strong(&g_sticky, &none, (int)e);
+}
+
+cudaError_t sim_sticky(void)
+{
+    return (cudaError_t)atomic_load(&g_sticky);
+}
+
+/* Every API call that touches the device fails once a fault happened. */
+#define STICKY_RETURN()                                                                            \
+    do {                                                                                           \
+        cudaError_t sticky_ = sim_sticky();                                                        \
+        if (sticky_ != cudaSuccess)                                                                \
+            return ret(sticky_);                                                                   \
+    } while (0)
+
+/* Live device allocations, so a kernel's access can be checked. */
+struct sim_alloc {
+    char *base;
+    size_t size;
+    struct sim_alloc *next;
+};
+static pthread_mutex_t alloc_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct sim_alloc *allocs;
+
+int sim_dev_range_valid(const void *p, size_t n)
+{
+    const char *c = p;
+    int ok = 0;
+    pthread_mutex_lock(&alloc_mu);
+    for (struct sim_alloc *a = allocs; a != NULL && !ok; a = a->next)
+        ok = c >= a->base && n <= a->size && (size_t)(c - a->base) <= a->size - n;
+    pthread_mutex_unlock(&alloc_mu);
+    if (ok || n == 0)
+        return ok || n == 0;
+    /* Host memory the process maps is reachable too (as with HMM, and as this
+     * simulation's own tests use it); an address nothing maps is not. */
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)c & ~(page - 1);
+    uintptr_t hi = (uintptr_t)c + n;
+    return hi > (uintptr_t)c && msync((void *)lo, hi - lo, MS_ASYNC) == 0;
 }
 
 /* A child forked after we ran has none of our threads: start afresh (the
@@ -157,6 +208,8 @@ SIM_API const char *cudaGetErrorString(cudaError_t error)
         return "no CUDA-capable device is detected";
     case cudaErrorInvalidDevicePointer:
         return "invalid device pointer";
+    case cudaErrorIllegalAddress:
+        return "an illegal memory access was encountered";
     case cudaErrorNotSupported:
         return "operation not supported";
     default:
@@ -166,6 +219,8 @@ SIM_API const char *cudaGetErrorString(cudaError_t error)
 
 SIM_API cudaError_t cudaGetLastError(void)
 {
+    if (sim_sticky() != cudaSuccess)
+        return sim_sticky(); /* a fault is not cleared by reading it */
     cudaError_t e = t_last_error;
     t_last_error = cudaSuccess;
     return e;
@@ -350,6 +405,7 @@ SIM_API cudaError_t cudaStreamDestroy(cudaStream_t stream)
 
 SIM_API cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
+    STICKY_RETURN();
     struct sim_stream *s = stream_get(stream);
     if (s == NULL)
         return ret(cudaErrorInvalidResourceHandle);
@@ -359,6 +415,7 @@ SIM_API cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 
 SIM_API cudaError_t cudaDeviceSynchronize(void)
 {
+    STICKY_RETURN();
     pthread_once(&g_once, once_init);
     pthread_mutex_lock(&g_mu);
     size_t n = 0;
@@ -406,6 +463,7 @@ SIM_API cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMo
 
 SIM_API cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void *userData)
 {
+    STICKY_RETURN();
     if (fn == NULL)
         return ret(cudaErrorInvalidValue);
     return ret(sim_stream_enqueue(stream, fn, userData));
@@ -487,6 +545,7 @@ static void waiter_run(void *p)
 
 SIM_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 {
+    STICKY_RETURN();
     struct ev_mark *m = malloc(sizeof *m);
     if (m == NULL)
         return ret(cudaErrorMemoryAllocation);
@@ -513,6 +572,7 @@ SIM_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 
 SIM_API cudaError_t cudaEventQuery(cudaEvent_t event)
 {
+    STICKY_RETURN();
     pthread_mutex_lock(&ev_mu);
     struct sim_event *e = event_get(event);
     cudaError_t rc = e == NULL                     ? cudaErrorInvalidResourceHandle
@@ -525,6 +585,7 @@ SIM_API cudaError_t cudaEventQuery(cudaEvent_t event)
 
 SIM_API cudaError_t cudaEventSynchronize(cudaEvent_t event)
 {
+    STICKY_RETURN();
     pthread_mutex_lock(&ev_mu);
     struct sim_event *e = event_get(event);
     if (e == NULL) {
@@ -542,6 +603,7 @@ SIM_API cudaError_t cudaEventSynchronize(cudaEvent_t event)
 
 SIM_API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
 {
+    STICKY_RETURN();
     if ((flags & ~(unsigned)cudaEventWaitExternal) != 0)
         return ret(cudaErrorInvalidValue);
     struct ev_mark *m = malloc(sizeof *m);
@@ -570,31 +632,54 @@ SIM_API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, 
 /* -------------------------------------------------------------- memory */
 SIM_API cudaError_t cudaMalloc(void **devPtr, size_t size)
 {
+    STICKY_RETURN();
     if (devPtr == NULL)
         return ret(cudaErrorInvalidValue);
     *devPtr = NULL;
     if (size == 0)
         return cudaSuccess;
     size_t rounded = (size + 255) & ~(size_t)255;
-    if (rounded < size || posix_memalign(devPtr, 256, rounded) != 0) {
+    struct sim_alloc *a = malloc(sizeof *a);
+    if (a == NULL || rounded < size || posix_memalign(devPtr, 256, rounded) != 0) {
+        free(a);
         *devPtr = NULL;
         return ret(cudaErrorMemoryAllocation);
     }
+    a->base = *devPtr;
+    a->size = size;
+    pthread_mutex_lock(&alloc_mu);
+    a->next = allocs;
+    allocs = a;
+    pthread_mutex_unlock(&alloc_mu);
     return cudaSuccess;
 }
 
 /* cudaFree and cudaFreeHost wait for the device first, as CUDA's do. */
 SIM_API cudaError_t cudaFree(void *devPtr)
 {
-    if (devPtr != NULL) {
-        cudaDeviceSynchronize();
-        free(devPtr);
-    }
-    return cudaSuccess;
+    if (devPtr == NULL)
+        return cudaSuccess;
+    cudaDeviceSynchronize();
+    struct sim_alloc *gone = NULL;
+    pthread_mutex_lock(&alloc_mu);
+    for (struct sim_alloc **pp = &allocs; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->base == devPtr) {
+            gone = *pp;
+            *pp = gone->next;
+            break;
+        }
+    pthread_mutex_unlock(&alloc_mu);
+    if (gone == NULL)
+        return ret(cudaErrorInvalidValue);
+    free(gone);
+    free(devPtr);
+    /* After a fault the memory is released, but the call reports the fault. */
+    return ret(sim_sticky());
 }
 
 SIM_API cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
 {
+    STICKY_RETURN();
     (void)flags;
     return cudaMalloc(pHost, size);
 }
@@ -613,6 +698,7 @@ static int bad_copy(const void *dst, const void *src, size_t count, enum cudaMem
 
 SIM_API cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
 {
+    STICKY_RETURN();
     cudaError_t rc = (cudaError_t)bad_copy(dst, src, count, kind);
     if (rc != cudaSuccess)
         return ret(rc);
@@ -660,6 +746,7 @@ static cudaError_t mem_enqueue(void *dst, const void *src, int value, size_t cou
 SIM_API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
                                     enum cudaMemcpyKind kind, cudaStream_t stream)
 {
+    STICKY_RETURN();
     cudaError_t rc = (cudaError_t)bad_copy(dst, src, count, kind);
     if (rc != cudaSuccess)
         return ret(rc);
@@ -668,6 +755,7 @@ SIM_API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
 
 SIM_API cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t stream)
 {
+    STICKY_RETURN();
     if (count > 0 && devPtr == NULL)
         return ret(cudaErrorInvalidValue);
     return mem_enqueue(devPtr, NULL, value, count, stream);

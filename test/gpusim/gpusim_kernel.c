@@ -80,6 +80,12 @@ static void nan_run(void *arg)
                 : t->kind == C10D_NAN_F32  ? 4
                 : t->kind <= C10D_NAN_BF16 ? 2
                                            : 1;
+    /* A GPU faults on memory no allocation holds, and the fault sticks. */
+    if (t->count > 0 && !sim_dev_range_valid(t->buf, t->count * es)) {
+        sim_fault(cudaErrorIllegalAddress);
+        free(t);
+        return;
+    }
     for (unsigned long long i = 0; i < t->count; i++)
         if (is_nan(t->buf + i * es, t->kind)) {
             *(volatile unsigned long long *)t->flag = t->tag;
@@ -92,6 +98,8 @@ SIM_API cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockD
                                      size_t sharedMem, cudaStream_t stream)
 {
     (void)gridDim, (void)blockDim, (void)sharedMem;
+    if (sim_sticky() != cudaSuccess)
+        return sim_sticky();
     if (func != (const void *)nan_kernel_tag)
         return cudaErrorInvalidDeviceFunction;
     if (args == NULL)
