@@ -163,6 +163,8 @@ step host_cost host_cost.log 40 "$build/bench/bench_nccl_host" -n 1000 -r 11 -b 
 step host_cost_torch host_cost.log 40 $py "$here/nccl_host_torch.py" -n 1000 -r 11 -b 4
 step host_cost_nonblocking host_cost.log 20 env C10D_NCCL_NONBLOCKING=1 \
     "$build/bench/bench_nccl_host" -m c10d -n 1000 -r 11 -b 4
+step host_cost_timing host_cost.log 20 env C10D_NCCL_ENABLE_TIMING=1 \
+    "$build/bench/bench_nccl_host" -m c10d -n 1000 -r 11 -b 4
 step host_cost_nan_check host_cost.log 20 env C10D_NCCL_NAN_CHECK=1 \
     "$build/bench/bench_nccl_host" -m c10d -n 1000 -r 11 -b 4
 step nan_check_1MiB host_cost.log 20 env C10D_NCCL_NAN_CHECK=1 \

@@ -20,10 +20,10 @@
     X(LOOP_SPIN_US, "C10D_LOOP_SPIN_US", NULL, "100",                                              \
       "the loop thread polls without sleeping this long after its last activity (0: it sleeps "    \
       "in epoll at once)")                                                                         \
-    X(BACKEND_CLOSE_MS, "C10D_BACKEND_CLOSE_MS", NULL, "10000",                                   \
-      "how long ending a group (destroy, abort, a failure) waits for each backend's abort and "  \
-      "destroy, which may block in a driver, before it goes on without them")                    \
-    X(DEBUG, "C10D_DEBUG", "TORCH_DISTRIBUTED_DEBUG", "OFF",                                        \
+    X(BACKEND_CLOSE_MS, "C10D_BACKEND_CLOSE_MS", NULL, "10000",                                    \
+      "how long ending a group (destroy, abort, a failure) waits for each backend's abort and "    \
+      "destroy, which may block in a driver, before it goes on without them")                      \
+    X(DEBUG, "C10D_DEBUG", "TORCH_DISTRIBUTED_DEBUG", "OFF",                                       \
       "OFF, INFO or DETAIL: DETAIL checks before each collective, through the store, that every "  \
       "rank calls it with the same op, dtype, count, reduce op and root")                          \
     X(TCP_LAZY_INIT, "C10D_TCP_LAZY_INIT", NULL, "0",                                              \
@@ -46,9 +46,9 @@
     X(TCP_CUDA_STAGING_MAX, "C10D_TCP_CUDA_STAGING_MAX", NULL, "268435456",                        \
       "tcp backend, CUDA buffers: pinned host staging memory a group keeps for reuse between "     \
       "ops (bytes; beyond it, blocks are freed after their op)")                                   \
-    X(TCP_CUDA_SEGMENT, "C10D_TCP_CUDA_SEGMENT", NULL, "4194304",                                 \
+    X(TCP_CUDA_SEGMENT, "C10D_TCP_CUDA_SEGMENT", NULL, "4194304",                                  \
       "tcp backend, CUDA buffers: all_reduce, broadcast and reduce larger than this are staged "   \
-      "in segments of about this many bytes, one segment's copies overlapping another's "         \
+      "in segments of about this many bytes, one segment's copies overlapping another's "          \
       "transfer (0: whole)")                                                                       \
     X(TCP_SOCKET_BUFFER, "C10D_TCP_SOCKET_BUFFER", NULL, "4194304",                                \
       "tcp backend: SO_SNDBUF/SO_RCVBUF requested for peer connections (0: the OS default)")       \
@@ -83,10 +83,8 @@
       "env:// rendezvous: local rank under Open MPI's mpirun")                                     \
     X(OMPI_LOCAL_SIZE, "OMPI_COMM_WORLD_LOCAL_SIZE", NULL, "",                                     \
       "env:// rendezvous: local size under Open MPI's mpirun")                                     \
-    X(PMI_RANK, "PMI_RANK", NULL, "",                                                              \
-      "env:// rendezvous: rank under MPICH/Hydra (PMI)")                                           \
-    X(PMI_SIZE, "PMI_SIZE", NULL, "",                                                              \
-      "env:// rendezvous: size under MPICH/Hydra (PMI)")                                           \
+    X(PMI_RANK, "PMI_RANK", NULL, "", "env:// rendezvous: rank under MPICH/Hydra (PMI)")           \
+    X(PMI_SIZE, "PMI_SIZE", NULL, "", "env:// rendezvous: size under MPICH/Hydra (PMI)")           \
     X(MPI_LOCALRANKID, "MPI_LOCALRANKID", NULL, "",                                                \
       "env:// rendezvous: local rank under MPICH/Hydra")                                           \
     X(MPI_LOCALNRANKS, "MPI_LOCALNRANKS", NULL, "",                                                \
@@ -132,10 +130,13 @@
       "starts a thread per op); c10d_nccl_opts.nonblocking sets it per group")                     \
     X(NCCL_RANKS_PER_ROOT, "C10D_NCCL_RANKS_PER_ROOT", "TORCH_NCCL_RANKS_PER_ROOT", "128",         \
       "nccl backend: a communicator of more ranks than this initialises through several "          \
-      "bootstrap roots (ncclCommInitRankScalable), one per this many ranks")                      \
-    X(NCCL_NAN_CHECK, "C10D_NCCL_NAN_CHECK", "TORCH_NCCL_NAN_CHECK", "0",                        \
+      "bootstrap roots (ncclCommInitRankScalable), one per this many ranks")                       \
+    X(NCCL_NAN_CHECK, "C10D_NCCL_NAN_CHECK", "TORCH_NCCL_NAN_CHECK", "0",                          \
       "nccl backend: 1 checks every floating-point input for NaN on the GPU before the op; a "     \
-      "NaN fails the op and the group (the process is not killed)")                               \
+      "NaN fails the op and the group (the process is not killed)")                                \
+    X(NCCL_ENABLE_TIMING, "C10D_NCCL_ENABLE_TIMING", "TORCH_NCCL_ENABLE_TIMING", "0",              \
+      "nccl backend: 1 makes the ops' start and end events timing events, so a completed op's "    \
+      "device time is known (c10d_work_duration_ms)")                                              \
     X(NCCL_PEER_CHECK_MS, "C10D_NCCL_PEER_CHECK_MS", NULL, "1000",                                 \
       "nccl backend: while ops are in flight, how often a rank looks in the store for another "    \
       "rank's failure of the group (0: never; each rank then fails by its own timeout)")           \

@@ -81,6 +81,9 @@ struct c10d_work {
     int64_t timeout_ms;
     uint64_t created_ms;
     atomic_int source_rank;
+    /* Device time of a GPU op with timing on (ms; < 0: none), written by its
+     * backend before completing it, read once it has completed. */
+    float duration_ms;
     /* Its flight recorder entry (record id + 1; 0: none), completed with it. */
     _Atomic uint64_t fr_id;
     /* Loop thread only. */
@@ -419,6 +422,7 @@ int c10d__work_create(c10d_work **out, const char *what, int64_t timeout_ms)
     }
     atomic_init(&w->refs, 2); /* the caller's and the pending list's */
     atomic_init(&w->source_rank, -1);
+    w->duration_ms = -1;
     w->timeout_ms = timeout_ms;
     w->created_ms = c10d__now_ms();
     w->arm_task.fn = arm_task_fn;
@@ -625,6 +629,26 @@ const char *c10d_work_message(c10d_work *w)
 int c10d_work_source_rank(c10d_work *w)
 {
     return w != NULL ? atomic_load(&w->source_rank) : -1;
+}
+
+int c10d_work_duration_ms(c10d_work *w, float *ms)
+{
+    if (w == NULL || ms == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_work_duration_ms: work or ms is NULL");
+    if (!c10d_work_test(w))
+        return C10D_PENDING;
+    if (w->duration_ms < 0)
+        return c10d__fail(C10D_EUNSUPPORTED,
+                          "c10d_work_duration_ms: no device time for %s (only nccl ops that "
+                          "completed with C10D_NCCL_ENABLE_TIMING=1 have one)",
+                          w->what != NULL ? w->what : "this work");
+    *ms = w->duration_ms;
+    return 0;
+}
+
+void c10d__work_set_duration(c10d_work *w, float ms)
+{
+    w->duration_ms = ms;
 }
 
 void c10d__work_set_source_rank(c10d_work *w, int rank)

@@ -32,6 +32,9 @@ void c10d__work_set_cancel(c10d_work *w, int (*fn)(c10d_work *w, void *arg), voi
 
 void c10d__work_set_source_rank(c10d_work *work, int rank);
 
+/* A GPU op's device time (c10d_work_duration_ms); before it completes. */
+void c10d__work_set_duration(c10d_work *work, float ms);
+
 /* The flight recorder entry (engine/flight_recorder.h) this work completes:
  * marked completed (or retired, on failure) at the moment the work completes,
  * before any waiter returns. */

@@ -183,6 +183,7 @@
     X(cudaError_t, cudaEventRecord, (cudaEvent_t event, cudaStream_t stream))                      \
     X(cudaError_t, cudaEventQuery, (cudaEvent_t event))                                            \
     X(cudaError_t, cudaEventSynchronize, (cudaEvent_t event))                                      \
+    X(cudaError_t, cudaEventElapsedTime, (float *ms, cudaEvent_t start, cudaEvent_t end))          \
     X(cudaError_t, cudaLaunchHostFunc, (cudaStream_t stream, cudaHostFn_t fn, void *userData))     \
     X(cudaError_t, cudaMalloc, (void **devPtr, size_t size))                                       \
     X(cudaError_t, cudaFree, (void *devPtr))                                                       \

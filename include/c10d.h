@@ -241,6 +241,14 @@ C10D_EXPORT const char *c10d_work_message(c10d_work *work);
 /* The source rank of a receive from any source; -1 otherwise. */
 C10D_EXPORT int c10d_work_source_rank(c10d_work *work);
 
+/* The device time of a completed GPU op in milliseconds, from its start to
+ * its end event on the communicator's stream (torch's Work.get_duration()).
+ * Needs C10D_NCCL_ENABLE_TIMING=1 (TORCH_NCCL_ENABLE_TIMING) when the group's
+ * communicator was made. 0 and *ms set; C10D_PENDING while pending;
+ * C10D_EUNSUPPORTED for a work with no device time (timing off, a failed op,
+ * a host op). */
+C10D_EXPORT int c10d_work_duration_ms(c10d_work *work, float *ms);
+
 C10D_EXPORT void c10d_work_retain(c10d_work *work);
 C10D_EXPORT void c10d_work_release(c10d_work *work);
 
@@ -297,7 +305,7 @@ typedef struct c10d_nccl_opts {
     int nonblocking;
 } c10d_nccl_opts;
 #define C10D_NCCL_OPTS_INIT C10D__SIZED_INIT(c10d_nccl_opts)
-#define C10D_PG_OPTS_INIT C10D__SIZED_INIT(c10d_pg_opts)
+#define C10D_PG_OPTS_INIT   C10D__SIZED_INIT(c10d_pg_opts)
 
 /* Per-call options; zero-initialised means defaults. */
 typedef struct c10d_op_opts {
@@ -526,7 +534,6 @@ C10D_EXPORT int c10d_recv_object_list(c10d_pg *pg, c10d_bytes *objs, int n, int 
  * wait for their keys up to the store's timeout (C10D_ETIMEDOUT); a key that
  * vanished after the wait is C10D_ENOTFOUND "key not found", never an empty
  * value. Counters (ADD) are stored as decimal text. */
-
 
 typedef struct c10d_store_bytes {
     const void *data;

@@ -50,6 +50,13 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static void *dev_alloc(size_t bytes)
 {
     void *p = NULL;
@@ -922,6 +929,55 @@ static void test_async_error(void **s)
     run(2, async_main, NULL, 60);
 }
 
+/* C10D_NCCL_ENABLE_TIMING: a completed op has a device time, at most the
+ * time the host saw it take; without it there is none, saying so. */
+static int timing_main(int rank, int n, void *arg)
+{
+    (void)rank, (void)n;
+    if (arg != NULL)
+        setenv("C10D_NCCL_ENABLE_TIMING", "1", 1);
+    c10d__env_reload();
+    c10d_pg *pg = init_group(1, 30000);
+    MP_CHECK(pg != NULL, "init");
+    c10d_op_opts o = gpu_opts();
+    size_t count = (size_t)4 << 20;
+    float *in = dev_alloc(count * sizeof *in), *out = dev_alloc(count * sizeof *out);
+    MP_CHECK(cu->cudaDeviceSynchronize() == cudaSuccess, "sync");
+    for (int i = 0; i < 3; i++) {
+        c10d_work *w;
+        uint64_t t0 = now_ns();
+        MP_CHECK(c10d_all_reduce(pg, in, out, count, C10D_FLOAT32, C10D_SUM, &o, &w) == 0,
+                 "issue: %s", c10d_last_error());
+        MP_CHECK(c10d_work_wait(w, -1) == 0, "wait: %s", c10d_last_error());
+        double wall_ms = (double)(now_ns() - t0) / 1e6;
+        float ms = -1;
+        int rc = c10d_work_duration_ms(w, &ms);
+        if (arg != NULL) {
+            MP_CHECK(rc == 0, "duration: %d %s", rc, c10d_last_error());
+            MP_CHECK(ms >= 0 && ms <= wall_ms, "device time %.3f ms, host saw %.3f ms", ms,
+                     wall_ms);
+            if (i == 2)
+                printf("16 MiB all_reduce on 1 rank: device %.3f ms, host %.3f ms\n", ms, wall_ms);
+        } else {
+            MP_CHECK(rc == C10D_EUNSUPPORTED &&
+                         strstr(c10d_last_error(), "C10D_NCCL_ENABLE_TIMING") != NULL,
+                     "without timing: %d %s", rc, c10d_last_error());
+        }
+        c10d_work_release(w);
+    }
+    MP_CHECK(c10d_work_duration_ms(NULL, NULL) == C10D_EINVAL, "NULL");
+    MP_CHECK(c10d_pg_destroy(pg) == 0, "destroy: %s", c10d_last_error());
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_timing(void **s)
+{
+    (void)s;
+    run(1, timing_main, NULL, 60);
+    run(1, timing_main, (void *)1, 60);
+}
+
 /* A sticky CUDA error fails an op that has not started within a poll,
  * instead of leaving it "not started" for ever (no clock would run out).
  * The op waits behind a caller stream held by a host function; then a NaN
@@ -1471,6 +1527,7 @@ int main(void)
         cmocka_unit_test(test_first_launch_blocks),
         cmocka_unit_test(test_async_error),
         cmocka_unit_test(test_nan_check),
+        cmocka_unit_test(test_timing),
         cmocka_unit_test(test_sticky_error),
         cmocka_unit_test(test_init_never_joins),
         cmocka_unit_test(test_loop_never_blocks),

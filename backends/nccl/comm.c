@@ -44,6 +44,7 @@ static struct nccl_event_pool *pool_new(int device)
     uv_mutex_init(&p->mutex);
     p->refs = 1;
     p->device = device;
+    p->timing = c10d__env_int(C10D_ENV_NCCL_ENABLE_TIMING) != 0;
     return p;
 }
 
@@ -60,7 +61,7 @@ int c10d__nccl_event_get(struct nccl_event_pool *p, const struct c10d__gpu_api *
     p->refs++;
     uv_mutex_unlock(&p->mutex);
     /* Made on the pool's device: the caller has it current. */
-    cudaError_t e = api->cuda.cudaEventCreateWithFlags(ev, cudaEventDisableTiming);
+    cudaError_t e = api->cuda.cudaEventCreateWithFlags(ev, p->timing ? 0 : cudaEventDisableTiming);
     if (e != cudaSuccess) {
         c10d__nccl_pool_unref(p, api);
         return c10d__fail(C10D_EIO, "nccl: cudaEventCreateWithFlags: %s",

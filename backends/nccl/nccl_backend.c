@@ -122,6 +122,10 @@ static int op_ready(struct c10d__poll_item *item)
                          op_type(no->op), (unsigned long long)no->op->seq,
                          c10d_dtype_name(no->op->dtype), c->s->rank, c->s->name);
             }
+            float ms;
+            if (no->status == 0 && no->pool->timing &&
+                api->cuda.cudaEventElapsedTime(&ms, no->start_ev, no->end_ev) == cudaSuccess)
+                c10d__work_set_duration(no->op->work, ms);
             ready = 1;
         } else if (e != cudaErrorNotReady) {
             no->status = C10D_EIO;

@@ -46,6 +46,7 @@ struct nccl_event_pool {
     uv_mutex_t mutex;
     int refs;
     int device;
+    int timing; /* C10D_NCCL_ENABLE_TIMING: events that can be timed */
     int closed; /* the communicator is gone: returned events are destroyed */
     cudaEvent_t *free_events;
     size_t n, cap;

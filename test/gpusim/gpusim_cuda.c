@@ -9,13 +9,12 @@
  * the marker of its latest record has run. */
 #include "gpusim.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #define STREAM_MAGIC 0x5157524du
@@ -44,6 +43,7 @@ struct sim_event {
     uint32_t magic;
     unsigned flags;
     uint64_t recorded, completed; /* under ev_mu */
+    uint64_t completed_ns;        /* under ev_mu: when the last record completed */
     int refs;                     /* under ev_mu: the user's and one per queued marker/wait */
 };
 
@@ -524,8 +524,12 @@ static void marker_run(void *p)
 {
     struct ev_mark *m = p;
     pthread_mutex_lock(&ev_mu);
-    if (m->e->completed < m->ticket)
+    if (m->e->completed < m->ticket) {
         m->e->completed = m->ticket;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        m->e->completed_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    }
     pthread_cond_broadcast(&ev_cv);
     event_unref_locked(m->e);
     pthread_mutex_unlock(&ev_mu);
@@ -580,6 +584,26 @@ SIM_API cudaError_t cudaEventQuery(cudaEvent_t event)
                                                    : cudaErrorNotReady;
     pthread_mutex_unlock(&ev_mu);
     /* cudaErrorNotReady is not an error: it does not stick. */
+    return rc == cudaErrorNotReady ? rc : ret(rc);
+}
+
+/* As CUDA's: both events recorded and done, neither made without timing. */
+SIM_API cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+    STICKY_RETURN();
+    if (ms == NULL)
+        return ret(cudaErrorInvalidValue);
+    pthread_mutex_lock(&ev_mu);
+    struct sim_event *a = event_get(start), *b = event_get(end);
+    cudaError_t rc = cudaSuccess;
+    if (a == NULL || b == NULL || (a->flags & cudaEventDisableTiming) ||
+        (b->flags & cudaEventDisableTiming) || a->recorded == 0 || b->recorded == 0)
+        rc = cudaErrorInvalidResourceHandle;
+    else if (a->completed < a->recorded || b->completed < b->recorded)
+        rc = cudaErrorNotReady;
+    else
+        *ms = (float)((double)((int64_t)(b->completed_ns - a->completed_ns)) / 1e6);
+    pthread_mutex_unlock(&ev_mu);
     return rc == cudaErrorNotReady ? rc : ret(rc);
 }
 
