@@ -633,6 +633,14 @@ static void test_ops_1(void **s)
     run(1, ops_main, NULL, 120);
 }
 
+/* Nonblocking on one rank: on one GPU, real NCCL's nonblocking paths
+ * (ncclInProgress, a communicator handed out only when ready). */
+static void test_ops_1_nonblocking(void **s)
+{
+    (void)s;
+    run(1, ops_main, (void *)2, 120);
+}
+
 static void test_ops_2_lazy(void **s)
 {
     (void)s;
@@ -1518,6 +1526,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ops_1),
+        cmocka_unit_test(test_ops_1_nonblocking),
         cmocka_unit_test(test_ops_2_lazy),
         cmocka_unit_test(test_ops_2_nonblocking),
         cmocka_unit_test(test_ops_3_bound),
