@@ -1010,6 +1010,12 @@ static int sticky_main(int rank, int n, void *arg)
     cudaStream_t side;
     MP_CHECK(cu->cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, 0) == cudaSuccess,
              "stream");
+    /* Launched once first: CUDA loads a kernel lazily at its first launch,
+     * which waits for the device, and the held stream below would never let
+     * it (seen on an H200). */
+    MP_CHECK(c10d__nan_check_launch(cu, buf, 1024, C10D_FLOAT32, flag, 1, side) == 0 &&
+                 cu->cudaStreamSynchronize(side) == cudaSuccess,
+             "a clean check: %s", c10d_last_error());
     MP_CHECK(cu->cudaLaunchHostFunc(NULL, stall_fn, NULL) == cudaSuccess, "host func");
     uint64_t t0 = now_ms();
     MP_CHECK(c10d_all_reduce(pg, buf, buf, 1024, C10D_FLOAT32, C10D_SUM, &o, &w) == 0,

@@ -237,6 +237,18 @@ static void start_work(void *arg)
         c->nan_flag = flag;
         for (int i = 0; i < C10D__NCCL_NAN_SLOTS; i++)
             c->nan_flag[i] = 0;
+        /* CUDA loads a kernel lazily, at its first launch, and that load waits
+         * for the device: behind a user's stream held by a host function it
+         * never returned (seen on an H200). Loaded here, with nothing pending
+         * yet; tag 0 marks no op, whatever the 16 bytes hold. */
+        if (c10d__nan_check_launch(&api->cuda, c->barrier_buf, 4, C10D_FLOAT32,
+                                   (uint64_t *)c->nan_flag, 0, c->stream) != 0 ||
+            (e = api->cuda.cudaStreamSynchronize(c->stream)) != cudaSuccess) {
+            c10d__nccl_comm_fail_start(c, C10D_EIO, "C10D_NCCL_NAN_CHECK: %s",
+                                       e != cudaSuccess ? api->cuda.cudaGetErrorString(e)
+                                                        : c10d_last_error());
+            return;
+        }
     }
     char name[256];
     ncclConfig_t cfg;

@@ -6,6 +6,7 @@
 
 #include "gpu/nan_check_kernel.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -102,6 +103,14 @@ SIM_API cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockD
         return sim_sticky();
     if (func != (const void *)nan_kernel_tag)
         return cudaErrorInvalidDeviceFunction;
+    /* CUDA loads a kernel at its first launch (lazy loading, the default),
+     * and the load waits for the device: a stream held by a host function
+     * holds the launch too. */
+    static _Atomic int loaded;
+    if (!atomic_load(&loaded)) {
+        cudaDeviceSynchronize();
+        atomic_store(&loaded, 1);
+    }
     if (args == NULL)
         return cudaErrorInvalidValue;
     struct nan_task *t = malloc(sizeof *t);
