@@ -533,6 +533,70 @@ static void test_non_reader_does_not_stall_others(void **state)
     srv_stop(&s);
 }
 
+/* A client that reads its replies is not blamed for the server's own
+ * stall: the server stops (SIGSTOP, standing in for a server busy with a
+ * burst) longer than the slow-reader timeout while the client drains what
+ * the kernel holds; when it runs again the client's socket is writable, so
+ * the time was the server's, and the reply arrives whole. */
+static void test_reader_not_blamed_for_server_stall(void **state)
+{
+    (void)state;
+    static struct srv s;
+    const char *args[] = {"--max-memory",
+                          "1G",
+                          "--max-value-bytes",
+                          "4M",
+                          "--max-reply-bytes",
+                          "10M",
+                          "--max-queued-replies",
+                          "1M",
+                          "--slow-reader-timeout-ms",
+                          "800",
+                          NULL};
+    srv_start(&s, "stall", args);
+    set_big(&s, "/huge", 4 * MiB, 'h');
+    int fd = send_multi_get(s.port, "/huge", 2);
+    int bufsz = 256 * 1024;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bufsz, sizeof bufsz);
+    size_t want = 8 * (size_t)MiB, got = 0;
+    static char buf[1 << 16];
+    int stopped = 0, resumed = 0, closed = 0;
+    uint64_t start = now_ms(), stop_at = 0;
+    while (got < want && !closed && now_ms() - start < 30000) {
+        if (!stopped && got >= MiB) {
+            assert_int_equal(kill(s.pid, SIGSTOP), 0);
+            stopped = 1;
+            stop_at = now_ms();
+        }
+        if (stopped && !resumed && now_ms() - stop_at >= 2000) {
+            assert_int_equal(kill(s.pid, SIGCONT), 0);
+            resumed = 1;
+        }
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 50) <= 0)
+            continue;
+        ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+            closed = 1;
+        else if (n > 0)
+            got += (size_t)n;
+        usleep(500); /* a steady reader, not a fast one */
+    }
+    if (stopped && !resumed)
+        kill(s.pid, SIGCONT);
+    json_t *o = srv_stats(&s);
+    int64_t slow = stat_int(o, "connections", "closed_slow_readers");
+    json_decref(o);
+    if (closed || slow != 0)
+        srv_dump_log(&s);
+    assert_true(stopped && resumed);
+    assert_false(closed);
+    assert_true(got >= want);
+    assert_int_equal(slow, 0);
+    close(fd);
+    srv_stop(&s);
+}
+
 static int teardown(void **state)
 {
     (void)state;
@@ -552,6 +616,7 @@ int main(void)
         cmocka_unit_test_teardown(test_watch_amplification, teardown),
         cmocka_unit_test_teardown(test_announced_not_arrived, teardown),
         cmocka_unit_test_teardown(test_non_reader_does_not_stall_others, teardown),
+        cmocka_unit_test_teardown(test_reader_not_blamed_for_server_stall, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,6 +18,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <netdb.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -649,6 +650,16 @@ static void on_listen_io(uv_poll_t *h, int status, int events)
     }
 }
 
+/* 1 if the connection's socket has room in its send buffer. */
+static int socket_writable(struct conn *c)
+{
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0)
+        return 0;
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    return poll(&p, 1, 0) == 1 && (p.revents & POLLOUT) && !(p.revents & (POLLERR | POLLHUP));
+}
+
 /* Connections with queued replies that do not drain. Progress is any byte
  * the kernel took (libuv's write queue shrank), not only a finished write: a
  * reader draining one 256 MiB reply slowly keeps its connection.
@@ -659,7 +670,10 @@ static void on_listen_io(uv_poll_t *h, int status, int events)
  *  - While the server-wide cap holds others back (sessions wait, or the queued
  *    total is at the cap), any connection that has not moved for
  *    slow_reader_timeout_ms is closed.
- * Readers that drain, however slowly, keep their connection. */
+ * Readers that drain, however slowly, keep their connection, and so does one
+ * whose socket has room when looked at: the bytes were late because this
+ * server was (busy with a burst, stopped), not because the client did not
+ * read. */
 static void close_stuck_readers(struct c10d__store_server *srv, uint64_t now)
 {
     if (!srv->whead)
@@ -676,6 +690,12 @@ static void close_stuck_readers(struct c10d__store_server *srv, uint64_t now)
             c->write_moved_ms = now;
         c->last_wq = wq;
         uint64_t still = now - c->write_moved_ms;
+        if ((still >= t_share || still >= t_all) && socket_writable(c)) {
+            /* The kernel would take bytes now: the client read them, and the
+             * time went by in this server (a burst, a stop), not in it. */
+            c->write_moved_ms = now;
+            continue;
+        }
         char why[256];
         if (share && c->pending_write > share && still >= t_share) {
             snprintf(why, sizeof why,
