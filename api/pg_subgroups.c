@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static int cmp_int(const void *a, const void *b)
 {
@@ -29,11 +30,31 @@ static int format_ranks(char *buf, size_t cap, const int *ranks, int n)
     return (int)k;
 }
 
+static int detail_on(void)
+{
+    return strcasecmp(c10d__env_str(C10D_ENV_DEBUG), "DETAIL") == 0;
+}
+
+/* FNV-1a of the member list: what every rank compares with rank 0's. */
+static uint64_t members_hash(const int *global, int n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < n; i++)
+        for (int b = 0; b < 4; b++) {
+            h ^= (uint8_t)((uint32_t)global[i] >> (8 * b));
+            h *= 1099511628211ull;
+        }
+    return h ^ (uint64_t)n;
+}
+
 /* Every rank of the world creates every group, in the same order: group k
  * must have the same members everywhere. A rank that created its groups in
- * another order would otherwise connect to the wrong peers and hang; here
- * every rank sees every rank's list, so all of them fail, naming the group
- * and both lists. */
+ * another order would otherwise connect to the wrong peers and hang. World
+ * rank 0 publishes its list and its hash; every other rank reads the hash
+ * (O(1) store bytes per rank), and the list only to name a difference, which
+ * fails that rank at once (its peers then fail when it does not join). With
+ * C10D_DEBUG=DETAIL every rank reads every rank's list instead (O(N^2) store
+ * bytes), so all of them fail, naming the group and both lists. */
 static int check_same_members(c10d_store *base, const char *name, int me, int world_size,
                               const int *global, int n, int64_t timeout)
 {
@@ -43,6 +64,52 @@ static int check_same_members(c10d_store *base, const char *name, int me, int wo
     format_ranks(mine, sizeof mine, global, n);
     char prefix[C10D__PG_NAME_MAX + 16];
     snprintf(prefix, sizeof prefix, "%s/members", name);
+    if (!detail_on()) {
+        char hkey[C10D__PG_NAME_MAX + 24], lkey[C10D__PG_NAME_MAX + 24];
+        snprintf(hkey, sizeof hkey, "%s/hash", prefix);
+        snprintf(lkey, sizeof lkey, "%s/list", prefix);
+        char hash[24];
+        snprintf(hash, sizeof hash, "%016llx", (unsigned long long)members_hash(global, n));
+        int same = 1;
+        if (me == 0) {
+            C10D_CHECK(c10d_store_set_sync(base, lkey, mine, strlen(mine)));
+            C10D_CHECK(c10d_store_set_sync(base, hkey, hash, strlen(hash)));
+        } else {
+            const char *keys[] = {hkey};
+            C10D_CHECK(c10d_store_wait_sync(base, keys, 1, timeout));
+            void *theirs = NULL;
+            size_t len = 0;
+            C10D_CHECK(c10d_store_get_sync(base, hkey, &theirs, &len));
+            same = len == strlen(hash) && memcmp(theirs, hash, len) == 0;
+            free(theirs);
+        }
+        if (same) {
+            /* A read receipt: whoever reads last removes the keys, so groups
+             * made and destroyed all day leave nothing behind, and nobody
+             * waits for anybody. */
+            char skey[C10D__PG_NAME_MAX + 24];
+            snprintf(skey, sizeof skey, "%s/seen", prefix);
+            int64_t seen = 0;
+            C10D_CHECK(c10d_store_add_sync(base, skey, 1, &seen));
+            if (seen == world_size) {
+                const char *gone[] = {hkey, lkey, skey};
+                for (int i = 0; i < 3; i++)
+                    c10d_store_delete_key_sync(base, gone[i], NULL);
+            }
+            return 0;
+        }
+        void *theirs = NULL;
+        size_t len = 0;
+        c10d_store_get_sync(base, lkey, &theirs, &len);
+        int rc = c10d__fail(C10D_EINVAL,
+                            "global rank %d creates group %s with global ranks [%s], but global "
+                            "rank 0 creates it with [%.*s]: groups were created in a different "
+                            "order (or with different ranks) on different ranks",
+                            me, name, mine, (int)(len < 900 ? len : 900),
+                            theirs != NULL ? (const char *)theirs : "?");
+        free(theirs);
+        return rc;
+    }
     struct c10d__pg_exchanged got;
     int rc =
         c10d__pg_store_exchange(base, prefix, me, world_size, mine, strlen(mine), timeout, &got);
@@ -243,15 +310,21 @@ int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_
     }
     c10d_store *base = parent->base_store;
     rc = c10d__pg_start(pg, base, vts, parent);
-    if (rc == 0)
+    /* The members met in their backends' start; the whole world meets only
+     * where asked (torch's TORCH_DIST_INIT_BARRIER), or where DETAIL's
+     * exchange needs it before this rank's list can go. */
+    int detail = detail_on();
+    if (rc == 0 && (detail || c10d__env_bool(C10D_ENV_DIST_INIT_BARRIER)))
         rc = c10d__pg_store_barrier(base, name, world_size, timeout);
     if (rc != 0)
         return c10d__pg_creation_failed(pg, rc, "c10d_pg_new_group");
-    /* Every rank passed the barrier, so every rank has read every member
-     * list: this rank's is no longer needed. */
-    char prefix[C10D__PG_NAME_MAX + 16];
-    snprintf(prefix, sizeof prefix, "%s/members", name);
-    c10d__pg_store_forget(base, prefix, parent->global_rank);
+    if (detail) {
+        /* Every rank passed the barrier, so every rank has read every
+         * member list: this rank's is no longer needed. */
+        char prefix[C10D__PG_NAME_MAX + 16];
+        snprintf(prefix, sizeof prefix, "%s/members", name);
+        c10d__pg_store_forget(base, prefix, parent->global_rank);
+    }
     if (my_rank < 0)
         C10D_INFO("pg", "group %s created; this rank is not a member", name);
     *out = pg;

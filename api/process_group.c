@@ -319,7 +319,9 @@ int c10d_pg_init(const c10d_pg_opts *opts, c10d_pg **out)
         c10d__log_set_rank(rank);
         rc = c10d__pg_start(pg, base, vts, NULL);
     }
-    if (rc == 0)
+    /* The ranks met in the settings check and the backends' start; a world
+     * barrier besides only where asked (torch's TORCH_DIST_INIT_BARRIER). */
+    if (rc == 0 && c10d__env_bool(C10D_ENV_DIST_INIT_BARRIER))
         rc = c10d__pg_store_barrier(base, "0", size, timeout);
     c10d__pg_store_release(base); /* the group holds its own reference */
     c10d__pg_registry_lock();

@@ -26,6 +26,10 @@
     X(DEBUG, "C10D_DEBUG", "TORCH_DISTRIBUTED_DEBUG", "OFF",                                       \
       "OFF, INFO or DETAIL: DETAIL checks before each collective, through the store, that every "  \
       "rank calls it with the same op, dtype, count, reduce op and root")                          \
+    X(DIST_INIT_BARRIER, "C10D_DIST_INIT_BARRIER", "TORCH_DIST_INIT_BARRIER", "0",                 \
+      "1: c10d_pg_init and c10d_pg_new_group end with a store barrier of the whole world (off, "   \
+      "as "                                                                                        \
+      "in torch: it costs every rank a round trip to one store at scale)")                         \
     X(TCP_LAZY_INIT, "C10D_TCP_LAZY_INIT", NULL, "0",                                              \
       "tcp backend: connect to a peer on first use instead of the full mesh at group creation")    \
     X(SOCKET_IFNAME, "C10D_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "",                               \

@@ -630,7 +630,8 @@ typedef struct c10d_store_request {
     size_t nkeys;
     const void *const *values; /* MULTI_SET */
     const size_t *lens;
-    int64_t timeout_ms; /* WAIT; <= 0: the store's timeout */
+    int64_t timeout_ms; /* the op's deadline (a WAIT's, a GET's wait for
+                         * its key); <= 0: the store's timeout */
     int block;          /* QUEUE_POP: wait up to the store's timeout for an item;
                          * else an empty queue is C10D_ENOTFOUND */
 } c10d_store_request;

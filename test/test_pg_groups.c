@@ -9,12 +9,14 @@
 #include <cmocka.h>
 
 #include "c10d.h"
+#include "engine/env.h"
 #include "mp_harness.h"
 
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int init(c10d_pg **pg)
 {
@@ -294,11 +296,21 @@ static void test_shrink_after_kill(void **state)
     assert_int_equal(res.codes[3], 0);
 }
 
-/* Rank 0 makes {0,1} then {0,2}; the others {0,2} then {0,1}. */
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Rank 0 makes {0,1} then {0,2}; the others {0,2} then {0,1}. With
+ * C10D_DEBUG=DETAIL every rank fails at once, naming both lists. */
 static int order_main(int rank, int n, void *arg)
 {
     (void)arg;
     (void)n;
+    setenv("C10D_DEBUG", "DETAIL", 1);
+    c10d__env_reload();
     c10d_pg *world = NULL;
     MP_CHECK(init(&world) == 0, "init: %s", c10d_last_error());
     int a[] = {0, 1}, b[] = {0, 2};
@@ -332,12 +344,54 @@ static void test_groups_created_in_different_orders(void **state)
         assert_int_equal(res.codes[r], 0);
 }
 
+/* The same mistake without DETAIL (O(1) store reads per rank): the ranks
+ * whose list differs from rank 0's fail at once, naming rank 0's; rank 0,
+ * whose peer never joins, fails within the group's timeout. */
+static int order_default_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    (void)n;
+    c10d_pg *world = NULL;
+    MP_CHECK(init(&world) == 0, "init: %s", c10d_last_error());
+    int a[] = {0, 1}, b[] = {0, 2};
+    c10d_pg_opts po = C10D_PG_OPTS_INIT;
+    po.timeout_ms = 3000;
+    c10d_pg *g = NULL;
+    uint64_t t0 = now_ms();
+    int rc = c10d_pg_new_group(world, rank == 0 ? a : b, 2, &po, &g);
+    uint64_t took = now_ms() - t0;
+    const char *why = c10d_last_error();
+    fprintf(stderr, "rank %d: %d after %llu ms: %s\n", rank, rc, (unsigned long long)took, why);
+    MP_CHECK(rc != 0, "creation in another order passed");
+    MP_CHECK(took < 3000 + 3000, "took %llu ms", (unsigned long long)took);
+    if (rank != 0)
+        MP_CHECK(rc == C10D_EINVAL && strstr(why, "but global rank 0 creates it with [0,1]"),
+                 "message: %s", why);
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_groups_created_in_different_orders_default(void **state)
+{
+    (void)state;
+    struct mp_opts o = {0};
+    o.nranks = 3;
+    o.timeout_s = 60;
+    o.kill_on_failure = 1;
+    struct mp_result res;
+    mp_run(&o, order_default_main, NULL, &res);
+    assert_false(res.timed_out);
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(res.codes[r], 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mesh_2x2x2_by_split),
         cmocka_unit_test(test_split_forms),
         cmocka_unit_test(test_groups_created_in_different_orders),
+        cmocka_unit_test(test_groups_created_in_different_orders_default),
         cmocka_unit_test(test_shrink_after_kill),
         cmocka_unit_test(test_local_synchronization),
     };

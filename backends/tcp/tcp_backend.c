@@ -629,6 +629,7 @@ struct exchange {
     void (*done)(void *arg, int status);
     void *arg;
     int size;
+    int64_t timeout_ms; /* the group's: the exchange's store ops end by it */
     char **keys;
     int refs;     /* the setup's own, and one per re-read in flight */
     int finished; /* done was called: re-reads that come back are dropped */
@@ -763,7 +764,8 @@ static void on_addr_published(c10d_work *w, int status, void *arg)
     c10d_store_request q = {.struct_size = sizeof q,
                             .op = C10D_STORE_OP_MULTI_GET,
                             .keys = (const char *const *)x->keys,
-                            .nkeys = (size_t)x->size};
+                            .nkeys = (size_t)x->size,
+                            .timeout_ms = x->timeout_ms};
     int rc = c10d__store_call(x->store, &q, on_addrs, x);
     if (rc < 0)
         exchange_fail(x, rc, "reading the peers' addresses", c10d_last_error());
@@ -790,6 +792,7 @@ static int tcp_create(const struct c10d__backend_config *cfg, void (*done)(void 
     x->done = done;
     x->arg = arg;
     x->size = cfg->size;
+    x->timeout_ms = cfg->timeout_ms;
     x->refs = 1;
     s->refs++;
     c10d_store_retain(cfg->store);

@@ -133,7 +133,7 @@ int c10d_store_submit(c10d_store *s, const c10d_store_request *req, c10d_work **
     if (rc != 0)
         return rc;
     o->block = q.op == C10D_STORE_OP_QUEUE_POP && q.block != 0;
-    if (q.op == C10D_STORE_OP_WAIT && q.timeout_ms > 0)
+    if (q.timeout_ms > 0)
         o->timeout_ms = q.timeout_ms;
     return c10d__store_op_submit(s, o, work);
 }
