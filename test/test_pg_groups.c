@@ -385,6 +385,50 @@ static void test_groups_created_in_different_orders_default(void **state)
         assert_int_equal(res.codes[r], 0);
 }
 
+/* Groups made and destroyed back to back with no barrier: a rank that is
+ * done connecting destroys its group while slower ranks still connect to
+ * others; they must finish creating it (a peer that met them and left does
+ * not count against them), not wait for the group's timeout. */
+static int churn_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    c10d_pg *world = NULL;
+    MP_CHECK(init(&world) == 0, "init: %s", c10d_last_error());
+    int all[8], pair[] = {0, 1};
+    for (int r = 0; r < n; r++)
+        all[r] = r;
+    c10d_pg_opts po = C10D_PG_OPTS_INIT;
+    po.timeout_ms = 20000;
+    uint64_t t0 = now_ms();
+    for (int i = 0; i < 30; i++) {
+        c10d_pg *g = NULL;
+        MP_CHECK(c10d_pg_new_group(world, i % 3 == 0 ? pair : all, i % 3 == 0 ? 2 : n, &po, &g) ==
+                     0,
+                 "group %d: %s", i, c10d_last_error());
+        MP_CHECK(c10d_pg_destroy(g) == 0, "destroy %d: %s", i, c10d_last_error());
+    }
+    MP_CHECK(now_ms() - t0 < 15000, "30 groups took %llu ms", (unsigned long long)(now_ms() - t0));
+    if (check_group(world, rank, "world"))
+        return 1;
+    c10d_pg_destroy(world);
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_groups_churn_without_barrier(void **state)
+{
+    (void)state;
+    struct mp_opts o = {0};
+    o.nranks = 4;
+    o.timeout_s = 60;
+    o.kill_on_failure = 1;
+    struct mp_result res;
+    mp_run(&o, churn_main, NULL, &res);
+    assert_false(res.timed_out);
+    for (int r = 0; r < 4; r++)
+        assert_int_equal(res.codes[r], 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -392,6 +436,7 @@ int main(void)
         cmocka_unit_test(test_split_forms),
         cmocka_unit_test(test_groups_created_in_different_orders),
         cmocka_unit_test(test_groups_created_in_different_orders_default),
+        cmocka_unit_test(test_groups_churn_without_barrier),
         cmocka_unit_test(test_shrink_after_kill),
         cmocka_unit_test(test_local_synchronization),
     };

@@ -421,7 +421,7 @@ void c10d__tcp_on_deadline(uv_timer_t *tm)
     struct c10d__tcp_transport *t = tm->data;
     if (t->ready_called)
         return;
-    if (t->cfg.lazy || t->nready >= t->cfg.size - 1) {
+    if (t->cfg.lazy || t->nmet >= t->cfg.size - 1) {
         t->ready_called = 1;
         t->ready(t->ready_arg, 0);
         return;

@@ -109,7 +109,7 @@ static const char *hello_problem(const struct c10d__tcp_transport *t, const stru
 
 static void check_ready(struct c10d__tcp_transport *t)
 {
-    if (t->ready_called || t->ready == NULL || t->nready < t->cfg.size - 1)
+    if (t->ready_called || t->ready == NULL || t->nmet < t->cfg.size - 1)
         return;
     t->ready_called = 1;
     if (t->deadline_open)
@@ -127,6 +127,10 @@ static void hello_done(struct conn *c)
         pe->connecting = NULL;
     pe->conn = c;
     t->nready++;
+    if (!pe->met) {
+        pe->met = 1;
+        t->nmet++;
+    }
     C10D_DEBUG("tcp", "rank %d: connected to rank %d", t->cfg.rank, c->rank);
     c10d__tcp_peer_flush(t, pe);
     check_ready(t);

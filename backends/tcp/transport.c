@@ -207,7 +207,7 @@ int c10d__tcp_transport_connect(struct c10d__tcp_transport *t, const char *const
         c10d__tcp_peer_connect(t, r);
     /* Peers may all have connected before we were asked (they only need our
      * listening socket): then we are ready now, reported on a later turn. */
-    if (t->nready >= t->cfg.size - 1)
+    if (t->nmet >= t->cfg.size - 1)
         uv_timer_start(&t->deadline, c10d__tcp_on_deadline, 0, 0);
     return 0;
 }

@@ -79,6 +79,7 @@ struct peer {
     int rank;
     struct conn *conn;       /* ready connection */
     struct conn *connecting; /* our own attempt in progress (lazy/eager) */
+    int met;                 /* a handshake with it completed once */
     struct xlist recvs;      /* posted, matched: waiting for data */
     struct xlist p2p_recvs;  /* P2P receives not matched to an RTS yet */
     struct xlist sends;      /* waiting for CTS */
@@ -161,7 +162,12 @@ struct c10d__tcp_transport {
      * (c10d__tcp_transport_on_connect_failed); NULL: nobody can. */
     void (*reread)(void *arg, int rank);
     void *reread_arg;
-    int nready;
+    int nready; /* peers with a ready connection now */
+    /* Peers met once: what creation waits for. A peer that met us and then
+     * left (it destroyed the group first: nothing waits for a slower rank)
+     * does not hold creation up; its loss fails the group's first op that
+     * needs it, as in gloo. */
+    int nmet;
     int ready_called;
 };
 
