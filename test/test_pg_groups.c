@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static int init(c10d_pg **pg)
 {
@@ -429,6 +430,58 @@ static void test_groups_churn_without_barrier(void **state)
         assert_int_equal(res.codes[r], 0);
 }
 
+/* Lazy connections (C10D_TCP_LAZY_INIT=1) read one address at creation
+ * (rank 0's), the others on first use: ranks 0 and 1 make a world group and
+ * talk while rank 2 has not even published its address yet. Eagerly, they
+ * would wait for it. Then rank 2 joins and the whole group works. */
+static int lazy_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    setenv("C10D_TCP_LAZY_INIT", "1", 1);
+    c10d__env_reload();
+    c10d_pg *world = NULL;
+    MP_CHECK(init(&world) == 0, "init: %s", c10d_last_error());
+    int all[8];
+    for (int r = 0; r < n; r++)
+        all[r] = r;
+    if (rank == 2)
+        usleep(2000 * 1000);
+    uint64_t t0 = now_ms();
+    c10d_pg *g = NULL;
+    MP_CHECK(c10d_pg_new_group(world, all, n, NULL, &g) == 0, "new_group: %s", c10d_last_error());
+    if (rank < 2) {
+        int32_t v = rank == 0 ? 42 : 0;
+        c10d_work *w = NULL;
+        int rc = rank == 0 ? c10d_send(g, &v, 1, C10D_INT32, 1, 0, NULL, &w)
+                           : c10d_recv(g, &v, 1, C10D_INT32, 0, 0, NULL, &w);
+        MP_CHECK(rc == 0 && c10d_work_wait_release(w) == 0, "p2p: %s", c10d_last_error());
+        MP_CHECK(v == 42, "received %d", v);
+        uint64_t took = now_ms() - t0;
+        MP_CHECK(took < 1500, "rank %d waited %llu ms for a rank it does not talk to", rank,
+                 (unsigned long long)took);
+    }
+    if (check_group(g, rank, "lazy world"))
+        return 1;
+    c10d_pg_destroy(g);
+    c10d_pg_destroy(world);
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_lazy_reads_addresses_on_first_use(void **state)
+{
+    (void)state;
+    struct mp_opts o = {0};
+    o.nranks = 3;
+    o.timeout_s = 60;
+    o.kill_on_failure = 1;
+    struct mp_result res;
+    mp_run(&o, lazy_main, NULL, &res);
+    assert_false(res.timed_out);
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(res.codes[r], 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -437,6 +490,7 @@ int main(void)
         cmocka_unit_test(test_groups_created_in_different_orders),
         cmocka_unit_test(test_groups_created_in_different_orders_default),
         cmocka_unit_test(test_groups_churn_without_barrier),
+        cmocka_unit_test(test_lazy_reads_addresses_on_first_use),
         cmocka_unit_test(test_shrink_after_kill),
         cmocka_unit_test(test_local_synchronization),
     };

@@ -232,7 +232,7 @@ void c10d__tcp_connect_failed(struct c10d__tcp_transport *t, int rank, const cha
         C10D_WARN("tcp",
                   "rank %d: cannot connect to rank %d at %s for %llu ms (%s); retrying until the "
                   "group's timeout",
-                  t->cfg.rank, rank, t->addrs[rank],
+                  t->cfg.rank, rank, t->addrs[rank] != NULL ? t->addrs[rank] : "?",
                   (unsigned long long)(now - pe->connect_fail_since), why);
         pe->connect_warned_at = now;
     }
@@ -249,7 +249,7 @@ void c10d__tcp_connect_failed(struct c10d__tcp_transport *t, int rank, const cha
     pe->connecting = (struct conn *)r; /* a placeholder: "in progress" */
     pe->retry_at = now + CONNECT_RETRY_MS;
     C10D_DEBUG("tcp", "rank %d: connecting to rank %d at %s: %s; retrying", t->cfg.rank, rank,
-               t->addrs[rank], why);
+               t->addrs[rank] != NULL ? t->addrs[rank] : "?", why);
     uv_timer_start(&r->timer, on_retry, CONNECT_RETRY_MS, 0);
     if (t->reread != NULL && now - pe->reread_at >= REREAD_MS) {
         pe->reread_at = now;
@@ -316,6 +316,11 @@ void c10d__tcp_peer_connect(struct c10d__tcp_transport *t, int rank)
         return;
     pe->retry_at = 0;
     pe->connecting = NULL;
+    if (t->addrs[rank] == NULL) {
+        /* Lazy: not read yet. The failure path asks for it and retries. */
+        c10d__tcp_connect_failed(t, rank, "its address is being read from the store");
+        return;
+    }
     struct sockaddr_storage ss;
     if (c10d__tcp_parse_addr(t->addrs[rank], &ss) != 0) {
         c10d__tcp_error(t, C10D_EINVAL, "tcp: rank %d published an unusable address '%s'", rank,
@@ -436,7 +441,7 @@ void c10d__tcp_on_deadline(uv_timer_t *tm)
         /* The ranks this one connects to: say where it tried and why not. */
         if (pe->connect_fail_since != 0)
             off += (size_t)snprintf(missing + off, sizeof missing - off, " (at %s: %s)",
-                                    t->addrs[r], pe->connect_error);
+                                    t->addrs[r] != NULL ? t->addrs[r] : "?", pe->connect_error);
     }
     c10d__tcp_error(
         t, C10D_ETIMEDOUT,

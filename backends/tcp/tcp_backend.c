@@ -81,6 +81,9 @@ struct tcp_state {
     size_t scratch_len;
     void (*connect_done)(void *arg, int status);
     void *connect_arg;
+    /* Lazy connections: peers' addresses are read from this store when a
+     * peer is first needed (NULL when eager: all were read at creation). */
+    c10d_store *lookup_store;
 };
 
 static void state_unref(struct tcp_state *s);
@@ -131,6 +134,8 @@ static void list_remove(struct tcp_op **head, struct tcp_op **tail, struct tcp_o
 
 static void state_free(struct tcp_state *s)
 {
+    if (s->lookup_store != NULL)
+        c10d_store_release(s->lookup_store);
     free_dead(s);
     free(s->scratch);
     free(s->group_name);
@@ -652,12 +657,59 @@ static void exchange_unref(struct exchange *x)
         exchange_free(x);
 }
 
-/* The setup is over: no more re-reads, and its own reference goes. */
+/* Lazy: a peer's address, read when the transport first needs the peer
+ * (or cannot reach the address it has). */
+struct lookup {
+    struct tcp_state *s;
+    int rank;
+};
+
+static void on_lookup(c10d_work *w, int status, void *arg)
+{
+    (void)status;
+    const c10d_store_result *res = c10d_store_work_result(w);
+    struct lookup *lk = arg;
+    struct tcp_state *s = lk->s;
+    if (!s->destroyed && s->t != NULL && res->status == 0) {
+        char *published = strndup((const char *)res->data.data, res->data.len);
+        if (published == NULL || c10d__tcp_transport_update_addr(s->t, lk->rank, published) < 0)
+            C10D_DEBUG("tcp", "rank %d: rank %d's address is unusable: %s", s->rank, lk->rank,
+                       published != NULL ? c10d_last_error() : "out of memory");
+        free(published);
+    }
+    free(lk);
+    state_unref(s);
+}
+
+static void lookup_addr(void *arg, int rank)
+{
+    struct tcp_state *s = arg;
+    struct lookup *lk = malloc(sizeof *lk);
+    char key[32];
+    if (s->destroyed || lk == NULL) {
+        free(lk);
+        return;
+    }
+    snprintf(key, sizeof key, ADDR_KEY_FMT, rank);
+    lk->s = s;
+    lk->rank = rank;
+    s->refs++;
+    c10d_store_request q = {
+        .struct_size = sizeof q, .op = C10D_STORE_OP_GET, .key = key, .timeout_ms = s->timeout_ms};
+    if (c10d__store_call(s->lookup_store, &q, on_lookup, lk) != 0) {
+        s->refs--;
+        free(lk);
+    }
+}
+
+/* The setup is over: no more re-reads, and its own reference goes. Lazy:
+ * the state looks addresses up from now on. */
 static void exchange_finish(struct exchange *x, int status)
 {
     x->finished = 1;
     if (x->s->t != NULL)
-        c10d__tcp_transport_on_connect_failed(x->s->t, NULL, NULL);
+        c10d__tcp_transport_on_connect_failed(
+            x->s->t, x->s->lookup_store != NULL && status == 0 ? lookup_addr : NULL, x->s);
     x->done(x->arg, status);
     exchange_unref(x);
 }
@@ -724,7 +776,9 @@ static void on_addrs(c10d_work *w, int status, void *arg)
         exchange_fail(x, C10D_EABORTED, "reading the peers' addresses", "the group was closed");
         return;
     }
-    if (res->status < 0 || res->count != (size_t)x->size) {
+    int lazy = x->s->lookup_store != NULL;
+    size_t want = lazy ? 1 : (size_t)x->size;
+    if (res->status < 0 || (lazy ? 0 : res->count != want)) {
         exchange_fail(x, res->status < 0 ? res->status : C10D_EPROTO,
                       "reading the peers' addresses from the store",
                       res->status < 0 ? res->message : "wrong number of values");
@@ -732,7 +786,9 @@ static void on_addrs(c10d_work *w, int status, void *arg)
     }
     char **addrs = calloc((size_t)x->size, sizeof *addrs);
     int ok = addrs != NULL;
-    for (int r = 0; ok && r < x->size; r++) {
+    if (ok && lazy) /* rank 0's alone (its job id); the others on first use */
+        ok = (addrs[0] = strndup((const char *)res->data.data, res->data.len)) != NULL;
+    for (int r = 0; ok && !lazy && r < x->size; r++) {
         addrs[r] = strndup(res->items[r].data, res->items[r].len);
         ok = addrs[r] != NULL;
     }
@@ -766,6 +822,12 @@ static void on_addr_published(c10d_work *w, int status, void *arg)
                             .keys = (const char *const *)x->keys,
                             .nkeys = (size_t)x->size,
                             .timeout_ms = x->timeout_ms};
+    if (x->s->lookup_store != NULL) {
+        /* Lazy: O(1) store reads per rank here (rank 0's address carries the
+         * job id every hello is checked against), one per peer later. */
+        q.op = C10D_STORE_OP_GET;
+        q.key = x->keys[0];
+    }
     int rc = c10d__store_call(x->store, &q, on_addrs, x);
     if (rc < 0)
         exchange_fail(x, rc, "reading the peers' addresses", c10d_last_error());
@@ -796,6 +858,10 @@ static int tcp_create(const struct c10d__backend_config *cfg, void (*done)(void 
     x->refs = 1;
     s->refs++;
     c10d_store_retain(cfg->store);
+    if (c10d__tcp_transport_lazy(s->t)) {
+        s->lookup_store = cfg->store;
+        c10d_store_retain(cfg->store);
+    }
     for (int r = 0; r < cfg->size; r++) {
         if (asprintf(&x->keys[r], ADDR_KEY_FMT, r) < 0) {
             x->keys[r] = NULL;

@@ -176,6 +176,9 @@ int c10d__tcp_transport_connect(struct c10d__tcp_transport *t, const char *const
         return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
     for (int r = 0; r < t->cfg.size; r++) {
         uint64_t id = 0;
+        /* Lazy: only rank 0's is known yet; the others are read on first use. */
+        if (addrs[r] == NULL && t->cfg.lazy && r != 0)
+            continue;
         C10D_CHECK(
             parse_published(t, r, addrs[r] != NULL ? addrs[r] : "(null)", &t->addrs[r], &id));
         if (r == 0 && t->cfg.rank != 0) {
@@ -210,6 +213,11 @@ int c10d__tcp_transport_connect(struct c10d__tcp_transport *t, const char *const
     if (t->nmet >= t->cfg.size - 1)
         uv_timer_start(&t->deadline, c10d__tcp_on_deadline, 0, 0);
     return 0;
+}
+
+int c10d__tcp_transport_lazy(const struct c10d__tcp_transport *t)
+{
+    return t->cfg.lazy;
 }
 
 int c10d__tcp_transport_failed(const struct c10d__tcp_transport *t)
@@ -345,12 +353,13 @@ int c10d__tcp_transport_update_addr(struct c10d__tcp_transport *t, int rank, con
     char *addr = NULL;
     uint64_t id = t->job_id;
     C10D_CHECK(parse_published(t, rank, published, &addr, &id));
-    if (strcmp(addr, t->addrs[rank]) == 0 && id == t->job_id) {
+    if (t->addrs[rank] != NULL && strcmp(addr, t->addrs[rank]) == 0 && id == t->job_id) {
         free(addr);
         return 0;
     }
-    C10D_INFO("tcp", "rank %d: rank %d published a new address: %s (was %s)", t->cfg.rank, rank,
-              addr, t->addrs[rank]);
+    if (t->addrs[rank] != NULL)
+        C10D_INFO("tcp", "rank %d: rank %d published a new address: %s (was %s)", t->cfg.rank, rank,
+                  addr, t->addrs[rank]);
     free(t->addrs[rank]);
     t->addrs[rank] = addr;
     /* Rank 0's job id comes with its address: hellos of the job it names

@@ -107,6 +107,8 @@ void c10d__tcp_transport_fail(struct c10d__tcp_transport *t, int status, const c
 
 /* 1 once failed or closed. */
 int c10d__tcp_transport_failed(const struct c10d__tcp_transport *t);
+/* 1 if it connects to a peer on first use (C10D_TCP_LAZY_INIT). */
+int c10d__tcp_transport_lazy(const struct c10d__tcp_transport *t);
 
 /* Closes (failing if needed) and frees once every handle is closed. The
  * transport must not be used afterwards. */
