@@ -5,7 +5,7 @@
  *
  *   store_loadgen --port P [--dialect legacy|current] --mode ops --pattern set|get|add|wait|setwait
  *                 --conns K [--duration S] [--warmup S]
- *   store_loadgen --port P --mode rdzv --ranks N [--barrier add|cmd] [--read multiget|get]
+ *   store_loadgen --port P --mode rdzv --ranks N [--barrier add|cmd] [--read multiget|get|lazy]
  *   store_loadgen --port P --mode idle --conns N --server-pid PID
  *
  * One thread, one epoll set, non-blocking sockets. Each connection keeps one
@@ -129,6 +129,7 @@ static struct {
     size_t value_bytes;
     int barrier_cmd; /* rdzv: BARRIER instead of ADD + WAIT last_worker */
     int read_multiget;
+    int read_lazy;    /* rdzv: what a lazy tcp rank reads: rank 0's key and its ring neighbours' */
     int sync_barrier; /* rdzv: a second barrier, not WAIT on all keys, before reading */
     const char *label;
 } opt = {
@@ -295,7 +296,8 @@ struct conn {
     struct rdec dec;
     int phase; /* ops: 0 setup, 1 measuring; rdzv: see enum rphase */
     int next_get;
-    int sub; /* rdzv, second barrier by ADD: 0 ADD sent, 1 WAIT sent */
+    int lazy_targets[3], nlazy, lazy_i; /* rdzv --read lazy: the keys this rank reads */
+    int sub;                            /* rdzv, second barrier by ADD: 0 ADD sent, 1 WAIT sent */
 };
 
 static struct conn *conns;
@@ -697,6 +699,33 @@ static void rdzv_on_reply(struct conn *c)
         c->own.len = 0;
         encode(&c->own, C10D_STORE_SET, 0, 0, 2, kv);
         c->sub = 0;
+        if (opt.read_lazy) {
+            /* A lazy tcp rank: rank 0's address at creation, a peer's on first
+             * use (a ring: the next and previous ranks), each GET preceded by
+             * the WAIT the client sends for it. */
+            int cand[3] = {0, (c->idx + 1) % nconns, (c->idx + nconns - 1) % nconns};
+            c->nlazy = 0;
+            for (int i = 0; i < 3; i++) {
+                int dup = cand[i] == c->idx;
+                for (int j = 0; j < c->nlazy; j++)
+                    dup |= c->lazy_targets[j] == cand[i];
+                if (!dup)
+                    c->lazy_targets[c->nlazy++] = cand[i];
+            }
+            c->lazy_i = 0;
+            if (c->nlazy == 0) {
+                rdzv_enter(c, R_READ);
+                c->next_get = -1;
+                rdzv_on_reply(c);
+                return;
+            }
+            char wk[32];
+            snprintf(wk, sizeof wk, "/rdzv/addr/%d", c->lazy_targets[0]);
+            struct c10d__wire_str w = str_of(wk);
+            encode(&c->own, C10D_STORE_WAIT, 0, 0, 1, &w);
+            conn_send(c, c->own.data, c->own.len, NULL, 0, SH_U8, 0, -1);
+            return;
+        }
         if (!opt.sync_barrier)
             conn_send(c, c->own.data, c->own.len, wait_all_buf.data, wait_all_buf.len, SH_U8, 0,
                       -1);
@@ -706,6 +735,15 @@ static void rdzv_on_reply(struct conn *c)
         return;
     }
     case R_WAIT_ALL:
+        if (opt.read_lazy) {
+            if (c->lazy_i == 0)
+                rdzv_enter(c, R_READ); /* phases count each rank once */
+            else
+                c->phase = R_READ;
+            c->next_get = c->lazy_targets[c->lazy_i];
+            rdzv_send_get(c);
+            return;
+        }
         if (opt.sync_barrier && !opt.barrier_cmd && c->sub == 0) {
             c->sub = 1;
             c->own.len = 0;
@@ -726,8 +764,20 @@ static void rdzv_on_reply(struct conn *c)
         }
         return;
     case R_READ:
-        bad_values += d->bad;
-        if (!opt.read_multiget && ++c->next_get < nconns) {
+        if (c->next_get >= 0)
+            bad_values += d->bad;
+        if (opt.read_lazy && ++c->lazy_i < c->nlazy) {
+            /* The next peer: its WAIT, then (R_WAIT_ALL's reply) its GET. */
+            c->phase = R_WAIT_ALL;
+            char wk[32];
+            snprintf(wk, sizeof wk, "/rdzv/addr/%d", c->lazy_targets[c->lazy_i]);
+            struct c10d__wire_str w = str_of(wk);
+            c->own.len = 0;
+            encode(&c->own, C10D_STORE_WAIT, 0, 0, 1, &w);
+            conn_send(c, c->own.data, c->own.len, NULL, 0, SH_U8, 0, -1);
+            return;
+        }
+        if (!opt.read_lazy && !opt.read_multiget && ++c->next_get < nconns) {
             rdzv_send_get(c);
             return;
         }
@@ -902,7 +952,7 @@ static void usage(FILE *f)
             "(0.5)\n"
             "       set = SET + pipelined CHECK (SET has no reply); get = GET; add = ADD on one\n"
             "       shared counter; wait = WAIT on a key that exists; setwait = SET then WAIT\n"
-            " rdzv: --ranks N  --barrier add|cmd  --read multiget|get  --sync wait|barrier\n"
+            " rdzv: --ranks N  --barrier add|cmd  --read multiget|get|lazy  --sync wait|barrier\n"
             "       connect, [VALIDATE+PING], ADD init/, barrier (ADD + WAIT last_worker, or\n"
             "       BARRIER), SET a value, then WAIT on all N values (--sync wait) or a\n"
             "       second barrier (--sync barrier), read all (MULTI_GET or N GETs)\n"
@@ -1007,9 +1057,10 @@ static void parse_args(int argc, char **argv)
             opt.barrier_cmd = !strcmp(optarg, "cmd");
             break;
         case 'R':
-            if (strcmp(optarg, "multiget") && strcmp(optarg, "get"))
-                die("bad --read '%s' (multiget or get)", optarg);
+            if (strcmp(optarg, "multiget") && strcmp(optarg, "get") && strcmp(optarg, "lazy"))
+                die("bad --read '%s' (multiget, get or lazy)", optarg);
             opt.read_multiget = !strcmp(optarg, "multiget");
+            opt.read_lazy = !strcmp(optarg, "lazy");
             break;
         case 'L':
             opt.label = optarg;
@@ -1113,7 +1164,10 @@ int main(int argc, char **argv)
             else
                 printf(" %s=-", names[i]);
         }
-        printf(" read=%s barrier=%s sync=%s", opt.read_multiget ? "multiget" : "get",
+        printf(" read=%s barrier=%s sync=%s",
+               opt.read_lazy       ? "lazy"
+               : opt.read_multiget ? "multiget"
+                                   : "get",
                opt.barrier_cmd ? "cmd" : "add", opt.sync_barrier ? "barrier" : "wait");
         printf(" gen_cpu_s=%.2f", self_cpu_s());
         if (opt.server_pid)
