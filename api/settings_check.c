@@ -62,7 +62,10 @@ static void effective_value(enum c10d__env_id id, char *buf, size_t cap)
                  strcasecmp(c10d__env_str(id), "DETAIL") == 0 ? "DETAIL" : "not DETAIL");
         break;
     case C10D_ENV_TCP_LAZY_INIT:
-        snprintf(buf, cap, "%d", c10d__env_bool(id));
+        if (strcasecmp(c10d__env_str(id), "auto") == 0)
+            snprintf(buf, cap, "auto");
+        else
+            snprintf(buf, cap, "%d", c10d__env_bool(id));
         break;
     default:
         snprintf(buf, cap, "%" PRId64, c10d__env_int(id));

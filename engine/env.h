@@ -30,8 +30,10 @@
       "1: c10d_pg_init and c10d_pg_new_group end with a store barrier of the whole world (off, "   \
       "as "                                                                                        \
       "in torch: it costs every rank a round trip to one store at scale)")                         \
-    X(TCP_LAZY_INIT, "C10D_TCP_LAZY_INIT", NULL, "0",                                              \
-      "tcp backend: connect to a peer on first use instead of the full mesh at group creation")    \
+    X(TCP_LAZY_INIT, "C10D_TCP_LAZY_INIT", NULL, "auto",                                           \
+      "tcp backend: 1 connects to a peer on first use (one address read at creation, one per "     \
+      "peer used) instead of the full mesh at group creation (every rank reads every address); "   \
+      "auto: 1 for groups of more than 1024 ranks")                                                \
     X(SOCKET_IFNAME, "C10D_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "",                               \
       "tcp backend: network interface whose address the rank listens on and publishes (default: "  \
       "the local address of its connection to the store, if not loopback; if the store was "       \

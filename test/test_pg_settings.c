@@ -66,7 +66,7 @@ static void run_case(const struct setting_case *c, int nranks)
 static const struct setting_case mismatches[] = {
     {"C10D_DEBUG", "DETAIL", "is not DETAIL on rank 0 but DETAIL on rank 1"},
     {"TORCH_DISTRIBUTED_DEBUG", "DETAIL", "C10D_DEBUG (or TORCH_DISTRIBUTED_DEBUG) is not DETAIL"},
-    {"C10D_TCP_LAZY_INIT", "1", "is 0 on rank 0 but 1 on rank 1"},
+    {"C10D_TCP_LAZY_INIT", "1", "is auto on rank 0 but 1 on rank 1"},
     {"C10D_TCP_EAGER_MAX", "1024", "is 65536 on rank 0 but 1024 on rank 1"},
     {"C10D_TCP_RD_MAX", "65536", "is 32768 on rank 0 but 65536 on rank 1"},
     {"C10D_TCP_RING_MIN", "2097152", "is 1048576 on rank 0 but 2097152 on rank 1"},
