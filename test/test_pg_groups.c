@@ -26,6 +26,20 @@ static int init(c10d_pg **pg)
     return c10d_pg_init(&po, pg);
 }
 
+/* n ranks run fn; every one must exit 0 within 60 s. */
+static void run_all_pass(int n, mp_rank_fn fn)
+{
+    struct mp_opts o = {0};
+    o.nranks = n;
+    o.timeout_s = 60;
+    o.kill_on_failure = 1;
+    struct mp_result res;
+    mp_run(&o, fn, NULL, &res);
+    assert_false(res.timed_out);
+    for (int r = 0; r < n; r++)
+        assert_int_equal(res.codes[r], 0);
+}
+
 /* Sum of the global ranks of the group, by all_reduce, against its members. */
 static int check_group(c10d_pg *g, int global_rank, const char *axis)
 {
@@ -237,15 +251,7 @@ static int local_main(int rank, int n, void *arg)
 static void test_local_synchronization(void **state)
 {
     (void)state;
-    struct mp_opts o = {0};
-    o.nranks = 4;
-    o.timeout_s = 60;
-    o.kill_on_failure = 1;
-    struct mp_result res;
-    mp_run(&o, local_main, NULL, &res);
-    assert_false(res.timed_out);
-    for (int r = 0; r < 4; r++)
-        assert_int_equal(res.codes[r], 0);
+    run_all_pass(4, local_main);
 }
 
 /* Rank 2 of 4 is killed (kill -9) mid-job; the survivors' op fails, they
@@ -334,15 +340,7 @@ static int order_main(int rank, int n, void *arg)
 static void test_groups_created_in_different_orders(void **state)
 {
     (void)state;
-    struct mp_opts o = {0};
-    o.nranks = 3;
-    o.timeout_s = 60;
-    o.kill_on_failure = 1;
-    struct mp_result res;
-    mp_run(&o, order_main, NULL, &res);
-    assert_false(res.timed_out);
-    for (int r = 0; r < 3; r++)
-        assert_int_equal(res.codes[r], 0);
+    run_all_pass(3, order_main);
 }
 
 /* The same mistake without DETAIL (O(1) store reads per rank): the ranks
@@ -375,15 +373,7 @@ static int order_default_main(int rank, int n, void *arg)
 static void test_groups_created_in_different_orders_default(void **state)
 {
     (void)state;
-    struct mp_opts o = {0};
-    o.nranks = 3;
-    o.timeout_s = 60;
-    o.kill_on_failure = 1;
-    struct mp_result res;
-    mp_run(&o, order_default_main, NULL, &res);
-    assert_false(res.timed_out);
-    for (int r = 0; r < 3; r++)
-        assert_int_equal(res.codes[r], 0);
+    run_all_pass(3, order_default_main);
 }
 
 /* Groups made and destroyed back to back with no barrier: a rank that is
@@ -419,15 +409,7 @@ static int churn_main(int rank, int n, void *arg)
 static void test_groups_churn_without_barrier(void **state)
 {
     (void)state;
-    struct mp_opts o = {0};
-    o.nranks = 4;
-    o.timeout_s = 60;
-    o.kill_on_failure = 1;
-    struct mp_result res;
-    mp_run(&o, churn_main, NULL, &res);
-    assert_false(res.timed_out);
-    for (int r = 0; r < 4; r++)
-        assert_int_equal(res.codes[r], 0);
+    run_all_pass(4, churn_main);
 }
 
 /* Lazy connections (C10D_TCP_LAZY_INIT=1) read one address at creation
@@ -471,15 +453,7 @@ static int lazy_main(int rank, int n, void *arg)
 static void test_lazy_reads_addresses_on_first_use(void **state)
 {
     (void)state;
-    struct mp_opts o = {0};
-    o.nranks = 3;
-    o.timeout_s = 60;
-    o.kill_on_failure = 1;
-    struct mp_result res;
-    mp_run(&o, lazy_main, NULL, &res);
-    assert_false(res.timed_out);
-    for (int r = 0; r < 3; r++)
-        assert_int_equal(res.codes[r], 0);
+    run_all_pass(3, lazy_main);
 }
 
 int main(void)

@@ -82,8 +82,8 @@ struct tcp_state {
     size_t scratch_len;
     void (*connect_done)(void *arg, int status);
     void *connect_arg;
-    /* Lazy connections: peers' addresses are read from this store when a
-     * peer is first needed (NULL when eager: all were read at creation). */
+    /* Where peers' addresses are read again (an attempt failed) or, lazily,
+     * first (lookup_addr). */
     c10d_store *lookup_store;
 };
 
@@ -650,8 +650,7 @@ struct exchange {
     int size;
     int64_t timeout_ms; /* the group's: the exchange's store ops end by it */
     char **keys;
-    int refs;     /* the setup's own, and one per re-read in flight */
-    int finished; /* done was called: re-reads that come back are dropped */
+    int refs; /* the setup's own, and one per re-read in flight */
 };
 
 static void exchange_free(struct exchange *x)
@@ -671,8 +670,10 @@ static void exchange_unref(struct exchange *x)
         exchange_free(x);
 }
 
-/* Lazy: a peer's address, read when the transport first needs the peer
- * (or cannot reach the address it has). */
+/* A peer's address, read when the transport cannot reach the address it
+ * has (a store that outlived an earlier job may have handed out that job's
+ * address before the peer published its own) or, lazily, when it first
+ * needs the peer. */
 struct lookup {
     struct tcp_state *s;
     int rank;
@@ -716,14 +717,11 @@ static void lookup_addr(void *arg, int rank)
     }
 }
 
-/* The setup is over: no more re-reads, and its own reference goes. Lazy:
- * the state looks addresses up from now on. */
+/* The setup is over: its own reference goes. */
 static void exchange_finish(struct exchange *x, int status)
 {
-    x->finished = 1;
-    if (x->s->t != NULL)
-        c10d__tcp_transport_on_connect_failed(
-            x->s->t, x->s->lookup_store != NULL && status == 0 ? lookup_addr : NULL, x->s);
+    if (x->s->t != NULL && status != 0)
+        c10d__tcp_transport_on_connect_failed(x->s->t, NULL, NULL);
     x->done(x->arg, status);
     exchange_unref(x);
 }
@@ -740,47 +738,6 @@ static void on_exchange_connected(void *arg, int status)
     exchange_finish(arg, status);
 }
 
-struct reread {
-    struct exchange *x;
-    int rank;
-};
-
-static void on_reread(c10d_work *w, int status, void *arg)
-{
-    (void)status;
-    const c10d_store_result *res = c10d_store_work_result(w);
-    struct reread *rr = arg;
-    struct exchange *x = rr->x;
-    if (!x->finished && !x->s->destroyed && x->s->t != NULL && res->status == 0) {
-        char *published = strndup((const char *)res->data.data, res->data.len);
-        if (published == NULL || c10d__tcp_transport_update_addr(x->s->t, rr->rank, published) < 0)
-            C10D_DEBUG("tcp", "rank %d: rank %d's address read again is unusable: %s", x->s->rank,
-                       rr->rank, published != NULL ? c10d_last_error() : "out of memory");
-        free(published);
-    }
-    free(rr);
-    exchange_unref(x);
-}
-
-/* The transport could not connect to `rank`: read its key again. */
-static void reread_addr(void *arg, int rank)
-{
-    struct exchange *x = arg;
-    struct reread *rr = malloc(sizeof *rr);
-    if (x->finished || rr == NULL) {
-        free(rr);
-        return;
-    }
-    rr->x = x;
-    rr->rank = rank;
-    x->refs++;
-    c10d_store_request q = {.struct_size = sizeof q, .op = C10D_STORE_OP_GET, .key = x->keys[rank]};
-    if (c10d__store_call(x->store, &q, on_reread, rr) != 0) {
-        x->refs--;
-        free(rr);
-    }
-}
-
 static void on_addrs(c10d_work *w, int status, void *arg)
 {
     (void)status;
@@ -790,9 +747,8 @@ static void on_addrs(c10d_work *w, int status, void *arg)
         exchange_fail(x, C10D_EABORTED, "reading the peers' addresses", "the group was closed");
         return;
     }
-    int lazy = x->s->lookup_store != NULL;
-    size_t want = lazy ? 1 : (size_t)x->size;
-    if (res->status < 0 || (lazy ? 0 : res->count != want)) {
+    int lazy = c10d__tcp_transport_lazy(x->s->t);
+    if (res->status < 0 || (!lazy && res->count != (size_t)x->size)) {
         exchange_fail(x, res->status < 0 ? res->status : C10D_EPROTO,
                       "reading the peers' addresses from the store",
                       res->status < 0 ? res->message : "wrong number of values");
@@ -807,7 +763,7 @@ static void on_addrs(c10d_work *w, int status, void *arg)
         ok = addrs[r] != NULL;
     }
     if (ok)
-        c10d__tcp_transport_on_connect_failed(x->s->t, reread_addr, x);
+        c10d__tcp_transport_on_connect_failed(x->s->t, lookup_addr, x->s);
     int rc = ok ? c10d__tcp_connect(x->s, (const char *const *)addrs, on_exchange_connected, x)
                 : c10d__fail(C10D_ENOMEM, "tcp: out of memory");
     if (addrs != NULL)
@@ -836,7 +792,7 @@ static void on_addr_published(c10d_work *w, int status, void *arg)
                             .keys = (const char *const *)x->keys,
                             .nkeys = (size_t)x->size,
                             .timeout_ms = x->timeout_ms};
-    if (x->s->lookup_store != NULL) {
+    if (c10d__tcp_transport_lazy(x->s->t)) {
         /* Lazy: O(1) store reads per rank here (rank 0's address carries the
          * job id every hello is checked against), one per peer later. */
         q.op = C10D_STORE_OP_GET;
@@ -872,10 +828,8 @@ static int tcp_create(const struct c10d__backend_config *cfg, void (*done)(void 
     x->refs = 1;
     s->refs++;
     c10d_store_retain(cfg->store);
-    if (c10d__tcp_transport_lazy(s->t)) {
-        s->lookup_store = cfg->store;
-        c10d_store_retain(cfg->store);
-    }
+    s->lookup_store = cfg->store;
+    c10d_store_retain(cfg->store);
     for (int r = 0; r < cfg->size; r++) {
         if (asprintf(&x->keys[r], ADDR_KEY_FMT, r) < 0) {
             x->keys[r] = NULL;
