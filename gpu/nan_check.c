@@ -52,6 +52,15 @@ int c10d__nan_check_applies(c10d_dtype dt)
            dt == C10D_FLOAT8_E4M3 || dt == C10D_FLOAT8_E5M2;
 }
 
+int c10d__nan_check_built(void)
+{
+#ifdef C10D_HAVE_NAN_KERNEL
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 int c10d__nan_check_load(void)
 {
     uv_once(&load_once, load);

@@ -18,6 +18,8 @@
 
 /* Does the check apply to dtype? (the float types) */
 int c10d__nan_check_applies(c10d_dtype dt);
+/* 1 if this build embeds the kernel (nvcc was usable); no CUDA call. */
+int c10d__nan_check_built(void);
 /* Any thread, once per process: loads the kernel through the CUDA runtime
  * libc10d loaded (c10d__cuda_load). 0, or
  * C10D_EUNSUPPORTED naming why (this build has no kernel, or the runtime

@@ -1045,6 +1045,11 @@ static int sticky_main(int rank, int n, void *arg)
 static void test_sticky_error(void **s)
 {
     (void)s;
+    if (!c10d__nan_check_built()) {
+        /* Its fault comes from the NaN check kernel reading a wild address. */
+        printf("skipped: this build has no NaN check kernel (built without nvcc)\n");
+        skip();
+    }
     run(1, sticky_main, NULL, 30);
 }
 
