@@ -26,6 +26,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1020,8 +1021,18 @@ static int sticky_main(int rank, int n, void *arg)
     uint64_t t0 = now_ms();
     MP_CHECK(c10d_all_reduce(pg, buf, buf, 1024, C10D_FLOAT32, C10D_SUM, &o, &w) == 0,
              "issue behind the held stream: %s", c10d_last_error());
-    const float *wild = (const float *)((const char *)buf + ((size_t)1 << 40));
-    MP_CHECK(c10d__nan_check_launch(cu, wild, 1 << 20, C10D_FLOAT32, flag, 1, side) == 0,
+    /* 1 TiB past the buffer: no allocation holds it. The simulation treats
+     * host memory the process maps as reachable (as HMM does), and under
+     * AddressSanitizer that address can be mapped: step on until it is not. */
+    const char *wild = (const char *)buf + ((size_t)1 << 40);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), span = (size_t)4 << 20;
+    for (int i = 0; i < 64; i++) {
+        void *lo = (void *)((uintptr_t)wild & ~(uintptr_t)(page - 1));
+        if (msync(lo, span + page, MS_ASYNC) != 0)
+            break;
+        wild += (size_t)1 << 40;
+    }
+    MP_CHECK(c10d__nan_check_launch(cu, wild, span / 4, C10D_FLOAT32, flag, 1, side) == 0,
              "launch: %s", c10d_last_error());
     int rc = c10d_work_wait_release(w);
     uint64_t took = now_ms() - t0;
