@@ -207,7 +207,7 @@ int c10d_store_tcp_connect(const char *host, int port, const c10d_store_tcp_opts
     ts->want = o.dialect;
     ts->trying =
         o.dialect == C10D_DIALECT_LEGACY ? C10D_STORE_DIALECT_LEGACY : C10D_STORE_DIALECT_CURRENT;
-    ts->backoff_ms = BACKOFF_START_MS;
+    ts->backoff_ms = BACKOFF_FIRST_MS;
     ts->nonce = (uint32_t)uv_os_getpid();
     const uint8_t *tok;
     size_t tok_len;

@@ -17,7 +17,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A fresh store and a completed handshake both start reconnects from here. */
+/* A fresh store retries from here: its usual failure is a rank that started
+ * before rank 0's server listens, milliseconds later, and at 500 ms that race
+ * cost a job's start 0.5 s one run in a few (bench/README.md). */
+#define BACKOFF_FIRST_MS 50.0
+/* A connection that had completed its handshake retries from here: the
+ * server went away, and every rank of the job is reconnecting at once. */
 #define BACKOFF_START_MS 500.0
 
 enum conn_state {
