@@ -450,43 +450,111 @@ struct split_entry {
     int color, key, parent_rank;
 };
 
-static int cmp_split(const void *a, const void *b)
+/* By color, then MPI_Comm_split's order: key, ties by parent rank. */
+static int cmp_split_color(const void *a, const void *b)
 {
     const struct split_entry *x = a, *y = b;
+    if (x->color != y->color)
+        return (x->color > y->color) - (x->color < y->color);
     if (x->key != y->key)
         return (x->key > y->key) - (x->key < y->key);
     return (x->parent_rank > y->parent_rank) - (x->parent_rank < y->parent_rank);
 }
 
-/* Every parent rank's (color, key), through the parent's store: ranks
- * outside the parent take no part, so no world-wide name or barrier. */
+/* This rank's new group, through the parent's store, with O(1) requests
+ * per rank: every parent rank publishes (color, key); the parent's rank 0
+ * alone reads all of them (O(N) at one rank), orders each color MPI's way and
+ * publishes each color's members (parent ranks); a rank reads its color's
+ * list only (O(group size)). Ranks outside the parent take no part, so no
+ * world-wide name or barrier. On return members[0..*n) are this rank's group
+ * (*n = 0 without a color); free(*members). */
 static int split_exchange(c10d_pg *parent, int k, int color, int key, int64_t timeout,
-                          struct split_entry *all)
+                          int **members, int *n)
 {
-    int n = parent->size;
-    char prefix[32];
+    int size = parent->size;
+    c10d_store *st = parent->store;
+    *members = NULL;
+    *n = 0;
+    char prefix[32], lkey[48], skey[56];
     snprintf(prefix, sizeof prefix, "split%d", k);
     int32_t mine[2] = {color, key};
-    struct c10d__pg_exchanged got;
-    int rc = c10d__pg_store_exchange(parent->store, prefix, parent->rank, n, mine, sizeof mine,
-                                     timeout, &got);
-    for (int r = 0; r < n && rc == 0; r++) {
-        int32_t v[2];
-        if (got.lens[r] != sizeof v) {
-            rc = c10d__fail(C10D_EPROTO, "rank %d's color and key have %zu bytes", r, got.lens[r]);
-            break;
+    char me_key[48];
+    snprintf(me_key, sizeof me_key, "%s/%d", prefix, parent->rank);
+    C10D_CHECK(c10d_store_set_sync(st, me_key, mine, sizeof mine));
+    if (parent->rank == 0) {
+        struct c10d__pg_exchanged got = {0};
+        const char **keys = calloc((size_t)size, sizeof *keys);
+        char(*names)[48] = calloc((size_t)size, sizeof *names);
+        struct split_entry *all = calloc((size_t)size, sizeof *all);
+        int *list = malloc((size_t)size * sizeof *list);
+        int rc = keys && names && all && list ? 0 : c10d__fail(C10D_ENOMEM, "out of memory");
+        for (int r = 0; r < size && rc == 0; r++) {
+            snprintf(names[r], sizeof names[r], "%s/%d", prefix, r);
+            keys[r] = names[r];
         }
-        memcpy(v, got.values[r], sizeof v);
-        all[r] = (struct split_entry){v[0] < 0 ? -1 : v[0], v[1], r};
+        if (rc == 0)
+            rc = c10d_store_wait_sync(st, keys, (size_t)size, timeout);
+        if (rc == 0) {
+            got = (struct c10d__pg_exchanged){size, calloc((size_t)size, sizeof(void *)),
+                                              calloc((size_t)size, sizeof(size_t))};
+            rc = got.values && got.lens
+                     ? c10d_store_multi_get_sync(st, keys, (size_t)size, got.values, got.lens)
+                     : c10d__fail(C10D_ENOMEM, "out of memory");
+        }
+        for (int r = 0; r < size && rc == 0; r++) {
+            int32_t v[2];
+            if (got.lens[r] != sizeof v) {
+                rc = c10d__fail(C10D_EPROTO, "rank %d's color and key have %zu bytes", r,
+                                got.lens[r]);
+                break;
+            }
+            memcpy(v, got.values[r], sizeof v);
+            all[r] = (struct split_entry){v[0] < 0 ? -1 : v[0], v[1], r};
+            /* Read by this rank alone: gone now (asynchronous). */
+            c10d__pg_store_forget(st, prefix, r);
+        }
+        if (rc == 0) {
+            /* Colors in order, each color's members by key then parent rank. */
+            qsort(all, (size_t)size, sizeof *all, cmp_split_color);
+            for (int a = 0, b; a < size && rc == 0; a = b) {
+                for (b = a; b < size && all[b].color == all[a].color; b++)
+                    list[b - a] = all[b].parent_rank;
+                if (all[a].color < 0)
+                    continue;
+                snprintf(lkey, sizeof lkey, "%s/c%d", prefix, all[a].color);
+                rc = c10d_store_set_sync(st, lkey, list, (size_t)(b - a) * sizeof *list);
+            }
+        }
+        c10d__pg_exchanged_free(&got);
+        free(keys);
+        free(names);
+        free(all);
+        free(list);
+        if (rc != 0)
+            return rc;
     }
-    if (rc == 0 && k > 2) {
-        /* Every rank published split k - 1 only after it had read all of
-         * k - 2: this rank's key of k - 2 is read by nobody any more. */
-        snprintf(prefix, sizeof prefix, "split%d", k - 2);
-        c10d__pg_store_forget(parent->store, prefix, parent->rank);
+    if (color < 0)
+        return 0;
+    snprintf(lkey, sizeof lkey, "%s/c%d", prefix, color);
+    const char *wk[] = {lkey};
+    C10D_CHECK(c10d_store_wait_sync(st, wk, 1, timeout));
+    void *v = NULL;
+    size_t len = 0;
+    C10D_CHECK(c10d_store_get_sync(st, lkey, &v, &len));
+    if (len == 0 || len % sizeof(int) != 0 || len / sizeof(int) > (size_t)size) {
+        free(v);
+        return c10d__fail(C10D_EPROTO, "color %d's member list has %zu bytes", color, len);
     }
-    c10d__pg_exchanged_free(&got);
-    return rc;
+    *members = v;
+    *n = (int)(len / sizeof(int));
+    /* A read receipt: the color's last member to read removes its list. */
+    snprintf(skey, sizeof skey, "%s/seen", lkey);
+    int64_t seen = 0;
+    if (c10d_store_add_sync(st, skey, 1, &seen) == 0 && seen == *n) {
+        c10d_store_delete_key_sync(st, lkey, NULL);
+        c10d_store_delete_key_sync(st, skey, NULL);
+    }
+    return 0;
 }
 
 int c10d_pg_split(c10d_pg *parent, int color, int key, const c10d_pg_opts *opts, c10d_pg **out)
@@ -512,34 +580,25 @@ int c10d_pg_split(c10d_pg *parent, int color, int key, const c10d_pg_opts *opts,
     int k = ++parent->split_count;
     uv_mutex_unlock(&parent->mutex);
     int64_t timeout = o.timeout_ms > 0 ? o.timeout_ms : parent->timeout_ms;
-    struct split_entry *all = calloc((size_t)parent->size, sizeof *all);
-    int *global = malloc((size_t)parent->size * sizeof(int));
-    if (all == NULL || global == NULL) {
-        free(all);
-        free(global);
-        return c10d__fail(C10D_ENOMEM, "%s: out of memory", what);
-    }
-    int rc = split_exchange(parent, k, color, key, timeout, all);
+    int *members = NULL, n = 0;
+    int rc = split_exchange(parent, k, color, key, timeout, &members, &n);
     if (rc != 0) {
         char why[512];
         snprintf(why, sizeof why, "%s", c10d_last_error());
-        free(all);
-        free(global);
         return c10d__fail(rc, "%s: group %s: exchanging colors: %s", what, parent->name, why);
     }
-    /* MPI_Comm_split's order: by key, ties by parent rank. */
-    int n = 0;
-    for (int r = 0; r < parent->size; r++)
-        if (color >= 0 && all[r].color == color)
-            all[n++] = all[r];
-    qsort(all, (size_t)n, sizeof *all, cmp_split);
+    int *global = malloc((size_t)(n > 0 ? n : 1) * sizeof(int));
+    if (global == NULL) {
+        free(members);
+        return c10d__fail(C10D_ENOMEM, "%s: out of memory", what);
+    }
     int my_rank = -1;
     for (int i = 0; i < n; i++) {
-        global[i] = parent->global_ranks[all[i].parent_rank];
-        if (all[i].parent_rank == parent->rank)
+        global[i] = parent->global_ranks[members[i]];
+        if (members[i] == parent->rank)
             my_rank = i;
     }
-    free(all);
+    free(members);
     char name[C10D__PG_NAME_MAX + 1];
     if (snprintf(name, sizeof name, "%s/split%d.%d", parent->name, k, color < 0 ? 0 : color) >=
         (int)sizeof name) {

@@ -130,6 +130,13 @@ static int churn_main(int rank, int n, void *arg)
         MP_CHECK(c10d_all_reduce_sync(sub, &x, &x, 1, C10D_FLOAT32, C10D_SUM) == 0, "op: %s",
                  c10d_last_error());
         MP_CHECK(c10d_pg_destroy(sub) == 0, "destroy %d: %s", i, c10d_last_error());
+        if (i % 4 == 0) {
+            /* Splits leave nothing behind either (one color, or none). */
+            MP_CHECK(c10d_pg_split(pg, i % 8 == 0 ? 0 : (rank == 0 ? 0 : C10D_SPLIT_NO_COLOR), rank,
+                                   NULL, &sub) == 0,
+                     "split %d: %s", i, c10d_last_error());
+            MP_CHECK(c10d_pg_destroy(sub) == 0, "destroy split %d: %s", i, c10d_last_error());
+        }
     }
     MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
     MP_CHECK(c10d_pg_destroy(pg) == 0, "destroy: %s", c10d_last_error());
