@@ -10,6 +10,7 @@
 #include "engine/log.h"
 #include "engine/loop.h"
 #include "engine/opts.h"
+#include "store_server/client/store.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,11 +76,9 @@ static int check_same_members(c10d_store *base, const char *name, int me, int wo
             C10D_CHECK(c10d_store_set_sync(base, lkey, mine, strlen(mine)));
             C10D_CHECK(c10d_store_set_sync(base, hkey, hash, strlen(hash)));
         } else {
-            const char *keys[] = {hkey};
-            C10D_CHECK(c10d_store_wait_sync(base, keys, 1, timeout));
             void *theirs = NULL;
             size_t len = 0;
-            C10D_CHECK(c10d_store_get_sync(base, hkey, &theirs, &len));
+            C10D_CHECK(c10d__store_get_within_sync(base, hkey, timeout, &theirs, &len));
             same = len == strlen(hash) && memcmp(theirs, hash, len) == 0;
             free(theirs);
         }
@@ -536,11 +535,9 @@ static int split_exchange(c10d_pg *parent, int k, int color, int key, int64_t ti
     if (color < 0)
         return 0;
     snprintf(lkey, sizeof lkey, "%s/c%d", prefix, color);
-    const char *wk[] = {lkey};
-    C10D_CHECK(c10d_store_wait_sync(st, wk, 1, timeout));
     void *v = NULL;
     size_t len = 0;
-    C10D_CHECK(c10d_store_get_sync(st, lkey, &v, &len));
+    C10D_CHECK(c10d__store_get_within_sync(st, lkey, timeout, &v, &len));
     if (len == 0 || len % sizeof(int) != 0 || len / sizeof(int) > (size_t)size) {
         free(v);
         return c10d__fail(C10D_EPROTO, "color %d's member list has %zu bytes", color, len);

@@ -16,6 +16,7 @@
 #include "engine/env.h"
 #include "engine/error.h"
 #include "engine/log.h"
+#include "store_server/client/store.h"
 
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -177,11 +178,9 @@ static int check_in(c10d_store *store, int rank, int size, int64_t timeout_ms)
             C10D_CHECK(c10d_store_delete_key_sync(store, stale[i], NULL));
         C10D_CHECK(c10d_store_set_sync(store, SETTINGS_KEY, mine, strlen(mine)));
     } else {
-        const char *keys[] = {SETTINGS_KEY};
-        C10D_CHECK(c10d_store_wait_sync(store, keys, 1, timeout_ms));
         void *theirs = NULL;
         size_t len = 0;
-        C10D_CHECK(c10d_store_get_sync(store, SETTINGS_KEY, &theirs, &len));
+        C10D_CHECK(c10d__store_get_within_sync(store, SETTINGS_KEY, timeout_ms, &theirs, &len));
         compare_with_rank0(theirs, len, rank, diff, sizeof diff);
         free(theirs);
         if (diff[0]) /* for the ranks that agree with rank 0 to report */

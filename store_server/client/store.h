@@ -106,6 +106,11 @@ int c10d__store_op_submit(c10d_store *s, struct c10d__store_op *op, c10d_work **
  * not NULL) gets the result's value on success. */
 int c10d__store_op_run_sync(c10d_store *s, struct c10d__store_op *op, int64_t timeout_ms,
                             int64_t *value);
+/* c10d_store_get_sync with its own deadline: the GET waits up to timeout_ms
+ * (<= 0: the store's) for the key to appear, so a WAIT before it would only
+ * cost a round trip. */
+int c10d__store_get_within_sync(c10d_store *s, const char *key, int64_t timeout_ms, void **value,
+                                size_t *len);
 /* The library's own asynchronous store calls (group layer, backends): submits
  * `req` and calls cb on the loop thread once it finished, with the result in
  * c10d_store_work_result(work) during the call. cb may be NULL (fire and

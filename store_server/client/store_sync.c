@@ -70,8 +70,7 @@ static int run_and_wait(c10d_store *s, const c10d_store_request *q, const char *
         return refuse_on_loop(what);
     c10d_work *w;
     C10D_CHECK(c10d_store_submit(s, q, &w));
-    int64_t tmo =
-        q->op == C10D_STORE_OP_WAIT && q->timeout_ms > 0 ? q->timeout_ms : c10d_store_timeout(s);
+    int64_t tmo = q->timeout_ms > 0 ? q->timeout_ms : c10d_store_timeout(s);
     int gave_up;
     int rc = wait_op(w, tmo, what, &gave_up);
     if (gave_up)
@@ -144,6 +143,13 @@ int c10d_store_server_stats_sync(c10d_store *s, char **json)
 int c10d_store_get_sync(c10d_store *s, const char *key, void **value, size_t *len)
 {
     c10d_store_request q = REQUEST(.op = C10D_STORE_OP_GET, .key = key);
+    return run_data(s, &q, "get", value, len);
+}
+
+int c10d__store_get_within_sync(c10d_store *s, const char *key, int64_t timeout_ms, void **value,
+                                size_t *len)
+{
+    c10d_store_request q = REQUEST(.op = C10D_STORE_OP_GET, .key = key, .timeout_ms = timeout_ms);
     return run_data(s, &q, "get", value, len);
 }
 
