@@ -1,8 +1,8 @@
 /* Abuse: random bytes, huge lengths, half-sent requests then disconnect,
- * thousands of idle connections, clients that never read their replies, a
- * stalled first request, the connection limit. A well-behaved client is
- * served between and after every phase, on the same connection throughout.
- * No timing assertions: "closed" is waited for with a generous bound. */
+ * thousands of idle connections, clients that never read their replies,
+ * readers of one big shared reply, a stalled first request, the connection limit. A well-behaved
+ * client is served between and after every phase, on the same connection throughout. No timing
+ * assertions: "closed" is waited for with a generous bound. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -366,6 +366,99 @@ static void test_never_readers_fill_server_cap(void **state)
     store_ts_stop(&ts2);
 }
 
+/* A current-dialect client whose receive window is small from the start
+ * (set before connecting, so the window scale fits it), so that a big reply
+ * stays mostly in the server while the client does not read. */
+static int open_small_window(struct store_tc *c, int port2)
+{
+    memset(c, 0, sizeof *c);
+    c->dialect = C10D_STORE_DIALECT_CURRENT;
+    c10d__wire_reply_parser_init(&c->rp, NULL);
+    c->fd = socket(AF_INET, SOCK_STREAM, 0);
+    int small = 8192;
+    setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port2)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&a, sizeof a) < 0)
+        return -1;
+    struct timeval tv = {.tv_sec = 20};
+    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return store_tc_req(c->fd, c->dialect, C10D_STORE_VALIDATE, 0, 0, 0, NULL);
+}
+
+/* A rendezvous's readers: many clients ask for the same big MULTI_GET and
+ * read it late. The reply is held once, by reference, not once per client:
+ * nobody waits for the server-wide reply cap (here far below what the copies
+ * would take), nobody is closed as a slow reader, the server's memory stays
+ * near one copy, and each client then reads every byte right. */
+static void test_readers_share_one_reply(void **state)
+{
+    (void)state;
+    enum { NKEYS = 16, VLEN = 1 << 20, NREADERS = 8 };
+    struct store_ts ts2;
+    struct c10d__store_server_opts o = {
+        .port = 0,
+        .limits = {.max_pending_write_bytes = 128 * 1024,
+                   .max_queued_reply_bytes = 512 * 1024,
+                   .slow_reader_timeout_ms = 300},
+    };
+    int port2 = store_ts_start(&ts2, &o);
+    assert_true(port2 > 0);
+    struct store_tc setter, readers[NREADERS];
+    struct c10d__wire_reply r;
+    assert_int_equal(store_tc_open(&setter, port2, AF_INET, C10D_STORE_DIALECT_CURRENT), 0);
+    char names[NKEYS][16];
+    struct c10d__wire_str keys[NKEYS];
+    uint8_t *val = malloc(VLEN);
+    for (int k = 0; k < NKEYS; k++) {
+        snprintf(names[k], sizeof names[k], "/addr/%d", k);
+        keys[k] = (struct c10d__wire_str){(const uint8_t *)names[k], strlen(names[k])};
+        memset(val, 'a' + k, VLEN);
+        struct c10d__wire_str kv[] = {keys[k], {val, VLEN}};
+        assert_int_equal(store_tc_call(&setter, C10D_STORE_SET, 0, 0, 2, kv, &r), 0);
+    }
+    /* SET has no reply: a PING behind them says they ran. */
+    assert_int_equal(store_tc_call(&setter, C10D_STORE_PING, 8, 0, 0, NULL, &r), 0);
+    for (int i = 0; i < NREADERS; i++) {
+        assert_int_equal(open_small_window(&readers[i], port2), 0);
+        assert_int_equal(store_tc_req(readers[i].fd, C10D_STORE_DIALECT_CURRENT,
+                                      C10D_STORE_MULTI_GET, 0, 0, NKEYS, keys),
+                         0);
+    }
+    /* Every request answered, the replies stuck in sockets nobody reads,
+     * for longer than the slow-reader timeout. */
+    assert_int_equal(store_tc_call(&setter, C10D_STORE_PING, 9, 0, 0, NULL, &r), 0);
+    usleep(900000);
+    assert_int_equal(store_tc_call(&setter, C10D_STORE_PING, 10, 0, 0, NULL, &r), 0);
+    assert_int_equal(r.u32, 10);
+    char *text = store_ts_stats(&ts2);
+    json_t *st = json_loads(text, 0, NULL);
+    free(text);
+    assert_int_equal(stat_int(st, "connections", "closed_slow_readers"), 0);
+    assert_int_equal(stat_int(st, "reply_cap_stalls", NULL), 0);
+    assert_true(stat_int(st, "multi_get_cache", "shared_sends") >= NREADERS - 1);
+    /* The values (16 MiB) and one copy of the reply, mostly still in the
+     * server: the copies would be 8. */
+    assert_true(stat_int(st, "memory", NULL) < 3 * NKEYS * VLEN);
+    json_decref(st);
+    for (int i = 0; i < NREADERS; i++) {
+        int got = store_tc_recv(&readers[i], C10D_STORE_MULTI_GET, NKEYS, 0, &r);
+        if (got)
+            fprintf(stderr, "reader %d: %d errno %d len %zu used %zu\n", i, got, errno,
+                    readers[i].len, readers[i].used);
+        assert_int_equal(got, 0);
+        for (int k = 0; k < NKEYS; k++) {
+            memset(val, 'a' + k, VLEN);
+            assert_int_equal(r.vals[k].len, VLEN);
+            assert_memory_equal(r.vals[k].data, val, VLEN);
+        }
+        store_tc_close(&readers[i]);
+    }
+    free(val);
+    store_tc_close(&setter);
+    store_ts_stop(&ts2);
+}
+
 static void test_stalled_first_request(void **state)
 {
     (void)state;
@@ -391,6 +484,7 @@ int main(void)
         cmocka_unit_test(test_thousands_of_idle_connections),
         cmocka_unit_test(test_never_reads_replies),
         cmocka_unit_test(test_never_readers_fill_server_cap),
+        cmocka_unit_test(test_readers_share_one_reply),
         cmocka_unit_test(test_stalled_first_request),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -43,10 +43,12 @@ struct conn {
     struct conn *rprev, *rnext; /* in the middle of a request, by last byte */
     struct conn *wprev, *wnext; /* with replies queued in uv_write */
     uint64_t accepted_ms;
-    uint64_t last_byte_ms;   /* in rlist: when the partial request last grew */
-    size_t pending_write;    /* bytes handed to uv_write, not yet written */
-    size_t last_wq;          /* libuv's write queue size at the last tick */
-    uint64_t write_moved_ms; /* when a queued byte last went to the kernel */
+    uint64_t last_byte_ms;                  /* in rlist: when the partial request last grew */
+    size_t pending_write;                   /* bytes handed to uv_write, not yet written */
+    size_t pending_shared;                  /* of them, shared replies' (held by reference) */
+    struct wreq *shared_head, *shared_tail; /* those writes, in write order */
+    size_t last_wq;                         /* libuv's write queue size at the last tick */
+    uint64_t write_moved_ms;                /* when a queued byte last went to the kernel */
     int reading;
     int closing;
     int in_vlist;
@@ -57,7 +59,9 @@ struct conn {
 struct wreq {
     uv_write_t req;
     struct conn *c;
-    uint8_t *data;
+    uint8_t *data;                 /* freed once written (NULL for a blob) */
+    struct c10d__store_blob *blob; /* or a shared reply's reference */
+    struct wreq *next_shared;      /* the connection's next blob write */
     size_t len;
     size_t charged; /* to the memory budget, released once written */
 };
@@ -311,11 +315,25 @@ static void on_written(uv_write_t *req, int status)
     struct conn *c = w->c;
     struct c10d__store_server *srv = c->srv;
     c->pending_write -= w->len;
+    if (w->blob) {
+        /* Writes finish in order, so w is the first; cancelled ones at a
+         * close need not be. */
+        c->pending_shared -= w->len;
+        struct wreq **pp = &c->shared_head, *prev = NULL;
+        while (*pp != w) {
+            prev = *pp;
+            pp = &(*pp)->next_shared;
+        }
+        *pp = w->next_shared;
+        if (c->shared_tail == w)
+            c->shared_tail = prev;
+    }
     c->write_moved_ms = uv_now(srv->loop);
     c->last_wq = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
-    c10d__store_session_set_pending(&c->s, c->pending_write);
+    c10d__store_session_set_pending(&c->s, c->pending_write - c->pending_shared);
     c10d__store_ctx_release_reply(&srv->ctx, w->charged);
     free(w->data);
+    c10d__store_blob_unref(w->blob);
     free(w);
     if (c->pending_write == 0)
         wlist_remove(srv, c);
@@ -331,10 +349,89 @@ static void on_written(uv_write_t *req, int status)
     resume_waiting(srv);
 }
 
+/* A client that lets this much pile up does not read: close it rather than
+ * queue more. */
+static int refuse_slow_reader(struct conn *c)
+{
+    struct c10d__store_server *srv = c->srv;
+    if (c->pending_write < 4 * srv->lim.max_pending_write_bytes)
+        return 0;
+    srv->closed_slow++;
+    char why[160];
+    snprintf(why, sizeof why,
+             "client does not read its replies (%zu bytes pending, limit %" PRIu64 ")",
+             c->pending_write, 4 * srv->lim.max_pending_write_bytes);
+    conn_close(c, why);
+    return 1;
+}
+
+/* Sends what it can of data[0..len) at once, if nothing of ours is queued in
+ * libuv (one send, without uv_try_write's bookkeeping; MSG_NOSIGNAL: a peer
+ * that went away is an error here, never a SIGPIPE). Returns the bytes sent,
+ * or -1 after closing the connection. */
+static ssize_t send_now(struct conn *c, const uint8_t *data, size_t len)
+{
+    if (c->pending_write != 0)
+        return 0;
+    ssize_t n = send(c->fd, data, len, MSG_NOSIGNAL);
+    if (n >= 0)
+        return n;
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+        return 0;
+    conn_close(c, NULL);
+    return -1;
+}
+
+/* The kernel is full: queue the rest of a reply in libuv, either the
+ * session's buffer itself (`owned`, freed once written, with its charge) or
+ * a shared reply's bytes (`blob`, referenced until written). */
+static int queue_write(struct conn *c, uint8_t *owned, size_t charged,
+                       struct c10d__store_blob *blob, const uint8_t *from, size_t len)
+{
+    struct c10d__store_server *srv = c->srv;
+    struct wreq *w = malloc(sizeof *w);
+    if (!w) {
+        c10d__store_ctx_release_reply(&srv->ctx, charged);
+        free(owned);
+        conn_close(c, "out of memory queueing a reply");
+        return -1;
+    }
+    *w = (struct wreq){.c = c, .data = owned, .blob = blob, .len = len, .charged = charged};
+    if (blob)
+        c10d__store_blob_ref(blob);
+    uv_buf_t b = uv_buf_init((char *)from, (unsigned)len);
+    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_written) < 0) {
+        c10d__store_ctx_release_reply(&srv->ctx, charged);
+        free(owned);
+        c10d__store_blob_unref(blob);
+        free(w);
+        conn_close(c, NULL);
+        return -1;
+    }
+    if (c->pending_write == 0)
+        c->write_moved_ms = uv_now(srv->loop);
+    c->pending_write += len;
+    if (blob) {
+        c->pending_shared += len;
+        if (c->shared_tail)
+            c->shared_tail->next_shared = w;
+        else
+            c->shared_head = w;
+        c->shared_tail = w;
+    }
+    c->last_wq = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
+    wlist_add(srv, c);
+    c10d__store_session_set_pending(&c->s, c->pending_write - c->pending_shared);
+    if (c->reading && c->pending_write > srv->lim.max_pending_write_bytes) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = 0;
+    }
+    return 0;
+}
+
 static void flush(struct c10d__store_session *s)
 {
     struct conn *c = conn_of(s);
-    struct c10d__store_server *srv = c->srv;
     if (c->closing) {
         s->out.len = 0;
         return;
@@ -347,32 +444,16 @@ static void flush(struct c10d__store_session *s)
     }
     if (!s->out.len)
         return;
-    if (c->pending_write >= 4 * srv->lim.max_pending_write_bytes) {
-        srv->closed_slow++;
-        char why[160];
-        snprintf(why, sizeof why,
-                 "client does not read its replies (%zu bytes pending, limit %" PRIu64 ")",
-                 c->pending_write, 4 * srv->lim.max_pending_write_bytes);
+    if (refuse_slow_reader(c)) {
         s->out.len = 0;
-        conn_close(c, why);
         return;
     }
-    size_t off = 0;
-    if (c->pending_write == 0) {
-        /* Nothing of ours is queued in libuv (every uv_write called back), so
-         * the bytes may go to the kernel at once: one send, without
-         * uv_try_write's bookkeeping. MSG_NOSIGNAL: a peer that went away
-         * is an error here, never a SIGPIPE. */
-        ssize_t n = send(c->fd, s->out.data, s->out.len, MSG_NOSIGNAL);
-        if (n >= 0) {
-            off = (size_t)n;
-        } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-            s->out.len = 0;
-            conn_close(c, NULL);
-            return;
-        }
+    ssize_t off = send_now(c, s->out.data, s->out.len);
+    if (off < 0) {
+        s->out.len = 0;
+        return;
     }
-    if (off == s->out.len) {
+    if ((size_t)off == s->out.len) {
         s->out.len = 0;
         if (s->out.cap > 64 * 1024)
             c10d__wire_buf_free(&s->out); /* the session releases its charge */
@@ -380,41 +461,27 @@ static void flush(struct c10d__store_session *s)
             conn_close(c, s->reason[0] ? s->reason : NULL);
         return;
     }
-    /* The kernel is full: hand the buffer itself to uv_write (no copy). */
-    struct wreq *w = malloc(sizeof *w);
-    if (!w) {
-        s->out.len = 0;
-        conn_close(c, "out of memory queueing a reply");
-        return;
-    }
-    w->c = c;
-    w->data = s->out.data;
-    w->len = s->out.len - off;
-    /* The buffer stays charged until it is written (or the write cancelled). */
-    w->charged = c10d__store_session_take_out_charge(s);
-    uv_buf_t b = uv_buf_init((char *)s->out.data + off, (unsigned)w->len);
+    /* Hand the buffer itself to uv_write (no copy). */
+    uint8_t *data = s->out.data;
+    size_t len = s->out.len - (size_t)off;
+    size_t charged = c10d__store_session_take_out_charge(s);
     s->out = (struct c10d__wire_buf){0};
-    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_written) < 0) {
-        c10d__store_ctx_release_reply(&srv->ctx, w->charged);
-        free(w->data);
-        free(w);
-        conn_close(c, NULL);
+    if (queue_write(c, data, charged, NULL, data + off, len) < 0)
         return;
-    }
-    if (c->pending_write == 0)
-        c->write_moved_ms = uv_now(srv->loop);
-    c->pending_write += w->len;
-    c->last_wq = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
-    wlist_add(srv, c);
-    c10d__store_session_set_pending(s, c->pending_write);
-    if (s->closing) {
+    if (s->closing)
         conn_close(c, s->reason[0] ? s->reason : NULL);
+}
+
+/* A shared reply: sent from the one copy, whatever is left queued by
+ * reference. */
+static void send_blob(struct c10d__store_session *s, struct c10d__store_blob *b)
+{
+    struct conn *c = conn_of(s);
+    if (c->closing || refuse_slow_reader(c))
         return;
-    }
-    if (c->reading && c->pending_write > srv->lim.max_pending_write_bytes) {
-        uv_read_stop((uv_stream_t *)&c->tcp);
-        c->reading = 0;
-    }
+    ssize_t off = send_now(c, b->data, b->len);
+    if (off >= 0 && (size_t)off < b->len)
+        queue_write(c, NULL, 0, b, b->data + off, b->len - (size_t)off);
 }
 
 /* -------------------------------------------------------------- reading */
@@ -660,6 +727,20 @@ static int socket_writable(struct conn *c)
     return poll(&p, 1, 0) == 1 && (p.revents & POLLOUT) && !(p.revents & (POLLERR | POLLHUP));
 }
 
+/* The bytes a connection's queued replies hold for it alone: all but those
+ * of the reply the MULTI_GET cache still holds (one copy, whoever reads it).
+ * A shared reply the cache let go lives on only for its readers, so a
+ * client that never reads one is charged for it like for a reply of its
+ * own. */
+static size_t own_pending(struct c10d__store_server *srv, struct conn *c)
+{
+    size_t own = c->pending_write;
+    for (struct wreq *w = c->shared_head; w; w = w->next_shared)
+        if (w->blob == srv->ctx.mget.reply)
+            own -= w->len;
+    return own;
+}
+
 /* Connections with queued replies that do not drain. Progress is any byte
  * the kernel took (libuv's write queue shrank), not only a finished write: a
  * reader draining one 256 MiB reply slowly keeps its connection.
@@ -697,11 +778,12 @@ static void close_stuck_readers(struct c10d__store_server *srv, uint64_t now)
             continue;
         }
         char why[256];
-        if (share && c->pending_write > share && still >= t_share) {
+        size_t own = own_pending(srv, c);
+        if (share && own > share && still >= t_share) {
             snprintf(why, sizeof why,
                      "client has not read its replies for %" PRIu64
                      " ms and holds %zu bytes of them, over its share of %zu",
-                     still, c->pending_write, share);
+                     still, own, share);
             srv->closed_slow++;
             srv->closed_over_share++;
             conn_close(c, why);
@@ -974,6 +1056,7 @@ int c10d__store_server_start(uv_loop_t *loop, const struct c10d__store_server_op
         srv->lim.max_reply_bytes > SIZE_MAX ? SIZE_MAX : (size_t)srv->lim.max_reply_bytes;
     srv->ctx.data = srv;
     srv->ctx.stats_json = ctx_stats_json;
+    srv->ctx.send_blob = send_blob;
     if (opts->token_len > C10D_TOKEN_MAX || (opts->token_len && !opts->token)) {
         c10d__store_ctx_free(&srv->ctx);
         free(srv);
@@ -1100,8 +1183,9 @@ char *c10d__store_server_stats_json(struct c10d__store_server *s)
                         json_integer((json_int_t)s->closed_request_timeout));
     json_object_set_new(o, "closed_over_share", json_integer((json_int_t)s->closed_over_share));
     json_object_set_new(o, "multi_get_cache",
-                        json_pack("{s:I, s:I}", "hits", (json_int_t)s->ctx.mget_hits, "misses",
-                                  (json_int_t)s->ctx.mget_misses));
+                        json_pack("{s:I, s:I, s:I}", "hits", (json_int_t)s->ctx.mget_hits, "misses",
+                                  (json_int_t)s->ctx.mget_misses, "shared_sends",
+                                  (json_int_t)s->ctx.blob_sends));
     char *text = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return text;

@@ -132,6 +132,19 @@ int c10d__store_ctx_init(struct c10d__store_ctx *ctx, const struct c10d__wire_co
     return 0;
 }
 
+void c10d__store_blob_ref(struct c10d__store_blob *b)
+{
+    b->refs++;
+}
+
+void c10d__store_blob_unref(struct c10d__store_blob *b)
+{
+    if (b && --b->refs == 0) {
+        c10d__store_table_release(b->table, b->charged);
+        free(b);
+    }
+}
+
 static void mget_drop(struct c10d__store_ctx *ctx)
 {
     struct c10d__store_mget_cache *m = &ctx->mget;
@@ -139,7 +152,7 @@ static void mget_drop(struct c10d__store_ctx *ctx)
         c10d__store_table_release(ctx->table, m->charged);
     free(m->key_lens);
     free(m->key_bytes);
-    free(m->reply);
+    c10d__store_blob_unref(m->reply);
     memset(m, 0, sizeof *m);
 }
 
@@ -449,13 +462,30 @@ static int mget_match(struct c10d__store_session *s, const struct c10d__wire_req
     return 1;
 }
 
+/* By reference: N ranks reading N addresses cost one copy. What s->out
+ * holds goes first, so replies keep their order. */
+static void send_shared(struct c10d__store_session *s, struct c10d__store_blob *b)
+{
+    if (s->out.len)
+        do_flush(s);
+    if (!s->closing) {
+        s->ctx->send_blob(s, b);
+        s->ctx->blob_sends++;
+    }
+}
+
 static int mget_hit(struct c10d__store_session *s, const struct c10d__wire_request *r)
 {
-    struct c10d__store_mget_cache *m = &s->ctx->mget;
+    struct c10d__store_ctx *ctx = s->ctx;
+    struct c10d__store_blob *b = ctx->mget.reply;
     if (!mget_match(s, r))
         return 0;
-    if (reply_ok(s, c10d__wire_put_raw(&s->out, m->reply, m->reply_len)) == 0)
-        s->ctx->mget_hits++;
+    ctx->mget_hits++;
+    if (ctx->send_blob) {
+        send_shared(s, b);
+        return 1;
+    }
+    reply_ok(s, c10d__wire_put_raw(&s->out, b->data, b->len));
     return 1;
 }
 
@@ -499,8 +529,8 @@ static size_t reply_size(struct c10d__store_session *s, const struct c10d__wire_
         return add_sat(8, m);
     }
     case C10D_STORE_MULTI_GET: {
-        if (mget_match(s, r))
-            return s->ctx->mget.reply_len;
+        if (mget_match(s, r)) /* sent by reference, or copied into s->out */
+            return s->ctx->send_blob ? 0 : s->ctx->mget.reply->len;
         size_t n = 0;
         for (size_t i = 0; i < r->nargs; i++)
             n = add_sat(n, add_sat(8, c10d__store_table_get(t, a[i], &v) ? v.len : 0));
@@ -532,15 +562,24 @@ static void mget_remember(struct c10d__store_session *s, const struct c10d__wire
     size_t key_total = 0;
     for (size_t i = 0; i < r->nargs; i++)
         key_total += r->args[i].len;
-    size_t charge = reply_len + key_total + r->nargs * sizeof(size_t);
+    size_t charge = key_total + r->nargs * sizeof(size_t);
+    size_t blob_charge = sizeof(struct c10d__store_blob) + reply_len;
     /* The cache is an optimisation: never let it refuse a client's data. */
     if (c10d__store_table_charge(ctx->table, charge) < 0)
         return;
     struct c10d__store_mget_cache *m = &ctx->mget;
     m->charged = charge;
+    if (c10d__store_table_charge(ctx->table, blob_charge) < 0) {
+        mget_drop(ctx);
+        return;
+    }
+    m->reply = malloc(blob_charge);
+    if (m->reply)
+        *m->reply = (struct c10d__store_blob){1, reply_len, blob_charge, ctx->table};
+    else
+        c10d__store_table_release(ctx->table, blob_charge);
     m->key_lens = malloc(r->nargs * sizeof(size_t));
     m->key_bytes = malloc(key_total ? key_total : 1);
-    m->reply = malloc(reply_len ? reply_len : 1);
     if (!m->key_lens || !m->key_bytes || !m->reply) {
         mget_drop(ctx);
         return;
@@ -553,8 +592,7 @@ static void mget_remember(struct c10d__store_session *s, const struct c10d__wire
         p += r->args[i].len;
     }
     if (reply_len)
-        memcpy(m->reply, reply, reply_len);
-    m->reply_len = reply_len;
+        memcpy(m->reply->data, reply, reply_len);
     m->nkeys = r->nargs;
     m->generation = ctx->generation;
 }
@@ -679,6 +717,15 @@ static void handle(struct c10d__store_session *s, const struct c10d__wire_reques
         if (rc == 0 && ctx->mget_cache_max && r->nargs > 0) { /* else out->data may be NULL */
             ctx->mget_misses++;
             mget_remember(s, r, out->data + start, out->len - start);
+            if (ctx->send_blob && ctx->mget.reply) {
+                /* The first reader too sends the cached copy, not its own. */
+                out->len = start;
+                if (start == 0) { /* and its room goes back to the budget */
+                    c10d__wire_buf_free(out);
+                    out_sync(s);
+                }
+                send_shared(s, ctx->mget.reply);
+            }
         }
         rc = 0;
         break;

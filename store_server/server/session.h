@@ -21,6 +21,12 @@
  * s->out lost is released; an owner that takes the buffer away (to send it
  * later) takes its charge with c10d__store_session_take_out_charge() and gives
  * it back with c10d__store_ctx_release_reply() once the bytes are sent.
+ *
+ * Shared replies: a reply many sessions send unchanged (a rendezvous's cached
+ * MULTI_GET answer) is a blob, charged once and held by reference. With
+ * ctx->send_blob set, a session hands the owner a reference instead of a copy
+ * (after flushing what s->out held, so replies keep their order); without it,
+ * the bytes are copied into s->out.
  */
 #ifndef C10D_STORE_SERVER_SERVER_SESSION_H
 #define C10D_STORE_SERVER_SERVER_SESSION_H
@@ -33,11 +39,27 @@
 
 struct c10d__store_session;
 
+/* Reply bytes shared by reference (see Shared replies above). */
+struct c10d__store_blob {
+    size_t refs;
+    size_t len;
+    size_t charged; /* to table's budget, released with the last reference */
+    struct c10d__store_table *table;
+    uint8_t data[];
+};
+void c10d__store_blob_ref(struct c10d__store_blob *b);
+void c10d__store_blob_unref(struct c10d__store_blob *b);
+
 /* What sessions share (one per server). */
 struct c10d__store_ctx {
     struct c10d__store_table *table;
     struct c10d__wire_codec_limits limits;
     void (*flush)(struct c10d__store_session *s);
+    /* Optional: send b's bytes after everything flush() was given, taking a
+     * reference (c10d__store_blob_ref) for as long as the owner needs them;
+     * the bytes do not count in `queued` (they take no memory per session). */
+    void (*send_blob)(struct c10d__store_session *s, struct c10d__store_blob *b);
+    uint64_t blob_sends; /* replies sent by reference */
     void *data;
     int world_size; /* > 0: log when init/ reaches it */
     /* Replies a session may have queued (s->out + s->pending_out) before it
@@ -58,10 +80,9 @@ struct c10d__store_ctx {
     struct c10d__store_mget_cache {
         size_t nkeys;
         size_t *key_lens;
-        uint8_t *key_bytes; /* the keys, back to back */
-        uint8_t *reply;
-        size_t reply_len;
-        size_t charged; /* to the table's memory budget */
+        uint8_t *key_bytes;             /* the keys, back to back */
+        struct c10d__store_blob *reply; /* the cache's reference */
+        size_t charged;                 /* the keys', to the table's memory budget */
         uint64_t generation;
     } mget;
     size_t mget_cache_max; /* largest reply cached (0: no cache) */
