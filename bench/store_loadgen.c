@@ -1,12 +1,15 @@
 /* store_loadgen: a load generator for TCPStore servers, ours (c10d-store) or
  * PyTorch's, in either wire dialect (docs/store_protocol.md). Over 800 lines:
- * its three modes (ops, rendezvous, idle memory) share one epoll client, and a
- * benchmark reads best as one program.
+ * its four modes (ops, rendezvous, group creation, idle memory) share one epoll
+ * client, and a benchmark reads best as one program.
  *
  *   store_loadgen --port P [--dialect legacy|current] --mode ops --pattern set|get|add|wait|setwait
  *                 --conns K [--duration S] [--warmup S]
  *   store_loadgen --port P --mode rdzv --ranks N [--barrier add|cmd] [--read multiget|get|lazy]
+ *   store_loadgen --port P --mode groups --ranks N --groups G [--check hash|lists]
  *   store_loadgen --port P --mode idle --conns N --server-pid PID
+ *   (rdzv, groups: --probe-ms M also PINGs the server every M ms from a thread
+ *   of its own and reports the slowest answer: is the store still serving?)
  *
  * One thread, one epoll set, non-blocking sockets. Each connection keeps one
  * request in flight, as PyTorch's clients do, so ops/s at K connections is what
@@ -28,6 +31,8 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,7 +115,7 @@ static long proc_rss_kib(int pid)
 
 /* ------------------------------------------------------------- options */
 
-enum mode { MODE_OPS, MODE_RDZV, MODE_IDLE };
+enum mode { MODE_OPS, MODE_RDZV, MODE_GROUPS, MODE_IDLE };
 enum pattern { PAT_SET, PAT_GET, PAT_ADD, PAT_WAIT, PAT_SETWAIT };
 static const char *const pattern_names[] = {"set", "get", "add", "wait", "setwait"};
 
@@ -131,6 +136,9 @@ static struct {
     int read_multiget;
     int read_lazy;    /* rdzv: what a lazy tcp rank reads: rank 0's key and its ring neighbours' */
     int sync_barrier; /* rdzv: a second barrier, not WAIT on all keys, before reading */
+    int groups;       /* groups: how many groups each rank creates */
+    int check_lists;  /* groups: the old member check (every list read, then a barrier) */
+    int probe_ms;     /* rdzv, groups: PING period of the probe thread; 0: no probe */
     const char *label;
 } opt = {
     .host = "127.0.0.1",
@@ -144,6 +152,7 @@ static struct {
     .connect_concurrency = -1,
     .value_bytes = 64,
     .read_multiget = -1,
+    .groups = 100,
     .label = "-",
 };
 
@@ -182,6 +191,7 @@ static void make_value(char *out, size_t len, int i)
  * the integer of U8/U32/I64 replies and, for strings, their length and first
  * bytes. Strings are skipped, never buffered. */
 enum shape { SH_NONE, SH_U8, SH_U32, SH_I64, SH_STR, SH_NSTR };
+#define NO_CHECK (-2) /* check_first: take strings of any length and content */
 
 struct rdec {
     int shape;
@@ -213,7 +223,9 @@ static void rdec_expect(struct rdec *d, int shape, uint64_t nstr, int check_firs
 
 static void rdec_string_done(struct rdec *d)
 {
-    if (d->check_first >= 0) {
+    if (d->check_first == NO_CHECK) {
+        /* groups mode: lists and hashes of any length */
+    } else if (d->check_first >= 0) {
         /* values[] holds what every rank published (rdzv mode); no printf
          * here: this runs 100M times in a 10k-rank rendezvous. */
         const char *want = values + (size_t)(d->check_first + (int)d->strs_seen) * opt.value_bytes;
@@ -298,6 +310,7 @@ struct conn {
     int next_get;
     int lazy_targets[3], nlazy, lazy_i; /* rdzv --read lazy: the keys this rank reads */
     int sub;                            /* rdzv, second barrier by ADD: 0 ADD sent, 1 WAIT sent */
+    int group, step;                    /* groups: the group being created, its step */
 };
 
 static struct conn *conns;
@@ -790,6 +803,311 @@ static void rdzv_on_reply(struct conn *c)
     }
 }
 
+/* groups mode: what every rank of a job sends to the store for each
+ * c10d_pg_new_group of the whole world, G groups back to back (no barrier
+ * between them, as ranks of a real job run ahead of each other).
+ *
+ * --check hash (the member check now): rank 0 SETs the member list and its
+ * hash and ADDs a read receipt; every other rank GETs the hash (the client
+ * sends WAIT, then GET) and ADDs the receipt; whoever reads last deletes the
+ * three keys. --check lists (before): every rank SETs its list, WAITs for
+ * and MULTI_GETs all N lists, then a store barrier (ADD, WAIT last_worker).
+ * Then the new group's tcp rendezvous (--read): each rank SETs its address;
+ * lazy: WAIT + GET of rank 0's; multiget: WAIT for and MULTI_GET all N;
+ * none: nothing. */
+enum gstep {
+    GS_HASH_WAIT,
+    GS_HASH_GET,
+    GS_SEEN,
+    GS_DELETE, /* sub counts the three deletes */
+    GS_LISTS_WAIT,
+    GS_LISTS_READ,
+    GS_BAR_ADD,
+    GS_BAR_WAIT,
+    GS_ADDR_WAIT,
+    GS_ADDR_READ,
+};
+static char *member_list; /* "0,1,...,N-1": what a world group's ranks write */
+static struct c10d__wire_buf *lists_wait_bufs, *lists_mget_bufs; /* per group (--check lists) */
+static struct c10d__wire_buf *addr_wait_bufs, *addr_mget_bufs;   /* per group (--read multiget) */
+static int *group_count;                                         /* ranks done with each group */
+static uint64_t *group_done_at; /* when the last rank finished each group */
+static int groups_ranks_done;
+
+static void groups_encode_all(struct c10d__wire_buf *wait, struct c10d__wire_buf *mget, int g,
+                              const char *what)
+{
+    int n = nconns;
+    char *names = malloc((size_t)n * 40);
+    struct c10d__wire_str *keys = malloc((size_t)n * sizeof *keys);
+    if (!names || !keys)
+        die("out of memory");
+    for (int i = 0; i < n; i++) {
+        int len = snprintf(names + (size_t)i * 40, 40, "pg%d/%s/%d", g, what, i);
+        keys[i] = (struct c10d__wire_str){(const uint8_t *)names + (size_t)i * 40, (size_t)len};
+    }
+    encode(wait, C10D_STORE_WAIT, 0, 0, (size_t)n, keys);
+    encode(mget, C10D_STORE_MULTI_GET, 0, 0, (size_t)n, keys);
+    free(keys);
+    free(names);
+}
+
+static void groups_prepare(void)
+{
+    int n = nconns, g = opt.groups;
+    member_list = malloc((size_t)n * 8 + 1);
+    values = malloc((size_t)n * opt.value_bytes);
+    group_count = calloc((size_t)g, sizeof *group_count);
+    group_done_at = calloc((size_t)g, sizeof *group_done_at);
+    lists_wait_bufs = calloc((size_t)g, sizeof *lists_wait_bufs);
+    lists_mget_bufs = calloc((size_t)g, sizeof *lists_mget_bufs);
+    addr_wait_bufs = calloc((size_t)g, sizeof *addr_wait_bufs);
+    addr_mget_bufs = calloc((size_t)g, sizeof *addr_mget_bufs);
+    if (!member_list || !values || !group_count || !group_done_at || !lists_wait_bufs ||
+        !lists_mget_bufs || !addr_wait_bufs || !addr_mget_bufs)
+        die("out of memory");
+    size_t off = 0;
+    for (int i = 0; i < n; i++)
+        off += (size_t)sprintf(member_list + off, i ? ",%d" : "%d", i);
+    for (int i = 0; i < n; i++)
+        make_value(values + (size_t)i * opt.value_bytes, opt.value_bytes, i);
+    for (int i = 0; i < g; i++) {
+        if (opt.check_lists)
+            groups_encode_all(&lists_wait_bufs[i], &lists_mget_bufs[i], i, "list");
+        if (opt.read_multiget)
+            groups_encode_all(&addr_wait_bufs[i], &addr_mget_bufs[i], i, "addr");
+    }
+}
+
+/* Encodes a one-key command for group g's key `what` into c->own. */
+static void groups_encode_key(struct conn *c, int cmd, int64_t i64, const char *what,
+                              const void *value, size_t len)
+{
+    char key[48];
+    snprintf(key, sizeof key, "pg%d/%s", c->group, what);
+    struct c10d__wire_str kv[2] = {str_of(key), {(const uint8_t *)value, len}};
+    encode(&c->own, cmd, 0, i64, value ? 2 : 1, kv);
+}
+
+static void groups_begin(struct conn *c)
+{
+    c->own.len = 0;
+    if (opt.check_lists) {
+        char key[32];
+        snprintf(key, sizeof key, "list/%d", c->idx);
+        groups_encode_key(c, C10D_STORE_SET, 0, key, member_list, strlen(member_list));
+        c->step = GS_LISTS_WAIT;
+        conn_send(c, c->own.data, c->own.len, lists_wait_bufs[c->group].data,
+                  lists_wait_bufs[c->group].len, SH_U8, 0, -1);
+    } else if (c->idx == 0) {
+        groups_encode_key(c, C10D_STORE_SET, 0, "list", member_list, strlen(member_list));
+        groups_encode_key(c, C10D_STORE_SET, 0, "hash", "0123456789abcdef", 16);
+        groups_encode_key(c, C10D_STORE_ADD, 1, "seen", NULL, 0);
+        c->step = GS_SEEN;
+        conn_send(c, c->own.data, c->own.len, NULL, 0, SH_I64, 0, -1);
+    } else {
+        groups_encode_key(c, C10D_STORE_WAIT, 0, "hash", NULL, 0);
+        c->step = GS_HASH_WAIT;
+        conn_send(c, c->own.data, c->own.len, NULL, 0, SH_U8, 0, -1);
+    }
+}
+
+/* The member check is over: the new group's rendezvous. */
+static void groups_rendezvous(struct conn *c)
+{
+    c->own.len = 0;
+    char key[32];
+    snprintf(key, sizeof key, "addr/%d", c->idx);
+    groups_encode_key(c, C10D_STORE_SET, 0, key, values + (size_t)c->idx * opt.value_bytes,
+                      opt.value_bytes);
+    c->step = GS_ADDR_WAIT;
+    if (opt.read_multiget) {
+        conn_send(c, c->own.data, c->own.len, addr_wait_bufs[c->group].data,
+                  addr_wait_bufs[c->group].len, SH_U8, 0, -1);
+    } else if (opt.read_lazy) {
+        groups_encode_key(c, C10D_STORE_WAIT, 0, "addr/0", NULL, 0);
+        conn_send(c, c->own.data, c->own.len, NULL, 0, SH_U8, 0, -1);
+    } else {
+        /* SET has no reply: a CHECK of the key rides along for one. */
+        groups_encode_key(c, C10D_STORE_CHECK, 0, key, NULL, 0);
+        conn_send(c, c->own.data, c->own.len, NULL, 0, SH_U8, 0, -1);
+        c->step = GS_ADDR_READ;
+    }
+}
+
+static void groups_next_group(struct conn *c)
+{
+    if (++group_count[c->group] == nconns)
+        group_done_at[c->group] = now_ns();
+    if (++c->group < opt.groups) {
+        groups_begin(c);
+        return;
+    }
+    c->state = C_DONE;
+    groups_ranks_done++;
+    conn_close(c);
+    connected_count--;
+}
+
+static void groups_on_delete(struct conn *c)
+{
+    static const char *const gone[] = {"hash", "list", "seen"};
+    if (c->sub == 3) {
+        groups_rendezvous(c);
+        return;
+    }
+    groups_encode_key(c, C10D_STORE_DELETE_KEY, 0, gone[c->sub++], NULL, 0);
+    conn_send(c, c->own.data, c->own.len, NULL, 0, SH_I64, 0, -1);
+}
+
+static void groups_on_reply(struct conn *c)
+{
+    struct rdec *d = &c->dec;
+    c->busy = 0;
+    c->own.len = 0;
+    if (c->step < 0) { /* VALIDATE + PING answered */
+        groups_begin(c);
+        return;
+    }
+    switch (c->step) {
+    case GS_HASH_WAIT:
+        c->step = GS_HASH_GET;
+        groups_encode_key(c, C10D_STORE_GET, 0, "hash", NULL, 0);
+        conn_send(c, c->own.data, c->own.len, NULL, 0, SH_STR, 1, NO_CHECK);
+        return;
+    case GS_HASH_GET:
+        if (d->cur_len != 16)
+            bad_values++;
+        c->step = GS_SEEN;
+        groups_encode_key(c, C10D_STORE_ADD, 1, "seen", NULL, 0);
+        conn_send(c, c->own.data, c->own.len, NULL, 0, SH_I64, 0, -1);
+        return;
+    case GS_SEEN:
+        if (d->ival != nconns) {
+            groups_rendezvous(c);
+            return;
+        }
+        /* The last reader deletes hash, list and seen. */
+        c->step = GS_DELETE;
+        c->sub = 0;
+        groups_on_delete(c);
+        return;
+    case GS_DELETE:
+        groups_on_delete(c);
+        return;
+    case GS_LISTS_WAIT:
+        c->step = GS_LISTS_READ;
+        conn_send(c, lists_mget_bufs[c->group].data, lists_mget_bufs[c->group].len, NULL, 0,
+                  SH_NSTR, (uint64_t)nconns, NO_CHECK);
+        return;
+    case GS_LISTS_READ:
+        c->step = GS_BAR_ADD;
+        groups_encode_key(c, C10D_STORE_ADD, 1, "barrier", NULL, 0);
+        conn_send(c, c->own.data, c->own.len, NULL, 0, SH_I64, 0, -1);
+        return;
+    case GS_BAR_ADD:
+        c->step = GS_BAR_WAIT;
+        if (d->ival == nconns)
+            groups_encode_key(c, C10D_STORE_SET, 0, "barrier/last_worker", "1", 1);
+        groups_encode_key(c, C10D_STORE_WAIT, 0, "barrier/last_worker", NULL, 0);
+        conn_send(c, c->own.data, c->own.len, NULL, 0, SH_U8, 0, -1);
+        return;
+    case GS_BAR_WAIT:
+        groups_rendezvous(c);
+        return;
+    case GS_ADDR_WAIT:
+        c->step = GS_ADDR_READ;
+        if (opt.read_multiget) {
+            conn_send(c, addr_mget_bufs[c->group].data, addr_mget_bufs[c->group].len, NULL, 0,
+                      SH_NSTR, (uint64_t)nconns, 0);
+        } else {
+            groups_encode_key(c, C10D_STORE_GET, 0, "addr/0", NULL, 0);
+            conn_send(c, c->own.data, c->own.len, NULL, 0, SH_STR, 1, 0);
+        }
+        return;
+    case GS_ADDR_READ:
+        bad_values += d->bad;
+        groups_next_group(c);
+        return;
+    }
+}
+
+static void groups_on_open(struct conn *c)
+{
+    c->own.len = 0;
+    c->group = 0;
+    if (opt.dialect == C10D_STORE_DIALECT_CURRENT) {
+        encode(&c->own, C10D_STORE_VALIDATE, C10D_STORE_MAGIC, 0, 0, NULL);
+        encode(&c->own, C10D_STORE_PING, (uint32_t)c->idx, 0, 0, NULL);
+        c->step = -1;
+        conn_send(c, c->own.data, c->own.len, NULL, 0, SH_U32, 0, -1);
+        return;
+    }
+    groups_begin(c);
+}
+
+/* ------------------------------------------------------------ the probe */
+
+/* One more client, on a thread of its own with a blocking socket so the
+ * generator's busy loop does not delay it: a PING every probe_ms, each
+ * answer's time kept. */
+static atomic_int probe_stop;
+static uint64_t *probe_lat;
+static size_t probe_n, probe_cap;
+static int probe_failed;
+
+static void *probe_main(void *arg)
+{
+    (void)arg;
+    int fd = socket(target->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (fd < 0 || connect(fd, target->ai_addr, target->ai_addrlen) != 0) {
+        probe_failed = 1;
+        if (fd >= 0)
+            close(fd);
+        return NULL;
+    }
+    struct c10d__wire_buf b = {0};
+    if (opt.dialect == C10D_STORE_DIALECT_CURRENT)
+        encode(&b, C10D_STORE_VALIDATE, C10D_STORE_MAGIC, 0, 0, NULL);
+    size_t validate_len = b.len;
+    for (uint32_t nonce = 1; !atomic_load(&probe_stop); nonce++) {
+        size_t from = nonce == 1 ? 0 : validate_len;
+        b.len = validate_len;
+        if (opt.dialect == C10D_STORE_DIALECT_CURRENT)
+            encode(&b, C10D_STORE_PING, nonce, 0, 0, NULL);
+        else
+            encode(&b, C10D_STORE_GETNUMKEYS, 0, 0, 0, NULL);
+        uint64_t t0 = now_ns();
+        size_t want = opt.dialect == C10D_STORE_DIALECT_CURRENT ? 4 : 8;
+        uint8_t reply[8];
+        size_t got = 0;
+        if (write(fd, b.data + from, b.len - from) != (ssize_t)(b.len - from))
+            probe_failed = 1;
+        while (!probe_failed && got < want) {
+            ssize_t r = read(fd, reply + got, want - got);
+            if (r <= 0)
+                probe_failed = 1;
+            else
+                got += (size_t)r;
+        }
+        if (probe_failed)
+            break;
+        if (probe_n == probe_cap) {
+            probe_cap = probe_cap ? probe_cap * 2 : 1024;
+            probe_lat = realloc(probe_lat, probe_cap * sizeof *probe_lat);
+            if (!probe_lat)
+                die("out of memory");
+        }
+        probe_lat[probe_n++] = now_ns() - t0;
+        usleep((useconds_t)opt.probe_ms * 1000);
+    }
+    c10d__wire_buf_free(&b);
+    close(fd);
+    return NULL;
+}
+
 /* idle mode: one round trip each, so the server has set the connection up */
 static void idle_on_open(struct conn *c)
 {
@@ -812,6 +1130,8 @@ static void on_open(struct conn *c)
         ops_on_open(c);
     else if (opt.mode == MODE_RDZV)
         rdzv_on_open(c);
+    else if (opt.mode == MODE_GROUPS)
+        groups_on_open(c);
     else
         idle_on_open(c);
 }
@@ -822,6 +1142,8 @@ static void on_reply(struct conn *c)
         ops_on_reply(c);
     } else if (opt.mode == MODE_RDZV) {
         rdzv_on_reply(c);
+    } else if (opt.mode == MODE_GROUPS) {
+        groups_on_reply(c);
     } else {
         c->busy = 0;
         idle_ready++;
@@ -885,6 +1207,8 @@ static int finished(void)
         return measuring_done;
     case MODE_RDZV:
         return ranks_done + (int)conns_dead >= nconns;
+    case MODE_GROUPS:
+        return groups_ranks_done + (int)conns_dead >= nconns;
     default:
         return idle_ready + (int)conns_dead >= nconns;
     }
@@ -941,7 +1265,7 @@ static void usage(FILE *f)
             "  --host H              server address (default 127.0.0.1)\n"
             "  --port P              server port (required)\n"
             "  --dialect D           legacy (PyTorch 1.13, default) | current (PyTorch >= 2.5)\n"
-            "  --mode M              ops (default) | rdzv | idle\n"
+            "  --mode M              ops (default) | rdzv | groups | idle\n"
             "  --label L             copied into the RESULT line\n"
             "  --timeout S           give up after S seconds (default 60)\n"
             "  --server-pid PID      report the server's CPU use (ops) / RSS (idle)\n"
@@ -956,6 +1280,13 @@ static void usage(FILE *f)
             "       connect, [VALIDATE+PING], ADD init/, barrier (ADD + WAIT last_worker, or\n"
             "       BARRIER), SET a value, then WAIT on all N values (--sync wait) or a\n"
             "       second barrier (--sync barrier), read all (MULTI_GET or N GETs)\n"
+            " groups: --ranks N  --groups G (100)  --check hash|lists  --read lazy|multiget|none\n"
+            "       G world groups back to back: the member check (hash: rank 0 publishes the\n"
+            "       list's hash, the others read it; lists: everyone reads every list, then a\n"
+            "       barrier), then the group's tcp rendezvous (SET the address; lazy: read\n"
+            "       rank 0's; multiget: read all N)\n"
+            " rdzv, groups: --probe-ms M  a PING every M ms on a thread of its own; reports\n"
+            "       the slowest answer\n"
             " idle: --conns N --server-pid PID: server RSS before/after N idle connections\n");
 }
 
@@ -989,10 +1320,13 @@ static void parse_args(int argc, char **argv)
         {"read", required_argument, NULL, 'R'},
         {"label", required_argument, NULL, 'L'},
         {"sync", required_argument, NULL, 'S'},
+        {"groups", required_argument, NULL, 'G'},
+        {"check", required_argument, NULL, 'K'},
+        {"probe-ms", required_argument, NULL, 'Q'},
         {"help", no_argument, NULL, '?' + 256},
         {NULL, 0, NULL, 0},
     };
-    int o;
+    int o, read_none = 0;
     while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (o) {
         case 'h':
@@ -1014,10 +1348,12 @@ static void parse_args(int argc, char **argv)
                 opt.mode = MODE_OPS;
             else if (!strcmp(optarg, "rdzv"))
                 opt.mode = MODE_RDZV;
+            else if (!strcmp(optarg, "groups"))
+                opt.mode = MODE_GROUPS;
             else if (!strcmp(optarg, "idle"))
                 opt.mode = MODE_IDLE;
             else
-                die("bad --mode '%s' (ops, rdzv or idle)", optarg);
+                die("bad --mode '%s' (ops, rdzv, groups or idle)", optarg);
             break;
         case 't': {
             int found = -1;
@@ -1057,10 +1393,23 @@ static void parse_args(int argc, char **argv)
             opt.barrier_cmd = !strcmp(optarg, "cmd");
             break;
         case 'R':
-            if (strcmp(optarg, "multiget") && strcmp(optarg, "get") && strcmp(optarg, "lazy"))
-                die("bad --read '%s' (multiget, get or lazy)", optarg);
+            if (strcmp(optarg, "multiget") && strcmp(optarg, "get") && strcmp(optarg, "lazy") &&
+                strcmp(optarg, "none"))
+                die("bad --read '%s' (multiget, get, lazy or none)", optarg);
             opt.read_multiget = !strcmp(optarg, "multiget");
             opt.read_lazy = !strcmp(optarg, "lazy");
+            read_none = !strcmp(optarg, "none");
+            break;
+        case 'G':
+            opt.groups = (int)parse_num("groups", optarg, 1, 100000);
+            break;
+        case 'K':
+            if (strcmp(optarg, "hash") && strcmp(optarg, "lists"))
+                die("bad --check '%s' (hash or lists)", optarg);
+            opt.check_lists = !strcmp(optarg, "lists");
+            break;
+        case 'Q':
+            opt.probe_ms = (int)parse_num("probe-ms", optarg, 1, 60000);
             break;
         case 'L':
             opt.label = optarg;
@@ -1084,12 +1433,20 @@ static void parse_args(int argc, char **argv)
         die("--port is required (see --help)");
     if (opt.mode == MODE_IDLE && !opt.server_pid)
         die("--mode idle needs --server-pid");
+    if (opt.mode == MODE_GROUPS && opt.read_multiget < 0) {
+        opt.read_lazy = 1; /* what a group of more than 1024 ranks does by default */
+        opt.read_multiget = 0;
+    }
     if (opt.read_multiget < 0)
-        opt.read_multiget = opt.dialect == C10D_STORE_DIALECT_CURRENT;
+        opt.read_multiget = opt.dialect == C10D_STORE_DIALECT_CURRENT && !read_none;
+    if (opt.mode == MODE_GROUPS && !opt.read_lazy && !opt.read_multiget && !read_none)
+        die("--mode groups reads with lazy, multiget or none");
+    if (opt.mode == MODE_GROUPS && opt.check_lists && opt.dialect != C10D_STORE_DIALECT_CURRENT)
+        die("--check lists needs MULTI_GET: --dialect current");
     if (opt.dialect == C10D_STORE_DIALECT_LEGACY && (opt.read_multiget || opt.barrier_cmd))
         die("the legacy dialect has no MULTI_GET or BARRIER: use --read get --barrier add");
     if (opt.connect_concurrency < 0)
-        opt.connect_concurrency = opt.mode == MODE_RDZV ? 0 : 64;
+        opt.connect_concurrency = opt.mode == MODE_RDZV || opt.mode == MODE_GROUPS ? 0 : 64;
 }
 
 int main(int argc, char **argv)
@@ -1121,19 +1478,29 @@ int main(int argc, char **argv)
         rdzv_prepare();
         phase_done_at = calloc(R_DONE + 1, sizeof *phase_done_at);
         phase_count = calloc(R_DONE + 1, sizeof *phase_count);
+    } else if (opt.mode == MODE_GROUPS) {
+        groups_prepare();
     }
+    pthread_t probe;
+    int probing = opt.probe_ms > 0 && (opt.mode == MODE_RDZV || opt.mode == MODE_GROUPS) &&
+                  pthread_create(&probe, NULL, probe_main, NULL) == 0;
     srv_cpu_start = opt.server_pid ? proc_cpu_s(opt.server_pid) : 0;
     t_start = now_ns();
     deadline = t_start + (uint64_t)(opt.timeout_s * 1e9);
 
     run_loop();
     uint64_t t_end = now_ns();
+    if (probing) {
+        atomic_store(&probe_stop, 1);
+        pthread_join(probe, NULL);
+    }
     int done = finished();
-    int ok = done && !conns_dead && !proto_errors && !bad_values;
+    int ok = done && !conns_dead && !proto_errors && !bad_values && !(probing && probe_failed);
     printf("RESULT label=%s mode=%s dialect=%s status=%s", opt.label,
-           opt.mode == MODE_OPS    ? "ops"
-           : opt.mode == MODE_RDZV ? "rdzv"
-                                   : "idle",
+           opt.mode == MODE_OPS      ? "ops"
+           : opt.mode == MODE_RDZV   ? "rdzv"
+           : opt.mode == MODE_GROUPS ? "groups"
+                                     : "idle",
            dialect,
            ok     ? "ok"
            : done ? "errors"
@@ -1178,12 +1545,34 @@ int main(int argc, char **argv)
                 slowest = conns[i].phase;
         if (!done)
             printf(" stuck_in=%s", rphase_names[slowest]);
+    } else if (opt.mode == MODE_GROUPS) {
+        int whole = 0;
+        for (int i = 0; i < opt.groups; i++)
+            whole += group_done_at[i] != 0;
+        printf(" ranks=%d groups=%d groups_done=%d total_s=%.3f ms_per_group=%.2f", nconns,
+               opt.groups, whole, (t_end - t_start) / 1e9,
+               whole ? (t_end - t_start) / 1e6 / whole : 0.0);
+        printf(" check=%s read=%s", opt.check_lists ? "lists" : "hash",
+               opt.read_lazy       ? "lazy"
+               : opt.read_multiget ? "multiget"
+                                   : "none");
+        printf(" gen_cpu_s=%.2f", self_cpu_s());
+        if (opt.server_pid)
+            printf(" server_cpu_s=%.2f", proc_cpu_s(opt.server_pid) - srv_cpu_start);
     } else {
         usleep(500000); /* let the server finish what the last replies started */
         long rss1 = proc_rss_kib(opt.server_pid);
         printf(" conns=%d connected=%d rss_before_kib=%ld rss_after_kib=%ld bytes_per_conn=%.0f",
                nconns, idle_ready, rss0, rss1,
                idle_ready ? (double)(rss1 - rss0) * 1024.0 / idle_ready : 0.0);
+    }
+    if (probing) {
+        if (probe_n)
+            qsort(probe_lat, probe_n, sizeof *probe_lat, cmp_u64);
+        printf(" probe_pings=%zu probe_p50_ms=%.2f probe_p99_ms=%.2f probe_max_ms=%.2f%s", probe_n,
+               probe_n ? probe_lat[probe_n / 2] / 1e6 : 0.0,
+               probe_n ? probe_lat[(size_t)((double)probe_n * 0.99)] / 1e6 : 0.0,
+               probe_n ? probe_lat[probe_n - 1] / 1e6 : 0.0, probe_failed ? " probe_failed=1" : "");
     }
     printf(" connect_retries=%" PRIu64 " dead=%" PRIu64 " resets=%" PRIu64 " proto_errors=%" PRIu64
            " bad_values=%" PRIu64 "\n",
