@@ -1054,6 +1054,7 @@ static void groups_on_open(struct conn *c)
 static atomic_int probe_stop;
 static uint64_t *probe_lat;
 static size_t probe_n, probe_cap;
+static uint64_t probe_worst, probe_worst_at; /* the slowest answer, and when it was asked */
 static int probe_failed;
 
 static void *probe_main(void *arg)
@@ -1101,6 +1102,10 @@ static void *probe_main(void *arg)
                 die("out of memory");
         }
         probe_lat[probe_n++] = now_ns() - t0;
+        if (probe_lat[probe_n - 1] > probe_worst) {
+            probe_worst = probe_lat[probe_n - 1];
+            probe_worst_at = t0 - t_start;
+        }
         usleep((useconds_t)opt.probe_ms * 1000);
     }
     c10d__wire_buf_free(&b);
@@ -1569,10 +1574,12 @@ int main(int argc, char **argv)
     if (probing) {
         if (probe_n)
             qsort(probe_lat, probe_n, sizeof *probe_lat, cmp_u64);
-        printf(" probe_pings=%zu probe_p50_ms=%.2f probe_p99_ms=%.2f probe_max_ms=%.2f%s", probe_n,
-               probe_n ? probe_lat[probe_n / 2] / 1e6 : 0.0,
+        printf(" probe_pings=%zu probe_p50_ms=%.2f probe_p99_ms=%.2f probe_max_ms=%.2f"
+               " probe_max_at_s=%.3f%s",
+               probe_n, probe_n ? probe_lat[probe_n / 2] / 1e6 : 0.0,
                probe_n ? probe_lat[(size_t)((double)probe_n * 0.99)] / 1e6 : 0.0,
-               probe_n ? probe_lat[probe_n - 1] / 1e6 : 0.0, probe_failed ? " probe_failed=1" : "");
+               probe_n ? probe_lat[probe_n - 1] / 1e6 : 0.0, probe_worst_at / 1e9,
+               probe_failed ? " probe_failed=1" : "");
     }
     printf(" connect_retries=%" PRIu64 " dead=%" PRIu64 " resets=%" PRIu64 " proto_errors=%" PRIu64
            " bad_values=%" PRIu64 "\n",
