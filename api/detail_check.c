@@ -37,6 +37,23 @@ int c10d__pg_detail_enabled(void)
     return (int)(seen & 1);
 }
 
+/* While the ranks gather: a group whose backend already failed (a peer
+ * died, its connection lost) will never see them all, and the op would fail
+ * on that error anyway, as it does without the check. */
+static int group_failed(void *arg)
+{
+    c10d_pg *pg = arg;
+    for (int d = 0; d < C10D__PG_NDEV; d++) {
+        const struct c10d__pg_backend *b = &pg->backends[d];
+        char msg[1024];
+        int status =
+            b->vt && b->vt->failure && b->state ? b->vt->failure(b->state, msg, sizeof msg) : 0;
+        if (status != 0)
+            return c10d__fail(status, "%s", msg);
+    }
+    return 0;
+}
+
 int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op *op,
                           int64_t timeout_ms, int *fatal)
 {
@@ -71,13 +88,20 @@ int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op
     int n = pg->size;
     struct c10d__pg_exchanged got;
     int rc = c10d__pg_store_exchange(pg->store, prefix, pg->rank, n, &mine, sizeof mine, timeout_ms,
-                                     &got);
-    if (rc != 0) {
+                                     group_failed, pg, &got);
+    if (rc == C10D_ETIMEDOUT) {
         rc = c10d__fail(rc,
                         "%s %s: C10D_DEBUG=DETAIL: not every rank reached collective "
                         "SeqNum=%llu within %lld ms: %s",
                         pg->backend_name, opname, (unsigned long long)seq, (long long)timeout_ms,
                         c10d_last_error());
+    } else if (rc != 0) {
+        rc = c10d__fail(rc,
+                        "%s %s: C10D_DEBUG=DETAIL: collective SeqNum=%llu not checked, the ranks "
+                        "could not gather: %s",
+                        pg->backend_name, opname, (unsigned long long)seq, c10d_last_error());
+    }
+    if (rc != 0) {
         /* A rank that comes later finds this round's keys complete and runs
          * its op alone: the ranks are out of step from here, so the group
          * fails, as it would on an op's timeout. */

@@ -228,8 +228,10 @@ void c10d__pg_store_release(c10d_store *store);
 int c10d__pg_store_barrier(c10d_store *store, const char *name, int world_size, int64_t timeout_ms);
 /* Every one of n ranks publishes `mine` as "<prefix>/<me>" and reads all n
  * ("<prefix>/<r>" into out->values[r] / out->lens[r]), waiting up to
- * timeout_ms for the last; the caller's thread, blocking. On failure *out is
- * empty; either way c10d__pg_exchanged_free releases it.
+ * timeout_ms for the last; the caller's thread, blocking. With `give_up`
+ * (else NULL), the wait is cut into slices and give_up(arg) asked after each:
+ * a nonzero status (c10d_last_error() set) ends it with that status. On
+ * failure *out is empty; either way c10d__pg_exchanged_free releases it.
  * c10d__pg_store_forget deletes this rank's key once nobody reads it any
  * more (asynchronous, best effort). */
 struct c10d__pg_exchanged {
@@ -238,7 +240,8 @@ struct c10d__pg_exchanged {
     size_t *lens;
 };
 int c10d__pg_store_exchange(c10d_store *s, const char *prefix, int me, int n, const void *mine,
-                            size_t len, int64_t timeout_ms, struct c10d__pg_exchanged *out);
+                            size_t len, int64_t timeout_ms, int (*give_up)(void *arg), void *arg,
+                            struct c10d__pg_exchanged *out);
 void c10d__pg_exchanged_free(struct c10d__pg_exchanged *x);
 void c10d__pg_store_forget(c10d_store *s, const char *prefix, int me);
 

@@ -247,8 +247,12 @@ void c10d__pg_exchanged_free(struct c10d__pg_exchanged *x)
     *x = (struct c10d__pg_exchanged){0};
 }
 
+/* How long each slice of a wait that may give up lasts. */
+#define GIVE_UP_SLICE_MS 200
+
 int c10d__pg_store_exchange(c10d_store *s, const char *prefix, int me, int n, const void *mine,
-                            size_t len, int64_t timeout_ms, struct c10d__pg_exchanged *out)
+                            size_t len, int64_t timeout_ms, int (*give_up)(void *arg), void *arg,
+                            struct c10d__pg_exchanged *out)
 {
     *out = (struct c10d__pg_exchanged){n, calloc((size_t)n, sizeof(void *)),
                                        calloc((size_t)n, sizeof(size_t))};
@@ -263,8 +267,17 @@ int c10d__pg_store_exchange(c10d_store *s, const char *prefix, int me, int n, co
     }
     if (rc == 0)
         rc = c10d_store_set_sync(s, keys[me], mine, len);
-    if (rc == 0)
+    if (rc == 0 && give_up == NULL)
         rc = c10d_store_wait_sync(s, keys, (size_t)n, timeout_ms);
+    for (uint64_t end = c10d__now_ms() + (uint64_t)timeout_ms; rc == 0 && give_up != NULL;) {
+        uint64_t now = c10d__now_ms();
+        int64_t slice = now >= end ? 1 : (int64_t)(end - now);
+        rc = c10d_store_wait_sync(s, keys, (size_t)n,
+                                  slice < GIVE_UP_SLICE_MS ? slice : GIVE_UP_SLICE_MS);
+        if (rc != C10D_ETIMEDOUT || c10d__now_ms() >= end)
+            break;
+        rc = give_up(arg);
+    }
     if (rc == 0)
         rc = c10d_store_multi_get_sync(s, keys, (size_t)n, out->values, out->lens);
     if (rc != 0)

@@ -110,8 +110,8 @@ static int check_same_members(c10d_store *base, const char *name, int me, int wo
         return rc;
     }
     struct c10d__pg_exchanged got;
-    int rc =
-        c10d__pg_store_exchange(base, prefix, me, world_size, mine, strlen(mine), timeout, &got);
+    int rc = c10d__pg_store_exchange(base, prefix, me, world_size, mine, strlen(mine), timeout,
+                                     NULL, NULL, &got);
     for (int r = 0; r < world_size && rc == 0; r++) {
         if (got.lens[r] == strlen(mine) && memcmp(got.values[r], mine, got.lens[r]) == 0)
             continue;

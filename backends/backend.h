@@ -132,6 +132,12 @@ struct c10d__backend_vtable {
      * left to the backend and never touched again. */
     void (*abort)(void *state, int status, const char *reason, c10d__backend_done_fn done,
                   void *arg);
+    /* Optional; any thread, while the state is valid. 0 while the backend
+     * works; once it failed (a peer lost, an op's error), the status it failed
+     * with, its message copied into msg[0..n). What a caller blocked outside
+     * the backend (C10D_DEBUG=DETAIL's store exchange) checks to stop waiting
+     * for ranks that will never come. */
+    int (*failure)(void *state, char *msg, size_t n);
     /* Frees the state, after abort or once idle; same rules for done. */
     void (*destroy)(void *state, c10d__backend_done_fn done, void *arg);
     /* printf format of the key (under the backend's store, one per rank) where

@@ -420,6 +420,11 @@ static int lazy_main(int rank, int n, void *arg)
 {
     (void)arg;
     setenv("C10D_TCP_LAZY_INIT", "1", 1);
+    /* What this proves needs new_group to wait for nobody: DETAIL's member
+     * exchange and torch's init barrier both wait for rank 2, as they should. */
+    unsetenv("C10D_DEBUG");
+    unsetenv("TORCH_DIST_INIT_BARRIER");
+    unsetenv("C10D_DIST_INIT_BARRIER");
     c10d__env_reload();
     c10d_pg *world = NULL;
     MP_CHECK(init(&world) == 0, "init: %s", c10d_last_error());

@@ -72,6 +72,9 @@ struct tcp_state {
     int poisoned;
     int poison_status;
     char poison_msg[1024];
+    /* poison_status for other threads (tcp_failure), stored once poison_msg
+     * is final: a nonzero value published with release order. */
+    atomic_int failed_status;
     struct tcp_op *active;                  /* the collective running */
     struct tcp_op *queue_head, *queue_tail; /* collectives waiting their turn */
     struct tcp_op *p2p_ops, *p2p_tail;      /* P2P ops in flight, oldest first */
@@ -231,6 +234,7 @@ static void group_fail(struct tcp_state *s, int status, const char *fmt, ...)
     va_end(ap);
     s->poisoned = 1;
     s->poison_status = status;
+    atomic_store_explicit(&s->failed_status, status, memory_order_release);
     C10D_WARN("tcp", "group %s rank %d failed: %s", s->group_name, s->rank, s->poison_msg);
     if (s->t != NULL)
         c10d__tcp_transport_fail(s->t, status, s->poison_msg);
@@ -240,6 +244,15 @@ static void group_fail(struct tcp_state *s, int status, const char *fmt, ...)
         op_complete(s, s->queue_head, status, s->poison_msg);
     while (s->p2p_ops != NULL)
         op_complete(s, s->p2p_ops, status, s->poison_msg);
+}
+
+static int tcp_failure(void *state, char *msg, size_t n)
+{
+    struct tcp_state *s = state;
+    int status = atomic_load_explicit(&s->failed_status, memory_order_acquire);
+    if (status != 0 && n > 0)
+        snprintf(msg, n, "%s", s->poison_msg);
+    return status;
 }
 
 static void on_transport_error(void *arg, int status, const char *message)
@@ -859,6 +872,7 @@ const struct c10d__backend_vtable c10d__tcp_backend = {
     .create = tcp_create,
     .submit = tcp_submit,
     .abort = tcp_abort,
+    .failure = tcp_failure,
     .destroy = tcp_destroy,
     .published_key_fmt = ADDR_KEY_FMT,
 };
