@@ -151,3 +151,26 @@ void c10d__gpu_describe(char *buf, size_t len)
     snprintf(buf, len, "nccl backend (declared for nccl %s, cuda runtime %d; loaded: nccl %s%s%s)",
              declared, CUDART_VERSION, loaded, api.nccl_path[0] ? " from " : "", api.nccl_path);
 }
+
+void c10d__gpu_use_device(const struct c10d__cudart_api *cu, int device)
+{
+    int cur = -1;
+    if (device < 0 || (cu->cudaGetDevice(&cur) == cudaSuccess && cur == device))
+        return;
+    cu->cudaSetDevice(device);
+}
+
+int c10d__gpu_switch_device(const struct c10d__cudart_api *cu, int device)
+{
+    int cur = -1;
+    if (device < 0 || cu->cudaGetDevice(&cur) != cudaSuccess || cur == device)
+        return -1;
+    cu->cudaSetDevice(device);
+    return cur;
+}
+
+void c10d__gpu_restore_device(const struct c10d__cudart_api *cu, int prev)
+{
+    if (prev >= 0)
+        cu->cudaSetDevice(prev);
+}

@@ -48,6 +48,18 @@ int c10d__nccl_load(const struct c10d__gpu_api **out);
 /* What was loaded, for c10d_build_info ("" when nothing was tried). */
 void c10d__gpu_describe(char *buf, size_t len);
 
+/* The library's own threads (the loop, workers) make `device` current
+ * before any CUDA or NCCL call for a group bound to it, and leave it so: a
+ * thread's first call on a device makes a context there (hundreds of MiB),
+ * and since CUDA 12 cudaSetDevice does too, so "restoring" a fresh thread to
+ * device 0 would put one on GPU 0 for every rank of a node. Caller threads
+ * save and restore their device themselves. Sets only when it differs. */
+void c10d__gpu_use_device(const struct c10d__cudart_api *cu, int device);
+/* Where the thread may be the caller's: makes `device` current and returns
+ * what was (-1: nothing changed); c10d__gpu_restore_device puts it back. */
+int c10d__gpu_switch_device(const struct c10d__cudart_api *cu, int device);
+void c10d__gpu_restore_device(const struct c10d__cudart_api *cu, int prev);
+
 /* Calls `expr` (a cudaError_t); on failure records "what: <CUDA's text>" and
  * returns C10D_EIO from the enclosing function. */
 #define C10D__CUDA_CHECK(api, expr, what)                                                          \

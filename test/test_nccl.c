@@ -837,16 +837,18 @@ static void test_tcp_cuda_stalled_stream(void **s)
 
 /* Rank 0's first launch on its communicator blocks in NCCL for 20 s (NCCL
  * making connections on first use while a peer is away; the knob stands in
- * for it): the caller's all_reduce still returns at once (a worker issues
- * the first ops), and abort returns within C10D_BACKEND_CLOSE_MS although
- * that worker is still inside NCCL. Rank 1 fails with rank 0's abort. */
+ * for it, and, as NCCL's connection setup, ends when the communicator is
+ * aborted from another thread): the caller's all_reduce still returns at
+ * once (a worker issues the first ops), and abort frees that worker from
+ * NCCL: it returns well before C10D_BACKEND_CLOSE_MS, and the op fails at
+ * once instead of when NCCL gives up. Rank 1 fails with rank 0's abort. */
 static int first_launch_main(int rank, int n, void *arg)
 {
     (void)arg;
     (void)n;
     if (rank == 0)
         setenv("C10D_SIM_FIRST_LAUNCH_DELAY_MS", "20000", 1);
-    setenv("C10D_BACKEND_CLOSE_MS", "1500", 1);
+    setenv("C10D_BACKEND_CLOSE_MS", "10000", 1);
     setenv("C10D_NCCL_PEER_CHECK_MS", "200", 1);
     c10d__env_reload();
     c10d_pg *pg = init_group(1, 30000);
@@ -864,8 +866,12 @@ static int first_launch_main(int rank, int n, void *arg)
         uint64_t a0 = now_ms();
         c10d_pg_abort(pg, "test: the first launch is stuck");
         uint64_t abort_ms = now_ms() - a0;
-        MP_CHECK(abort_ms < 1500 + 1500, "abort took %llu ms", (unsigned long long)abort_ms);
-        /* Its work is the worker's until NCCL returns (docs/nccl.md). */
+        MP_CHECK(abort_ms < 3000, "abort took %llu ms: it waited for the worker inside NCCL",
+                 (unsigned long long)abort_ms);
+        int rc = c10d_work_wait(w, 3000);
+        MP_CHECK(rc != 0 && rc != C10D_ETIMEDOUT,
+                 "the op was still inside NCCL 3 s after the abort (%d: %s)", rc,
+                 c10d_last_error());
         c10d_work_release(w);
         usleep(1000 * 1000); /* rank 1 reads the news from the store rank 0 hosts */
     } else {
@@ -876,6 +882,65 @@ static int first_launch_main(int rank, int n, void *arg)
     }
     c10d_shutdown();
     return 0;
+}
+
+/* A CUDA context on a device costs hundreds of MiB there; a thread's first
+ * call makes one on its current device (0 on a fresh thread), and
+ * cudaSetDevice makes one since CUDA 12. So every thread that calls CUDA or
+ * NCCL for a group (the caller, the workers issuing first ops and closing
+ * communicators, the loop polling events, the worker freeing pinned
+ * memory) must do so on the group's device. The ranks sit on devices 0
+ * and 1 of the simulation's three; rank 1 checks, through the simulation's
+ * record of the devices the process made contexts on, that it never
+ * touched device 0: with nccl (first ops on a worker, events polled on the
+ * loop, communicators aborted and destroyed on workers) and with CUDA
+ * buffers on tcp (staged through pinned memory, freed on a worker). */
+static unsigned long long (*sim_contexts)(void);
+
+static int device_main(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    for (int mode = 0; mode < 2; mode++) {
+        use_tcp_cuda = mode;
+        c10d_pg *pg = init_group(1, 30000);
+        MP_CHECK(pg != NULL, "init");
+        c10d_op_opts o = gpu_opts();
+        float *buf = dev_alloc(64 * 1024 * sizeof(float));
+        for (int i = 0; i < 4; i++) {
+            c10d_work *w;
+            MP_CHECK(
+                finish(c10d_all_reduce(pg, buf, buf, 64 * 1024, C10D_FLOAT32, C10D_SUM, &o, &w),
+                       &w) == 0,
+                "all_reduce: %s", c10d_last_error());
+        }
+        if (mode == 0)
+            c10d_pg_abort(pg, "test: closing by abort");
+        else
+            c10d_pg_destroy(pg);
+        cu->cudaFree(buf);
+    }
+    c10d_shutdown();
+    if (rank == 1) {
+        void *h = dlopen(getenv("C10D_CUDART_LIBRARY"), RTLD_LAZY | RTLD_NOLOAD);
+        sim_contexts =
+            h != NULL ? (unsigned long long (*)(void))dlsym(h, "c10d_gpusim_contexts") : NULL;
+        MP_CHECK(sim_contexts != NULL, "the simulation has no c10d_gpusim_contexts");
+        unsigned long long mask = sim_contexts();
+        MP_CHECK(my_device == 1, "rank 1 is on device %d", my_device);
+        MP_CHECK(mask == 1ull << my_device,
+                 "rank 1 (device 1) made CUDA contexts on devices 0x%llx: a thread called CUDA or "
+                 "NCCL without the group's device current",
+                 mask);
+    }
+    return 0;
+}
+
+static void test_threads_use_the_group_device(void **s)
+{
+    (void)s;
+    sim_only();
+    run(2, device_main, NULL, 120);
 }
 
 static void test_first_launch_blocks(void **s)
@@ -1556,6 +1621,7 @@ int main(void)
         cmocka_unit_test(test_hang_times_out),
         cmocka_unit_test(test_stalled_stream),
         cmocka_unit_test(test_first_launch_blocks),
+        cmocka_unit_test(test_threads_use_the_group_device),
         cmocka_unit_test(test_async_error),
         cmocka_unit_test(test_nan_check),
         cmocka_unit_test(test_timing),

@@ -588,25 +588,37 @@ struct close_job {
     void *arg;
 };
 
+/* Any thread: a thread stuck inside NCCL on c (a blocking launch waiting
+ * for the peers) holds c->lock; abort the communicator under it, once, so
+ * that it returns (nccl_impl.h, in_nccl). */
+static void abort_under(struct nccl_comm *c)
+{
+    atomic_store(&c->aborting, 1);
+    if (atomic_load(&c->in_nccl) && !atomic_exchange(&c->aborted_under, 1))
+        c->api->nccl.ncclCommAbort(c->comm);
+}
+
 /* Any thread, with nobody else inside NCCL on c: its resources go. */
 static void comm_release(struct nccl_comm *c, int abort)
 {
     const struct c10d__gpu_api *api = c->api;
-    /* Waits for a caller that is inside NCCL on this communicator (new ones
-     * see the group poisoned). A nonblocking communicator bounds that call
-     * by the op's timeout (launch.c); a blocking one may not (docs/nccl.md,
-     * known gaps), and the group's close timer then goes on without us. */
+    /* NCCL's destroy and abort switch to the communicator's device and back:
+     * back must not be a fresh worker's device 0. */
+    c10d__gpu_use_device(&api->cuda, c->device);
+    /* An abort first frees whoever is inside NCCL on this communicator; a
+     * destroy waits for them (new callers see the group poisoned). */
+    if (abort)
+        abort_under(c);
     uv_mutex_lock(&c->lock);
-    if (c->comm != NULL) {
+    if (c->comm != NULL && !atomic_load(&c->aborted_under)) {
         if (abort)
             api->nccl.ncclCommAbort(c->comm);
         else
             api->nccl.ncclCommDestroy(c->comm);
-        c->comm = NULL;
     }
+    c->comm = NULL;
     uv_mutex_unlock(&c->lock);
     if (c->stream != NULL) {
-        api->cuda.cudaSetDevice(c->device);
         if (!abort)
             api->cuda.cudaStreamSynchronize(c->stream);
         api->cuda.cudaStreamDestroy(c->stream);
@@ -622,8 +634,10 @@ static void comm_release(struct nccl_comm *c, int abort)
 
 static void comm_free(struct nccl_comm *c)
 {
-    if (c->pool != NULL)
+    if (c->pool != NULL) {
+        c10d__gpu_use_device(&c->api->cuda, c->device); /* its events' */
         pool_close(c->pool, c->api);
+    }
     uv_mutex_destroy(&c->lock);
     uv_mutex_destroy(&c->defer_mu);
     c10d_store_release(c->store);
@@ -658,6 +672,9 @@ static void close_work(void *arg)
         int busy = START_BUSY;
         struct nccl_comm *next = c->next;
         if (atomic_compare_exchange_strong(&c->start_busy, &busy, START_ORPHANED)) {
+            /* Its worker may be stuck issuing the first ops: free it. */
+            if (j->abort)
+                abort_under(c);
             *pp = next;
             continue;
         }

@@ -329,7 +329,9 @@ int c10d__nccl_launch(struct nccl_comm *c, const struct c10d__op *op)
         call = launch_one(&l, o);
     }
     r = settle(&l, l.api->nccl.ncclGroupEnd(), timeout_ms);
-    for (int i = 0; i < l.npremul; i++)
+    /* An abort from another thread freed the communicator meanwhile (its
+     * ops went with it): nothing of it may be touched any more. */
+    for (int i = 0; i < l.npremul && !atomic_load(&c->aborting); i++)
         l.api->nccl.ncclRedOpDestroy(l.premul[i], c->comm);
     if (call == ncclSuccess)
         call = r;

@@ -88,6 +88,7 @@ static int op_ready(struct c10d__poll_item *item)
     struct nccl_comm *c = no->c;
     /* Event queries must not join a capture another thread of the process
      * has open in global mode. */
+    c10d__gpu_use_device(&api->cuda, c->device);
     enum cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
     api->cuda.cudaThreadExchangeStreamCaptureMode(&mode);
     int ready = 0;
@@ -183,14 +184,11 @@ static void op_done(struct c10d__poll_item *item)
     c10d_work_release(w); /* the poll item's */
 }
 
-/* Under c->lock, any thread: the NCCL calls of one op on c's stream. */
+/* Under c->lock, any thread with c's device current: the NCCL calls of one
+ * op on c's stream. */
 static int issue(struct nccl_comm *c, struct nccl_op *no)
 {
     const struct c10d__gpu_api *api = c->s->api;
-    int prev = -1;
-    api->cuda.cudaGetDevice(&prev);
-    if (prev != c->device)
-        api->cuda.cudaSetDevice(c->device);
     int rc = 0;
     cudaError_t e = api->cuda.cudaStreamWaitEvent(c->stream, no->ready_ev, 0);
     if (e == cudaSuccess)
@@ -202,8 +200,19 @@ static int issue(struct nccl_comm *c, struct nccl_op *no)
         no->nan_tag = ++c->nan_tags;
         rc = c10d__nccl_nan_check(c, no->op, no->nan_tag);
     }
-    if (rc == 0)
+    if (rc == 0 && c->blocking) {
+        /* A blocking launch may wait inside NCCL for the peers: an abort
+         * frees it from there (nccl_impl.h). A nonblocking one is bounded
+         * by the op's timeout, and an abort waits for it. */
+        atomic_store(&c->in_nccl, 1);
+        if (atomic_load(&c->aborting))
+            rc = c10d__fail(C10D_EABORTED, "nccl %s: the communicator is being aborted", no->type);
+        else
+            rc = c10d__nccl_launch(c, no->op);
+        atomic_store(&c->in_nccl, 0);
+    } else if (rc == 0) {
         rc = c10d__nccl_launch(c, no->op);
+    }
     if (rc == 0 && (e = api->cuda.cudaEventRecord(no->end_ev, c->stream)) != cudaSuccess)
         rc = c10d__fail(C10D_EIO, "nccl %s: %s", no->type, api->cuda.cudaGetErrorString(e));
     /* Captured: the caller's stream joins the communicator's stream back
@@ -212,8 +221,6 @@ static int issue(struct nccl_comm *c, struct nccl_op *no)
         (e = api->cuda.cudaStreamWaitEvent((cudaStream_t)no->op->stream, no->end_ev, 0)) !=
             cudaSuccess)
         rc = c10d__fail(C10D_EIO, "nccl %s: %s", no->type, api->cuda.cudaGetErrorString(e));
-    if (prev >= 0 && prev != c->device)
-        api->cuda.cudaSetDevice(prev);
     if (rc != 0)
         return rc;
     atomic_store(&no->issued, 1);
@@ -258,6 +265,7 @@ static void drain_work(void *arg)
     struct drain *d = arg;
     struct nccl_comm *c = d->c;
     struct nccl_op **tail = &d->failed;
+    c10d__gpu_use_device(&c->s->api->cuda, c->device);
     uv_mutex_lock(&c->lock);
     for (;;) {
         /* One at a time: what is still in the list is what a failure of

@@ -83,6 +83,17 @@ struct nccl_comm {
     uv_mutex_t lock;  /* held by whoever calls NCCL on `comm` */
     _Atomic int phase;
     ncclComm_t comm;
+    /* An abort must not wait for c->lock while its holder is stuck inside
+     * NCCL (a blocking communicator's first launch waits there for the
+     * peers): NCCL's abort is made to be called from another thread then.
+     * Who launches sets in_nccl, then reads aborting; the abort sets
+     * aborting, then reads in_nccl (both sequentially consistent): either
+     * the launcher sees the abort and stays out, or the abort sees the
+     * launcher inside and aborts without the lock. Blocking communicators
+     * only: a nonblocking launch is bounded by the op's timeout. */
+    _Atomic int in_nccl;
+    _Atomic int aborting;
+    _Atomic int aborted_under; /* that abort happened: comm is gone */
     cudaStream_t stream;
     void *barrier_buf; /* one float on the device, for barrier */
     /* C10D_NCCL_NAN_CHECK: mapped host memory, C10D__NCCL_NAN_SLOTS flags;

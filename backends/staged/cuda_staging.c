@@ -50,7 +50,8 @@
 struct staging_block {
     struct staging_block *next;
     size_t cap;
-    char *mem; /* cudaHostAlloc'd */
+    char *mem;  /* cudaHostAlloc'd */
+    int device; /* current when it was allocated: freed with it current */
 };
 
 struct staged_state {
@@ -145,6 +146,8 @@ static struct staging_block *block_get(struct staged_state *s, size_t bytes)
     size_t cap = 4096;
     while (cap < bytes)
         cap *= 2;
+    b->device = -1;
+    s->cu->cudaGetDevice(&b->device);
     if (s->cu->cudaHostAlloc((void **)&b->mem, cap, cudaHostAllocPortable) != cudaSuccess) {
         free(b);
         return NULL;
@@ -166,6 +169,7 @@ static void host_free_work(void *arg)
     struct host_free *hf = arg;
     for (struct staging_block *b = hf->blocks, *next; b != NULL; b = next) {
         next = b->next;
+        c10d__gpu_use_device(hf->cu, b->device);
         hf->cu->cudaFreeHost(b->mem);
         free(b);
     }
@@ -355,6 +359,7 @@ static void op_free(struct staged_op *so)
 {
     struct staged_state *s = so->s;
     const struct c10d__cudart_api *cu = s->cu;
+    int prev = c10d__gpu_switch_device(cu, so->device); /* any thread: the last release's */
     /* A copy may still run into or out of the block (the op timed out or
      * was aborted while it was queued): the block is then never reused, nor
      * freed (cudaFreeHost would wait for the device, possibly forever). */
@@ -374,6 +379,7 @@ static void op_free(struct staged_op *so)
         if (so->parts[k].inner_work != NULL)
             c10d_work_release(so->parts[k].inner_work);
     }
+    c10d__gpu_restore_device(cu, prev);
     free(so->parts);
     free(so->seg_hosts);
     if (idle)
@@ -446,6 +452,7 @@ static int part_ready(struct c10d__poll_item *item)
     if (atomic_load(&pt->so->s->aborted) || c10d_work_test(pt->so->work))
         return 1;
     int failed;
+    c10d__gpu_use_device(pt->so->s->cu, pt->so->device);
     return event_ready(pt->so->s->cu, pt->in_ev, &failed);
 }
 
@@ -520,7 +527,8 @@ static void host_done(c10d_work *w, int status, void *arg)
     }
     const struct c10d__cudart_api *cu = s->cu;
     cudaStream_t side = s->out_side[so->device];
-    cudaError_t e = cu->cudaSetDevice(so->device);
+    c10d__gpu_use_device(cu, so->device); /* the loop thread */
+    cudaError_t e = cudaSuccess;
     so->out_started = 1;
     if (e == cudaSuccess)
         e = copy_outputs(so, pt, side);
@@ -549,6 +557,7 @@ static int outputs_ready(struct c10d__poll_item *item)
     if (atomic_load(&so->s->aborted) || c10d_work_test(so->work))
         return 1;
     int failed;
+    c10d__gpu_use_device(so->s->cu, so->device);
     return event_ready(so->s->cu, so->end_ev, &failed);
 }
 
@@ -818,10 +827,14 @@ static void state_unref(struct staged_state *s)
     const struct c10d__cudart_api *cu = s->cu;
     /* Never waits: work still on a stream finishes on its own. */
     for (int d = 0; d < MAX_DEVICES; d++) {
+        if (s->side[d] == NULL && s->out_side[d] == NULL)
+            continue;
+        int prev = c10d__gpu_switch_device(cu, d);
         if (s->side[d] != NULL)
             cu->cudaStreamDestroy(s->side[d]);
         if (s->out_side[d] != NULL)
             cu->cudaStreamDestroy(s->out_side[d]);
+        c10d__gpu_restore_device(cu, prev);
     }
     blocks_free(cu, s->free_blocks);
     uv_mutex_destroy(&s->mu);

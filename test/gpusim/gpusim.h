@@ -34,6 +34,11 @@ int sim_stream_valid(cudaStream_t stream);
 void sim_fault(cudaError_t e);
 /* The sticky error, or cudaSuccess. */
 cudaError_t sim_sticky(void);
+/* A call that needs a CUDA context on the calling thread's current device:
+ * records that the process has one there (c10d_gpusim_contexts). */
+void sim_mark_context(void);
+/* For tests (dlsym): the devices the process made a context on, a bit each. */
+SIM_API unsigned long long c10d_gpusim_contexts(void);
 /* 1 if the device can reach [p, p + n): inside one live allocation, or host
  * memory the process maps. */
 int sim_dev_range_valid(const void *p, size_t n);

@@ -634,6 +634,7 @@ SIM_API ncclResult_t ncclGroupStart(void)
 
 SIM_API ncclResult_t ncclGroupEnd(void)
 {
+    sim_mark_context();
     if (t_depth == 0) {
         sim_set_error("ncclGroupEnd: no matching ncclGroupStart");
         return ncclInvalidUsage;
@@ -642,11 +643,26 @@ SIM_API ncclResult_t ncclGroupEnd(void)
         return ncclSuccess;
     ncclResult_t r = t_group_error;
     /* A blocking NCCL makes a communicator's connections at its first
-     * launch, waiting for the peers there: the calling thread blocks. */
+     * launch, waiting for the peers there: the calling thread blocks until
+     * they come or until ncclCommAbort, from another thread, sets the abort
+     * flag NCCL's connection setup polls. The abort frees the communicator:
+     * a reference keeps the simulation's record alive, and nothing of the
+     * aborted group runs. */
     struct sim_comm *first = t_nops > 0 ? t_ops[0].c : NULL;
     if (r == ncclSuccess && first != NULL && first->first_launch_delay_ms > 0 &&
-        atomic_exchange(&first->launched, 1) == 0)
-        usleep((useconds_t)first->first_launch_delay_ms * 1000);
+        atomic_exchange(&first->launched, 1) == 0) {
+        atomic_fetch_add(&first->refs, 1);
+        for (long waited = 0; waited < first->first_launch_delay_ms; waited += 5) {
+            if (atomic_load_explicit(&first->aborted, memory_order_acquire))
+                break;
+            usleep(5000);
+        }
+        if (atomic_load_explicit(&first->aborted, memory_order_acquire)) {
+            sim_set_error("ncclGroupEnd: the communicator was aborted while connecting");
+            r = ncclInternalError;
+        }
+        sim_comm_unref(first);
+    }
     if (r == ncclSuccess && t_nops > 0)
         r = submit(t_ops, t_nops);
     free(t_ops); /* a failed group runs nothing, as NCCL's */

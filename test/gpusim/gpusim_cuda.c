@@ -59,6 +59,21 @@ static _Thread_local int t_device;
 static _Thread_local cudaError_t t_last_error;
 static _Thread_local enum cudaStreamCaptureMode t_capture_mode = cudaStreamCaptureModeGlobal;
 
+/* The devices this process has a context on: a thread's first call that
+ * needs one makes it on the thread's current device, as CUDA does (and
+ * cudaSetDevice makes one since CUDA 12). c10d_gpusim_contexts() tells. */
+static _Atomic unsigned long long g_contexts;
+
+void sim_mark_context(void)
+{
+    atomic_fetch_or(&g_contexts, 1ull << t_device);
+}
+
+SIM_API unsigned long long c10d_gpusim_contexts(void)
+{
+    return atomic_load(&g_contexts);
+}
+
 static cudaError_t ret(cudaError_t e)
 {
     if (e != cudaSuccess)
@@ -158,6 +173,7 @@ SIM_API cudaError_t cudaSetDevice(int device)
     if (device < 0 || device >= n)
         return ret(cudaErrorInvalidDevice);
     t_device = device;
+    sim_mark_context();
     return cudaSuccess;
 }
 
@@ -368,6 +384,7 @@ static void stream_drain(struct sim_stream *s)
 SIM_API cudaError_t cudaStreamCreateWithPriority(cudaStream_t *pStream, unsigned int flags,
                                                  int priority)
 {
+    sim_mark_context();
     if (pStream == NULL || (flags & ~(unsigned)cudaStreamNonBlocking) != 0)
         return ret(cudaErrorInvalidValue);
     pthread_once(&g_once, once_init);
@@ -385,6 +402,7 @@ SIM_API cudaError_t cudaStreamCreateWithPriority(cudaStream_t *pStream, unsigned
 /* Returns at once; the queued work still runs, then the stream is freed. */
 SIM_API cudaError_t cudaStreamDestroy(cudaStream_t stream)
 {
+    sim_mark_context();
     struct sim_stream *s = is_default(stream) ? NULL : stream_get(stream);
     if (s == NULL)
         return ret(cudaErrorInvalidResourceHandle);
@@ -405,6 +423,7 @@ SIM_API cudaError_t cudaStreamDestroy(cudaStream_t stream)
 
 SIM_API cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
+    sim_mark_context();
     STICKY_RETURN();
     struct sim_stream *s = stream_get(stream);
     if (s == NULL)
@@ -415,6 +434,7 @@ SIM_API cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 
 SIM_API cudaError_t cudaDeviceSynchronize(void)
 {
+    sim_mark_context();
     STICKY_RETURN();
     pthread_once(&g_once, once_init);
     pthread_mutex_lock(&g_mu);
@@ -463,6 +483,7 @@ SIM_API cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMo
 
 SIM_API cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void *userData)
 {
+    sim_mark_context();
     STICKY_RETURN();
     if (fn == NULL)
         return ret(cudaErrorInvalidValue);
@@ -486,6 +507,7 @@ static void event_unref_locked(struct sim_event *e)
 
 SIM_API cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
 {
+    sim_mark_context();
     if (event == NULL || (flags & ~7u) != 0)
         return ret(cudaErrorInvalidValue);
     if ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming))
@@ -503,6 +525,7 @@ SIM_API cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int fl
 /* Pending markers keep the memory; the handle is dead at once. */
 SIM_API cudaError_t cudaEventDestroy(cudaEvent_t event)
 {
+    sim_mark_context();
     pthread_mutex_lock(&ev_mu);
     struct sim_event *e = event_get(event);
     if (e == NULL) {
@@ -549,6 +572,7 @@ static void waiter_run(void *p)
 
 SIM_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 {
+    sim_mark_context();
     STICKY_RETURN();
     struct ev_mark *m = malloc(sizeof *m);
     if (m == NULL)
@@ -576,6 +600,7 @@ SIM_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 
 SIM_API cudaError_t cudaEventQuery(cudaEvent_t event)
 {
+    sim_mark_context();
     STICKY_RETURN();
     pthread_mutex_lock(&ev_mu);
     struct sim_event *e = event_get(event);
@@ -590,6 +615,7 @@ SIM_API cudaError_t cudaEventQuery(cudaEvent_t event)
 /* As CUDA's: both events recorded and done, neither made without timing. */
 SIM_API cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 {
+    sim_mark_context();
     STICKY_RETURN();
     if (ms == NULL)
         return ret(cudaErrorInvalidValue);
@@ -609,6 +635,7 @@ SIM_API cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent
 
 SIM_API cudaError_t cudaEventSynchronize(cudaEvent_t event)
 {
+    sim_mark_context();
     STICKY_RETURN();
     pthread_mutex_lock(&ev_mu);
     struct sim_event *e = event_get(event);
@@ -627,6 +654,7 @@ SIM_API cudaError_t cudaEventSynchronize(cudaEvent_t event)
 
 SIM_API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
 {
+    sim_mark_context();
     STICKY_RETURN();
     if ((flags & ~(unsigned)cudaEventWaitExternal) != 0)
         return ret(cudaErrorInvalidValue);
@@ -656,6 +684,7 @@ SIM_API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, 
 /* -------------------------------------------------------------- memory */
 SIM_API cudaError_t cudaMalloc(void **devPtr, size_t size)
 {
+    sim_mark_context();
     STICKY_RETURN();
     if (devPtr == NULL)
         return ret(cudaErrorInvalidValue);
@@ -681,6 +710,7 @@ SIM_API cudaError_t cudaMalloc(void **devPtr, size_t size)
 /* cudaFree and cudaFreeHost wait for the device first, as CUDA's do. */
 SIM_API cudaError_t cudaFree(void *devPtr)
 {
+    sim_mark_context();
     if (devPtr == NULL)
         return cudaSuccess;
     cudaDeviceSynchronize();
@@ -703,6 +733,7 @@ SIM_API cudaError_t cudaFree(void *devPtr)
 
 SIM_API cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
 {
+    sim_mark_context();
     STICKY_RETURN();
     (void)flags;
     return cudaMalloc(pHost, size);
@@ -710,6 +741,7 @@ SIM_API cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
 
 SIM_API cudaError_t cudaFreeHost(void *ptr)
 {
+    sim_mark_context();
     return cudaFree(ptr);
 }
 
@@ -722,6 +754,7 @@ static int bad_copy(const void *dst, const void *src, size_t count, enum cudaMem
 
 SIM_API cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
 {
+    sim_mark_context();
     STICKY_RETURN();
     cudaError_t rc = (cudaError_t)bad_copy(dst, src, count, kind);
     if (rc != cudaSuccess)
@@ -770,6 +803,7 @@ static cudaError_t mem_enqueue(void *dst, const void *src, int value, size_t cou
 SIM_API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
                                     enum cudaMemcpyKind kind, cudaStream_t stream)
 {
+    sim_mark_context();
     STICKY_RETURN();
     cudaError_t rc = (cudaError_t)bad_copy(dst, src, count, kind);
     if (rc != cudaSuccess)
@@ -779,6 +813,7 @@ SIM_API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
 
 SIM_API cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t stream)
 {
+    sim_mark_context();
     STICKY_RETURN();
     if (count > 0 && devPtr == NULL)
         return ret(cudaErrorInvalidValue);

@@ -20,6 +20,7 @@ SIM_API cudaError_t cudaLibraryLoadData(cudaLibrary_t *library, const void *code
                                         enum cudaLibraryOption *libraryOptions,
                                         void **libraryOptionValues, unsigned int numLibraryOptions)
 {
+    sim_mark_context();
     (void)jitOptions, (void)jitOptionsValues, (void)numJitOptions;
     (void)libraryOptions, (void)libraryOptionValues, (void)numLibraryOptions;
     if (library == NULL || code == NULL)
@@ -98,6 +99,7 @@ static void nan_run(void *arg)
 SIM_API cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args,
                                      size_t sharedMem, cudaStream_t stream)
 {
+    sim_mark_context();
     (void)gridDim, (void)blockDim, (void)sharedMem;
     if (sim_sticky() != cudaSuccess)
         return sim_sticky();

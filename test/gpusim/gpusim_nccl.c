@@ -434,6 +434,7 @@ static ncclResult_t check_size(ncclComm_t *comm, int nranks, int rank, const cha
 SIM_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId,
                                             int rank, ncclConfig_t *config)
 {
+    sim_mark_context();
     const char *who = "ncclCommInitRankConfig";
     ncclResult_t r = check_size(comm, nranks, rank, who);
     if (r == ncclSuccess)
@@ -446,6 +447,7 @@ SIM_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUn
 SIM_API ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId,
                                               ncclUniqueId *commIds, ncclConfig_t *config)
 {
+    sim_mark_context();
     const char *who = "ncclCommInitRankScalable";
     ncclResult_t r = check_size(newcomm, nranks, myrank, who);
     if (r != ncclSuccess)
@@ -468,6 +470,7 @@ SIM_API ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, i
 SIM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
                                    ncclConfig_t *config)
 {
+    sim_mark_context();
     struct sim_comm *p = sim_comm_get(comm);
     ncclResult_t r = sim_comm_check_ready(p, "ncclCommSplit");
     if (r != ncclSuccess)
@@ -493,6 +496,7 @@ SIM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm
 SIM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
                                     ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags)
 {
+    sim_mark_context();
     const char *who = "ncclCommShrink";
     struct sim_comm *p = sim_comm_get(comm);
     ncclResult_t r = sim_comm_check_ready(p, who);
@@ -576,6 +580,7 @@ SIM_API ncclResult_t ncclCommFinalize(ncclComm_t comm)
 /* Waits for the communicator's queued tasks (forever, if one hangs). */
 SIM_API ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
+    sim_mark_context();
     if (comm == NULL)
         return ncclSuccess;
     struct sim_comm *c = sim_comm_get(comm);
@@ -593,6 +598,7 @@ SIM_API ncclResult_t ncclCommDestroy(ncclComm_t comm)
  * or starts later, ends at once; the last one frees the memory. */
 SIM_API ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
+    sim_mark_context();
     if (comm == NULL)
         return ncclSuccess;
     struct sim_comm *c = sim_comm_get(comm);
