@@ -65,9 +65,11 @@ static int check_size(const char *what, int64_t size, int from)
 }
 
 /* One step, waited for. A group without a host backend (nccl alone, or
- * "cuda:tcp" alone) moves the bytes through memory of the calling thread's
- * current CUDA device, as torch's object collectives move their tensors to
- * the group's device. `send` and `recv` may be the same buffer (in place). */
+ * "cuda:tcp" alone) moves the bytes through memory of the group's device (the
+ * one it is bound to, else the calling thread's current one), as torch's
+ * object collectives move their tensors to the group's device; the caller's
+ * thread gets its own device back. `send` and `recv` may be the same buffer
+ * (in place). */
 static int step(c10d_pg *pg, const c10d_op_opts *o, enum c10d__op_kind kind, const void *send,
                 size_t send_bytes, void *recv, size_t recv_bytes, size_t count, c10d_dtype dt,
                 int root)
@@ -80,10 +82,13 @@ static int step(c10d_pg *pg, const c10d_op_opts *o, enum c10d__op_kind kind, con
     void *r = recv;
     const struct c10d__cudart_api *cu = NULL;
     void *dsend = NULL, *drecv = NULL;
+    int prev = -1;
     if (on_device) {
-        int dev = 0;
+        int dev = pg->device_index;
         C10D_CHECK(c10d__cuda_load(&cu));
-        C10D__CUDA_CHECK(cu, cu->cudaGetDevice(&dev), "object collective: cudaGetDevice");
+        if (dev < 0)
+            C10D__CUDA_CHECK(cu, cu->cudaGetDevice(&dev), "object collective: cudaGetDevice");
+        prev = c10d__gpu_switch_device(cu, dev);
         dopts.device_type = C10D_DEVICE_CUDA;
         dopts.device_index = dev;
         dopts.stream = NULL;
@@ -104,6 +109,7 @@ static int step(c10d_pg *pg, const c10d_op_opts *o, enum c10d__op_kind kind, con
             if (drecv != dsend)
                 cu->cudaFree(drecv);
             cu->cudaFree(dsend);
+            c10d__gpu_restore_device(cu, prev);
             return rc;
         }
         s = dsend;
@@ -141,6 +147,7 @@ static int step(c10d_pg *pg, const c10d_op_opts *o, enum c10d__op_kind kind, con
         if (drecv != dsend)
             cu->cudaFree(drecv);
         cu->cudaFree(dsend);
+        c10d__gpu_restore_device(cu, prev);
     }
     return rc;
 }

@@ -1168,6 +1168,12 @@ static int nan_main(int rank, int n, void *arg)
         return 0;
     }
     const size_t count = 3000;
+    /* On this rank's device, as init_group will bind the groups (NCCL refuses
+     * another device's memory). */
+    int ndev = 1;
+    const char *local = getenv("LOCAL_RANK");
+    cu->cudaGetDeviceCount(&ndev);
+    cu->cudaSetDevice((local != NULL ? atoi(local) : 0) % (ndev > 0 ? ndev : 1));
     void *buf = dev_alloc(count * 8);
     char *h = malloc(count * 8);
     c10d_work *w;
@@ -1528,6 +1534,25 @@ static int objects_main(int rank, int n, void *arg)
     backend_override = arg != NULL ? "cuda:tcp" : "nccl";
     c10d_pg *pg = init_group(arg == NULL, 60000);
     MP_CHECK(pg != NULL, "init");
+    /* Bound to a device, the group's objects go through that device whatever
+     * the caller's thread has current (NCCL refuses memory of another
+     * device), and the caller keeps its own. */
+    int other = (my_device + 1) % 3;
+    void *sim = dlopen(getenv("C10D_NCCL_LIBRARY"), RTLD_LAZY | RTLD_NOLOAD);
+    unsigned long (*comms_made)(void) =
+        sim != NULL ? (unsigned long (*)(void))dlsym(sim, "c10d_gpusim_comms_made") : NULL;
+    unsigned long comms0 = 0;
+    if (arg == NULL) {
+        /* The group's communicator, made now rather than by the objects. */
+        c10d_op_opts o = gpu_opts();
+        float *one = dev_alloc(sizeof(float));
+        c10d_work *w;
+        MP_CHECK(finish(c10d_all_reduce(pg, one, one, 1, C10D_FLOAT32, C10D_SUM, &o, &w), &w) == 0,
+                 "all_reduce: %s", c10d_last_error());
+        cu->cudaFree(one);
+        comms0 = comms_made != NULL ? comms_made() : 0;
+        cu->cudaSetDevice(other);
+    }
     c10d_bytes mine = obj_make(rank), all[4];
     MP_CHECK(c10d_all_gather_object(pg, mine.data, mine.len, all, NULL) == 0,
              "all_gather_object: %s", c10d_last_error());
@@ -1543,6 +1568,13 @@ static int objects_main(int rank, int n, void *arg)
         MP_CHECK(obj_same(&list[i], i + 3), "broadcast_object_list: object %d", i);
     c10d_bytes_free(list, 3);
     c10d_bytes_free(&mine, 1);
+    int cur = -1;
+    cu->cudaGetDevice(&cur);
+    MP_CHECK(arg != NULL || cur == other, "the caller's device is %d after the objects, not %d",
+             cur, other);
+    MP_CHECK(arg != NULL || comms_made == NULL || comms_made() == comms0,
+             "the objects made %lu more communicators (on the caller's device, not the group's)",
+             comms_made() - comms0);
     MP_CHECK(c10d_pg_destroy(pg) == 0, "destroy: %s", c10d_last_error());
     c10d_shutdown();
     return 0;

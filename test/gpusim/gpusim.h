@@ -37,8 +37,14 @@ cudaError_t sim_sticky(void);
 /* A call that needs a CUDA context on the calling thread's current device:
  * records that the process has one there (c10d_gpusim_contexts). */
 void sim_mark_context(void);
+/* The calling thread's current device, and the device of the allocation
+ * holding p (-1: none, e.g. host memory). */
+int sim_current_device(void);
+int sim_dev_ptr_device(const void *p);
 /* For tests (dlsym): the devices the process made a context on, a bit each. */
 SIM_API unsigned long long c10d_gpusim_contexts(void);
+/* For tests (dlsym): the communicators the process made (init, split, shrink). */
+SIM_API unsigned long c10d_gpusim_comms_made(void);
 /* 1 if the device can reach [p, p + n): inside one live allocation, or host
  * memory the process maps. */
 int sim_dev_range_valid(const void *p, size_t n);
@@ -81,6 +87,7 @@ enum sim_state { SIM_EXCHANGE, SIM_OPEN, SIM_MAP, SIM_JOIN, SIM_WAIT, SIM_READY,
 struct sim_comm {
     uint32_t magic;
     int nranks, rank;
+    int device;    /* current at creation, as NCCL's cudaDev */
     char name[64]; /* "/c10dsim-<32 hex>" */
     pthread_mutex_t mu;
     pthread_cond_t cv;

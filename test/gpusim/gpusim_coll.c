@@ -689,6 +689,17 @@ static ncclResult_t check(struct sim_op *o, ncclComm_t comm)
         return ncclUnhandledCudaError;
     }
     o->c = c;
+    /* NCCL checks each buffer's attributes: device memory of another
+     * device than the communicator's is refused. */
+    const void *bufs[2] = {o->send, o->recv};
+    for (int i = 0; i < 2; i++) {
+        int d = bufs[i] != NULL ? sim_dev_ptr_device(bufs[i]) : -1;
+        if (d >= 0 && d != c->device) {
+            sim_set_error("%s: %s buffer allocated on device %d mismatches with NCCL device %d",
+                          who, i == 0 ? "send" : "recv", d, c->device);
+            return ncclInvalidArgument;
+        }
+    }
     size_t es = sim_dtype_size(o->dt);
     if (es == 0)
         return bad(o, ncclInvalidArgument, "invalid datatype", (long)o->dt);

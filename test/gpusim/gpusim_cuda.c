@@ -107,10 +107,28 @@ cudaError_t sim_sticky(void)
 struct sim_alloc {
     char *base;
     size_t size;
+    int device; /* current at cudaMalloc */
     struct sim_alloc *next;
 };
 static pthread_mutex_t alloc_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct sim_alloc *allocs;
+
+int sim_current_device(void)
+{
+    return t_device;
+}
+
+int sim_dev_ptr_device(const void *p)
+{
+    const char *c = p;
+    int dev = -1;
+    pthread_mutex_lock(&alloc_mu);
+    for (struct sim_alloc *a = allocs; a != NULL && dev < 0; a = a->next)
+        if (c >= a->base && (size_t)(c - a->base) < a->size)
+            dev = a->device;
+    pthread_mutex_unlock(&alloc_mu);
+    return dev;
+}
 
 int sim_dev_range_valid(const void *p, size_t n)
 {
@@ -700,6 +718,7 @@ SIM_API cudaError_t cudaMalloc(void **devPtr, size_t size)
     }
     a->base = *devPtr;
     a->size = size;
+    a->device = t_device;
     pthread_mutex_lock(&alloc_mu);
     a->next = allocs;
     allocs = a;

@@ -352,6 +352,13 @@ int sim_comm_async_failed(struct sim_comm *c)
     return c->async_at > 0 && atomic_load(&sim_tasks_done) >= (uint64_t)c->async_at;
 }
 
+static _Atomic unsigned long comms_made;
+
+SIM_API unsigned long c10d_gpusim_comms_made(void)
+{
+    return atomic_load(&comms_made);
+}
+
 /* Makes a communicator: nranks/rank/name are known, or (parent != NULL)
  * come from the split exchange. Blocking: runs creation to its end. */
 static ncclResult_t comm_create(ncclComm_t *out, int nranks, int rank, const char *name,
@@ -365,9 +372,11 @@ static ncclResult_t comm_create(ncclComm_t *out, int nranks, int rank, const cha
     struct sim_comm *c = calloc(1, sizeof *c);
     if (c == NULL)
         return fail(ncclSystemError, "%s: out of memory", who);
+    atomic_fetch_add(&comms_made, 1);
     c->magic = COMM_MAGIC;
     c->nranks = nranks;
     c->rank = rank;
+    c->device = sim_current_device();
     c->fd = -1;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
