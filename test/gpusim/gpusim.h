@@ -88,6 +88,7 @@ struct sim_comm {
     uint32_t magic;
     int nranks, rank;
     int device;    /* current at creation, as NCCL's cudaDev */
+    int blocking;  /* config->blocking */
     char name[64]; /* "/c10dsim-<32 hex>" */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -109,12 +110,14 @@ struct sim_comm {
     _Atomic int launched;
     /* running */
     _Atomic int aborted;
-    _Atomic int refs;      /* the user's, one per queued task, a split child's */
-    int pending;           /* queued tasks not finished (under mu) */
-    uint64_t next_ticket;  /* under the global submit lock */
-    _Atomic uint64_t turn; /* the ticket allowed to run: tasks run in call order */
-    uint64_t bar_seq;      /* barriers passed (by the task holding the turn) */
-    uint64_t split_count;  /* splits and shrinks made from this one (under mu) */
+    _Atomic int refs;           /* the user's, one per queued task, a split child's */
+    int pending;                /* queued tasks not finished (under mu) */
+    int enqueuing;              /* ops of nonblocking groups not enqueued yet (under mu) */
+    ncclResult_t enqueue_error; /* the first failure of such an enqueue (under mu) */
+    uint64_t next_ticket;       /* under the global submit lock */
+    _Atomic uint64_t turn;      /* the ticket allowed to run: tasks run in call order */
+    uint64_t bar_seq;           /* barriers passed (by the task holding the turn) */
+    uint64_t split_count;       /* splits and shrinks made from this one (under mu) */
     struct sim_premul premul[SIM_PREMUL_MAX];
 };
 

@@ -632,6 +632,86 @@ SIM_API ncclResult_t ncclGroupStart(void)
     return ncclSuccess;
 }
 
+/* NCCL makes a communicator's connections at its first launch, waiting for
+ * the peers there, until they come or until ncclCommAbort, from another
+ * thread, sets the abort flag NCCL's connection setup polls. The abort frees
+ * the communicator: a reference keeps the simulation's record alive, and
+ * nothing of the aborted group runs. */
+static ncclResult_t first_launch(struct sim_comm *first)
+{
+    if (first->first_launch_delay_ms <= 0 || atomic_exchange(&first->launched, 1) != 0)
+        return ncclSuccess;
+    atomic_fetch_add(&first->refs, 1);
+    for (long waited = 0; waited < first->first_launch_delay_ms; waited += 5) {
+        if (atomic_load_explicit(&first->aborted, memory_order_acquire))
+            break;
+        usleep(5000);
+    }
+    ncclResult_t r = ncclSuccess;
+    if (atomic_load_explicit(&first->aborted, memory_order_acquire)) {
+        sim_set_error("ncclGroupEnd: the communicator was aborted while connecting");
+        r = ncclInternalError;
+    }
+    sim_comm_unref(first);
+    return r;
+}
+
+/* A nonblocking communicator's group is enqueued by a thread of NCCL's:
+ * ncclGroupEnd answers ncclInProgress, and ncclCommGetAsyncError says
+ * ncclInProgress (and an operation on the communicator is refused) until it
+ * is done. Each op holds a reference to its communicator meanwhile. */
+struct nb_group {
+    struct sim_op *ops;
+    size_t nops;
+};
+
+static void *nb_group_main(void *arg)
+{
+    struct nb_group *g = arg;
+    usleep(300); /* always later than the call, never at once */
+    ncclResult_t r = first_launch(g->ops[0].c);
+    if (r == ncclSuccess)
+        r = submit(g->ops, g->nops);
+    for (size_t i = 0; i < g->nops; i++) {
+        struct sim_comm *c = g->ops[i].c;
+        pthread_mutex_lock(&c->mu);
+        if (r != ncclSuccess && c->enqueue_error == ncclSuccess)
+            c->enqueue_error = r;
+        c->enqueuing--;
+        pthread_mutex_unlock(&c->mu);
+        sim_comm_unref(c);
+    }
+    free(g->ops);
+    free(g);
+    return NULL;
+}
+
+static ncclResult_t nb_group_start(struct sim_op *ops, size_t nops)
+{
+    struct nb_group *g = malloc(sizeof *g);
+    if (g == NULL) {
+        sim_set_error("out of memory");
+        return ncclSystemError;
+    }
+    *g = (struct nb_group){ops, nops};
+    for (size_t i = 0; i < nops; i++) {
+        struct sim_comm *c = ops[i].c;
+        atomic_fetch_add(&c->refs, 1);
+        pthread_mutex_lock(&c->mu);
+        c->enqueuing++;
+        pthread_mutex_unlock(&c->mu);
+    }
+    pthread_t t;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&t, &a, nb_group_main, g);
+    pthread_attr_destroy(&a);
+    if (rc != 0)
+        nb_group_main(g); /* no thread: enqueue here, then say "in progress" anyway */
+    return ncclInProgress;
+}
+
 SIM_API ncclResult_t ncclGroupEnd(void)
 {
     sim_mark_context();
@@ -642,27 +722,14 @@ SIM_API ncclResult_t ncclGroupEnd(void)
     if (--t_depth > 0)
         return ncclSuccess;
     ncclResult_t r = t_group_error;
-    /* A blocking NCCL makes a communicator's connections at its first
-     * launch, waiting for the peers there: the calling thread blocks until
-     * they come or until ncclCommAbort, from another thread, sets the abort
-     * flag NCCL's connection setup polls. The abort frees the communicator:
-     * a reference keeps the simulation's record alive, and nothing of the
-     * aborted group runs. */
-    struct sim_comm *first = t_nops > 0 ? t_ops[0].c : NULL;
-    if (r == ncclSuccess && first != NULL && first->first_launch_delay_ms > 0 &&
-        atomic_exchange(&first->launched, 1) == 0) {
-        atomic_fetch_add(&first->refs, 1);
-        for (long waited = 0; waited < first->first_launch_delay_ms; waited += 5) {
-            if (atomic_load_explicit(&first->aborted, memory_order_acquire))
-                break;
-            usleep(5000);
-        }
-        if (atomic_load_explicit(&first->aborted, memory_order_acquire)) {
-            sim_set_error("ncclGroupEnd: the communicator was aborted while connecting");
-            r = ncclInternalError;
-        }
-        sim_comm_unref(first);
+    if (r == ncclSuccess && t_nops > 0 && !t_ops[0].c->blocking) {
+        r = nb_group_start(t_ops, t_nops); /* takes t_ops */
+        t_ops = NULL;
+        t_nops = t_cap = 0;
+        return r;
     }
+    if (r == ncclSuccess && t_nops > 0)
+        r = first_launch(t_ops[0].c);
     if (r == ncclSuccess && t_nops > 0)
         r = submit(t_ops, t_nops);
     free(t_ops); /* a failed group runs nothing, as NCCL's */
@@ -750,6 +817,15 @@ static ncclResult_t check(struct sim_op *o, ncclComm_t comm)
 static ncclResult_t call(struct sim_op o, ncclComm_t comm)
 {
     ncclResult_t r = check(&o, comm);
+    if (t_depth == 0 && r == ncclSuccess && !o.c->blocking) {
+        struct sim_op *one = malloc(sizeof *one);
+        if (one == NULL) {
+            sim_set_error("out of memory");
+            return ncclSystemError;
+        }
+        *one = o;
+        return nb_group_start(one, 1);
+    }
     if (t_depth == 0)
         return r == ncclSuccess ? submit(&o, 1) : r;
     if (r == ncclSuccess && t_nops == t_cap) {

@@ -338,6 +338,8 @@ ncclResult_t sim_comm_check_ready(struct sim_comm *c, const char *who)
         return fail(ncclInvalidArgument, "%s: comm is NULL or not a live communicator", who);
     pthread_mutex_lock(&c->mu);
     ncclResult_t r = progress(c);
+    if (r == ncclSuccess && c->enqueuing > 0)
+        r = ncclInProgress;
     pthread_mutex_unlock(&c->mu);
     if (r == ncclInProgress)
         return fail(ncclInvalidArgument,
@@ -373,6 +375,7 @@ static ncclResult_t comm_create(ncclComm_t *out, int nranks, int rank, const cha
     if (c == NULL)
         return fail(ncclSystemError, "%s: out of memory", who);
     atomic_fetch_add(&comms_made, 1);
+    c->blocking = blocking;
     c->magic = COMM_MAGIC;
     c->nranks = nranks;
     c->rank = rank;
@@ -549,6 +552,10 @@ SIM_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncE
         return fail(ncclInvalidArgument, "ncclCommGetAsyncError: comm or asyncError is NULL");
     pthread_mutex_lock(&c->mu);
     ncclResult_t r = progress(c);
+    if (r == ncclSuccess && c->enqueuing > 0)
+        r = ncclInProgress;
+    else if (r == ncclSuccess)
+        r = c->enqueue_error;
     pthread_mutex_unlock(&c->mu);
     if (r == ncclSuccess && sim_comm_async_failed(c))
         r = fail(ncclRemoteError, "remote process exited or there was a network error");

@@ -652,8 +652,15 @@ static int nonblocking_main(int rank, int n, void *arg)
         above++;
     MP_CHECK(cnt == members && crank == above, "child %d/%d, want %d/%d", crank, cnt, above,
              members);
+    /* A nonblocking communicator's op is enqueued later: "in progress" until
+     * then (and the communicator refuses anything else meanwhile). */
     int32_t x = rank, y = 0;
-    CK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, child, NULL));
+    NCK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, child, NULL), ncclInProgress);
+    do {
+        CK(ncclCommGetAsyncError(child, &st));
+        usleep(100);
+    } while (st == ncclInProgress);
+    MP_CHECK(st == ncclSuccess, "all_reduce: %s", ncclGetErrorString(st));
     CK(cudaStreamSynchronize(NULL));
     MP_CHECK(y == (rank % 2 ? 1 + 3 : 0 + 2), "child sum %d", y); /* n == 4 */
     CK(ncclCommFinalize(child));
@@ -732,7 +739,11 @@ static int shrink_main(int rank, int n, void *arg)
     CK(ncclCommCount(child, &cnt));
     MP_CHECK(cnt == 2 && crank == (rank == 0 ? 0 : 1), "shrunk rank %d of %d", crank, cnt);
     int32_t v = rank, out[2];
-    CK(ncclAllGather(&v, out, 1, ncclInt32, child, NULL));
+    NCK(ncclAllGather(&v, out, 1, ncclInt32, child, NULL),
+        rank == 0 ? ncclSuccess : ncclInProgress);
+    do /* the nonblocking one is enqueued later */
+        CK(ncclCommGetAsyncError(child, &st));
+    while (st == ncclInProgress && usleep(100) == 0);
     CK(cudaStreamSynchronize(NULL));
     MP_CHECK(out[0] == 0 && out[1] == 2, "gathered %d %d", out[0], out[1]);
     NCK(ncclCommShrink(comm, excl, 1, &child, NULL, 0x4), ncclInvalidArgument);
