@@ -54,6 +54,7 @@
     X(cudaErrorInvalidValue, 1)                                                                    \
     X(cudaErrorMemoryAllocation, 2)                                                                \
     X(cudaErrorInvalidDevicePointer, 17)                                                           \
+    X(cudaErrorInsufficientDriver, 35)                                                             \
     X(cudaErrorInvalidMemcpyDirection, 21)                                                         \
     X(cudaErrorInvalidDeviceFunction, 98)                                                          \
     X(cudaErrorNoDevice, 100)                                                                      \

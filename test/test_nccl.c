@@ -686,6 +686,81 @@ static void test_scalable_init(void **s)
     run(3, roots_main, (void *)1, 90);
 }
 
+/* An NCCL older than 2.23 and 2.27 (the simulation built without
+ * ncclCommInitRankScalable and ncclCommShrink, saying 2.26.5): the backend
+ * loads, names what it lacks, and everything works the other way (one
+ * bootstrap root; a shrink makes a new communicator). One older than 2.18
+ * is refused at load, naming the version needed. */
+static int use_old_nccl(void)
+{
+    const char *old = getenv("C10D_SIM_OLD_LIBRARY");
+    if (old == NULL || *old == '\0')
+        return -1;
+    setenv("C10D_CUDART_LIBRARY", old, 1);
+    setenv("C10D_NCCL_LIBRARY", old, 1);
+    c10d__env_reload();
+    return 0;
+}
+
+static int old_roots_main(int rank, int n, void *arg)
+{
+    MP_CHECK(use_old_nccl() == 0, "C10D_SIM_OLD_LIBRARY is not set");
+    return roots_main(rank, n, arg);
+}
+
+static int shrink_main(int rank, int n, void *arg);
+
+static int old_shrink_main(int rank, int n, void *arg)
+{
+    MP_CHECK(use_old_nccl() == 0, "C10D_SIM_OLD_LIBRARY is not set");
+    return shrink_main(rank, n, arg);
+}
+
+static int too_old_main(int rank, int n, void *arg)
+{
+    (void)rank, (void)n, (void)arg;
+    MP_CHECK(use_old_nccl() == 0, "C10D_SIM_OLD_LIBRARY is not set");
+    setenv("C10D_SIM_NCCL_VERSION", "21705", 1);
+    MP_CHECK(init_group(1, 30000) == NULL, "a group on NCCL 2.17.5");
+    MP_CHECK(strstr(c10d_last_error(), "is NCCL 2.17.5; libc10d needs 2.18.1 or newer") != NULL,
+             "message: %s", c10d_last_error());
+    c10d_shutdown();
+    return 0;
+}
+
+/* C10D_CUDART_LIBRARY names two runtimes; the first is newer than the
+ * driver (the old simulation told to say so): the second one is used. */
+static int driver_main(int rank, int n, void *arg)
+{
+    char both[2048], good[1024];
+    snprintf(good, sizeof good, "%s", getenv("C10D_CUDART_LIBRARY"));
+    snprintf(both, sizeof both, "%s:%s", getenv("C10D_SIM_OLD_LIBRARY"), good);
+    setenv("C10D_CUDART_LIBRARY", both, 1);
+    setenv("C10D_SIM_OLD_DRIVER", "1", 1);
+    c10d__env_reload();
+    c10d_pg *pg = init_group(1, 30000);
+    MP_CHECK(pg != NULL, "init: %s", c10d_last_error());
+    if (check_all_reduce(pg, rank, n, C10D_FLOAT32, C10D_SUM, 100, 0))
+        return 1;
+    const char *info = c10d_build_info();
+    MP_CHECK(strstr(info, good) != NULL && strstr(info, getenv("C10D_SIM_OLD_LIBRARY")) == NULL,
+             "build info: %s", info);
+    (void)arg;
+    c10d_pg_destroy(pg);
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_older_nccl(void **s)
+{
+    (void)s;
+    sim_only();
+    run(3, old_roots_main, (void *)1, 90);
+    run(3, old_shrink_main, NULL, 90);
+    run(1, too_old_main, NULL, 30);
+    run(2, driver_main, NULL, 60);
+}
+
 /* ---------------------------------------------------------------- faults */
 
 #define FAULT_TIMEOUT_MS 1500
@@ -1652,6 +1727,7 @@ int main(void)
         cmocka_unit_test(test_scalable_init),
         cmocka_unit_test(test_hang_times_out),
         cmocka_unit_test(test_stalled_stream),
+        cmocka_unit_test(test_older_nccl),
         cmocka_unit_test(test_first_launch_blocks),
         cmocka_unit_test(test_threads_use_the_group_device),
         cmocka_unit_test(test_async_error),

@@ -273,7 +273,8 @@ static void start_work(void *arg)
         return;
     }
     ncclUniqueId ids[C10D__NCCL_MAX_ROOTS];
-    int nroots = roots_for(c->nranks);
+    /* Without ncclCommInitRankScalable (NCCL < 2.23), one root. */
+    int nroots = api->nccl.ncclCommInitRankScalable != NULL ? roots_for(c->nranks) : 1;
     for (int i = 0; i < nroots; i++) {
         if (c->rank != root_rank(i, c->nranks, nroots))
             continue;

@@ -830,12 +830,16 @@ static int nccl_split(void *parent, const struct c10d__backend_config *cfg, int 
 
 /* A healthy parent shrinks with ncclCommShrink; a failed one (the usual
  * case: a dead rank failed the group everywhere, and its communicators are
- * aborted) cannot, so the survivors make a new communicator instead. */
+ * aborted) cannot, so the survivors make a new communicator instead, as they
+ * do with an NCCL that has no ncclCommShrink (< 2.27). */
 static int nccl_shrink(void *parent, const struct c10d__backend_config *cfg, const int *excluded,
                        int nexcluded, c10d__backend_done_fn done, void *arg, void **state)
 {
     struct nccl_state *ps = parent;
-    struct nccl_comm *pc = atomic_load(&ps->poisoned) || ps->closing ? NULL : bound_comm(ps);
+    struct nccl_comm *pc =
+        atomic_load(&ps->poisoned) || ps->closing || ps->api->nccl.ncclCommShrink == NULL
+            ? NULL
+            : bound_comm(ps);
     if (pc == NULL)
         return nccl_create(cfg, done, arg, state);
     struct nccl_state *s = state_new(ps->api, cfg, pc->device);

@@ -179,6 +179,14 @@ SIM_API cudaError_t cudaGetDeviceCount(int *count)
 {
     if (count == NULL)
         return ret(cudaErrorInvalidValue);
+#ifdef C10D_SIM_OLD_NCCL
+    /* C10D_SIM_OLD_DRIVER=1: this copy plays a runtime newer than the driver. */
+    const char *old = getenv("C10D_SIM_OLD_DRIVER");
+    if (old != NULL && strcmp(old, "1") == 0) {
+        *count = 0;
+        return ret(cudaErrorInsufficientDriver);
+    }
+#endif
     *count = device_count();
     return *count == 0 ? ret(cudaErrorNoDevice) : cudaSuccess;
 }
@@ -246,6 +254,8 @@ SIM_API const char *cudaGetErrorString(cudaError_t error)
         return "an illegal memory access was encountered";
     case cudaErrorNotSupported:
         return "operation not supported";
+    case cudaErrorInsufficientDriver:
+        return "CUDA driver version is insufficient for CUDA runtime version";
     default:
         return "unrecognized error code";
     }

@@ -84,7 +84,15 @@ SIM_API ncclResult_t ncclGetVersion(int *version)
 {
     if (version == NULL)
         return fail(ncclInvalidArgument, "ncclGetVersion: version is NULL");
+        /* C10D_SIM_NCCL_VERSION: what an older or newer NCCL would say. */
+#ifdef C10D_SIM_OLD_NCCL
+    *version = 22605;
+#else
     *version = NCCL_VERSION_CODE;
+#endif
+    const char *v = getenv("C10D_SIM_NCCL_VERSION");
+    if (v != NULL && *v != '\0')
+        *version = atoi(v);
     return ncclSuccess;
 }
 
@@ -456,6 +464,7 @@ SIM_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUn
     return comm_create(comm, nranks, rank, commId.internal, NULL, 0, 0, 0, config, who);
 }
 
+#ifndef C10D_SIM_OLD_NCCL /* NCCL < 2.23 has no scalable init */
 SIM_API ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId,
                                               ncclUniqueId *commIds, ncclConfig_t *config)
 {
@@ -478,6 +487,7 @@ SIM_API ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, i
     derive_name(name, commIds[0].internal, "roots", h, nId);
     return comm_create(newcomm, nranks, myrank, name, NULL, 0, 0, 0, config, who);
 }
+#endif
 
 SIM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
                                    ncclConfig_t *config)
@@ -505,6 +515,7 @@ SIM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm
 }
 
 /* Only the survivors call it: no exchange, each computes the same child. */
+#ifndef C10D_SIM_OLD_NCCL /* NCCL < 2.27 has no shrink */
 SIM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
                                     ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags)
 {
@@ -544,6 +555,7 @@ SIM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int 
     derive_name(name, p->name, "shrink", seq, 0);
     return comm_create(newcomm, n, me, name, NULL, 0, 0, 0, config, who);
 }
+#endif
 
 SIM_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
 {
