@@ -716,6 +716,29 @@ static int old_shrink_main(int rank, int n, void *arg)
     return shrink_main(rank, n, arg);
 }
 
+/* NCCL 2.23 has no float8: an fp8 op is refused up front (EUNSUPPORTED,
+ * naming the version), and the group goes on. */
+static int no_fp8_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    MP_CHECK(use_old_nccl() == 0, "C10D_SIM_OLD_LIBRARY is not set");
+    setenv("C10D_SIM_NCCL_VERSION", "22304", 1);
+    c10d_pg *pg = init_group(1, 30000);
+    MP_CHECK(pg != NULL, "init: %s", c10d_last_error());
+    c10d_op_opts o = gpu_opts();
+    void *buf = dev_alloc(64);
+    c10d_work *w = NULL;
+    int rc = c10d_all_reduce(pg, buf, buf, 8, C10D_FLOAT8_E4M3, C10D_SUM, &o, &w);
+    MP_CHECK(rc == C10D_EUNSUPPORTED && strstr(c10d_last_error(), "needs NCCL 2.24") != NULL,
+             "fp8 on 2.23.4: %d %s", rc, c10d_last_error());
+    if (check_all_reduce(pg, rank, n, C10D_FLOAT32, C10D_SUM, 100, 0))
+        return 1;
+    cu->cudaFree(buf);
+    c10d_pg_destroy(pg);
+    c10d_shutdown();
+    return 0;
+}
+
 static int too_old_main(int rank, int n, void *arg)
 {
     (void)rank, (void)n, (void)arg;
@@ -758,6 +781,7 @@ static void test_older_nccl(void **s)
     run(3, old_roots_main, (void *)1, 90);
     run(3, old_shrink_main, NULL, 90);
     run(1, too_old_main, NULL, 30);
+    run(2, no_fp8_main, NULL, 60);
     run(2, driver_main, NULL, 60);
 }
 

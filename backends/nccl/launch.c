@@ -54,6 +54,15 @@ int c10d__nccl_check(const struct c10d__op *op)
         if ((unsigned)op->dtype >= C10D_DTYPE_COUNT)
             return c10d__fail(C10D_EINVAL, "nccl %s: unknown dtype %d",
                               c10d__op_kind_name(op->kind), (int)op->dtype);
+        /* An NCCL without float8 (< 2.24) fails such an op at launch, which
+         * would fail the group: refuse it here instead. */
+        const struct c10d__gpu_api *api;
+        if ((op->dtype == C10D_FLOAT8_E4M3 || op->dtype == C10D_FLOAT8_E5M2) &&
+            c10d__nccl_load(&api) == 0 && api->nccl_version < 22400)
+            return c10d__fail(
+                C10D_EUNSUPPORTED, "nccl %s: dtype %s needs NCCL 2.24 or newer (loaded: %d.%d.%d)",
+                c10d__op_kind_name(op->kind), c10d_dtype_name(op->dtype), api->nccl_version / 10000,
+                api->nccl_version / 100 % 100, api->nccl_version % 100);
         if (!has_redop(op->kind))
             continue;
         switch (op->redop) {
