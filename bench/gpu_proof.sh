@@ -4,7 +4,9 @@
 #
 #   bench/gpu_proof.sh bundle BUILD                here: copy the shared
 #       libraries the GPU machine lacks (libuv, jansson, cmocka) into
-#       BUILD/gpu-libs, failing if a program the run needs is not built
+#       BUILD/gpu-libs, failing if a program the run needs is not built;
+#       with C10D_BUNDLE_NCCL=PATH also that libnccl.so.2 (a 2.30.3+ NCCL
+#       built here, bench/nccl_build.sh) into BUILD/gpu-libs/nccl
 #   bench/gpu_proof.sh run BUILD OUT [BUDGET_S]    there: the steps below,
 #       all within BUDGET_S seconds (default 420)
 #
@@ -16,8 +18,10 @@
 # At most 8 files land in OUT, none above 16 MiB.
 #
 # `run` loads the NCCL of PyTorch's nvidia-nccl wheel (the one torch uses, so
-# both sides of a comparison load the same library) and the CUDA runtime of
-# the nvidia-cuda-runtime wheel or /usr/local/cuda; C10D_NCCL_LIBRARY and
+# both sides of a comparison load the same library), or the bundled one if
+# there is one (built with Ring/Simple kernels only, so NCCL_ALGO=Ring and
+# NCCL_PROTO=Simple are set with it), and the CUDA runtime of the
+# nvidia-cuda-runtime wheel or /usr/local/cuda; C10D_NCCL_LIBRARY and
 # C10D_CUDART_LIBRARY, when set, win (the CPU simulation for a dry run).
 #   smoke      the bundle's ldd, the GPU, one 1-rank all_reduce through raw
 #              NCCL and through libc10d
@@ -66,7 +70,11 @@ if [ "$mode" = bundle ]; then
     done | sort -u | while read -r lib; do
         cp -L "$lib" "$build/gpu-libs/"
     done
-    ls -l "$build/gpu-libs"
+    if [ -n "${C10D_BUNDLE_NCCL:-}" ]; then
+        mkdir -p "$build/gpu-libs/nccl"
+        cp -L "$C10D_BUNDLE_NCCL" "$build/gpu-libs/nccl/libnccl.so.2" || exit 1
+    fi
+    ls -lR "$build/gpu-libs"
     exit 0
 fi
 [ "$mode" = run ] || { echo "gpu_proof.sh: unknown mode $mode; $usage" >&2; exit 2; }
@@ -126,6 +134,9 @@ torch_lib() { # name part
     $py -c "import torch; torch.cuda.nccl.version()
 print(next(l.split()[-1] for l in open('/proc/self/maps') if '$1' in l))" 2>/dev/null
 }
+if [ -z "${C10D_NCCL_LIBRARY:-}" ] && [ -e "$build/gpu-libs/nccl/libnccl.so.2" ]; then
+    export C10D_NCCL_LIBRARY="$build/gpu-libs/nccl/libnccl.so.2" NCCL_ALGO=Ring NCCL_PROTO=Simple
+fi
 if [ -z "${C10D_NCCL_LIBRARY:-}" ]; then
     nccl=$(wheel_lib nvidia.nccl libnccl.so.2) || nccl=$(wheel_lib nvidia.cu13 libnccl.so.2) ||
         nccl=$(torch_lib libnccl.so) || nccl=""
