@@ -141,8 +141,10 @@ static void load_cuda(void)
     for (char *save = NULL, *t = strtok_r(list, ":", &save); t != NULL && nn < 16;
          t = strtok_r(NULL, ":", &save))
         names[nn++] = t;
-    for (; nn == 0; nn = sizeof sonames / sizeof *sonames)
+    if (nn == 0) {
         memcpy(names, sonames, sizeof sonames);
+        nn = sizeof sonames / sizeof *sonames;
+    }
     char passed[768] = "";
     size_t used = 0;
     for (size_t i = 0; i < nn; i++) {
