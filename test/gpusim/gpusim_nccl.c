@@ -317,8 +317,9 @@ static ncclResult_t progress(struct sim_comm *c)
             if (h->magic != SEG_MAGIC || h->nranks != c->nranks)
                 return init_failed(
                     c, fail(ncclInvalidUsage, "ranks disagree on nranks (%d here)", c->nranks));
+            /* Each rank's slot holds its device + 1 (nonzero: joined). */
             _Atomic uint32_t *present = (_Atomic uint32_t *)(c->seg + c->off_present) + c->rank;
-            if (atomic_exchange(present, 1) != 0)
+            if (atomic_exchange(present, (uint32_t)c->device + 1) != 0)
                 return init_failed(c, fail(ncclInvalidUsage, "rank %d joined twice", c->rank));
             if (atomic_fetch_add(&h->joined, 1) + 1 == c->nranks &&
                 atomic_exchange(&h->unlinked, 1) == 0)
@@ -326,12 +327,28 @@ static ncclResult_t progress(struct sim_comm *c)
             c->state = SIM_WAIT;
             continue;
         }
-        case SIM_WAIT:
+        case SIM_WAIT: {
             if (atomic_load(&sim_hdr(c)->joined) < c->nranks ||
                 now_s() - c->init_start < (double)c->init_delay_ms / 1000.0)
                 return ncclInProgress;
+            /* NCCL refuses two ranks of a communicator on one GPU, unless it
+             * is 2.30.3+ and NCCL_MULTI_RANK_GPU_ENABLE=1 (all on one host
+             * here). Every rank sees the same pair and fails alike. */
+            int version = 0;
+            ncclGetVersion(&version);
+            const char *multi = getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+            int allowed = version >= 23003 && multi != NULL && strcmp(multi, "1") == 0;
+            _Atomic uint32_t *slots = (_Atomic uint32_t *)(c->seg + c->off_present);
+            for (int a = 0; a < c->nranks && !allowed; a++)
+                for (int b = a + 1; b < c->nranks; b++)
+                    if (atomic_load(&slots[a]) == atomic_load(&slots[b]))
+                        return init_failed(c, fail(ncclInvalidUsage,
+                                                   "Duplicate GPU detected : rank %d and rank %d "
+                                                   "both on CUDA device %u",
+                                                   a, b, atomic_load(&slots[a]) - 1));
             c->state = SIM_READY;
             continue;
+        }
         case SIM_READY:
             return ncclSuccess;
         case SIM_FAILED:

@@ -64,8 +64,11 @@ static void assert_unlinked(const struct job *j)
     assert_int_not_equal(access(path, F_OK), 0);
 }
 
+/* Each rank on a device of its own, as NCCL requires (main() gives the
+ * simulation 8 devices). */
 static int init(ncclComm_t *c, int n, int rank, const struct job *j)
 {
+    cudaSetDevice(rank);
     return ncclCommInitRankConfig(c, n, j->id, rank, NULL);
 }
 
@@ -508,6 +511,7 @@ static int stream_main(int rank, int n, void *arg)
     (void)n;
     (void)arg;
     int count, dev, v;
+    unsetenv("C10D_SIM_DEVICES"); /* the default: one device */
     CK(cudaGetDeviceCount(&count));
     MP_CHECK(count == 1, "devices %d", count);
     CK(cudaSetDevice(0));
@@ -528,7 +532,7 @@ static int stream_main(int rank, int n, void *arg)
     CK(cudaSetDevice(3));
     MP_CHECK(count == 4, "C10D_SIM_DEVICES");
     CK(cudaSetDevice(0));
-    unsetenv("C10D_SIM_DEVICES");
+    setenv("C10D_SIM_DEVICES", "8", 1); /* main()'s */
 
     cudaStream_t a, b;
     cudaEvent_t e, never;
@@ -622,6 +626,7 @@ static int nonblocking_main(int rank, int n, void *arg)
     ncclComm_t comm;
     double t0 = now_s();
     const struct job *j = arg;
+    CK(cudaSetDevice(rank));
     NCK(ncclCommInitRankConfig(&comm, n, j->id, rank, &cfg), ncclInProgress);
     MP_CHECK(comm != NULL, "no comm");
     int cnt;
@@ -858,6 +863,7 @@ static int init_never_main(int rank, int n, void *arg)
     cfg.blocking = 0;
     ncclComm_t comm;
     const struct job *j = arg;
+    CK(cudaSetDevice(rank));
     NCK(ncclCommInitRankConfig(&comm, n, j->id, rank, &cfg), ncclInProgress);
     ncclResult_t st;
     for (int k = 0; k < 300; k++) {
@@ -933,10 +939,49 @@ static void test_argument_errors(void **state)
     run_ranks(1, args_main, &j);
 }
 
+/* Two ranks on one device: NCCL 2.28 refuses them (every rank, naming
+ * both); 2.30.3+ with NCCL_MULTI_RANK_GPU_ENABLE=1 takes them. */
+static int same_device_main(int rank, int n, void *arg)
+{
+    const struct job *j = arg;
+    if (j->arg) {
+        setenv("C10D_SIM_NCCL_VERSION", "23007", 1);
+        setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", 1);
+    }
+    CK(cudaSetDevice(0));
+    ncclComm_t comm = NULL;
+    ncclResult_t r = ncclCommInitRankConfig(&comm, n, j->id, rank, NULL);
+    if (!j->arg) {
+        MP_CHECK(r == ncclInvalidUsage, "two ranks on device 0: %d", r);
+        MP_CHECK(strstr(ncclGetLastError(NULL), "Duplicate GPU detected : rank 0 and rank 1") !=
+                     NULL,
+                 "message: %s", ncclGetLastError(NULL));
+        return 0;
+    }
+    MP_CHECK(r == ncclSuccess, "multi-rank GPU enabled: %d %s", r, ncclGetLastError(NULL));
+    int32_t x = rank + 1, y = 0;
+    CK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, comm, NULL));
+    CK(cudaStreamSynchronize(NULL));
+    MP_CHECK(y == 3, "sum %d", y);
+    CK(ncclCommDestroy(comm));
+    return 0;
+}
+
+static void test_one_device_two_ranks(void **state)
+{
+    (void)state;
+    struct job j = new_job(0);
+    run_ranks(2, same_device_main, &j);
+    j = new_job(1);
+    run_ranks(2, same_device_main, &j);
+}
+
 int main(void)
 {
+    setenv("C10D_SIM_DEVICES", "8", 1); /* each rank on a device of its own */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_streams_events),
+        cmocka_unit_test(test_one_device_two_ranks),
         cmocka_unit_test(test_allreduce),
         cmocka_unit_test(test_small_floats),
         cmocka_unit_test(test_rooted_and_in_place),
