@@ -38,6 +38,16 @@
 #ifndef UNDER_TSAN
 #define UNDER_TSAN 0
 #endif
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
 
 #define POSTERS 4
 #define BURST   32
@@ -240,6 +250,17 @@ static void test_fork_while_posting(void **state)
     (void)state;
     if (UNDER_TSAN)
         skip(); /* TSan stops a child that starts threads after fork */
+    /* AddressSanitizer's allocator (GCC 12's) does not take its region locks
+     * around fork: a parent thread that was allocating when another forked
+     * leaves one held in the child, whose first malloc then waits forever
+     * (seen in CI: the child's engine thread stuck in
+     * SizeClassAllocator64::GetFromAllocator). glibc's malloc has fork
+     * handlers for this; the test runs in the suite's plain pass. */
+    if (UNDER_ASAN) {
+        print_message("skipped under AddressSanitizer: its allocator is not fork-safe while "
+                      "other threads allocate\n");
+        skip();
+    }
     assert_int_equal(c10d_shutdown(), 0);
     atomic_store(&shutdown_ran, 0);
     struct racer r = {0};
