@@ -285,6 +285,39 @@ int c10d__store_op_set_items(struct c10d__store_op *op, const struct c10d__wire_
     return 0;
 }
 
+int c10d__store_op_take_reply(struct c10d__store_op *op, const struct c10d__wire_reply *r)
+{
+    switch (r->shape) {
+    case C10D_STORE_REPLY_U8:
+        op->res.value = op->req.cmd == C10D_STORE_CHECK ? r->u8 == C10D_STORE_READY : 0;
+        return 0;
+    case C10D_STORE_REPLY_U32: /* PING: the store puts its round trip here */
+        op->res.value = 0;
+        return 0;
+    case C10D_STORE_REPLY_I64:
+        op->res.value = r->i64;
+        return 0;
+    case C10D_STORE_REPLY_STR:
+        return c10d__store_op_set_data(op, r->vals[0].data, r->vals[0].len);
+    case C10D_STORE_REPLY_NSTR:
+        return c10d__store_op_set_items(op, r->vals, r->nvals, 0);
+    case C10D_STORE_REPLY_LIST: {
+        int rc = c10d__store_op_set_items(op, r->vals, r->nvals, 0);
+        if (rc == 0)
+            op->res.value = (int64_t)op->res.count;
+        return rc;
+    }
+    case C10D_STORE_REPLY_QPOP:
+        op->res.value = r->i64;
+        return r->i64 > 0 ? c10d__store_op_set_data(op, r->vals[0].data, r->vals[0].len) : 0;
+    case C10D_STORE_REPLY_NONE:
+        return 0;
+    default:
+        return c10d__fail(C10D_EINTERNAL, "store: unexpected reply to %s",
+                          c10d__wire_cmd_name(op->req.cmd));
+    }
+}
+
 static void op_vfinish(struct c10d__store_op *op, int status, const char *fmt, va_list ap)
 {
     if (op->finished) {

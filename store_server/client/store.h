@@ -134,6 +134,11 @@ int c10d__store_op_add_list_prefix(struct c10d__store_op *op, const char *prefix
 int c10d__store_op_set_data(struct c10d__store_op *op, const void *data, size_t len);
 int c10d__store_op_set_items(struct c10d__store_op *op, const struct c10d__wire_str *items,
                              size_t n, size_t strip);
+/* The result of `op` from its parsed reply, the same for every store: the
+ * value of an integer, CHECK's readiness, the string(s) of a value, list or
+ * popped item. A store handles what only it knows first (an empty GET, an
+ * empty pop of a blocking QUEUE_POP, PING's round trip). */
+int c10d__store_op_take_reply(struct c10d__store_op *op, const struct c10d__wire_reply *r);
 /* Finishes the op: status 0 or negative with a printf message. Completes its
  * work (whose callbacks run next on the loop) and drops the op's references
  * on the store and on the work. Loop thread. */

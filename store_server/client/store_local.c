@@ -4,6 +4,7 @@
 
 #include "engine/list.h"
 #include "engine/log.h"
+#include "store_server/table/exec.h"
 #include "store_server/table/table.h"
 
 #include <stdlib.h>
@@ -33,191 +34,129 @@ static int hidden(const struct c10d__local_store *ls, struct c10d__wire_str key)
            memcmp(key.data, ls->hidden_key, key.len) == 0;
 }
 
-struct key_list {
-    const struct c10d__local_store *ls;
-    struct c10d__wire_str *keys;
-    size_t n, cap;
-    int oom;
-};
-
-static int collect_key(void *arg, struct c10d__wire_str key)
+/* LIST_KEYS and GETNUMKEYS do not count the hidden key. */
+static void hide(const struct c10d__local_store *ls, struct c10d__store_op *op,
+                 struct c10d__wire_reply *rep, struct c10d__wire_str *kept)
 {
-    struct key_list *kl = arg;
-    if (hidden(kl->ls, key))
-        return 0;
-    if (kl->n == kl->cap) {
-        size_t cap = kl->cap ? 2 * kl->cap : 64;
-        struct c10d__wire_str *k = realloc(kl->keys, cap * sizeof *k);
-        if (!k) {
-            kl->oom = 1;
-            return 1;
-        }
-        kl->keys = k;
-        kl->cap = cap;
+    struct c10d__wire_str hk = {(const uint8_t *)ls->hidden_key, ls->hidden_len};
+    struct c10d__wire_str v;
+    if (op->req.cmd == C10D_STORE_GETNUMKEYS && c10d__store_table_get(ls->table, hk, &v))
+        rep->i64--;
+    if (op->req.cmd == C10D_STORE_LIST_KEYS && kept) {
+        size_t n = 0;
+        for (size_t i = 0; i < rep->nvals; i++)
+            if (!hidden(ls, rep->vals[i]))
+                kept[n++] = rep->vals[i];
+        rep->vals = kept;
+        rep->nvals = n;
     }
-    kl->keys[kl->n++] = key;
-    return 0;
 }
 
-static int run_multi_get(struct c10d__store_table *t, struct c10d__store_op *op)
+static int exec_error(const struct c10d__local_store *ls, const struct c10d__wire_request *r,
+                      int rc)
 {
-    size_t n = op->req.nargs;
-    struct c10d__wire_str *vals = malloc((n ? n : 1) * sizeof *vals);
-    if (!vals)
-        return c10d__fail(C10D_ENOMEM, "store multi_get: out of memory");
-    for (size_t i = 0; i < n; i++) {
-        if (!c10d__store_table_get(t, op->req.args[i], &vals[i])) {
-            free(vals);
-            return c10d__fail(C10D_ENOTFOUND, "store multi_get: key " KEYF " not found",
-                              KEYA(op->req.args[i]));
-        }
+    if (rc == C10D_EINVAL)
+        return c10d__fail(C10D_ESTORE,
+                          "store %s: the value of key " KEYF " is not an integer (or the "
+                          "sum overflows)",
+                          c10d__wire_cmd_name(r->cmd), KEYA(r->args[0]));
+    if (rc == C10D_EUNSUPPORTED)
+        return c10d__fail(C10D_EUNSUPPORTED, "%s store: %s is not supported", ls->base.vt->kind,
+                          c10d__wire_cmd_name(r->cmd));
+    return c10d__fail(rc, "store %s: out of memory", c10d__wire_cmd_name(r->cmd));
+}
+
+/* The commands a local store runs: the client ops, not the server's own
+ * (its waits are parked here, not in the table). */
+static int local_command(int cmd)
+{
+    switch (cmd) {
+    case C10D_STORE_VALIDATE:
+    case C10D_STORE_CANCEL_WAIT:
+    case C10D_STORE_BARRIER:
+    case C10D_STORE_WATCH_KEY:
+    case C10D_STORE_STATS:
+    case C10D_STORE_AUTH:
+        return 0;
+    default:
+        return 1;
     }
-    int rc = c10d__store_op_set_items(op, vals, n, 0);
-    free(vals);
-    return rc;
 }
 
 int c10d__local_store_run(struct c10d__local_store *ls, struct c10d__store_op *op, int *mutated)
 {
     struct c10d__store_table *t = ls->table;
     const struct c10d__wire_request *r = &op->req;
-    const struct c10d__wire_str *a = r->args;
-    struct c10d__wire_str v;
-    int64_t i;
-    int rc;
     *mutated = 0;
 
     const struct c10d__wire_str *wkeys;
     size_t nw = c10d__store_op_wait_keys(op, &wkeys);
     if (nw && !c10d__store_table_check(t, wkeys, nw))
         return 1;
+    if (!local_command(r->cmd))
+        return exec_error(ls, r, C10D_EUNSUPPORTED);
 
-    switch (r->cmd) {
-    case C10D_STORE_SET:
-        C10D_CHECK(c10d__store_table_set(t, a[0], a[1]));
-        *mutated = 1;
-        return 0;
-    case C10D_STORE_GET:
-        if (!c10d__store_table_get(t, a[0], &v))
-            return c10d__fail(C10D_ENOTFOUND, "store get: key " KEYF " not found", KEYA(a[0]));
-        return c10d__store_op_set_data(op, v.data, v.len);
-    case C10D_STORE_ADD:
-        rc = c10d__store_table_add(t, a[0], r->i64, &i);
-        if (rc == C10D_EINVAL)
-            return c10d__fail(C10D_ESTORE,
-                              "store add: the value of key " KEYF " is not an integer (or the "
-                              "sum overflows)",
-                              KEYA(a[0]));
-        C10D_CHECK(rc);
-        op->res.value = i;
-        *mutated = 1;
-        return 0;
-    case C10D_STORE_COMPARE_SET:
-        C10D_CHECK(c10d__store_table_compare_set(t, a[0], a[1], a[2], &v));
-        *mutated = 1;
-        return c10d__store_op_set_data(op, v.data, v.len);
-    case C10D_STORE_CHECK:
-        op->res.value = c10d__store_table_check(t, a, r->nargs);
-        return 0;
-    case C10D_STORE_WAIT:
-        return 0;
-    case C10D_STORE_GETNUMKEYS: {
-        size_t n = c10d__store_table_num_keys(t);
-        if (ls->hidden_key) {
-            struct c10d__wire_str hk = {(const uint8_t *)ls->hidden_key, ls->hidden_len};
-            if (c10d__store_table_get(t, hk, &v))
-                n--;
-        }
-        op->res.value = (int64_t)n;
-        return 0;
+    /* The keys are there: WAIT answers now and never parks in the table. */
+    struct c10d__store_client now = {0};
+    struct c10d__wire_buf out = {0};
+    struct c10d__store_exec_result res;
+    int rc = c10d__store_exec(t, &now, r, &out, &res);
+    if (rc < 0) {
+        c10d__wire_buf_free(&out);
+        return exec_error(ls, r, rc);
     }
-    case C10D_STORE_DELETE_KEY:
-        op->res.value = c10d__store_table_delete(t, a[0]);
-        *mutated = op->res.value > 0;
-        return 0;
-    case C10D_STORE_APPEND:
-        C10D_CHECK(c10d__store_table_append(t, a[0], a[1]));
-        *mutated = 1;
-        return 0;
-    case C10D_STORE_MULTI_GET:
-        return run_multi_get(t, op);
-    case C10D_STORE_MULTI_SET:
-        for (size_t k = 0; k + 1 < r->nargs; k += 2) {
-            rc = c10d__store_table_set(t, a[k], a[k + 1]);
-            if (rc < 0)
-                return rc;
-            *mutated = 1;
+    *mutated =
+        !c10d__wire_cmd_read_only(r->cmd) &&
+        ((r->cmd != C10D_STORE_DELETE_KEY && r->cmd != C10D_STORE_QUEUE_POP) || res.value > 0);
+    if (r->cmd == C10D_STORE_GET && !res.value)
+        rc = c10d__fail(C10D_ENOTFOUND, "store get: key " KEYF " not found", KEYA(r->args[0]));
+    else if (r->cmd == C10D_STORE_QUEUE_POP && res.value == 0)
+        /* The key may be present as a value, or another popper won. */
+        rc = op->block ? 1
+                       : c10d__fail(C10D_ENOTFOUND, "store queue_pop: queue " KEYF " is empty",
+                                    KEYA(r->args[0]));
+    else if (c10d__wire_reply_shape(r->cmd) == C10D_STORE_REPLY_NONE)
+        rc = 0;
+    else {
+        /* Back through the codec: the reply a tcp store would read. */
+        struct c10d__wire_codec_limits lim = {0};
+        struct c10d__wire_reply_parser rp;
+        struct c10d__wire_reply rep;
+        struct c10d__wire_str *kept = NULL;
+        size_t used;
+        c10d__wire_reply_parser_init(&rp, &lim);
+        rc = c10d__wire_reply_expect(&rp, r->cmd, r->cmd == C10D_STORE_MULTI_GET ? r->nargs : 0);
+        if (rc == 0 &&
+            c10d__wire_parse_reply(&rp, out.data, out.len, &rep, &used) != C10D_STORE_PARSE_DONE)
+            rc = c10d__fail(C10D_EINTERNAL, "store %s: the local reply did not parse: %s",
+                            c10d__wire_cmd_name(r->cmd), rp.error);
+        if (rc == 0 && ls->hidden_key) {
+            if (rep.nvals && !(kept = malloc(rep.nvals * sizeof *kept)))
+                rc = c10d__fail(C10D_ENOMEM, "store list_keys: out of memory");
+            else
+                hide(ls, op, &rep, kept);
         }
-        return 0;
-    case C10D_STORE_QUEUE_PUSH:
-        C10D_CHECK(c10d__store_table_queue_push(t, a[0], a[1]));
-        *mutated = 1;
-        return 0;
-    case C10D_STORE_QUEUE_POP:
-        C10D_CHECK(c10d__store_table_queue_pop(t, a[0], &i, &v));
-        if (i == 0) {
-            /* The key may be present as a value, or another popper won. */
-            if (op->block)
-                return 1;
-            return c10d__fail(C10D_ENOTFOUND, "store queue_pop: queue " KEYF " is empty",
-                              KEYA(a[0]));
-        }
-        op->res.value = i;
-        *mutated = 1;
-        return c10d__store_op_set_data(op, v.data, v.len);
-    case C10D_STORE_QUEUE_LEN:
-        op->res.value = c10d__store_table_queue_len(t, a[0]);
-        return 0;
-    case C10D_STORE_LIST_KEYS: {
-        struct key_list kl = {.ls = ls};
-        c10d__store_table_foreach_key(t, collect_key, &kl);
-        if (kl.oom) {
-            free(kl.keys);
-            return c10d__fail(C10D_ENOMEM, "store list_keys: out of memory");
-        }
-        rc = c10d__store_op_set_items(op, kl.keys, kl.n, 0);
-        free(kl.keys);
         if (rc == 0)
-            op->res.value = (int64_t)op->res.count;
-        return rc;
+            rc = c10d__store_op_take_reply(op, &rep);
+        free(kept);
+        c10d__wire_reply_parser_free(&rp);
     }
-    case C10D_STORE_PING:
-        op->res.value = 0;
-        return 0;
-    default:
-        return c10d__fail(C10D_EUNSUPPORTED, "%s store: %s is not supported", ls->base.vt->kind,
-                          c10d__wire_cmd_name(r->cmd));
-    }
+    c10d__store_table_client_gone(t, &now);
+    c10d__wire_buf_free(&out);
+    return rc;
 }
 
 int c10d__local_store_apply(struct c10d__store_table *t, const struct c10d__wire_request *req)
 {
-    const struct c10d__wire_str *a = req->args;
-    struct c10d__wire_str v;
-    int64_t i;
-    switch (req->cmd) {
-    case C10D_STORE_SET:
-        return c10d__store_table_set(t, a[0], a[1]);
-    case C10D_STORE_ADD:
-        return c10d__store_table_add(t, a[0], req->i64, &i);
-    case C10D_STORE_COMPARE_SET:
-        return c10d__store_table_compare_set(t, a[0], a[1], a[2], &v);
-    case C10D_STORE_DELETE_KEY:
-        return c10d__store_table_delete(t, a[0]);
-    case C10D_STORE_APPEND:
-        return c10d__store_table_append(t, a[0], a[1]);
-    case C10D_STORE_MULTI_SET:
-        for (size_t k = 0; k + 1 < req->nargs; k += 2)
-            C10D_CHECK(c10d__store_table_set(t, a[k], a[k + 1]));
-        return 0;
-    case C10D_STORE_QUEUE_PUSH:
-        return c10d__store_table_queue_push(t, a[0], a[1]);
-    case C10D_STORE_QUEUE_POP:
-        return c10d__store_table_queue_pop(t, a[0], &i, &v);
-    default:
+    if (c10d__wire_cmd_read_only(req->cmd) || !local_command(req->cmd) ||
+        req->cmd == C10D_STORE_WAIT)
         return c10d__fail(C10D_EPROTO, "store log: unexpected %s record",
                           c10d__wire_cmd_name(req->cmd));
-    }
+    struct c10d__wire_buf out = {0};
+    struct c10d__store_exec_result res;
+    int rc = c10d__store_exec(t, NULL, req, &out, &res);
+    c10d__wire_buf_free(&out);
+    return rc;
 }
 
 /* --------------------------------------------------------------- passes */

@@ -217,62 +217,29 @@ void c10d__store_tcp_handle_reply(struct tcp_store *ts, const struct c10d__wire_
                             KEYA(op->req.args[0]));
         goto done;
     }
-    switch (op->req.cmd) {
-    case C10D_STORE_GET:
-        if (r->vals[0].len == 0) {
-            /* Our server answers a missing key (deleted after the wait) with an
-             * empty value: tell the two apart. */
-            op->phase = PH_CHECK_EMPTY;
+    if (op->req.cmd == C10D_STORE_GET && r->vals[0].len == 0) {
+        /* Our server answers a missing key (deleted after the wait) with an
+         * empty value: tell the two apart. */
+        op->phase = PH_CHECK_EMPTY;
+        send_phase(ts, op);
+        return;
+    }
+    if (op->req.cmd == C10D_STORE_QUEUE_POP && r->i64 <= 0) {
+        if (op->block) {
+            op->phase = PH_WAIT; /* another popper won: wait again */
             send_phase(ts, op);
             return;
         }
-        /* fall through */
-    case C10D_STORE_COMPARE_SET:
-    case C10D_STORE_STATS:
-        rc = c10d__store_op_set_data(op, r->vals[0].data, r->vals[0].len);
-        break;
-    case C10D_STORE_ADD:
-    case C10D_STORE_GETNUMKEYS:
-    case C10D_STORE_DELETE_KEY:
-    case C10D_STORE_QUEUE_LEN:
-        op->res.value = r->i64;
-        break;
-    case C10D_STORE_CHECK:
-        op->res.value = r->u8 == C10D_STORE_READY;
-        break;
-    case C10D_STORE_WAIT:
-        break;
-    case C10D_STORE_PING:
+        rc = c10d__fail(C10D_ENOTFOUND, "store tcp %s queue_pop: queue " KEYF " is empty", ts->name,
+                        KEYA(op->req.args[0]));
+        goto done;
+    }
+    rc = c10d__store_op_take_reply(op, r);
+    if (op->req.cmd == C10D_STORE_PING) {
         if (ts->dialect == C10D_STORE_DIALECT_CURRENT && r->u32 != ts->nonce)
             rc = c10d__fail(C10D_EPROTO, "store tcp %s ping: answered %u, sent %u", ts->name,
                             (unsigned)r->u32, (unsigned)ts->nonce);
         op->res.value = (int64_t)((c10d__now_ns() - ts->sent_ns) / 1000);
-        break;
-    case C10D_STORE_MULTI_GET:
-        rc = c10d__store_op_set_items(op, r->vals, r->nvals, 0);
-        break;
-    case C10D_STORE_LIST_KEYS:
-        rc = c10d__store_op_set_items(op, r->vals, r->nvals, 0);
-        if (rc == 0)
-            op->res.value = (int64_t)op->res.count;
-        break;
-    case C10D_STORE_QUEUE_POP:
-        if (r->i64 <= 0) {
-            if (op->block) {
-                op->phase = PH_WAIT; /* another popper won: wait again */
-                send_phase(ts, op);
-                return;
-            }
-            rc = c10d__fail(C10D_ENOTFOUND, "store tcp %s queue_pop: queue " KEYF " is empty",
-                            ts->name, KEYA(op->req.args[0]));
-            break;
-        }
-        op->res.value = r->i64;
-        rc = c10d__store_op_set_data(op, r->vals[0].data, r->vals[0].len);
-        break;
-    default:
-        rc = c10d__fail(C10D_EINTERNAL, "store tcp: unexpected reply to %s",
-                        c10d__wire_cmd_name(op->req.cmd));
     }
 done:
     if (rc < 0)

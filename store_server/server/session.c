@@ -1,12 +1,11 @@
-/* One connection's protocol: detecting the dialect, parsing requests (the
- * one-pass fast path and the general state machine for partial or bad input),
- * running them against the table, parked waits, and encoding replies. Over 800
- * lines because every command's request-to-reply path is here, side by side,
- * so a newcomer checks one command's behaviour in one file. */
+/* One connection's protocol: the dialect, parsing requests (a one-pass fast
+ * path and a state machine for partial or bad input), the reply budget, the
+ * MULTI_GET cache, parked waits. Commands run in store_server/table/exec.c. */
 #include "session.h"
 
 #include "engine/log.h"
 #include "engine/token.h"
+#include "store_server/table/exec.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -429,21 +428,6 @@ static int reply_ok(struct c10d__store_session *s, int rc)
     return rc;
 }
 
-static int list_key(void *arg, struct c10d__wire_str key)
-{
-    struct c10d__store_session *s = arg;
-    return c10d__wire_put_str(&s->out, key.data, key.len);
-}
-
-static int list_key_size(void *arg, struct c10d__wire_str key)
-{
-    size_t *n = arg;
-    *n = add_sat(*n, add_sat(8, key.len));
-    return 0;
-}
-
-/* A command that may change what MULTI_GET answers. Conservative: anything
- * but the commands known to only read. */
 /* In a rendezvous every rank asks for the same N keys once the table stopped
  * changing: answer repeats with one copy instead of N lookups and encodes. */
 static int mget_match(struct c10d__store_session *s, const struct c10d__wire_request *r)
@@ -489,67 +473,14 @@ static int mget_hit(struct c10d__store_session *s, const struct c10d__wire_reque
     return 1;
 }
 
-/* The size of the reply `r` will get, computed before it runs (an upper
- * bound for COMPARE_SET, an estimate for STATS, whose real size is charged
- * once built). Nothing in the table changes. */
-/* What reply_size() found for a GET, so that handle() needs no second
- * lookup: nothing changes the table between the two. */
-struct found {
-    int present;
-    struct c10d__wire_str v;
-};
-
-static size_t reply_size(struct c10d__store_session *s, const struct c10d__wire_request *r,
-                         struct found *f)
+/* The size of the reply `r` will get, known before it runs. */
+static size_t reply_size(struct c10d__store_session *s, const struct c10d__wire_request *r)
 {
-    struct c10d__store_table *t = s->ctx->table;
-    const struct c10d__wire_str *a = r->args;
-    struct c10d__wire_str v;
-    switch (r->cmd) {
-    case C10D_STORE_PING:
-        return 4;
-    case C10D_STORE_CHECK:
-    case C10D_STORE_WAIT:
-    case C10D_STORE_CANCEL_WAIT:
-    case C10D_STORE_BARRIER:
-    case C10D_STORE_WATCH_KEY:
-        return 1;
-    case C10D_STORE_ADD:
-    case C10D_STORE_GETNUMKEYS:
-    case C10D_STORE_DELETE_KEY:
-    case C10D_STORE_QUEUE_LEN:
-        return 8;
-    case C10D_STORE_GET:
-        f->present = c10d__store_table_get(t, a[0], &f->v);
-        return add_sat(8, f->v.len);
-    case C10D_STORE_COMPARE_SET: {
-        size_t m = a[1].len > a[2].len ? a[1].len : a[2].len;
-        if (c10d__store_table_get(t, a[0], &v) && v.len > m)
-            m = v.len;
-        return add_sat(8, m);
-    }
-    case C10D_STORE_MULTI_GET: {
-        if (mget_match(s, r)) /* sent by reference, or copied into s->out */
-            return s->ctx->send_blob ? 0 : s->ctx->mget.reply->len;
-        size_t n = 0;
-        for (size_t i = 0; i < r->nargs; i++)
-            n = add_sat(n, add_sat(8, c10d__store_table_get(t, a[i], &v) ? v.len : 0));
-        return n;
-    }
-    case C10D_STORE_QUEUE_POP: {
-        size_t n = c10d__store_table_queue_front_len(t, a[0]);
-        return add_sat(16, n);
-    }
-    case C10D_STORE_LIST_KEYS: {
-        size_t n = 8;
-        c10d__store_table_foreach_key(t, list_key_size, &n);
-        return n;
-    }
-    case C10D_STORE_STATS:
+    if (r->cmd == C10D_STORE_STATS)
         return STATS_ESTIMATE;
-    default: /* VALIDATE, SET, APPEND, MULTI_SET, QUEUE_PUSH */
-        return 0;
-    }
+    if (r->cmd == C10D_STORE_MULTI_GET && mget_match(s, r)) /* by reference, or copied */
+        return s->ctx->send_blob ? 0 : s->ctx->mget.reply->len;
+    return c10d__store_exec_reply_bound(s->ctx->table, r);
 }
 
 static void mget_remember(struct c10d__store_session *s, const struct c10d__wire_request *r,
@@ -607,7 +538,8 @@ static void table_error(struct c10d__store_session *s, int rc, const struct c10d
                                  c10d__wire_cmd_name(r->cmd),
                                  r->nargs ? printable(r->args[0], k, sizeof k) : "");
     else
-        c10d__store_session_fail(s, "%s: server memory limit reached", c10d__wire_cmd_name(r->cmd));
+        c10d__store_session_fail(s, "%s: server memory limit reached (or no memory for the reply)",
+                                 c10d__wire_cmd_name(r->cmd));
 }
 
 /* out_reserve() when the reply may not fit; the command's name is only
@@ -620,16 +552,37 @@ static inline int out_room(struct c10d__store_session *s, size_t n, int cmd)
     return out_reserve(s, n, c10d__wire_cmd_name(cmd));
 }
 
-/* Runs `r`, whose reply takes at most `reply` bytes (reply_size(), which
- * filled `f` for a GET). */
-static void handle(struct c10d__store_session *s, const struct c10d__wire_request *r, size_t reply,
-                   const struct found *f)
+/* A MULTI_GET the executor answered into s->out from `start`: remembered
+ * for the next reader; with send_blob even this reader sends the cached
+ * copy, not its own. */
+static void mget_after(struct c10d__store_session *s, const struct c10d__wire_request *r,
+                       size_t start)
+{
+    struct c10d__store_ctx *ctx = s->ctx;
+    struct c10d__wire_buf *out = &s->out;
+    if (!ctx->mget_cache_max || r->nargs == 0) /* else out->data may be NULL */
+        return;
+    ctx->mget_misses++;
+    mget_remember(s, r, out->data + start, out->len - start);
+    if (ctx->send_blob && ctx->mget.reply) {
+        out->len = start;
+        if (start == 0) { /* and its room goes back to the budget */
+            c10d__wire_buf_free(out);
+            out_sync(s);
+        }
+        send_shared(s, ctx->mget.reply);
+    }
+}
+
+/* Runs `r`, whose reply takes at most `reply` bytes (reply_size()): the
+ * executor does the command; around it, what this host adds (budget,
+ * the MULTI_GET cache, STATS, logs). */
+static void handle(struct c10d__store_session *s, const struct c10d__wire_request *r, size_t reply)
 {
     struct c10d__store_ctx *ctx = s->ctx;
     struct c10d__store_table *t = ctx->table;
     struct c10d__wire_buf *out = &s->out;
     const struct c10d__wire_str *a = r->args;
-    int rc = 0;
     ctx->ops[r->cmd]++;
     /* A wake this client owes a queue is settled by what it asks next (a
      * test here: the call is rare, and this is every request's path). */
@@ -646,142 +599,43 @@ static void handle(struct c10d__store_session *s, const struct c10d__wire_reques
         if (ctx->mget.reply)
             mget_drop(ctx);
     }
-    switch (r->cmd) {
-    case C10D_STORE_VALIDATE:
-        break;
-    case C10D_STORE_PING:
-        reply_ok(s, c10d__wire_put_u32(out, r->u32));
-        break;
-    case C10D_STORE_SET:
-        rc = c10d__store_table_set(t, a[0], a[1]);
-        break;
-    case C10D_STORE_COMPARE_SET: {
-        struct c10d__wire_str v;
-        rc = c10d__store_table_compare_set(t, a[0], a[1], a[2], &v);
-        if (rc == 0)
-            reply_ok(s, c10d__wire_put_str(out, v.data, v.len));
-        break;
-    }
-    case C10D_STORE_GET: {
-        struct c10d__wire_str v = f->v;
-        if (!f->present) {
-            /* Only a race with DELETE_KEY gets here: PyTorch clients WAIT first. */
-            char k[80];
-            ctx->missing_gets++;
-            C10D_INFO("store", "%s: GET of missing key '%s': answering an empty value", s->peer,
-                      printable(a[0], k, sizeof k));
-        }
-        reply_ok(s, c10d__wire_put_str(out, v.data, v.len));
-        break;
-    }
-    case C10D_STORE_ADD: {
-        int64_t v;
-        rc = c10d__store_table_add(t, a[0], r->i64, &v);
-        if (rc == 0) {
-            reply_ok(s, c10d__wire_put_i64(out, v));
-            if (ctx->world_size > 0 && v == ctx->world_size && a[0].len == 5 &&
-                !memcmp(a[0].data, "init/", 5))
-                C10D_INFO("store", "all %d workers registered (init/ reached %d)", ctx->world_size,
-                          ctx->world_size);
-        }
-        break;
-    }
-    case C10D_STORE_CHECK:
-        reply_ok(s, c10d__wire_put_u8(out, c10d__store_table_check(t, a, r->nargs)
-                                               ? C10D_STORE_READY
-                                               : C10D_STORE_NOT_READY));
-        break;
-    case C10D_STORE_WAIT:
-        rc = c10d__store_table_wait(t, &s->client, a, r->nargs);
-        if (rc == 1)
-            reply_ok(s, c10d__wire_put_u8(out, C10D_STORE_STOP_WAITING));
-        break;
-    case C10D_STORE_GETNUMKEYS:
-        reply_ok(s, c10d__wire_put_i64(out, (int64_t)c10d__store_table_num_keys(t)));
-        break;
-    case C10D_STORE_DELETE_KEY:
-        reply_ok(s, c10d__wire_put_i64(out, c10d__store_table_delete(t, a[0])));
-        break;
-    case C10D_STORE_APPEND:
-        rc = c10d__store_table_append(t, a[0], a[1]);
-        break;
-    case C10D_STORE_MULTI_GET: {
-        if (mget_hit(s, r))
-            break;
-        size_t start = out->len;
-        for (size_t i = 0; i < r->nargs && rc == 0; i++) {
-            struct c10d__wire_str v;
-            c10d__store_table_get(t, a[i], &v);
-            rc = reply_ok(s, c10d__wire_put_str(out, v.data, v.len));
-        }
-        if (rc == 0 && ctx->mget_cache_max && r->nargs > 0) { /* else out->data may be NULL */
-            ctx->mget_misses++;
-            mget_remember(s, r, out->data + start, out->len - start);
-            if (ctx->send_blob && ctx->mget.reply) {
-                /* The first reader too sends the cached copy, not its own. */
-                out->len = start;
-                if (start == 0) { /* and its room goes back to the budget */
-                    c10d__wire_buf_free(out);
-                    out_sync(s);
-                }
-                send_shared(s, ctx->mget.reply);
-            }
-        }
-        rc = 0;
-        break;
-    }
-    case C10D_STORE_MULTI_SET:
-        for (size_t i = 0; i + 1 < r->nargs && rc == 0; i += 2)
-            rc = c10d__store_table_set(t, a[i], a[i + 1]);
-        break;
-    case C10D_STORE_CANCEL_WAIT:
-        c10d__store_table_cancel_wait(t, &s->client);
-        reply_ok(s, c10d__wire_put_u8(out, C10D_STORE_WAIT_CANCELED));
-        break;
-    case C10D_STORE_QUEUE_PUSH:
-        rc = c10d__store_table_queue_push(t, a[0], a[1]);
-        break;
-    case C10D_STORE_QUEUE_POP: {
-        int64_t n;
-        struct c10d__wire_str v;
-        c10d__store_table_queue_pop(t, a[0], &n, &v);
-        if (reply_ok(s, c10d__wire_put_i64(out, n)) == 0 && n > 0)
-            reply_ok(s, c10d__wire_put_str(out, v.data, v.len));
-        break;
-    }
-    case C10D_STORE_QUEUE_LEN:
-        reply_ok(s, c10d__wire_put_i64(out, c10d__store_table_queue_len(t, a[0])));
-        break;
-    case C10D_STORE_LIST_KEYS:
-        if (reply_ok(s, c10d__wire_put_i64(out, (int64_t)c10d__store_table_num_keys(t))) == 0)
-            reply_ok(s, c10d__store_table_foreach_key(t, list_key, s));
-        break;
-    case C10D_STORE_BARRIER:
-        rc = c10d__store_table_barrier(t, &s->client, a[0], r->i64);
-        if (rc == 1)
-            reply_ok(s, c10d__wire_put_u8(out, C10D_STORE_STOP_WAITING));
-        break;
-    case C10D_STORE_STATS: {
-        char *json = s->ctx->stats_json ? s->ctx->stats_json(s->ctx) : NULL;
+    if (r->cmd == C10D_STORE_STATS) {
+        char *json = ctx->stats_json ? ctx->stats_json(ctx) : NULL;
         const char *text = json ? json : "{}";
         if (out_reserve(s, 8 + strlen(text), "STATS") == 0)
             reply_ok(s, c10d__wire_put_str(out, text, strlen(text)));
         free(json);
-        break;
+        return;
     }
-    case C10D_STORE_AUTH:
-        /* Checked in gate() when the server has a token; without one any
-         * token is welcome, so a client configured with one still works. */
-        reply_ok(s, c10d__wire_put_u8(out, C10D_STORE_AUTH_OK));
-        break;
-    case C10D_STORE_WATCH_KEY:
-        rc = c10d__store_table_watch(t, &s->client, a[0]);
-        if (rc == 0)
-            reply_ok(s, c10d__wire_put_u8(out, C10D_STORE_KEY_CALLBACK_REGISTERED));
-        break;
-    }
-    if (rc < 0)
+    if (r->cmd == C10D_STORE_MULTI_GET && mget_hit(s, r))
+        return;
+    size_t start = out->len;
+    struct c10d__store_exec_result res;
+    int rc = c10d__store_exec(t, &s->client, r, out, &res);
+    if (rc < 0) {
         table_error(s, rc, r);
+        return;
+    }
+    switch (r->cmd) {
+    case C10D_STORE_GET:
+        if (!res.value) {
+            /* Only a race with DELETE_KEY gets here: PyTorch clients WAIT first. */
+            char k[80];
+            ctx->missing_gets++;
+            C10D_INFO("store", "%s: GET of missing key '%s': answered with an empty value", s->peer,
+                      printable(a[0], k, sizeof k));
+        }
+        break;
+    case C10D_STORE_ADD:
+        if (ctx->world_size > 0 && res.value == ctx->world_size && a[0].len == 5 &&
+            !memcmp(a[0].data, "init/", 5))
+            C10D_INFO("store", "all %d workers registered (init/ reached %d)", ctx->world_size,
+                      ctx->world_size);
+        break;
+    case C10D_STORE_MULTI_GET:
+        mget_after(s, r, start);
+        break;
+    }
 }
 
 /* With a token: 1 if the request may run. Otherwise the session is marked
@@ -854,8 +708,7 @@ static size_t process(struct c10d__store_session *s, const uint8_t *buf, size_t 
          * (hand over what this session has and queue it behind the sessions
          * already waiting). A request that waits is parsed again later: the
          * parser is between requests and its bytes stay in the buffer. */
-        struct found f = {0, {NULL, 0}};
-        size_t reply = reply_size(s, &req, &f);
+        size_t reply = reply_size(s, &req);
         if (s->ctx->max_reply && reply > s->ctx->max_reply) {
             s->ctx->closed_reply_cap++;
             c10d__store_session_fail(s, "%s reply of %zu bytes over the limit of %zu",
@@ -875,7 +728,7 @@ static size_t process(struct c10d__store_session *s, const uint8_t *buf, size_t 
         }
         s->requests++;
         if (gate(s, &req))
-            handle(s, &req, reply, &f);
+            handle(s, &req, reply);
         start += used;
         /* A 10k-key MULTI_GET leaves 240 KB of argument arrays behind; kept
          * by 10k sessions that is gigabytes of RSS. */
