@@ -10,9 +10,12 @@
 #include "engine/loop.h"
 
 #include <arpa/inet.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define STRANGER_LOG_MS 1000
 
 /* Connect attempts that keep failing this long are worth a warning naming
  * the address: a bad published address otherwise looks like a hang. */
@@ -112,6 +115,32 @@ void c10d__tcp_conn_lost(struct conn *c, ssize_t err)
 
 /* --------------------------------------------------------- lifecycle */
 
+/* A connection that never became one of the group's: close it, and say so at
+ * most once a second, so a flood of strangers costs a log line, never the
+ * group. */
+void c10d__tcp_drop_stranger(struct conn *c, const char *fmt, ...)
+{
+    struct c10d__tcp_transport *t = c->t;
+    uint64_t now = c10d__now_ms();
+    if (now - t->stranger_log_ms >= STRANGER_LOG_MS || t->stranger_log_ms == 0) {
+        char why[256];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, sizeof why, fmt, ap);
+        va_end(ap);
+        C10D_WARN("tcp",
+                  "rank %d: dropping a connection from %s: %s (%llu more dropped since the "
+                  "last such line)",
+                  t->cfg.rank, c->peer[0] ? c->peer : "?", why,
+                  (unsigned long long)t->strangers_unlogged);
+        t->stranger_log_ms = now;
+        t->strangers_unlogged = 0;
+    } else {
+        t->strangers_unlogged++;
+    }
+    c10d__tcp_conn_close(c);
+}
+
 static void on_conn_closed(uv_handle_t *h)
 {
     struct conn *c = h->data;
@@ -124,9 +153,7 @@ static void on_conn_closed(uv_handle_t *h)
         c->all_next->all_prev = c->all_prev;
     free(c->staging);
     free(c);
-    t->handles--;
-    if (t->freeing && t->handles == 0)
-        c10d__tcp_transport_free(t);
+    c10d__tcp_handle_closed(t);
 }
 
 void c10d__tcp_conn_close(struct conn *c)
@@ -190,9 +217,7 @@ static void on_retry_closed(uv_handle_t *h)
     struct retry *r = h->data;
     struct c10d__tcp_transport *t = r->t;
     free(r);
-    t->handles--;
-    if (t->freeing && t->handles == 0)
-        c10d__tcp_transport_free(t);
+    c10d__tcp_handle_closed(t);
 }
 
 static void on_retry(uv_timer_t *tm)
@@ -271,9 +296,9 @@ static void on_connected(uv_connect_t *req, int status)
     }
     tune_socket(t, &c->tcp);
     c->state = C_HELLO;
-    size_t n = c10d__tcp_hello_encode(t, c->hello_out, 0);
+    size_t n = t->up->hello_encode(t, c->hello_out, 0);
     uv_buf_t b = uv_buf_init((char *)c->hello_out, (unsigned)n);
-    int rc = uv_read_start((uv_stream_t *)&c->tcp, c10d__tcp_on_alloc, c10d__tcp_on_read);
+    int rc = uv_read_start((uv_stream_t *)&c->tcp, t->up->alloc, t->up->read);
     if (rc == 0)
         rc = uv_write(&c->hello_req, (uv_stream_t *)&c->tcp, &b, 1, NULL);
     if (rc < 0) {
@@ -398,7 +423,7 @@ void c10d__tcp_on_connection(uv_stream_t *server, int status)
         c10d__tcp_drop_stranger(
             oldest, "%d connections are waiting for their handshake; closing the oldest",
             pending + 1);
-    if (uv_read_start((uv_stream_t *)&c->tcp, c10d__tcp_on_alloc, c10d__tcp_on_read) < 0)
+    if (uv_read_start((uv_stream_t *)&c->tcp, t->up->alloc, t->up->read) < 0)
         c10d__tcp_conn_close(c);
 }
 

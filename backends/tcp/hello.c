@@ -9,40 +9,12 @@
 #include "engine/log.h"
 #include "engine/loop.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-#define HELLO_MAGIC     0x43313044u /* "C10D" */
-#define HELLO_VERSION   3
-#define HELLO_ACCEPTED  1u
-#define STRANGER_LOG_MS 1000
-
-/* A connection that never became one of the group's: close it, and say so at
- * most once a second, so a flood of strangers costs a log line, never the
- * group. */
-void c10d__tcp_drop_stranger(struct conn *c, const char *fmt, ...)
-{
-    struct c10d__tcp_transport *t = c->t;
-    uint64_t now = c10d__now_ms();
-    if (now - t->stranger_log_ms >= STRANGER_LOG_MS || t->stranger_log_ms == 0) {
-        char why[256];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, sizeof why, fmt, ap);
-        va_end(ap);
-        C10D_WARN("tcp",
-                  "rank %d: dropping a connection from %s: %s (%llu more dropped since the "
-                  "last such line)",
-                  t->cfg.rank, c->peer[0] ? c->peer : "?", why,
-                  (unsigned long long)t->strangers_unlogged);
-        t->stranger_log_ms = now;
-        t->strangers_unlogged = 0;
-    } else {
-        t->strangers_unlogged++;
-    }
-    c10d__tcp_conn_close(c);
-}
+#define HELLO_MAGIC    0x43313044u /* "C10D" */
+#define HELLO_VERSION  3
+#define HELLO_ACCEPTED 1u
 
 /* The hello, both ways (host byte order, as every frame):
  *   u32 magic, u16 version, u16 flags (answer: HELLO_ACCEPTED), u32 group id,

@@ -251,7 +251,7 @@ static int pick_address(struct c10d__tcp_transport *t, char *why, size_t why_len
     return 0;
 }
 
-int c10d__tcp_start_listening(struct c10d__tcp_transport *t)
+int c10d__tcp_start_listening(struct c10d__tcp_transport *t, uv_connection_cb on_connection)
 {
     char why[400];
     C10D_CHECK(pick_address(t, why, sizeof why));
@@ -267,7 +267,7 @@ int c10d__tcp_start_listening(struct c10d__tcp_transport *t)
         uv_recv_buffer_size((uv_handle_t *)&t->listener, &v);
     }
     if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&t->listener, t->cfg.size + 64, c10d__tcp_on_connection);
+        rc = uv_listen((uv_stream_t *)&t->listener, t->cfg.size + 64, on_connection);
     if (rc < 0)
         return c10d__fail(C10D_EIO, "tcp: cannot listen: %s", uv_strerror(rc));
     struct sockaddr_storage bound;

@@ -1,16 +1,20 @@
-/* The tcp transport (docs/tcp_backend.md has the protocol): the public entry
- * points of transport.h, the transfer pool, and failing and freeing.
+/* The tcp transport (docs/tcp_backend.md has the protocol): the façade, the
+ * public entry points of transport.h, failing and freeing.
  *
- * The transport is split by concern so that each part reads on its own; the
- * state the parts share is in transport_impl.h:
- *   match.c     posting sends and receives, matching them with what arrives;
- *               the eager / clear-to-send protocol is described there
- *   wire.c      frames on the socket: writes, the flow-control frames, reading
- *   mismatch.c  what each collective frame says about its op, compared
- *               with what this rank runs (mismatched calls fail at once)
- *   conn.c      connecting, retrying, accepting, losing a peer, deadlines
- *   hello.c     the handshake that admits a connection to the group
- *   iface.c     which interface and address to listen on */
+ * The transport's parts are floors; each calls the ones below it by name and
+ * reports to the ones above through struct c10d__tcp_up, installed here
+ * (top first; the state they share is in transport_impl.h):
+ *   transport.c       this façade: creating, connecting, failing, freeing
+ *   match.c           posting sends and receives, matching them with what
+ *                     arrives; the eager / clear-to-send protocol is there
+ *   mismatch.c        what each collective frame says about its op, compared
+ *                     with what this rank runs (mismatched calls fail at once)
+ *   hello.c           the handshake that admits a connection to the group
+ *   wire.c            frames on the socket: writes, flow control, reading
+ *   conn.c            connecting, retrying, accepting, losing a peer,
+ *                     dropping strangers, deadlines
+ *   iface.c           which interface and address to listen on
+ *   transport_base.c  errors, the transfer pool, handles and memory */
 #include "transport_impl.h"
 
 #include "engine/log.h"
@@ -24,64 +28,25 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-/* ------------------------------------------------------------ errors */
+/* ------------------------------------------------------------ public */
 
-static void t_verror(struct c10d__tcp_transport *t, int status, const char *fmt, va_list ap)
+static void fail_and_report(struct c10d__tcp_transport *t, int status, const char *msg)
 {
-    if (t->failed)
-        return;
-    char msg[1024];
-    vsnprintf(msg, sizeof msg, fmt, ap);
     C10D_DEBUG("tcp", "rank %d: transport failed: %s", t->cfg.rank, msg);
     c10d__tcp_transport_fail(t, status, msg);
     if (t->cfg.on_error != NULL)
         t->cfg.on_error(t->cfg.arg, status, msg);
 }
 
-void c10d__tcp_error(struct c10d__tcp_transport *t, int status, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    t_verror(t, status, fmt, ap);
-    va_end(ap);
-}
-
-/* -------------------------------------------------------------- pool */
-
-struct c10d__tcp_xfer *c10d__tcp_xfer_get(struct c10d__tcp_transport *t)
-{
-    struct c10d__tcp_xfer *x = t->pool;
-    if (x != NULL) {
-        t->pool = x->next;
-    } else {
-        x = malloc(sizeof *x);
-        if (x == NULL)
-            return NULL;
-        x->all_next = t->all_xfers;
-        t->all_xfers = x;
-    }
-    struct c10d__tcp_xfer *keep = x->all_next;
-    memset(x, 0, sizeof *x);
-    x->all_next = keep;
-    x->source = -1;
-    return x;
-}
-
-void c10d__tcp_pool_push(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
-{
-    x->next = t->pool;
-    t->pool = x;
-}
-
-void c10d__tcp_xfer_put(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
-{
-    if (x->writes > 0)
-        x->released = 1;
-    else
-        c10d__tcp_pool_push(t, x);
-}
-
-/* ------------------------------------------------------------ public */
+static const struct c10d__tcp_up floors = {
+    .fail = fail_and_report,
+    .alloc = c10d__tcp_on_alloc,
+    .read = c10d__tcp_on_read,
+    .hello_encode = c10d__tcp_hello_encode,
+    .hello_bytes = c10d__tcp_hello_bytes,
+    .frame = c10d__tcp_handle_frame,
+    .body_done = c10d__tcp_body_done,
+};
 
 int c10d__tcp_transport_new(const struct c10d__tcp_transport_config *cfg,
                             struct c10d__tcp_transport **out)
@@ -93,6 +58,7 @@ int c10d__tcp_transport_new(const struct c10d__tcp_transport_config *cfg,
         return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
     }
     t->cfg = *cfg;
+    t->up = &floors;
     t->loop = c10d__engine_loop();
     for (int r = 0; r < cfg->size; r++)
         t->peers[r].rank = r;
@@ -117,7 +83,7 @@ int c10d__tcp_transport_new(const struct c10d__tcp_transport_config *cfg,
             t->job_id = uv_hrtime() ^ ((uint64_t)getpid() << 32);
         t->job_known = 1;
     }
-    rc = c10d__tcp_start_listening(t);
+    rc = c10d__tcp_start_listening(t, c10d__tcp_on_connection);
     if (rc < 0) {
         c10d__tcp_transport_free(t);
         return rc;
@@ -229,10 +195,7 @@ int c10d__tcp_transport_failed(const struct c10d__tcp_transport *t)
 
 static void on_handle_closed(uv_handle_t *h)
 {
-    struct c10d__tcp_transport *t = h->data;
-    t->handles--;
-    if (t->freeing && t->handles == 0)
-        c10d__tcp_transport_free(t);
+    c10d__tcp_handle_closed(h->data);
 }
 
 /* Connection setup ends with the transport: its waiter hears why. */
@@ -311,32 +274,8 @@ void c10d__tcp_transport_free(struct c10d__tcp_transport *t)
     if (!t->failed)
         transport_close_quietly(t);
     t->freeing = 1;
-    if (t->handles > 0)
-        return;
-    for (struct c10d__tcp_xfer *x = t->all_xfers; x != NULL;) {
-        struct c10d__tcp_xfer *next = x->all_next;
-        free(x);
-        x = next;
-    }
-    for (int r = 0; r < t->cfg.size; r++) {
-        for (struct unexp *u = t->peers[r].unexp_head; u != NULL;) {
-            struct unexp *next = u->next;
-            free(u->data);
-            free(u);
-            u = next;
-        }
-        if (t->addrs != NULL)
-            free(t->addrs[r]);
-    }
-    for (struct unexp *u = t->unexp_pool; u != NULL;) {
-        struct unexp *next = u->next;
-        free(u->data);
-        free(u);
-        u = next;
-    }
-    free(t->addrs);
-    free(t->peers);
-    free(t);
+    if (t->handles == 0)
+        c10d__tcp_free_memory(t);
 }
 
 void c10d__tcp_transport_on_connect_failed(struct c10d__tcp_transport *t,

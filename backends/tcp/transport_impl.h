@@ -125,8 +125,27 @@ struct conn {
     char *staging;
 };
 
+/* The parts are floors (transport.c lists them): a part calls the parts
+ * below it by name and reports to the ones above through these, which the
+ * façade (transport.c) installs when it creates the transport. */
+struct c10d__tcp_up {
+    /* any part -> the façade: fail the transport (c10d__tcp_error) */
+    void (*fail)(struct c10d__tcp_transport *t, int status, const char *msg);
+    /* conn -> wire: the read callbacks of a connection it starts reading */
+    uv_alloc_cb alloc;
+    uv_read_cb read;
+    /* conn -> hello: the hello this rank sends when it connected */
+    size_t (*hello_encode)(const struct c10d__tcp_transport *t, unsigned char *out, uint16_t flags);
+    /* wire -> hello: bytes of a handshake in progress; returns those used */
+    size_t (*hello_bytes)(struct conn *c, const char *p, size_t n);
+    /* wire -> match: a frame's header arrived; the body it asked for is in */
+    void (*frame)(struct conn *c, const struct wire *w);
+    void (*body_done)(struct conn *c);
+};
+
 struct c10d__tcp_transport {
     struct c10d__tcp_transport_config cfg;
+    const struct c10d__tcp_up *up;
     uv_loop_t *loop;
     uv_tcp_t listener;
     uv_timer_t deadline;
@@ -193,12 +212,16 @@ static inline int c10d__tcp_work_gone(const struct c10d__tcp_xfer *x)
     return x->work != NULL && c10d_work_test(x->work);
 }
 
-/* transport.c: the first error fails the transport and says why (later ones
- * are dropped); a transfer given back while its writes were in flight is
- * recycled once the last one completes. */
+/* transport_base.c: the first error fails the transport and says why (later
+ * ones are dropped); a transfer given back while its writes were in flight
+ * is recycled once the last one completes; every handle's close ends in
+ * handle_closed, which frees the transport's memory after the last one once
+ * c10d__tcp_transport_free was asked. */
 void c10d__tcp_error(struct c10d__tcp_transport *t, int status, const char *fmt, ...)
     C10D_PRINTF(3, 4);
 void c10d__tcp_pool_push(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x);
+void c10d__tcp_handle_closed(struct c10d__tcp_transport *t);
+void c10d__tcp_free_memory(struct c10d__tcp_transport *t);
 
 /* wire.c: writing frames and reading the stream. */
 void c10d__tcp_peer_write(struct c10d__tcp_transport *t, struct peer *pe, struct c10d__tcp_xfer *x,
@@ -219,12 +242,11 @@ void c10d__tcp_body_done(struct conn *c);
  * naming both ranks and what differs). */
 int c10d__tcp_fp_check(struct c10d__tcp_transport *t, int from, const struct wire *w);
 
-/* hello.c: the handshake; strangers are dropped here without failing anything. */
+/* hello.c: the handshake. */
 size_t c10d__tcp_hello_encode(const struct c10d__tcp_transport *t, unsigned char *out,
                               uint16_t flags);
 size_t c10d__tcp_hello_bytes(struct conn *c, const char *p, size_t n);
 void c10d__tcp_accept_hello(struct conn *c);
-void c10d__tcp_drop_stranger(struct conn *c, const char *fmt, ...) C10D_PRINTF(2, 3);
 
 /* conn.c: connections and the timers that bound them. */
 void c10d__tcp_conn_close(struct conn *c);
@@ -236,9 +258,12 @@ int c10d__tcp_parse_addr(const char *text, struct sockaddr_storage *ss);
 void c10d__tcp_on_connection(uv_stream_t *server, int status);
 void c10d__tcp_on_pending_tick(uv_timer_t *tm);
 void c10d__tcp_on_deadline(uv_timer_t *tm);
+/* A connection that never became one of the group's: closed without failing
+ * anything, logged at most once a second. */
+void c10d__tcp_drop_stranger(struct conn *c, const char *fmt, ...) C10D_PRINTF(2, 3);
 
 /* iface.c: the listening socket and the address published for it. */
-int c10d__tcp_start_listening(struct c10d__tcp_transport *t);
+int c10d__tcp_start_listening(struct c10d__tcp_transport *t, uv_connection_cb on_connection);
 int c10d__tcp_format_address(struct c10d__tcp_transport *t);
 
 #endif

@@ -197,7 +197,7 @@ static void parse(struct conn *c, const char *p, size_t n)
         if (c->state == C_HELLO) {
             if (c->parked)
                 return; /* nothing may follow a hello before its answer */
-            size_t k = c10d__tcp_hello_bytes(c, p, n);
+            size_t k = t->up->hello_bytes(c, p, n);
             p += k;
             n -= k;
             continue;
@@ -212,7 +212,7 @@ static void parse(struct conn *c, const char *p, size_t n)
                 struct wire w;
                 memcpy(&w, c->hdr, HDR_LEN);
                 c->hdr_have = 0;
-                c10d__tcp_handle_frame(c, &w);
+                t->up->frame(c, &w);
             }
             continue;
         }
@@ -227,7 +227,7 @@ static void parse(struct conn *c, const char *p, size_t n)
         p += k;
         n -= k;
         if (c->remaining == 0)
-            c10d__tcp_body_done(c);
+            t->up->body_done(c);
     }
 }
 
@@ -261,7 +261,7 @@ void c10d__tcp_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         c->dst += nread;
         c->remaining -= (size_t)nread;
         if (c->remaining == 0)
-            c10d__tcp_body_done(c);
+            c->t->up->body_done(c);
         return;
     }
     parse(c, buf->base, (size_t)nread);
