@@ -100,7 +100,7 @@ int c10d__local_store_run(struct c10d__local_store *ls, struct c10d__store_op *o
     struct c10d__store_client now = {0};
     struct c10d__wire_buf out = {0};
     struct c10d__store_exec_result res;
-    int rc = c10d__store_exec(t, &now, r, &out, &res);
+    int rc = c10d__store_exec(t, &now, r, NULL, &out, &res);
     if (rc < 0) {
         c10d__wire_buf_free(&out);
         return exec_error(ls, r, rc);
@@ -154,7 +154,7 @@ int c10d__local_store_apply(struct c10d__store_table *t, const struct c10d__wire
                           c10d__wire_cmd_name(req->cmd));
     struct c10d__wire_buf out = {0};
     struct c10d__store_exec_result res;
-    int rc = c10d__store_exec(t, NULL, req, &out, &res);
+    int rc = c10d__store_exec(t, NULL, req, NULL, &out, &res);
     c10d__wire_buf_free(&out);
     return rc;
 }

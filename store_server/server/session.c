@@ -474,13 +474,14 @@ static int mget_hit(struct c10d__store_session *s, const struct c10d__wire_reque
 }
 
 /* The size of the reply `r` will get, known before it runs. */
-static size_t reply_size(struct c10d__store_session *s, const struct c10d__wire_request *r)
+static size_t reply_size(struct c10d__store_session *s, const struct c10d__wire_request *r,
+                         struct c10d__store_exec_plan *plan)
 {
     if (r->cmd == C10D_STORE_STATS)
         return STATS_ESTIMATE;
     if (r->cmd == C10D_STORE_MULTI_GET && mget_match(s, r)) /* by reference, or copied */
         return s->ctx->send_blob ? 0 : s->ctx->mget.reply->len;
-    return c10d__store_exec_reply_bound(s->ctx->table, r);
+    return c10d__store_exec_reply_bound(s->ctx->table, r, plan);
 }
 
 static void mget_remember(struct c10d__store_session *s, const struct c10d__wire_request *r,
@@ -552,32 +553,30 @@ static inline int out_room(struct c10d__store_session *s, size_t n, int cmd)
     return out_reserve(s, n, c10d__wire_cmd_name(cmd));
 }
 
-/* A MULTI_GET the executor answered into s->out from `start`: remembered
- * for the next reader; with send_blob even this reader sends the cached
- * copy, not its own. */
+/* A MULTI_GET answered into s->out from `start` is kept for the next reader
+ * (with send_blob, this reader too sends the cached copy). */
 static void mget_after(struct c10d__store_session *s, const struct c10d__wire_request *r,
                        size_t start)
 {
     struct c10d__store_ctx *ctx = s->ctx;
-    struct c10d__wire_buf *out = &s->out;
-    if (!ctx->mget_cache_max || r->nargs == 0) /* else out->data may be NULL */
+    if (!ctx->mget_cache_max || r->nargs == 0) /* else s->out.data may be NULL */
         return;
     ctx->mget_misses++;
-    mget_remember(s, r, out->data + start, out->len - start);
+    mget_remember(s, r, s->out.data + start, s->out.len - start);
     if (ctx->send_blob && ctx->mget.reply) {
-        out->len = start;
+        s->out.len = start;
         if (start == 0) { /* and its room goes back to the budget */
-            c10d__wire_buf_free(out);
+            c10d__wire_buf_free(&s->out);
             out_sync(s);
         }
         send_shared(s, ctx->mget.reply);
     }
 }
 
-/* Runs `r`, whose reply takes at most `reply` bytes (reply_size()): the
- * executor does the command; around it, what this host adds (budget,
- * the MULTI_GET cache, STATS, logs). */
-static void handle(struct c10d__store_session *s, const struct c10d__wire_request *r, size_t reply)
+/* Runs `r` (reply: at most `reply` bytes) through the executor, with what
+ * this host adds around it: budget, MULTI_GET cache, STATS, logs. */
+static void handle(struct c10d__store_session *s, const struct c10d__wire_request *r, size_t reply,
+                   const struct c10d__store_exec_plan *plan)
 {
     struct c10d__store_ctx *ctx = s->ctx;
     struct c10d__store_table *t = ctx->table;
@@ -611,7 +610,7 @@ static void handle(struct c10d__store_session *s, const struct c10d__wire_reques
         return;
     size_t start = out->len;
     struct c10d__store_exec_result res;
-    int rc = c10d__store_exec(t, &s->client, r, out, &res);
+    int rc = c10d__store_exec(t, &s->client, r, plan, out, &res);
     if (rc < 0) {
         table_error(s, rc, r);
         return;
@@ -708,7 +707,8 @@ static size_t process(struct c10d__store_session *s, const uint8_t *buf, size_t 
          * (hand over what this session has and queue it behind the sessions
          * already waiting). A request that waits is parsed again later: the
          * parser is between requests and its bytes stay in the buffer. */
-        size_t reply = reply_size(s, &req);
+        struct c10d__store_exec_plan plan = {0, 0, {NULL, 0}};
+        size_t reply = reply_size(s, &req, &plan);
         if (s->ctx->max_reply && reply > s->ctx->max_reply) {
             s->ctx->closed_reply_cap++;
             c10d__store_session_fail(s, "%s reply of %zu bytes over the limit of %zu",
@@ -728,7 +728,7 @@ static size_t process(struct c10d__store_session *s, const uint8_t *buf, size_t 
         }
         s->requests++;
         if (gate(s, &req))
-            handle(s, &req, reply);
+            handle(s, &req, reply, &plan);
         start += used;
         /* A 10k-key MULTI_GET leaves 240 KB of argument arrays behind; kept
          * by 10k sessions that is gigabytes of RSS. */

@@ -28,8 +28,8 @@ static int put_u8_if(int rc, struct c10d__wire_buf *out, uint8_t v)
 }
 
 int c10d__store_exec(struct c10d__store_table *t, struct c10d__store_client *client,
-                     const struct c10d__wire_request *r, struct c10d__wire_buf *out,
-                     struct c10d__store_exec_result *res)
+                     const struct c10d__wire_request *r, const struct c10d__store_exec_plan *plan,
+                     struct c10d__wire_buf *out, struct c10d__store_exec_result *res)
 {
     const struct c10d__wire_str *a = r->args;
     struct c10d__wire_str v = {NULL, 0};
@@ -47,7 +47,12 @@ int c10d__store_exec(struct c10d__store_table *t, struct c10d__store_client *cli
         rc = c10d__store_table_compare_set(t, a[0], a[1], a[2], &v);
         return rc < 0 ? rc : c10d__wire_put_str(out, v.data, v.len);
     case C10D_STORE_GET:
-        res->value = c10d__store_table_get(t, a[0], &v);
+        if (plan && plan->looked_up) {
+            res->value = plan->present;
+            v = plan->value;
+        } else {
+            res->value = c10d__store_table_get(t, a[0], &v);
+        }
         return c10d__wire_put_str(out, v.data, v.len);
     case C10D_STORE_ADD:
         rc = c10d__store_table_add(t, a[0], r->i64, &res->value);
@@ -118,28 +123,32 @@ int c10d__store_exec(struct c10d__store_table *t, struct c10d__store_client *cli
     }
 }
 
-size_t c10d__store_exec_reply_bound(struct c10d__store_table *t, const struct c10d__wire_request *r)
+#define FIXED_NONE 0
+#define FIXED_U8   1
+#define FIXED_U32  4
+#define FIXED_I64  8
+#define FIXED_STR  -1
+#define FIXED_NSTR -1
+#define FIXED_LIST -1
+#define FIXED_QPOP -1
+#define FIXED_REPLY(name, cur, leg, u32, counted, per_item, nstr, i64, values, reply, ro, waits)   \
+    [C10D_STORE_##name] = FIXED_##reply,
+const signed char c10d__store_exec_fixed_reply[C10D_STORE_CMD_COUNT] = {
+    C10D__STORE_COMMANDS(FIXED_REPLY)};
+
+size_t c10d__store_exec_reply_lookup(struct c10d__store_table *t,
+                                     const struct c10d__wire_request *r,
+                                     struct c10d__store_exec_plan *plan)
 {
     const struct c10d__wire_str *a = r->args;
     struct c10d__wire_str v;
     switch (r->cmd) {
-    case C10D_STORE_PING:
-        return 4;
-    case C10D_STORE_CHECK:
-    case C10D_STORE_WAIT:
-    case C10D_STORE_CANCEL_WAIT:
-    case C10D_STORE_BARRIER:
-    case C10D_STORE_WATCH_KEY:
-    case C10D_STORE_AUTH:
-        return 1;
-    case C10D_STORE_ADD:
-    case C10D_STORE_GETNUMKEYS:
-    case C10D_STORE_DELETE_KEY:
-    case C10D_STORE_QUEUE_LEN:
-        return 8;
-    case C10D_STORE_GET:
-        c10d__store_table_get(t, a[0], &v);
+    case C10D_STORE_GET: {
+        int present = c10d__store_table_get(t, a[0], &v);
+        if (plan)
+            *plan = (struct c10d__store_exec_plan){1, present, v};
         return add_sat(8, v.len);
+    }
     case C10D_STORE_COMPARE_SET: {
         size_t m = a[1].len > a[2].len ? a[1].len : a[2].len;
         if (c10d__store_table_get(t, a[0], &v) && v.len > m)
@@ -159,7 +168,9 @@ size_t c10d__store_exec_reply_bound(struct c10d__store_table *t, const struct c1
         c10d__store_table_foreach_key(t, count_key, &n);
         return n;
     }
-    default: /* VALIDATE, SET, APPEND, MULTI_SET, QUEUE_PUSH; STATS: the host's */
-        return 0;
+    default: /* the fixed sizes; STATS: the host's */
+        return c10d__store_exec_fixed_reply[r->cmd] > 0
+                   ? (size_t)c10d__store_exec_fixed_reply[r->cmd]
+                   : 0;
     }
 }

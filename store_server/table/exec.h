@@ -25,6 +25,15 @@ struct c10d__store_exec_result {
     int64_t value;
 };
 
+/* What c10d__store_exec_reply_bound found on the way (GET's value), so that
+ * running the request right after needs no second lookup. Valid until the
+ * table changes. */
+struct c10d__store_exec_plan {
+    int looked_up;
+    int present;
+    struct c10d__wire_str value;
+};
+
 /* Runs `r` and appends its reply (nothing for commands without one, or for a
  * WAIT/BARRIER that now waits) to `out`. `client` parks waits and owns
  * watches; it may be NULL for every command but WAIT, BARRIER, WATCH_KEY and
@@ -34,13 +43,26 @@ struct c10d__store_exec_result {
  * reply may then be partly written), C10D_EUNSUPPORTED. A failed command
  * leaves the table as it was. */
 int c10d__store_exec(struct c10d__store_table *t, struct c10d__store_client *client,
-                     const struct c10d__wire_request *r, struct c10d__wire_buf *out,
-                     struct c10d__store_exec_result *res);
+                     const struct c10d__wire_request *r, const struct c10d__store_exec_plan *plan,
+                     struct c10d__wire_buf *out, struct c10d__store_exec_result *res);
 
 /* The size of the reply c10d__store_exec would write for `r` now (an upper
  * bound for COMPARE_SET; 0 for STATS, the host's), so a host can refuse or
- * defer a reply over its budget before the command changes anything. */
-size_t c10d__store_exec_reply_bound(struct c10d__store_table *t,
-                                    const struct c10d__wire_request *r);
+ * defer a reply over its budget before the command changes anything. `plan`
+ * (may be NULL) keeps what the lookup found for c10d__store_exec. Inline for
+ * the replies whose size the command table fixes (every request asks). */
+size_t c10d__store_exec_reply_lookup(struct c10d__store_table *t,
+                                     const struct c10d__wire_request *r,
+                                     struct c10d__store_exec_plan *plan);
+/* By command: the reply's size when the table cannot change it, else -1. */
+extern const signed char c10d__store_exec_fixed_reply[C10D_STORE_CMD_COUNT];
+
+static inline size_t c10d__store_exec_reply_bound(struct c10d__store_table *t,
+                                                  const struct c10d__wire_request *r,
+                                                  struct c10d__store_exec_plan *plan)
+{
+    int fixed = c10d__store_exec_fixed_reply[r->cmd];
+    return fixed >= 0 ? (size_t)fixed : c10d__store_exec_reply_lookup(t, r, plan);
+}
 
 #endif
