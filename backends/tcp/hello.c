@@ -19,12 +19,13 @@
 /* The hello, both ways (host byte order, as every frame):
  *   u32 magic, u16 version, u16 flags (answer: HELLO_ACCEPTED), u32 group id,
  *   u32 rank (the sender's), u32 world size, u32 token length, u64 job id,
- *   then the token. */
+ *   u32 note length, then the token and the note (cfg.hello_note). */
 size_t c10d__tcp_hello_encode(const struct c10d__tcp_transport *t, unsigned char *out,
                               uint16_t flags)
 {
     uint32_t magic = HELLO_MAGIC, gid = t->cfg.group_id, rank = (uint32_t)t->cfg.rank;
     uint32_t size = (uint32_t)t->cfg.size, tlen = (uint32_t)t->token_len;
+    uint32_t nlen = (uint32_t)t->note_len;
     uint16_t version = HELLO_VERSION;
     memcpy(out, &magic, 4);
     memcpy(out + 4, &version, 2);
@@ -34,15 +35,17 @@ size_t c10d__tcp_hello_encode(const struct c10d__tcp_transport *t, unsigned char
     memcpy(out + 16, &size, 4);
     memcpy(out + 20, &tlen, 4);
     memcpy(out + 24, &t->job_id, 8);
+    memcpy(out + 32, &nlen, 4);
     memcpy(out + HELLO_FIXED, t->token, t->token_len);
-    return HELLO_FIXED + t->token_len;
+    memcpy(out + HELLO_FIXED + t->token_len, t->note, t->note_len);
+    return HELLO_FIXED + t->token_len + t->note_len;
 }
 
 struct hello {
-    uint32_t magic, group_id, rank, size, token_len;
+    uint32_t magic, group_id, rank, size, token_len, note_len;
     uint16_t version, flags;
     uint64_t job_id;
-    const unsigned char *token;
+    const unsigned char *token, *note;
 };
 
 static void hello_decode(const unsigned char *in, struct hello *h)
@@ -55,7 +58,16 @@ static void hello_decode(const unsigned char *in, struct hello *h)
     memcpy(&h->size, in + 16, 4);
     memcpy(&h->token_len, in + 20, 4);
     memcpy(&h->job_id, in + 24, 8);
+    memcpy(&h->note_len, in + 32, 4);
     h->token = in + HELLO_FIXED;
+    h->note = h->token + h->token_len;
+}
+
+/* A peer admitted: what its hello says beyond who it is. */
+static void keep_note(struct c10d__tcp_transport *t, int r, const struct hello *h)
+{
+    memcpy(t->peers[r].note, h->note, h->note_len);
+    t->peers[r].note[h->note_len] = '\0';
 }
 
 /* What is wrong with a hello for this transport (NULL: nothing). The token
@@ -152,6 +164,7 @@ void c10d__tcp_accept_hello(struct conn *c)
         return;
     }
     c->rank = r;
+    keep_note(t, r, &h);
     hello_done(c);
 }
 
@@ -182,6 +195,7 @@ static void answer_hello(struct conn *c)
         c10d__tcp_conn_close(c);
         return;
     }
+    keep_note(t, rank, &h);
     hello_done(c);
 }
 
@@ -192,9 +206,10 @@ size_t c10d__tcp_hello_bytes(struct conn *c, const char *p, size_t n)
     struct c10d__tcp_transport *t = c->t;
     size_t want = HELLO_FIXED;
     if (c->hello_have >= HELLO_FIXED) {
-        uint32_t tlen;
+        uint32_t tlen, nlen;
         memcpy(&tlen, c->hello_in + 20, 4);
-        want += tlen;
+        memcpy(&nlen, c->hello_in + 32, 4);
+        want += tlen + nlen;
     }
     size_t k = want - c->hello_have < n ? want - c->hello_have : n;
     memcpy(c->hello_in + c->hello_have, p, k);
@@ -202,7 +217,8 @@ size_t c10d__tcp_hello_bytes(struct conn *c, const char *p, size_t n)
     if (c->hello_have == HELLO_FIXED) {
         struct hello h;
         hello_decode(c->hello_in, &h);
-        if (h.magic != HELLO_MAGIC || h.version != HELLO_VERSION || h.token_len > C10D_TOKEN_MAX) {
+        if (h.magic != HELLO_MAGIC || h.version != HELLO_VERSION || h.token_len > C10D_TOKEN_MAX ||
+            h.note_len > C10D_TCP_NOTE_MAX) {
             if (c->initiator) {
                 int rank = c->rank;
                 c10d__tcp_conn_close(c);
@@ -212,7 +228,7 @@ size_t c10d__tcp_hello_bytes(struct conn *c, const char *p, size_t n)
             }
             return k;
         }
-        want += h.token_len;
+        want += h.token_len + h.note_len;
     }
     if (c->hello_have == want) {
         if (c->initiator)

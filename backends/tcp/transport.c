@@ -58,6 +58,13 @@ int c10d__tcp_transport_new(const struct c10d__tcp_transport_config *cfg,
         return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
     }
     t->cfg = *cfg;
+    t->cfg.hello_note = NULL;
+    if (cfg->hello_note != NULL) {
+        t->note_len = strlen(cfg->hello_note);
+        if (t->note_len > C10D_TCP_NOTE_MAX)
+            t->note_len = C10D_TCP_NOTE_MAX;
+        memcpy(t->note, cfg->hello_note, t->note_len);
+    }
     t->up = &floors;
     t->loop = c10d__engine_loop();
     for (int r = 0; r < cfg->size; r++)
@@ -95,6 +102,11 @@ int c10d__tcp_transport_new(const struct c10d__tcp_transport_config *cfg,
     }
     *out = t;
     return 0;
+}
+
+const char *c10d__tcp_transport_peer_note(const struct c10d__tcp_transport *t, int r)
+{
+    return r >= 0 && r < t->cfg.size ? t->peers[r].note : "";
 }
 
 const char *c10d__tcp_transport_address(const struct c10d__tcp_transport *t)

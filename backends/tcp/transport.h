@@ -70,13 +70,24 @@ struct c10d__tcp_transport_config {
     /* Called once, on the first fatal error; the transport is closed right after. */
     void (*on_error)(void *arg, int status, const char *message);
     void *arg;
+    /* A text (up to C10D_TCP_NOTE_MAX bytes) this rank's handshake carries
+     * to every peer, and each peer's to it, so that what it says is as
+     * current as the peer itself (a store may still hold an earlier job's
+     * values); NULL: none. Copied. */
+    const char *hello_note;
 };
+
+#define C10D_TCP_NOTE_MAX 256
 
 /* Binds a listening socket on the chosen address (iface.c: C10D_SOCKET_IFNAME
  * or GLOO_SOCKET_IFNAME, else the local end of the route to the store, else
  * the hostname's address, else loopback). */
 int c10d__tcp_transport_new(const struct c10d__tcp_transport_config *cfg,
                             struct c10d__tcp_transport **out);
+
+/* The note rank r's handshake carried ("" before it met this rank, or if it
+ * had none). */
+const char *c10d__tcp_transport_peer_note(const struct c10d__tcp_transport *t, int r);
 
 /* "host:port" others reach this rank at. */
 const char *c10d__tcp_transport_address(const struct c10d__tcp_transport *t);

@@ -19,8 +19,8 @@
 #include <sys/socket.h>
 
 #define HDR_LEN     40
-#define HELLO_FIXED 32
-#define HELLO_MAX   (HELLO_FIXED + C10D_TOKEN_MAX)
+#define HELLO_FIXED 36
+#define HELLO_MAX   (HELLO_FIXED + C10D_TOKEN_MAX + C10D_TCP_NOTE_MAX)
 /* An inbound connection that has not completed its hello by then is closed:
  * a stranger (or a half-open socket) costs one descriptor for this long at
  * most, and never more than PENDING_MAX of them at once. */
@@ -94,6 +94,7 @@ struct peer {
     int gone;               /* said goodbye (destroyed its group cleanly) */
     int lost;               /* its connection broke: the transport fails after the grace period */
     size_t eager_out;       /* P2P eager bytes sent, not yet acknowledged */
+    char note[C10D_TCP_NOTE_MAX + 1]; /* what its handshake carried */
 };
 
 struct conn {
@@ -159,6 +160,8 @@ struct c10d__tcp_transport {
     char published[INET6_ADDRSTRLEN + 40]; /* address, and the job id on rank 0 */
     uint8_t token[C10D_TOKEN_MAX];
     size_t token_len;
+    char note[C10D_TCP_NOTE_MAX + 1]; /* cfg.hello_note's copy */
+    size_t note_len;
     uint64_t stranger_log_ms, strangers_unlogged;
     int first_lost; /* the first peer whose connection broke */
     int handles;    /* open uv handles; freed once 0 after free was asked */
