@@ -1,7 +1,8 @@
 #!/bin/sh
-# Peer comparison in one go, on this machine: c10d-bench (tcp backend),
-# torch.distributed gloo, Open MPI (TCP only) and iperf3 (the loopback limit),
-# all_reduce float32 SUM from 4 B to 64 MiB, for 2 and 4 ranks.
+# Peer comparison in one go, on this machine: c10d-bench (tcp backend, with
+# its shared-memory all_reduce and with C10D_SHM=0), torch.distributed gloo,
+# Open MPI over TCP and over shared memory (btl vader) and iperf3 (the
+# loopback limit), all_reduce float32 SUM from 4 B to 64 MiB, 2 and 4 ranks.
 #   bench/peer_compare.sh [BUILD_DIR] [RANKS...]       (default: build 2 4)
 # Prints time (us) and busbw (GB/s) side by side with ratios.
 set -eu
@@ -46,12 +47,12 @@ iterations() { # bytes -> iterations, the rule of gloo_allreduce.py and mpi_allr
     [ $i -gt 1000 ] && i=1000
     echo $i
 }
-c10d_sweep() { # ranks bind -> "size time busbw" lines
+c10d_sweep() { # ranks bind shm -> "size time busbw" lines
     size=$min
     while [ "$size" -le "$max" ]; do
         it=$(iterations "$size")
         w=$((it / 10)); [ $w -lt 2 ] && w=2
-        "$run" -n "$1" --bind-to "$2" --no-prefix "$bench" -o all_reduce -d float32 -r sum \
+        C10D_SHM=$3 "$run" -n "$1" --bind-to "$2" --no-prefix "$bench" -o all_reduce -d float32 -r sum \
             -b "$size" -e "$size" -n "$it" -w "$w" -z 1 -c 0 \
             | awk '$1 ~ /^[0-9]+$/ && NF >= 9 {print $1, $6, $8; fflush()}'
         size=$((size * factor))
@@ -61,8 +62,10 @@ for n in $ranks; do
     binds=none
     [ "$n" -le "$cpus" ] && binds="core none"
     for bind in $binds; do
-        echo "== $n ranks, --bind-to $bind: c10d-bench (tcp) =="
-        c10d_sweep "$n" "$bind" | tee "$tmp/c10d.$n.$bind"
+        echo "== $n ranks, --bind-to $bind: c10d-bench (shared memory) =="
+        c10d_sweep "$n" "$bind" 1 | tee "$tmp/c10d.$n.$bind"
+        echo "== $n ranks, --bind-to $bind: c10d-bench (tcp, C10D_SHM=0) =="
+        c10d_sweep "$n" "$bind" 0 | tee "$tmp/c10dtcp.$n.$bind"
         echo "== $n ranks, --bind-to $bind: torch gloo =="
         "$run" -n "$n" --bind-to "$bind" --no-prefix /usr/bin/python3 bench/peer/gloo_allreduce.py \
             --min $min --max $max --factor $factor | tee "$tmp/gloo.$n.$bind"
@@ -70,6 +73,10 @@ for n in $ranks; do
         mpirun --allow-run-as-root --oversubscribe --bind-to "$bind" -np "$n" --mca pml ob1 \
             --mca btl tcp,self --mca btl_tcp_if_include lo "$tmp/mpi_allreduce" $min $max $factor \
             | tee "$tmp/mpi.$n.$bind"
+        echo "== $n ranks, --bind-to $bind: Open MPI (btl vader,self: shared memory) =="
+        mpirun --allow-run-as-root --oversubscribe --bind-to "$bind" -np "$n" --mca pml ob1 \
+            --mca btl vader,self "$tmp/mpi_allreduce" $min $max $factor \
+            | tee "$tmp/vader.$n.$bind"
     done
 done
 
@@ -98,13 +105,19 @@ def best(kind, n):
 def ratio(a, b):
     return "%.2f" % (a / b) if a and b else "n/a"
 print("\nloopback limit (iperf3, 1 stream): %s GB/s" % loop)
+kinds = [("c10d", "c10d shm"), ("c10dtcp", "c10d tcp"), ("gloo", "gloo"), ("mpi", "mpi tcp"),
+         ("vader", "mpi vader")]
 for n in ranks:
-    c, g, m = (best(k, n) for k in ("c10d", "gloo", "mpi"))
-    print("\nall_reduce float32 sum, %s ranks, each peer's best of bound and unbound (time in us, busbw in GB/s; time ratio < 1 and busbw ratio > 1 favour c10d)" % n)
-    print("%10s | %10s %10s %10s | %7s %7s | %7s %7s %7s | %7s %7s" % (
-        "size", "c10d", "gloo", "mpi", "t/gloo", "t/mpi", "bw c10d", "bw gloo", "bw mpi", "bw/gloo", "bw/mpi"))
-    for size in sorted(set(c) | set(g) | set(m)):
-        ct, cb = c.get(size, (0, 0)); gt, gb = g.get(size, (0, 0)); mt, mb = m.get(size, (0, 0))
-        print("%10d | %10.1f %10.1f %10.1f | %7s %7s | %7.3f %7.3f %7.3f | %7s %7s" % (
-            size, ct, gt, mt, ratio(ct, gt), ratio(ct, mt), cb, gb, mb, ratio(cb, gb), ratio(cb, mb)))
+    rows = {k: best(k, n) for k, _ in kinds}
+    c = rows["c10d"]
+    print("\nall_reduce float32 sum, %s ranks, each peer's best of bound and unbound; time (us) "
+          "per peer, then c10d shm's time ratio to each (< 1 favours c10d shm), then busbw (GB/s)"
+          % n)
+    print("%10s | " % "size" + " ".join("%10s" % name for _, name in kinds) + " | " +
+          " ".join("%9s" % ("/" + k) for k, _ in kinds[1:]) + " | " + " ".join("%9s" % ("bw " + k) for k, _ in kinds))
+    for size in sorted(set().union(*[set(r) for r in rows.values()])):
+        t = {k: rows[k].get(size, (0, 0)) for k, _ in kinds}
+        print("%10d | " % size + " ".join("%10.1f" % t[k][0] for k, _ in kinds) + " | " +
+              " ".join("%9s" % ratio(c.get(size, (0, 0))[0], t[k][0]) for k, _ in kinds[1:]) +
+              " | " + " ".join("%9.3f" % t[k][1] for k, _ in kinds))
 PY

@@ -18,10 +18,14 @@
 #include "coll.h"
 #include "transport.h"
 
+#include "backends/shm/allreduce.h"
+#include "backends/shm/path.h"
+
 #include "engine/env.h"
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/loop.h"
+#include "engine/poller.h"
 #include "engine/kernels/reduce.h"
 #include "engine/work.h"
 #include "store_server/client/store.h"
@@ -58,6 +62,10 @@ struct tcp_op {
     int any_source;  /* a single receive from any source: report the sender */
     uint64_t start_ms;
     struct c10d__tcp_coll coll;
+    /* all_reduce on shared memory: polled by the loop until done */
+    struct c10d__poll_item poll;
+    struct c10d__shm_allreduce shm;
+    int shm_status;
 };
 
 struct tcp_state {
@@ -88,6 +96,13 @@ struct tcp_state {
     /* Where peers' addresses are read again (an attempt failed) or, lazily,
      * first (lookup_addr). */
     c10d_store *lookup_store;
+    /* Every rank on this host: all_reduce runs on this segment (docs/shm.md). */
+    struct c10d__shm_seg *shm;
+    struct c10d__poll_queue shm_polls;
+    int shm_offered;                  /* this rank's handshake carries a shm note */
+    int shm_lost;                     /* chosen, but not mapped here (shm_error says why) */
+    char shm_note[C10D_SHM_NOTE_MAX]; /* docs/shm.md */
+    char shm_error[1024];
 };
 
 static void state_unref(struct tcp_state *s);
@@ -141,6 +156,7 @@ static void state_free(struct tcp_state *s)
     if (s->lookup_store != NULL)
         c10d_store_release(s->lookup_store);
     free_dead(s);
+    c10d__shm_free(s->shm);
     free(s->scratch);
     free(s->group_name);
     free(s);
@@ -238,6 +254,12 @@ static void group_fail(struct tcp_state *s, int status, const char *fmt, ...)
     C10D_WARN("tcp", "group %s rank %d failed: %s", s->group_name, s->rank, s->poison_msg);
     if (s->t != NULL)
         c10d__tcp_transport_fail(s->t, status, s->poison_msg);
+    /* A shared-memory op stops being polled: its peers may never come. */
+    for (struct c10d__poll_item *it = c10d__poll_cancel(&s->shm_polls), *next; it != NULL;
+         it = next) {
+        next = it->next;
+        op_unref((struct tcp_op *)((char *)it - offsetof(struct tcp_op, poll)));
+    }
     while (s->active != NULL)
         op_complete(s, s->active, status, s->poison_msg);
     while (s->queue_head != NULL)
@@ -324,6 +346,53 @@ static void coll_finished(struct c10d__tcp_coll *c, int status)
     op_complete(s, o, 0, NULL);
 }
 
+/* ---------------------------------------------- shared-memory all_reduce */
+
+static int shm_ready(struct c10d__poll_item *item)
+{
+    struct tcp_op *o = (struct tcp_op *)((char *)item - offsetof(struct tcp_op, poll));
+    if (o->completed)
+        return 1;
+    int moved;
+    o->shm_status = c10d__shm_allreduce_progress(&o->shm, &moved);
+    if (moved)
+        c10d__engine_busy(); /* a peer is here: keep polling on every turn */
+    if (o->shm_status < 0)
+        snprintf(o->s->shm_error, sizeof o->s->shm_error, "%s", c10d_last_error());
+    return o->shm_status != 0;
+}
+
+static void shm_done(struct c10d__poll_item *item)
+{
+    struct tcp_op *o = (struct tcp_op *)((char *)item - offsetof(struct tcp_op, poll));
+    if (!o->completed) {
+        if (o->shm_status < 0)
+            c10d__fail(o->shm_status, "%s", o->s->shm_error);
+        coll_finished(&o->coll, o->shm_status < 0 ? o->shm_status : 0);
+    }
+    op_unref(o);
+}
+
+/* Runs as far as it can now; the poller takes it from there. */
+static int shm_all_reduce(struct tcp_op *o)
+{
+    struct c10d__tcp_coll *c = &o->coll;
+    c10d__shm_allreduce_start(&o->shm, o->s->shm, c->op, (uint32_t)(o->idx & 0xff), &c->fp);
+    o->poll.ready = shm_ready;
+    o->poll.done = shm_done;
+    o->refs++;
+    if (shm_ready(&o->poll)) {
+        shm_done(&o->poll);
+        return 0;
+    }
+    int rc = c10d__poll_push(&o->s->shm_polls, &o->poll);
+    if (rc < 0) {
+        op_unref(o);
+        return c10d__fail(rc, "tcp ALLREDUCE: the engine is shutting down");
+    }
+    return 0;
+}
+
 static void run_member(struct tcp_op *o)
 {
     struct tcp_state *s = o->s;
@@ -342,12 +411,16 @@ static void run_member(struct tcp_op *o)
     c->finished = coll_finished;
     c10d__fp_of(op, &c->fp);
     c10d__tcp_expect(s->t, op->seq, (uint32_t)(o->idx & 0xff), &c->fp);
+    if (s->shm != NULL)
+        c10d__shm_announce(s->shm, op->seq, (uint32_t)(o->idx & 0xff), &c->fp);
     if (o->completed)
         return; /* frames already here disagree: the group failed */
     int rc;
     switch (op->kind) {
     case C10D_OP_ALL_REDUCE:
-        rc = c10d__tcp_all_reduce(c);
+        rc = s->shm != NULL ? shm_all_reduce(o)
+             : s->shm_lost  ? c10d__fail(C10D_ECLOSED, "%s", s->shm_error)
+                            : c10d__tcp_all_reduce(c);
         break;
     case C10D_OP_BROADCAST:
         rc = c10d__tcp_broadcast(c);
@@ -619,8 +692,18 @@ int c10d__tcp_open(const struct c10d__backend_config *cfg, void **state, const c
         free(s);
         return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
     }
+    if (c10d__shm_wanted(cfg->size) && !tc.lazy) {
+        s->shm_offered = 1;
+        if (c10d__shm_note(cfg->rank, cfg->size, s->shm_note, sizeof s->shm_note, &s->shm) < 0) {
+            free(s->group_name);
+            free(s);
+            return C10D_ENOMEM;
+        }
+        tc.hello_note = s->shm_note;
+    }
     int rc = c10d__tcp_transport_new(&tc, &s->t);
     if (rc < 0) {
+        c10d__shm_free(s->shm);
         free(s->group_name);
         free(s);
         return rc;
@@ -630,9 +713,46 @@ int c10d__tcp_open(const struct c10d__backend_config *cfg, void **state, const c
     return 0;
 }
 
+/* Every peer met, each handshake with its note: every rank decides alike
+ * (docs/shm.md). 0, or < 0 if the group cannot run consistently. */
+static int choose_shm(struct tcp_state *s)
+{
+    if (!s->shm_offered)
+        return 0;
+    const char **notes = calloc((size_t)s->size, sizeof *notes);
+    if (notes == NULL)
+        return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
+    for (int r = 0; r < s->size; r++)
+        notes[r] = r == s->rank ? s->shm_note : c10d__tcp_transport_peer_note(s->t, r);
+    int rc = c10d__shm_decide(s->rank, s->size, notes, &s->shm);
+    free(notes);
+    if (rc < 0 && s->rank != 0) {
+        /* Rank 0 was here for the handshake, yet its segment is gone: it most
+         * likely destroyed the group already (nothing waits for a slower
+         * rank). Creation succeeds, as it would on tcp; an all_reduce fails
+         * the group, telling the peers why. */
+        s->shm_lost = 1;
+        snprintf(s->shm_error, sizeof s->shm_error,
+                 "the group's shared memory could not be mapped at its creation (rank 0 had "
+                 "left the group, or: %s)",
+                 c10d_last_error());
+        C10D_INFO("shm", "group %s rank %d: %s", s->group_name, s->rank, s->shm_error);
+        return 0;
+    }
+    if (rc >= 0 && s->rank == 0)
+        C10D_INFO("shm", "group %s: %s", s->group_name,
+                  rc ? "every rank is on this host: all_reduce runs on shared memory"
+                     : "tcp only (ranks on several hosts, or C10D_SHM=0 on one)");
+    return rc < 0 ? c10d__fail(rc, "tcp: group %s, rank %d: %s", s->group_name, s->rank,
+                               c10d_last_error())
+                  : 0;
+}
+
 static void on_connected(void *arg, int status)
 {
     struct tcp_state *s = arg;
+    if (status == 0)
+        status = choose_shm(s);
     void (*done)(void *, int) = s->connect_done;
     s->connect_done = NULL;
     if (done != NULL)

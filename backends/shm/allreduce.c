@@ -1,0 +1,205 @@
+/* all_reduce through the shared segment (allreduce.h). Memory order: a rank
+ * writes its slot and stamp, then stores `arrive` with release; a reader
+ * loads `arrive` with acquire before it reads that slot, so it sees the
+ * data. `reduced` orders the reduced slice the same way. Reusing a slot two
+ * chunks later waits until every peer's `arrive` (acquire) shows it moved
+ * past the chunk in between, which it only does after its last read of the
+ * slot. */
+#include "allreduce.h"
+
+#include "engine/error.h"
+#include "engine/kernels/reduce.h"
+
+#include <string.h>
+
+enum { PH_WRITE, PH_REDUCE, PH_GATHER, PH_DONE };
+
+void c10d__shm_allreduce_start(struct c10d__shm_allreduce *a, struct c10d__shm_seg *seg,
+                               const struct c10d__op *op, uint32_t member,
+                               const struct c10d__fp *fp)
+{
+    memset(a, 0, sizeof *a);
+    a->seg = seg;
+    a->op = op;
+    a->member = member;
+    a->fp = *fp;
+    a->esz = c10d_dtype_size(op->dtype);
+    a->chunk_elems = seg->slot_bytes / a->esz;
+    a->phase = op->count == 0 ? PH_DONE : PH_WRITE;
+    if (a->phase == PH_WRITE)
+        a->gen = ++seg->gen;
+}
+
+/* Every rank's `arrive` (or `reduced`) has reached `gen`. */
+static int all_at(const struct c10d__shm_seg *seg, int reduced, uint64_t gen)
+{
+    for (int r = 0; r < seg->nranks; r++) {
+        const _Atomic uint64_t *c = reduced ? &seg->ctl[r].reduced : &seg->ctl[r].arrive;
+        if (atomic_load_explicit(c, memory_order_acquire) < gen)
+            return 0;
+    }
+    return 1;
+}
+
+/* While waiting for peers: one that announced this very collective with
+ * another fingerprint runs something else (on tcp, say), and will never
+ * come. */
+static int check_waited(const struct c10d__shm_allreduce *a)
+{
+    const struct c10d__shm_seg *seg = a->seg;
+    struct c10d__fp theirs;
+    for (int r = 0; r < seg->nranks; r++) {
+        if (r == seg->rank ||
+            !c10d__shm_peer_differs(seg, r, a->op->seq, a->member, &a->fp, &theirs))
+            continue;
+        char msg[768];
+        c10d__fp_mismatch_message(msg, sizeof msg, a->op->seq, a->member, seg->rank, &a->fp, r,
+                                  &theirs);
+        return c10d__fail(C10D_EINVAL, "%s", msg);
+    }
+    return 0;
+}
+
+static int check_stamps(struct c10d__shm_allreduce *a)
+{
+    const struct c10d__shm_seg *seg = a->seg;
+    for (int r = 0; r < seg->nranks; r++) {
+        const struct c10d__shm_stamp *st = &seg->ctl[r].stamp[a->gen & 1];
+        if (st->gen == a->gen && st->seq == a->op->seq && c10d__fp_equal(&st->fp, &a->fp))
+            continue;
+        char msg[768];
+        if (st->gen != a->gen || st->seq != a->op->seq)
+            snprintf(msg, sizeof msg,
+                     "shm ALLREDUCE (seq %llu): rank %d is at another collective (seq %llu, "
+                     "chunk %llu; this rank: chunk %llu)",
+                     (unsigned long long)a->op->seq, r, (unsigned long long)st->seq,
+                     (unsigned long long)st->gen, (unsigned long long)a->gen);
+        else
+            c10d__fp_mismatch_message(msg, sizeof msg, a->op->seq, 0, seg->rank, &a->fp, r,
+                                      &st->fp);
+        return c10d__fail(C10D_EINVAL, "%s", msg);
+    }
+    return 0;
+}
+
+static size_t chunk_count(const struct c10d__shm_allreduce *a)
+{
+    size_t left = a->op->count - a->done_elems;
+    return left < a->chunk_elems ? left : a->chunk_elems;
+}
+
+static int write_slot(struct c10d__shm_allreduce *a)
+{
+    struct c10d__shm_seg *seg = a->seg;
+    const struct c10d__op *op = a->op;
+    size_t n = chunk_count(a);
+    char *slot = c10d__shm_slot(seg, seg->rank, a->gen);
+    memcpy(slot, (const char *)op->send + a->done_elems * a->esz, n * a->esz);
+    if (op->redop == C10D_PREMUL_SUM)
+        C10D_CHECK(c10d__reduce_premul(slot, n, op->dtype, op->premul_factor));
+    struct c10d__shm_stamp *st = &seg->ctl[seg->rank].stamp[a->gen & 1];
+    st->gen = a->gen;
+    st->seq = op->seq;
+    st->fp = a->fp;
+    atomic_store_explicit(&seg->ctl[seg->rank].arrive, a->gen, memory_order_release);
+    return 0;
+}
+
+/* Small chunks: out = slot 0 op slot 1 op ... in rank order. */
+static int reduce_all(struct c10d__shm_allreduce *a)
+{
+    const struct c10d__shm_seg *seg = a->seg;
+    const struct c10d__op *op = a->op;
+    size_t n = chunk_count(a);
+    char *out = (char *)op->recv + a->done_elems * a->esz;
+    memcpy(out, c10d__shm_slot(seg, 0, a->gen), n * a->esz);
+    for (int r = 1; r < seg->nranks; r++)
+        C10D_CHECK(c10d__reduce(out, c10d__shm_slot(seg, r, a->gen), n, op->dtype, op->redop));
+    return c10d__reduce_finish(out, n, op->dtype, op->redop, seg->nranks);
+}
+
+static void slice_of(const struct c10d__shm_allreduce *a, int r, size_t *lo, size_t *cnt)
+{
+    size_t n = chunk_count(a), p = (size_t)a->seg->nranks;
+    *lo = n * (size_t)r / p;
+    *cnt = n * (size_t)(r + 1) / p - *lo;
+}
+
+/* Large chunks: this rank's slice of every slot, reduced into its own slot. */
+static int reduce_slice(struct c10d__shm_allreduce *a)
+{
+    struct c10d__shm_seg *seg = a->seg;
+    const struct c10d__op *op = a->op;
+    size_t lo, cnt;
+    slice_of(a, seg->rank, &lo, &cnt);
+    char *dst = c10d__shm_slot(seg, seg->rank, a->gen) + lo * a->esz;
+    for (int r = 0; r < seg->nranks; r++)
+        if (r != seg->rank)
+            C10D_CHECK(c10d__reduce(dst, c10d__shm_slot(seg, r, a->gen) + lo * a->esz, cnt,
+                                    op->dtype, op->redop));
+    C10D_CHECK(c10d__reduce_finish(dst, cnt, op->dtype, op->redop, seg->nranks));
+    atomic_store_explicit(&seg->ctl[seg->rank].reduced, a->gen, memory_order_release);
+    return 0;
+}
+
+static void gather_slices(struct c10d__shm_allreduce *a)
+{
+    const struct c10d__shm_seg *seg = a->seg;
+    char *out = (char *)a->op->recv + a->done_elems * a->esz;
+    for (int r = 0; r < seg->nranks; r++) {
+        size_t lo, cnt;
+        slice_of(a, r, &lo, &cnt);
+        memcpy(out + lo * a->esz, c10d__shm_slot(seg, r, a->gen) + lo * a->esz, cnt * a->esz);
+    }
+}
+
+static void next_chunk(struct c10d__shm_allreduce *a)
+{
+    a->done_elems += chunk_count(a);
+    if (a->done_elems == a->op->count) {
+        a->phase = PH_DONE;
+        return;
+    }
+    a->gen = ++a->seg->gen;
+    a->phase = PH_WRITE;
+}
+
+int c10d__shm_allreduce_progress(struct c10d__shm_allreduce *a, int *moved)
+{
+    struct c10d__shm_seg *seg = a->seg;
+    *moved = 0;
+    for (;;) {
+        switch (a->phase) {
+        case PH_WRITE:
+            /* Our slot for this chunk was last read two chunks ago. */
+            if (!all_at(seg, 0, a->gen - 1))
+                return check_waited(a);
+            C10D_CHECK(write_slot(a));
+            a->phase = PH_REDUCE;
+            *moved = 1;
+            break;
+        case PH_REDUCE:
+            if (!all_at(seg, 0, a->gen))
+                return check_waited(a);
+            C10D_CHECK(check_stamps(a));
+            *moved = 1;
+            if (chunk_count(a) * a->esz <= C10D_SHM_SMALL_MAX) {
+                C10D_CHECK(reduce_all(a));
+                next_chunk(a);
+            } else {
+                C10D_CHECK(reduce_slice(a));
+                a->phase = PH_GATHER;
+            }
+            break;
+        case PH_GATHER:
+            if (!all_at(seg, 1, a->gen))
+                return check_waited(a);
+            gather_slices(a);
+            *moved = 1;
+            next_chunk(a);
+            break;
+        default:
+            return 1;
+        }
+    }
+}

@@ -1,0 +1,88 @@
+/* A shared-memory segment for the ranks of one group on one host: a memfd
+ * made by the group's rank 0 and opened by the others through
+ * /proc/<pid>/fd/<fd>, so no name exists that could outlive the job (the
+ * memory goes when the last rank unmaps it, kill -9 included) and only a
+ * process allowed to read rank 0's descriptors (its user, in its pid
+ * namespace) can map it.
+ *
+ * Layout: a header page (magic, nonce, ranks, slot size), then a control
+ * block per rank (its counters, each on its own cache lines), then each
+ * rank's two data slots (double buffering: a rank fills one while its peers
+ * still read the other). docs/shm.md has the protocol that uses them.
+ *
+ * Any thread; a segment is used by one thread at a time (the loop's). */
+#ifndef C10D_BACKENDS_SHM_SEGMENT_H
+#define C10D_BACKENDS_SHM_SEGMENT_H
+
+#include "backends/fingerprint.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define C10D_SHM_HOST_ID_MAX 160
+#define C10D_SHM_REF_MAX     64
+
+/* What a rank publishes of one slot's contents with its arrival. */
+struct c10d__shm_stamp {
+    uint64_t gen; /* the chunk it belongs to */
+    uint64_t seq; /* the op's sequence number */
+    struct c10d__fp fp;
+};
+
+/* One rank's control block: what it has done, each counter alone on a pair of
+ * cache lines so that a rank polling one does not steal the line its owner
+ * writes next. */
+struct c10d__shm_ctl {
+    _Atomic uint64_t arrive; /* its slot for chunk `arrive` is written */
+    struct c10d__shm_stamp stamp[2];
+    /* The collective it runs now, on either path (c10d__shm_announce): a
+     * seqlock, `ann_seq` 0 while the words change. */
+    _Atomic uint64_t ann_seq, ann_member, ann_fp[2];
+    char pad1[128 - 5 * sizeof(uint64_t) - 2 * sizeof(struct c10d__shm_stamp)];
+    _Atomic uint64_t reduced; /* its slice of chunk `reduced` is reduced */
+    char pad2[128 - sizeof(uint64_t)];
+};
+
+struct c10d__shm_seg {
+    void *base;
+    size_t map_bytes;
+    int fd; /* rank 0's memfd (kept so that late peers can open it), else -1 */
+    int nranks, rank;
+    size_t slot_bytes;
+    struct c10d__shm_ctl *ctl; /* nranks of them */
+    char *data;
+    uint64_t gen; /* chunks run so far: the same count on every rank */
+};
+
+/* This process's host identity for the shm path, or "" when it has none:
+ * equal ids (same boot, user, pid and network namespace, host name) can map
+ * each other's memfds through /proc, and are treated as one host. */
+void c10d__shm_host_id(char *buf, size_t cap);
+
+/* Rank 0: makes the segment for `nranks` ranks with `slot_bytes` slots; `ref`
+ * gets the text the others attach with. */
+int c10d__shm_create(int nranks, size_t slot_bytes, struct c10d__shm_seg **out, char *ref,
+                     size_t cap);
+/* The others: maps the segment `ref` names and checks that it is the one made
+ * for these `nranks` ranks. */
+int c10d__shm_attach(const char *ref, int nranks, int rank, struct c10d__shm_seg **out);
+void c10d__shm_free(struct c10d__shm_seg *seg);
+
+/* This rank starts collective (seq, member) with fingerprint fp, on shared
+ * memory or not: a rank waiting on the segment for a peer that runs another
+ * collective over tcp can tell (c10d__shm_peer_differs). */
+void c10d__shm_announce(struct c10d__shm_seg *seg, uint64_t seq, uint32_t member,
+                        const struct c10d__fp *fp);
+/* 1 if rank r announced (seq, member) with a fingerprint other than `fp`
+ * (then *theirs is it); 0 if it did not (yet), or agrees. */
+int c10d__shm_peer_differs(const struct c10d__shm_seg *seg, int r, uint64_t seq, uint32_t member,
+                           const struct c10d__fp *fp, struct c10d__fp *theirs);
+
+/* Rank r's slot for chunk `gen`. */
+static inline char *c10d__shm_slot(const struct c10d__shm_seg *seg, int r, uint64_t gen)
+{
+    return seg->data + ((size_t)r * 2 + (gen & 1)) * seg->slot_bytes;
+}
+
+#endif

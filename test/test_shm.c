@@ -1,0 +1,280 @@
+/* The shared-memory path (docs/shm.md): the choice every rank draws from the
+ * handshake notes (one host id for all, C10D_SHM=0 on one rank, another
+ * host), attaching and its errors, all_reduce through the public API with
+ * small slots (many chunks, both reduction schemes) and a rank that opts out,
+ * and no named segment left anywhere after every rank is killed mid-op. The
+ * full dtype x reduce-op matrix runs in test_tcp_algorithms_shm (ctest). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "backends/shm/allreduce.h"
+#include "backends/shm/path.h"
+#include "c10d.h"
+#include "mp_harness.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------ the choice, alone */
+
+static void test_host_id(void **st)
+{
+    (void)st;
+    char a[C10D_SHM_HOST_ID_MAX], b[C10D_SHM_HOST_ID_MAX];
+    c10d__shm_host_id(a, sizeof a);
+    c10d__shm_host_id(b, sizeof b);
+    assert_true(a[0] != '\0'); /* Linux with /proc: always */
+    assert_string_equal(a, b);
+}
+
+/* Rank 0's side of three groups: one host, one rank elsewhere, one rank
+ * that said C10D_SHM=0 (published nothing). */
+static void test_decide(void **st)
+{
+    (void)st;
+    char mine[C10D_SHM_NOTE_MAX];
+    struct c10d__shm_seg *seg = NULL;
+    assert_int_equal(c10d__shm_note(0, 3, mine, sizeof mine, &seg), 0);
+    assert_non_null(seg);
+    char id[C10D_SHM_HOST_ID_MAX];
+    c10d__shm_host_id(id, sizeof id);
+    assert_true(strncmp(mine, id, strlen(id)) == 0 && mine[strlen(id)] == ',');
+
+    const char *same[3] = {mine, id, id};
+    assert_int_equal(c10d__shm_decide(0, 3, same, &seg), 1);
+    assert_non_null(seg);
+
+    const char *other_host[3] = {mine, id, "another-boot.1000.4026531836"};
+    assert_int_equal(c10d__shm_decide(0, 3, other_host, &seg), 0);
+    assert_null(seg); /* rank 0's segment is freed */
+
+    const char *opted_out[3] = {"", id, id}; /* rank 0 itself said 0 */
+    assert_int_equal(c10d__shm_decide(1, 3, opted_out, &seg), 0);
+    const char *peer_out[3] = {mine, "", id};
+    assert_int_equal(c10d__shm_decide(2, 3, peer_out, &seg), 0);
+    assert_null(seg);
+}
+
+static void test_attach_errors(void **st)
+{
+    (void)st;
+    struct c10d__shm_seg *seg = NULL, *peer = NULL;
+    char ref[C10D_SHM_REF_MAX];
+    assert_int_equal(c10d__shm_attach("nonsense", 2, 1, &peer), C10D_EPROTO);
+    assert_non_null(strstr(c10d_last_error(), "malformed"));
+    /* A process that cannot exist: the message says how to opt out. */
+    assert_int_equal(c10d__shm_attach("2147483647.3.00ff.4096", 2, 1, &peer), C10D_EIO);
+    assert_non_null(strstr(c10d_last_error(), "C10D_SHM=0"));
+
+    assert_int_equal(c10d__shm_create(2, 4096, &seg, ref, sizeof ref), 0);
+    assert_int_equal(c10d__shm_attach(ref, 2, 1, &peer), 0);
+    c10d__shm_free(peer);
+    /* Made for 2 ranks: not a segment for 3. */
+    assert_int_equal(c10d__shm_attach(ref, 3, 1, &peer), C10D_EPROTO);
+    /* Another nonce: not the segment rank 0 announced. */
+    char wrong[C10D_SHM_REF_MAX];
+    snprintf(wrong, sizeof wrong, "%s", ref);
+    char *nonce = strchr(strchr(wrong, '.') + 1, '.') + 1;
+    nonce[0] = nonce[0] == '0' ? '1' : '0';
+    assert_int_equal(c10d__shm_attach(wrong, 2, 1, &peer), C10D_EPROTO);
+    assert_non_null(strstr(c10d_last_error(), "not the segment"));
+    c10d__shm_free(seg);
+}
+
+/* Two ranks in one process, stepped by hand: one waits for the other. */
+static void test_state_machine(void **st)
+{
+    (void)st;
+    struct c10d__shm_seg *s0 = NULL, *s1 = NULL;
+    char ref[C10D_SHM_REF_MAX];
+    assert_int_equal(c10d__shm_create(2, 4096, &s0, ref, sizeof ref), 0);
+    assert_int_equal(c10d__shm_attach(ref, 2, 1, &s1), 0);
+    enum { N = 5000 }; /* 5 chunks of 1024 floats: small scheme */
+    static float a[N], b[N], ra[N], rb[N];
+    for (int i = 0; i < N; i++) {
+        a[i] = (float)i;
+        b[i] = 1.0f;
+    }
+    struct c10d__op op0 = {.kind = C10D_OP_ALL_REDUCE,
+                           .send = a,
+                           .recv = ra,
+                           .count = N,
+                           .dtype = C10D_FLOAT32,
+                           .redop = C10D_SUM,
+                           .seq = 1};
+    struct c10d__op op1 = op0;
+    op1.send = b;
+    op1.recv = rb;
+    struct c10d__fp fp;
+    c10d__fp_of(&op0, &fp);
+    struct c10d__shm_allreduce x0, x1;
+    c10d__shm_allreduce_start(&x0, s0, &op0, 0, &fp);
+    c10d__shm_allreduce_start(&x1, s1, &op1, 0, &fp);
+    int moved;
+    assert_int_equal(c10d__shm_allreduce_progress(&x0, &moved), 0); /* rank 1 is not there */
+    assert_true(moved);                                             /* it wrote its slot */
+    assert_int_equal(c10d__shm_allreduce_progress(&x0, &moved), 0);
+    assert_false(moved);
+    int d0 = 0, d1 = 0;
+    for (int i = 0; i < 100 && !(d0 && d1); i++) {
+        if (!d1)
+            d1 = c10d__shm_allreduce_progress(&x1, &moved);
+        if (!d0)
+            d0 = c10d__shm_allreduce_progress(&x0, &moved);
+    }
+    assert_int_equal(d0, 1);
+    assert_int_equal(d1, 1);
+    for (int i = 0; i < N; i++) {
+        assert_true(ra[i] == (float)i + 1.0f);
+        assert_true(rb[i] == ra[i]);
+    }
+    /* A different count on rank 1: both ranks fail, naming the difference. */
+    op1.count = N - 1;
+    op0.seq = op1.seq = 2;
+    struct c10d__fp fp1;
+    c10d__fp_of(&op1, &fp1);
+    c10d__shm_allreduce_start(&x0, s0, &op0, 0, &fp);
+    c10d__shm_allreduce_start(&x1, s1, &op1, 0, &fp1);
+    c10d__shm_allreduce_progress(&x0, &moved);
+    assert_true(c10d__shm_allreduce_progress(&x1, &moved) < 0);
+    assert_non_null(strstr(c10d_last_error(), "mismatch"));
+    assert_true(c10d__shm_allreduce_progress(&x0, &moved) < 0);
+    c10d__shm_free(s1);
+    c10d__shm_free(s0);
+}
+
+/* ------------------------------------------------- through the public API */
+
+static int count_dev_shm(void)
+{
+    DIR *d = opendir("/dev/shm");
+    int n = 0;
+    if (d == NULL)
+        return 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+struct job {
+    const char *slot; /* C10D_SHM_SLOT_BYTES */
+    int opt_out_rank; /* this rank sets C10D_SHM=0; -1: none */
+    int die;          /* every rank kills itself inside an all_reduce */
+};
+
+static int job_main(int rank, int n, void *arg)
+{
+    const struct job *j = arg;
+    setenv("C10D_SHM", rank == j->opt_out_rank ? "0" : "1", 1);
+    if (j->slot != NULL)
+        setenv("C10D_SHM_SLOT_BYTES", j->slot, 1);
+    c10d_pg_opts po = {0};
+    po.timeout_ms = 60000;
+    c10d_pg *pg = NULL;
+    MP_CHECK(c10d_pg_init(&po, &pg) == 0, "init: %s", c10d_last_error());
+    /* Sizes around the slot and the small/large switch, odd counts. */
+    static const size_t counts[] = {1, 3, 1023, 1024, 1025, 4097, 70001, 1 << 20};
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        size_t c = counts[k];
+        int64_t *x = malloc(c * sizeof *x);
+        double *y = malloc(c * sizeof *y);
+        MP_CHECK(x != NULL && y != NULL, "malloc");
+        for (size_t i = 0; i < c; i++) {
+            x[i] = (int64_t)(i * 3 + (size_t)rank);
+            y[i] = (double)(rank + 1) * 0.5;
+        }
+        MP_CHECK(c10d_all_reduce_sync(pg, x, x, c, C10D_INT64, C10D_SUM) == 0, "sum: %s",
+                 c10d_last_error());
+        MP_CHECK(c10d_all_reduce_sync(pg, y, y, c, C10D_FLOAT64, C10D_AVG) == 0, "avg: %s",
+                 c10d_last_error());
+        for (size_t i = 0; i < c; i++) {
+            int64_t want = (int64_t)(i * 3 * (size_t)n) + (int64_t)(n * (n - 1) / 2);
+            MP_CHECK(x[i] == want, "count %zu: x[%zu] = %lld, want %lld", c, i, (long long)x[i],
+                     (long long)want);
+            MP_CHECK(y[i] == (double)(n + 1) / 4.0, "count %zu: y[%zu] = %g", c, i, y[i]);
+        }
+        free(x);
+        free(y);
+    }
+    if (j->die) {
+        float *big = calloc(1 << 22, sizeof *big);
+        c10d_work *w;
+        MP_CHECK(c10d_all_reduce(pg, big, big, 1 << 22, C10D_FLOAT32, C10D_SUM, NULL, &w) == 0,
+                 "post");
+        usleep(2000);
+        raise(SIGKILL);
+    }
+    MP_CHECK(c10d_pg_destroy(pg) == 0, "destroy: %s", c10d_last_error());
+    c10d_shutdown();
+    return 0;
+}
+
+static void run_job(const struct job *j, int nranks)
+{
+    int before = count_dev_shm();
+    struct mp_opts o = {0};
+    o.nranks = nranks;
+    o.timeout_s = 120;
+    o.kill_on_failure = !j->die;
+    struct mp_result res;
+    int rc = mp_run(&o, job_main, (void *)j, &res);
+    assert_false(res.timed_out);
+    if (j->die) {
+        for (int r = 0; r < nranks; r++)
+            assert_int_equal(res.codes[r], 128 + SIGKILL);
+    } else {
+        assert_int_equal(rc, 0);
+    }
+    /* The segment is a memfd: nothing named is left behind, kill -9 or not. */
+    assert_int_equal(count_dev_shm(), before);
+}
+
+static void test_small_slots_3_ranks(void **st)
+{
+    (void)st;
+    struct job j = {"4096", -1, 0}; /* every chunk small */
+    run_job(&j, 3);
+}
+
+static void test_large_chunks_4_ranks(void **st)
+{
+    (void)st;
+    struct job j = {"65536", -1, 0}; /* chunks of 8192 int64: reduce-scatter scheme */
+    run_job(&j, 4);
+}
+
+static void test_one_rank_opts_out(void **st)
+{
+    (void)st;
+    struct job j = {NULL, 1, 0}; /* the group stays on tcp, and agrees on it */
+    run_job(&j, 3);
+}
+
+static void test_every_rank_killed(void **st)
+{
+    (void)st;
+    struct job j = {NULL, -1, 1};
+    run_job(&j, 3);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_host_id),
+        cmocka_unit_test(test_decide),
+        cmocka_unit_test(test_attach_errors),
+        cmocka_unit_test(test_state_machine),
+        cmocka_unit_test(test_small_slots_3_ranks),
+        cmocka_unit_test(test_large_chunks_4_ranks),
+        cmocka_unit_test(test_one_rank_opts_out),
+        cmocka_unit_test(test_every_rank_killed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
