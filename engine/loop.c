@@ -216,6 +216,12 @@ void c10d__engine_busy(void)
         e->spin_until = uv_hrtime() + e->spin_ns;
 }
 
+int c10d__engine_will_sleep(void)
+{
+    struct engine *e = loop_engine;
+    return e != NULL && e->may_sleep;
+}
+
 /* Runs just before the poll phase of every turn (see the top of the file). */
 static void prepare_cb(uv_prepare_t *p)
 {

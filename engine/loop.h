@@ -73,6 +73,10 @@ void c10d__engine_add_sweep(struct c10d__shutdown_sweep *sweep);
  * so the next message of an exchange is seen at once instead of after a wake-up. */
 void c10d__engine_busy(void);
 
+/* Loop thread only: this turn of the loop ends blocked in epoll (it is not
+ * busy-polling), so a poller with nothing new should arrange to be woken. */
+int c10d__engine_will_sleep(void);
+
 /* Tests: with `on`, every change of the hand-off state checks, under the
  * queue's lock, that no task is queued while the loop may block in epoll
  * with no wake-up on its way; c10d__engine_handoff_violations counts the

@@ -201,3 +201,19 @@ int c10d__shm_peer_differs(const struct c10d__shm_seg *seg, int r, uint64_t seq,
     memcpy(theirs, w, sizeof w);
     return !c10d__fp_equal(theirs, fp);
 }
+
+void c10d__shm_sleepy(struct c10d__shm_seg *seg)
+{
+    atomic_store_explicit(&seg->ctl[seg->rank].sleeping, 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_seq_cst);
+}
+
+void c10d__shm_wake_sleepers(struct c10d__shm_seg *seg, void (*ring)(void *arg, int r), void *arg)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    for (int r = 0; r < seg->nranks; r++)
+        if (r != seg->rank &&
+            atomic_load_explicit(&seg->ctl[r].sleeping, memory_order_relaxed) != 0 &&
+            atomic_exchange_explicit(&seg->ctl[r].sleeping, 0, memory_order_relaxed) != 0)
+            ring(arg, r);
+}

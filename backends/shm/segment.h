@@ -40,8 +40,9 @@ struct c10d__shm_ctl {
      * seqlock, `ann_seq` 0 while the words change. */
     _Atomic uint64_t ann_seq, ann_member, ann_fp[2];
     char pad1[128 - 5 * sizeof(uint64_t) - 2 * sizeof(struct c10d__shm_stamp)];
-    _Atomic uint64_t reduced; /* its slice of chunk `reduced` is reduced */
-    char pad2[128 - sizeof(uint64_t)];
+    _Atomic uint64_t reduced;  /* its slice of chunk `reduced` is reduced */
+    _Atomic uint32_t sleeping; /* its loop sleeps: ring it after a change */
+    char pad2[128 - sizeof(uint64_t) - sizeof(uint32_t)];
 };
 
 struct c10d__shm_seg {
@@ -78,6 +79,15 @@ void c10d__shm_announce(struct c10d__shm_seg *seg, uint64_t seq, uint32_t member
  * (then *theirs is it); 0 if it did not (yet), or agrees. */
 int c10d__shm_peer_differs(const struct c10d__shm_seg *seg, int r, uint64_t seq, uint32_t member,
                            const struct c10d__fp *fp, struct c10d__fp *theirs);
+
+/* Waking a rank whose loop sleeps while it waits on the segment (the
+ * sleeper's flag and the publisher's counter, each checked after a full
+ * fence, so that one of them always sees the other): the sleeper calls
+ * c10d__shm_sleepy, then looks at the segment once more before its loop
+ * blocks; a rank that published something calls c10d__shm_wake_sleepers,
+ * which calls ring(arg, r) once for each rank that said it sleeps. */
+void c10d__shm_sleepy(struct c10d__shm_seg *seg);
+void c10d__shm_wake_sleepers(struct c10d__shm_seg *seg, void (*ring)(void *arg, int r), void *arg);
 
 /* Rank r's slot for chunk `gen`. */
 static inline char *c10d__shm_slot(const struct c10d__shm_seg *seg, int r, uint64_t gen)

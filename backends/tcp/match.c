@@ -18,6 +18,7 @@
 #include "transport_impl.h"
 
 #include "engine/list.h"
+#include "engine/loop.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -498,6 +499,9 @@ void c10d__tcp_handle_frame(struct conn *c, const struct wire *w)
         x->await_ack = 0;
         if (!c10d__tcp_work_gone(x))
             x->done(x);
+        return;
+    case F_WAKE:
+        c10d__engine_busy(); /* the peer moved on shared memory: poll it */
         return;
     case F_BYE:
         c->bye = 1;

@@ -348,17 +348,32 @@ static void coll_finished(struct c10d__tcp_coll *c, int status)
 
 /* ---------------------------------------------- shared-memory all_reduce */
 
+static void ring_peer(void *arg, int r)
+{
+    struct tcp_state *s = arg;
+    if (s->t != NULL)
+        c10d__tcp_transport_ring(s->t, r);
+}
+
 static int shm_ready(struct c10d__poll_item *item)
 {
     struct tcp_op *o = (struct tcp_op *)((char *)item - offsetof(struct tcp_op, poll));
     if (o->completed)
         return 1;
+    struct tcp_state *s = o->s;
     int moved;
     o->shm_status = c10d__shm_allreduce_progress(&o->shm, &moved);
-    if (moved)
+    if (!moved && o->shm_status == 0 && c10d__engine_will_sleep()) {
+        /* The loop is about to block: ask to be rung, then look once more. */
+        c10d__shm_sleepy(s->shm);
+        o->shm_status = c10d__shm_allreduce_progress(&o->shm, &moved);
+    }
+    if (moved) {
         c10d__engine_busy(); /* a peer is here: keep polling on every turn */
+        c10d__shm_wake_sleepers(s->shm, ring_peer, s);
+    }
     if (o->shm_status < 0)
-        snprintf(o->s->shm_error, sizeof o->s->shm_error, "%s", c10d_last_error());
+        snprintf(s->shm_error, sizeof s->shm_error, "%s", c10d_last_error());
     return o->shm_status != 0;
 }
 

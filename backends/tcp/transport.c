@@ -104,6 +104,18 @@ int c10d__tcp_transport_new(const struct c10d__tcp_transport_config *cfg,
     return 0;
 }
 
+void c10d__tcp_transport_ring(struct c10d__tcp_transport *t, int r)
+{
+    if (t->failed || r < 0 || r >= t->cfg.size || r == t->cfg.rank)
+        return;
+    struct c10d__tcp_xfer *x = c10d__tcp_xfer_get(t);
+    if (x == NULL)
+        return; /* the peer's poll timer still looks within 2 ms */
+    c10d__tcp_wire_encode(x->ctl_hdr, F_WAKE, 0, 0, 0, 0, 0, NULL);
+    c10d__tcp_peer_write(t, &t->peers[r], x, W_CTL);
+    c10d__tcp_xfer_put(t, x);
+}
+
 const char *c10d__tcp_transport_peer_note(const struct c10d__tcp_transport *t, int r)
 {
     return r >= 0 && r < t->cfg.size ? t->peers[r].note : "";

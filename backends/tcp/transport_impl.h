@@ -30,7 +30,7 @@
 #define STAGING_LEN      (256 * 1024)
 #define ABORT_MSG_MAX    1000
 
-enum frame_type { F_EAGER = 1, F_RTS, F_CTS, F_DATA, F_ABORT, F_BYE, F_ACK };
+enum frame_type { F_EAGER = 1, F_RTS, F_CTS, F_DATA, F_ABORT, F_BYE, F_ACK, F_WAKE };
 enum { FLAG_P2P = 1 };
 enum xlist_id { L_NONE, L_RECVS, L_P2P_RECVS, L_ANY_RECVS, L_SENDS };
 enum { W_CTL, W_DATA };
