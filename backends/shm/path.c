@@ -24,7 +24,7 @@ int c10d__shm_note(int rank, int nranks, char *note, size_t cap, struct c10d__sh
         return 0;
     if (rank == 0) {
         int64_t slot = c10d__env_int(C10D_ENV_SHM_SLOT_BYTES);
-        size_t slot_bytes = slot >= 4096 ? (size_t)slot & ~(size_t)63 : 1u << 20;
+        size_t slot_bytes = slot >= 4096 ? (size_t)slot & ~(size_t)63 : 256u << 10;
         if (c10d__shm_create(nranks, slot_bytes, seg, ref, sizeof ref) < 0) {
             C10D_INFO("shm", "no shared segment for this group (%s): tcp only", c10d_last_error());
             return 0;
