@@ -50,10 +50,12 @@
     X(TCP_SEGMENT, "C10D_TCP_SEGMENT", NULL, "524288",                                             \
       "tcp backend: segment size in bytes of the pipelined ring")                                  \
     X(SHM, "C10D_SHM", NULL, "1",                                                                  \
-      "tcp backend: 1 runs all_reduce through shared memory in a group whose ranks all share "     \
-      "this host (same boot, user and pid namespace); 0 on any rank: tcp only")                    \
+      "tcp backend: 1 runs all_reduce, reduce, broadcast, all_gather and barrier through shared "  \
+      "memory in a group whose ranks all share "                                                   \
+      "this host (same boot, user, pid and network namespace, host name); 0 on any rank: tcp "     \
+      "only")                                                                                      \
     X(SHM_SLOT_BYTES, "C10D_SHM_SLOT_BYTES", NULL, "262144",                                       \
-      "shared-memory path: bytes of each of a rank's two slots in the segment (an all_reduce "     \
+      "shared-memory path: bytes of each of a rank's two slots in the segment (an op "             \
       "runs in chunks of this size; rank 0's value counts)")                                       \
     X(TCP_CUDA_STAGING_MAX, "C10D_TCP_CUDA_STAGING_MAX", NULL, "268435456",                        \
       "tcp backend, CUDA buffers: pinned host staging memory a group keeps for reuse between "     \

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "backends/shm/allreduce.h"
+#include "backends/shm/coll.h"
 #include "backends/shm/path.h"
 #include "c10d.h"
 #include "mp_harness.h"
@@ -113,20 +113,20 @@ static void test_state_machine(void **st)
     op1.recv = rb;
     struct c10d__fp fp;
     c10d__fp_of(&op0, &fp);
-    struct c10d__shm_allreduce x0, x1;
-    c10d__shm_allreduce_start(&x0, s0, &op0, 0, &fp);
-    c10d__shm_allreduce_start(&x1, s1, &op1, 0, &fp);
+    struct c10d__shm_coll x0, x1;
+    c10d__shm_coll_start(&x0, s0, &op0, 0, &fp);
+    c10d__shm_coll_start(&x1, s1, &op1, 0, &fp);
     int moved;
-    assert_int_equal(c10d__shm_allreduce_progress(&x0, &moved), 0); /* rank 1 is not there */
-    assert_true(moved);                                             /* it wrote its slot */
-    assert_int_equal(c10d__shm_allreduce_progress(&x0, &moved), 0);
+    assert_int_equal(c10d__shm_coll_progress(&x0, &moved), 0); /* rank 1 is not there */
+    assert_true(moved);                                        /* it wrote its slot */
+    assert_int_equal(c10d__shm_coll_progress(&x0, &moved), 0);
     assert_false(moved);
     int d0 = 0, d1 = 0;
     for (int i = 0; i < 100 && !(d0 && d1); i++) {
         if (!d1)
-            d1 = c10d__shm_allreduce_progress(&x1, &moved);
+            d1 = c10d__shm_coll_progress(&x1, &moved);
         if (!d0)
-            d0 = c10d__shm_allreduce_progress(&x0, &moved);
+            d0 = c10d__shm_coll_progress(&x0, &moved);
     }
     assert_int_equal(d0, 1);
     assert_int_equal(d1, 1);
@@ -139,12 +139,12 @@ static void test_state_machine(void **st)
     op0.seq = op1.seq = 2;
     struct c10d__fp fp1;
     c10d__fp_of(&op1, &fp1);
-    c10d__shm_allreduce_start(&x0, s0, &op0, 0, &fp);
-    c10d__shm_allreduce_start(&x1, s1, &op1, 0, &fp1);
-    c10d__shm_allreduce_progress(&x0, &moved);
-    assert_true(c10d__shm_allreduce_progress(&x1, &moved) < 0);
+    c10d__shm_coll_start(&x0, s0, &op0, 0, &fp);
+    c10d__shm_coll_start(&x1, s1, &op1, 0, &fp1);
+    c10d__shm_coll_progress(&x0, &moved);
+    assert_true(c10d__shm_coll_progress(&x1, &moved) < 0);
     assert_non_null(strstr(c10d_last_error(), "mismatch"));
-    assert_true(c10d__shm_allreduce_progress(&x0, &moved) < 0);
+    assert_true(c10d__shm_coll_progress(&x0, &moved) < 0);
     c10d__shm_free(s1);
     c10d__shm_free(s0);
 }

@@ -18,7 +18,7 @@
 #include "coll.h"
 #include "transport.h"
 
-#include "backends/shm/allreduce.h"
+#include "backends/shm/coll.h"
 #include "backends/shm/path.h"
 
 #include "engine/env.h"
@@ -62,9 +62,9 @@ struct tcp_op {
     int any_source;  /* a single receive from any source: report the sender */
     uint64_t start_ms;
     struct c10d__tcp_coll coll;
-    /* all_reduce on shared memory: polled by the loop until done */
+    /* a collective on shared memory: polled by the loop until done */
     struct c10d__poll_item poll;
-    struct c10d__shm_allreduce shm;
+    struct c10d__shm_coll shm;
     int shm_status;
 };
 
@@ -96,7 +96,7 @@ struct tcp_state {
     /* Where peers' addresses are read again (an attempt failed) or, lazily,
      * first (lookup_addr). */
     c10d_store *lookup_store;
-    /* Every rank on this host: all_reduce runs on this segment (docs/shm.md). */
+    /* Every rank on this host: collectives run on this segment (docs/shm.md). */
     struct c10d__shm_seg *shm;
     struct c10d__poll_queue shm_polls;
     int shm_offered;                  /* this rank's handshake carries a shm note */
@@ -346,7 +346,7 @@ static void coll_finished(struct c10d__tcp_coll *c, int status)
     op_complete(s, o, 0, NULL);
 }
 
-/* ---------------------------------------------- shared-memory all_reduce */
+/* ---------------------------------------------- shared-memory collectives */
 
 static void ring_peer(void *arg, int r)
 {
@@ -362,11 +362,11 @@ static int shm_ready(struct c10d__poll_item *item)
         return 1;
     struct tcp_state *s = o->s;
     int moved;
-    o->shm_status = c10d__shm_allreduce_progress(&o->shm, &moved);
+    o->shm_status = c10d__shm_coll_progress(&o->shm, &moved);
     if (!moved && o->shm_status == 0 && c10d__engine_will_sleep()) {
         /* The loop is about to block: ask to be rung, then look once more. */
         c10d__shm_sleepy(s->shm);
-        o->shm_status = c10d__shm_allreduce_progress(&o->shm, &moved);
+        o->shm_status = c10d__shm_coll_progress(&o->shm, &moved);
     }
     if (moved) {
         c10d__engine_busy(); /* a peer is here: keep polling on every turn */
@@ -389,10 +389,10 @@ static void shm_done(struct c10d__poll_item *item)
 }
 
 /* Runs as far as it can now; the poller takes it from there. */
-static int shm_all_reduce(struct tcp_op *o)
+static int shm_coll(struct tcp_op *o)
 {
     struct c10d__tcp_coll *c = &o->coll;
-    c10d__shm_allreduce_start(&o->shm, o->s->shm, c->op, (uint32_t)(o->idx & 0xff), &c->fp);
+    c10d__shm_coll_start(&o->shm, o->s->shm, c->op, (uint32_t)(o->idx & 0xff), &c->fp);
     o->poll.ready = shm_ready;
     o->poll.done = shm_done;
     o->refs++;
@@ -403,7 +403,8 @@ static int shm_all_reduce(struct tcp_op *o)
     int rc = c10d__poll_push(&o->s->shm_polls, &o->poll);
     if (rc < 0) {
         op_unref(o);
-        return c10d__fail(rc, "tcp ALLREDUCE: the engine is shutting down");
+        return c10d__fail(rc, "tcp %s: the engine is shutting down",
+                          c10d__op_kind_name(c->op->kind));
     }
     return 0;
 }
@@ -431,11 +432,17 @@ static void run_member(struct tcp_op *o)
     if (o->completed)
         return; /* frames already here disagree: the group failed */
     int rc;
+    if (s->shm != NULL && c10d__shm_coll_supports(op)) {
+        rc = shm_coll(o);
+        goto started;
+    }
+    if (s->shm_lost && c10d__shm_coll_supports(op)) {
+        rc = c10d__fail(C10D_ECLOSED, "%s", s->shm_error);
+        goto started;
+    }
     switch (op->kind) {
     case C10D_OP_ALL_REDUCE:
-        rc = s->shm != NULL ? shm_all_reduce(o)
-             : s->shm_lost  ? c10d__fail(C10D_ECLOSED, "%s", s->shm_error)
-                            : c10d__tcp_all_reduce(c);
+        rc = c10d__tcp_all_reduce(c);
         break;
     case C10D_OP_BROADCAST:
         rc = c10d__tcp_broadcast(c);
@@ -465,6 +472,7 @@ static void run_member(struct tcp_op *o)
         rc = c10d__fail(C10D_EUNSUPPORTED, "op kind %d cannot be coalesced with collectives",
                         (int)op->kind);
     }
+started:
     if (rc < 0 && !o->completed) {
         /* Nothing was posted for this member, but earlier members (or other
          * ranks) may be in flight: the group cannot go on consistently. */
@@ -756,7 +764,7 @@ static int choose_shm(struct tcp_state *s)
     }
     if (rc >= 0 && s->rank == 0)
         C10D_INFO("shm", "group %s: %s", s->group_name,
-                  rc ? "every rank is on this host: all_reduce runs on shared memory"
+                  rc ? "every rank is on this host: collectives run on shared memory (docs/shm.md)"
                      : "tcp only (ranks on several hosts, or C10D_SHM=0 on one)");
     return rc < 0 ? c10d__fail(rc, "tcp: group %s, rank %d: %s", s->group_name, s->rank,
                                c10d_last_error())

@@ -1,11 +1,11 @@
-/* all_reduce through the shared segment (allreduce.h). Memory order: a rank
+/* Collectives through the shared segment (coll.h). Memory order: a rank
  * writes its slot and stamp, then stores `arrive` with release; a reader
  * loads `arrive` with acquire before it reads that slot, so it sees the
  * data. `reduced` orders the reduced slice the same way. Reusing a slot two
  * chunks later waits until every peer's `arrive` (acquire) shows it moved
  * past the chunk in between, which it only does after its last read of the
  * slot. */
-#include "allreduce.h"
+#include "coll.h"
 
 #include "engine/error.h"
 #include "engine/kernels/reduce.h"
@@ -14,18 +14,33 @@
 
 enum { PH_WRITE, PH_REDUCE, PH_GATHER, PH_DONE };
 
-void c10d__shm_allreduce_start(struct c10d__shm_allreduce *a, struct c10d__shm_seg *seg,
-                               const struct c10d__op *op, uint32_t member,
-                               const struct c10d__fp *fp)
+int c10d__shm_coll_supports(const struct c10d__op *op)
+{
+    switch (op->kind) {
+    case C10D_OP_ALL_REDUCE:
+    case C10D_OP_REDUCE:
+    case C10D_OP_BROADCAST:
+    case C10D_OP_BARRIER:
+        return 1;
+    case C10D_OP_ALL_GATHER:
+        return op->recvs == NULL; /* the list form stays on tcp */
+    default:
+        return 0;
+    }
+}
+
+void c10d__shm_coll_start(struct c10d__shm_coll *a, struct c10d__shm_seg *seg,
+                          const struct c10d__op *op, uint32_t member, const struct c10d__fp *fp)
 {
     memset(a, 0, sizeof *a);
     a->seg = seg;
     a->op = op;
     a->member = member;
     a->fp = *fp;
-    a->esz = c10d_dtype_size(op->dtype);
+    a->esz = op->kind == C10D_OP_BARRIER ? 1 : c10d_dtype_size(op->dtype);
     a->chunk_elems = seg->slot_bytes / a->esz;
-    a->phase = op->count == 0 ? PH_DONE : PH_WRITE;
+    /* A barrier is one chunk of nothing; another op of nothing is done. */
+    a->phase = op->count == 0 && op->kind != C10D_OP_BARRIER ? PH_DONE : PH_WRITE;
     if (a->phase == PH_WRITE)
         a->gen = ++seg->gen;
 }
@@ -44,7 +59,7 @@ static int all_at(const struct c10d__shm_seg *seg, int reduced, uint64_t gen)
 /* While waiting for peers: one that announced this very collective with
  * another fingerprint runs something else (on tcp, say), and will never
  * come. */
-static int check_waited(const struct c10d__shm_allreduce *a)
+static int check_waited(const struct c10d__shm_coll *a)
 {
     const struct c10d__shm_seg *seg = a->seg;
     struct c10d__fp theirs;
@@ -60,7 +75,7 @@ static int check_waited(const struct c10d__shm_allreduce *a)
     return 0;
 }
 
-static int check_stamps(struct c10d__shm_allreduce *a)
+static int check_stamps(struct c10d__shm_coll *a)
 {
     const struct c10d__shm_seg *seg = a->seg;
     for (int r = 0; r < seg->nranks; r++) {
@@ -70,10 +85,11 @@ static int check_stamps(struct c10d__shm_allreduce *a)
         char msg[768];
         if (st->gen != a->gen || st->seq != a->op->seq)
             snprintf(msg, sizeof msg,
-                     "shm ALLREDUCE (seq %llu): rank %d is at another collective (seq %llu, "
+                     "shm %s (seq %llu): rank %d is at another collective (seq %llu, "
                      "chunk %llu; this rank: chunk %llu)",
-                     (unsigned long long)a->op->seq, r, (unsigned long long)st->seq,
-                     (unsigned long long)st->gen, (unsigned long long)a->gen);
+                     c10d__op_kind_name(a->op->kind), (unsigned long long)a->op->seq, r,
+                     (unsigned long long)st->seq, (unsigned long long)st->gen,
+                     (unsigned long long)a->gen);
         else
             c10d__fp_mismatch_message(msg, sizeof msg, a->op->seq, 0, seg->rank, &a->fp, r,
                                       &st->fp);
@@ -82,21 +98,41 @@ static int check_stamps(struct c10d__shm_allreduce *a)
     return 0;
 }
 
-static size_t chunk_count(const struct c10d__shm_allreduce *a)
+static size_t chunk_count(const struct c10d__shm_coll *a)
 {
     size_t left = a->op->count - a->done_elems;
     return left < a->chunk_elems ? left : a->chunk_elems;
 }
 
-static int write_slot(struct c10d__shm_allreduce *a)
+/* What this rank contributes to the chunk, by kind. */
+static const char *source_of(const struct c10d__shm_coll *a)
+{
+    const struct c10d__op *op = a->op;
+    switch (op->kind) {
+    case C10D_OP_BROADCAST: /* the root's data: its send buffer, or in place */
+        if (a->seg->rank != op->root)
+            return NULL;
+        return op->send != NULL ? op->send : op->recv;
+    case C10D_OP_BARRIER:
+        return NULL;
+    default:
+        return op->send;
+    }
+}
+
+static int write_slot(struct c10d__shm_coll *a)
 {
     struct c10d__shm_seg *seg = a->seg;
     const struct c10d__op *op = a->op;
     size_t n = chunk_count(a);
     char *slot = c10d__shm_slot(seg, seg->rank, a->gen);
-    memcpy(slot, (const char *)op->send + a->done_elems * a->esz, n * a->esz);
-    if (op->redop == C10D_PREMUL_SUM)
-        C10D_CHECK(c10d__reduce_premul(slot, n, op->dtype, op->premul_factor));
+    const char *src = source_of(a);
+    if (src != NULL && n > 0) {
+        memcpy(slot, src + a->done_elems * a->esz, n * a->esz);
+        if (op->redop == C10D_PREMUL_SUM &&
+            (op->kind == C10D_OP_ALL_REDUCE || op->kind == C10D_OP_REDUCE))
+            C10D_CHECK(c10d__reduce_premul(slot, n, op->dtype, op->premul_factor));
+    }
     struct c10d__shm_stamp *st = &seg->ctl[seg->rank].stamp[a->gen & 1];
     st->gen = a->gen;
     st->seq = op->seq;
@@ -105,8 +141,9 @@ static int write_slot(struct c10d__shm_allreduce *a)
     return 0;
 }
 
-/* Small chunks: out = slot 0 op slot 1 op ... in rank order. */
-static int reduce_all(struct c10d__shm_allreduce *a)
+/* out = slot 0 op slot 1 op ... in rank order (small all_reduce chunks, and
+ * reduce's root). */
+static int reduce_all(struct c10d__shm_coll *a)
 {
     const struct c10d__shm_seg *seg = a->seg;
     const struct c10d__op *op = a->op;
@@ -118,7 +155,32 @@ static int reduce_all(struct c10d__shm_allreduce *a)
     return c10d__reduce_finish(out, n, op->dtype, op->redop, seg->nranks);
 }
 
-static void slice_of(const struct c10d__shm_allreduce *a, int r, size_t *lo, size_t *cnt)
+/* Everything but all_reduce's large chunks, once every slot is written. */
+static int read_chunk(struct c10d__shm_coll *a)
+{
+    const struct c10d__shm_seg *seg = a->seg;
+    const struct c10d__op *op = a->op;
+    size_t n = chunk_count(a), off = a->done_elems * a->esz;
+    switch (op->kind) {
+    case C10D_OP_ALL_REDUCE:
+        return reduce_all(a);
+    case C10D_OP_REDUCE:
+        return seg->rank == op->root ? reduce_all(a) : 0;
+    case C10D_OP_BROADCAST:
+        if (op->recv != NULL && (seg->rank != op->root || op->recv != op->send))
+            memcpy((char *)op->recv + off, c10d__shm_slot(seg, op->root, a->gen), n * a->esz);
+        return 0;
+    case C10D_OP_ALL_GATHER:
+        for (int r = 0; r < seg->nranks; r++)
+            memcpy((char *)op->recv + (size_t)r * op->count * a->esz + off,
+                   c10d__shm_slot(seg, r, a->gen), n * a->esz);
+        return 0;
+    default: /* barrier */
+        return 0;
+    }
+}
+
+static void slice_of(const struct c10d__shm_coll *a, int r, size_t *lo, size_t *cnt)
 {
     size_t n = chunk_count(a), p = (size_t)a->seg->nranks;
     *lo = n * (size_t)r / p;
@@ -126,7 +188,7 @@ static void slice_of(const struct c10d__shm_allreduce *a, int r, size_t *lo, siz
 }
 
 /* Large chunks: this rank's slice of every slot, reduced into its own slot. */
-static int reduce_slice(struct c10d__shm_allreduce *a)
+static int reduce_slice(struct c10d__shm_coll *a)
 {
     struct c10d__shm_seg *seg = a->seg;
     const struct c10d__op *op = a->op;
@@ -142,7 +204,7 @@ static int reduce_slice(struct c10d__shm_allreduce *a)
     return 0;
 }
 
-static void gather_slices(struct c10d__shm_allreduce *a)
+static void gather_slices(struct c10d__shm_coll *a)
 {
     const struct c10d__shm_seg *seg = a->seg;
     char *out = (char *)a->op->recv + a->done_elems * a->esz;
@@ -153,7 +215,7 @@ static void gather_slices(struct c10d__shm_allreduce *a)
     }
 }
 
-static void next_chunk(struct c10d__shm_allreduce *a)
+static void next_chunk(struct c10d__shm_coll *a)
 {
     a->done_elems += chunk_count(a);
     if (a->done_elems == a->op->count) {
@@ -164,7 +226,7 @@ static void next_chunk(struct c10d__shm_allreduce *a)
     a->phase = PH_WRITE;
 }
 
-int c10d__shm_allreduce_progress(struct c10d__shm_allreduce *a, int *moved)
+int c10d__shm_coll_progress(struct c10d__shm_coll *a, int *moved)
 {
     struct c10d__shm_seg *seg = a->seg;
     *moved = 0;
@@ -183,8 +245,9 @@ int c10d__shm_allreduce_progress(struct c10d__shm_allreduce *a, int *moved)
                 return check_waited(a);
             C10D_CHECK(check_stamps(a));
             *moved = 1;
-            if (chunk_count(a) * a->esz <= C10D_SHM_SMALL_MAX) {
-                C10D_CHECK(reduce_all(a));
+            if (a->op->kind != C10D_OP_ALL_REDUCE ||
+                chunk_count(a) * a->esz <= C10D_SHM_SMALL_MAX) {
+                C10D_CHECK(read_chunk(a));
                 next_chunk(a);
             } else {
                 C10D_CHECK(reduce_slice(a));

@@ -1,0 +1,53 @@
+/* Collectives through a shared segment (segment.h), each a state machine the
+ * loop polls: each call goes as far as the peers let it and returns.
+ *
+ * An op runs in chunks of at most one slot, and every rank takes part in
+ * every chunk: it writes what it contributes into its slot (nothing, for a
+ * barrier or a broadcast's non-root), publishes `arrive`, waits for every
+ * rank's, checks that all run the same collective, then reads:
+ *   all_reduce  small chunks: every rank reduces all slots, in rank order,
+ *               into its own output (the same operands in the same order: the
+ *               same bits everywhere); large chunks: rank r reduces slice r
+ *               of every slot into its own slot, publishes `reduced`, and
+ *               every rank copies each slice from the rank that reduced it;
+ *   reduce      the root reduces all slots in rank order;
+ *   broadcast   every rank copies the root's slot;
+ *   all_gather  every rank copies every slot into that rank's block;
+ *   barrier     nothing: arriving was the point.
+ * A slot is written again two chunks later, once every rank has arrived at
+ * the chunk in between (so it finished reading this one). */
+#ifndef C10D_BACKENDS_SHM_COLL_H
+#define C10D_BACKENDS_SHM_COLL_H
+
+#include "segment.h"
+
+#include "backends/backend.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Chunks up to this many bytes are reduced whole by every rank. */
+#define C10D_SHM_SMALL_MAX (16 * 1024)
+
+struct c10d__shm_coll {
+    struct c10d__shm_seg *seg;
+    const struct c10d__op *op;
+    struct c10d__fp fp;
+    size_t esz, chunk_elems, done_elems;
+    uint64_t gen; /* the chunk running */
+    uint32_t member;
+    int phase;
+};
+
+/* Whether `op` runs on the segment (its kind and form; the rest on tcp). */
+int c10d__shm_coll_supports(const struct c10d__op *op);
+/* Sets up `a` for `op` (checked by the caller and announced as `member` of
+ * its seq). */
+void c10d__shm_coll_start(struct c10d__shm_coll *a, struct c10d__shm_seg *seg,
+                          const struct c10d__op *op, uint32_t member, const struct c10d__fp *fp);
+/* Goes on as far as the peers allow: 1 done, 0 waiting for a peer, < 0
+ * failed (c10d_last_error: a peer runs a different collective, or a
+ * reduction the kernels refuse). *moved: it got further this call. */
+int c10d__shm_coll_progress(struct c10d__shm_coll *a, int *moved);
+
+#endif
