@@ -208,6 +208,12 @@ void c10d__shm_sleepy(struct c10d__shm_seg *seg)
     atomic_thread_fence(memory_order_seq_cst);
 }
 
+void c10d__shm_awake(struct c10d__shm_seg *seg)
+{
+    if (atomic_load_explicit(&seg->ctl[seg->rank].sleeping, memory_order_relaxed) != 0)
+        atomic_store_explicit(&seg->ctl[seg->rank].sleeping, 0, memory_order_relaxed);
+}
+
 void c10d__shm_wake_sleepers(struct c10d__shm_seg *seg, void (*ring)(void *arg, int r), void *arg)
 {
     atomic_thread_fence(memory_order_seq_cst);

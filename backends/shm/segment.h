@@ -87,6 +87,9 @@ int c10d__shm_peer_differs(const struct c10d__shm_seg *seg, int r, uint64_t seq,
  * blocks; a rank that published something calls c10d__shm_wake_sleepers,
  * which calls ring(arg, r) once for each rank that said it sleeps. */
 void c10d__shm_sleepy(struct c10d__shm_seg *seg);
+/* This rank moved on by itself: no ring wanted (a flag left set would have
+ * a peer ring a rank that may have left the group since). */
+void c10d__shm_awake(struct c10d__shm_seg *seg);
 void c10d__shm_wake_sleepers(struct c10d__shm_seg *seg, void (*ring)(void *arg, int r), void *arg);
 
 /* Rank r's slot for chunk `gen`. */

@@ -370,6 +370,7 @@ static int shm_ready(struct c10d__poll_item *item)
     }
     if (moved) {
         c10d__engine_busy(); /* a peer is here: keep polling on every turn */
+        c10d__shm_awake(s->shm);
         c10d__shm_wake_sleepers(s->shm, ring_peer, s);
     }
     if (o->shm_status < 0)

@@ -106,7 +106,8 @@ int c10d__tcp_transport_new(const struct c10d__tcp_transport_config *cfg,
 
 void c10d__tcp_transport_ring(struct c10d__tcp_transport *t, int r)
 {
-    if (t->failed || r < 0 || r >= t->cfg.size || r == t->cfg.rank)
+    /* A peer with no connection is gone or going: nothing to wake. */
+    if (t->failed || r < 0 || r >= t->cfg.size || r == t->cfg.rank || t->peers[r].conn == NULL)
         return;
     struct c10d__tcp_xfer *x = c10d__tcp_xfer_get(t);
     if (x == NULL)
