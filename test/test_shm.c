@@ -151,9 +151,9 @@ static void test_state_machine(void **st)
 
 /* ------------------------------------------------- through the public API */
 
-/* Named shared memory of ours (other jobs' files, Open MPI's for one, are not
- * counted: tests run side by side). The segment is a memfd and has no name;
- * this catches a change that would give it one. */
+/* Named shared memory of ours (other files, Open MPI's or the GPU
+ * simulation's, are not counted: tests run side by side). The segment is a
+ * memfd and has no name; this catches a change that would give it one. */
 static int count_dev_shm(void)
 {
     DIR *d = opendir("/dev/shm");
@@ -161,7 +161,7 @@ static int count_dev_shm(void)
     if (d == NULL)
         return 0;
     for (struct dirent *e; (e = readdir(d)) != NULL;)
-        n += strstr(e->d_name, "c10d") != NULL;
+        n += strncmp(e->d_name, "c10d-shm", 8) == 0;
     closedir(d);
     return n;
 }
