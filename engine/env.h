@@ -50,7 +50,8 @@
     X(TCP_SEGMENT, "C10D_TCP_SEGMENT", NULL, "524288",                                             \
       "tcp backend: segment size in bytes of the pipelined ring")                                  \
     X(SHM, "C10D_SHM", NULL, "1",                                                                  \
-      "tcp backend: 1 runs all_reduce, reduce, broadcast, all_gather and barrier through shared "  \
+      "tcp backend: 1 runs all_reduce, reduce, reduce_scatter, broadcast, all_gather and barrier " \
+      "through shared "                                                                            \
       "memory in a group whose ranks all share "                                                   \
       "this host (same boot, user, pid and network namespace, host name); 0 on any rank: tcp "     \
       "only")                                                                                      \

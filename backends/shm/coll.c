@@ -14,9 +14,11 @@
 
 enum { PH_WRITE, PH_REDUCE, PH_GATHER, PH_DONE };
 
-int c10d__shm_coll_supports(const struct c10d__op *op)
+int c10d__shm_coll_supports(const struct c10d__op *op, size_t slot_bytes, int nranks)
 {
     switch (op->kind) {
+    case C10D_OP_REDUCE_SCATTER: /* a chunk holds one element of every block at least */
+        return slot_bytes / ((size_t)nranks * c10d_dtype_size(op->dtype)) > 0;
     case C10D_OP_ALL_REDUCE:
     case C10D_OP_REDUCE:
     case C10D_OP_BROADCAST:
@@ -39,6 +41,8 @@ void c10d__shm_coll_start(struct c10d__shm_coll *a, struct c10d__shm_seg *seg,
     a->fp = *fp;
     a->esz = op->kind == C10D_OP_BARRIER ? 1 : c10d_dtype_size(op->dtype);
     a->chunk_elems = seg->slot_bytes / a->esz;
+    if (op->kind == C10D_OP_REDUCE_SCATTER) /* the slot holds a part of every block */
+        a->chunk_elems /= (size_t)seg->nranks;
     /* A barrier is one chunk of nothing; another op of nothing is done. */
     a->phase = op->count == 0 && op->kind != C10D_OP_BARRIER ? PH_DONE : PH_WRITE;
     if (a->phase == PH_WRITE)
@@ -126,7 +130,18 @@ static int write_slot(struct c10d__shm_coll *a)
     const struct c10d__op *op = a->op;
     size_t n = chunk_count(a);
     char *slot = c10d__shm_slot(seg, seg->rank, a->gen);
-    const char *src = source_of(a);
+    if (op->kind == C10D_OP_REDUCE_SCATTER) {
+        for (int j = 0; j < seg->nranks && n > 0; j++) {
+            const char *block = op->sends != NULL
+                                    ? op->sends[j]
+                                    : (const char *)op->send + (size_t)j * op->count * a->esz;
+            memcpy(slot + (size_t)j * n * a->esz, block + a->done_elems * a->esz, n * a->esz);
+        }
+        if (op->redop == C10D_PREMUL_SUM && n > 0)
+            C10D_CHECK(
+                c10d__reduce_premul(slot, n * (size_t)seg->nranks, op->dtype, op->premul_factor));
+    }
+    const char *src = op->kind == C10D_OP_REDUCE_SCATTER ? NULL : source_of(a);
     if (src != NULL && n > 0) {
         memcpy(slot, src + a->done_elems * a->esz, n * a->esz);
         if (op->redop == C10D_PREMUL_SUM &&
@@ -170,6 +185,16 @@ static int read_chunk(struct c10d__shm_coll *a)
         if (op->recv != NULL && (seg->rank != op->root || op->recv != op->send))
             memcpy((char *)op->recv + off, c10d__shm_slot(seg, op->root, a->gen), n * a->esz);
         return 0;
+    case C10D_OP_REDUCE_SCATTER: {
+        /* Block `rank` of every slot, in rank order: out = s0 op s1 op ... */
+        char *out = (char *)op->recv + off;
+        size_t at = (size_t)seg->rank * n * a->esz;
+        memcpy(out, c10d__shm_slot(seg, 0, a->gen) + at, n * a->esz);
+        for (int r = 1; r < seg->nranks; r++)
+            C10D_CHECK(
+                c10d__reduce(out, c10d__shm_slot(seg, r, a->gen) + at, n, op->dtype, op->redop));
+        return c10d__reduce_finish(out, n, op->dtype, op->redop, seg->nranks);
+    }
     case C10D_OP_ALL_GATHER:
         for (int r = 0; r < seg->nranks; r++)
             memcpy((char *)op->recv + (size_t)r * op->count * a->esz + off,

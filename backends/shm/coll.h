@@ -13,6 +13,8 @@
  *   reduce      the root reduces all slots in rank order;
  *   broadcast   every rank copies the root's slot;
  *   all_gather  every rank copies every slot into that rank's block;
+ *   reduce_scatter  every rank writes its part of every block into its slot,
+ *               then rank r reduces block r of all slots, in rank order;
  *   barrier     nothing: arriving was the point.
  * A slot is written again two chunks later, once every rank has arrived at
  * the chunk in between (so it finished reading this one). */
@@ -39,8 +41,9 @@ struct c10d__shm_coll {
     int phase;
 };
 
-/* Whether `op` runs on the segment (its kind and form; the rest on tcp). */
-int c10d__shm_coll_supports(const struct c10d__op *op);
+/* Whether `op` runs on a segment with slots of `slot_bytes` for `nranks`
+ * ranks (its kind and form; the rest on tcp). */
+int c10d__shm_coll_supports(const struct c10d__op *op, size_t slot_bytes, int nranks);
 /* Sets up `a` for `op` (checked by the caller and announced as `member` of
  * its seq). */
 void c10d__shm_coll_start(struct c10d__shm_coll *a, struct c10d__shm_seg *seg,

@@ -433,11 +433,11 @@ static void run_member(struct tcp_op *o)
     if (o->completed)
         return; /* frames already here disagree: the group failed */
     int rc;
-    if (s->shm != NULL && c10d__shm_coll_supports(op)) {
+    if (s->shm != NULL && c10d__shm_coll_supports(op, s->shm->slot_bytes, s->size)) {
         rc = shm_coll(o);
         goto started;
     }
-    if (s->shm_lost && c10d__shm_coll_supports(op)) {
+    if (s->shm_lost && c10d__shm_coll_supports(op, SIZE_MAX, s->size)) {
         rc = c10d__fail(C10D_ECLOSED, "%s", s->shm_error);
         goto started;
     }
