@@ -156,17 +156,18 @@ static int write_slot(struct c10d__shm_coll *a)
     return 0;
 }
 
-/* out = slot 0 op slot 1 op ... in rank order (small all_reduce chunks, and
- * reduce's root). */
-static int reduce_all(struct c10d__shm_coll *a)
+/* out = slot 0 op slot 1 op ... in rank order, each slot read from byte `at`
+ * of the chunk (small all_reduce chunks and reduce's root: 0; reduce_scatter:
+ * this rank's block). */
+static int reduce_all(struct c10d__shm_coll *a, size_t at)
 {
     const struct c10d__shm_seg *seg = a->seg;
     const struct c10d__op *op = a->op;
     size_t n = chunk_count(a);
     char *out = (char *)op->recv + a->done_elems * a->esz;
-    memcpy(out, c10d__shm_slot(seg, 0, a->gen), n * a->esz);
+    memcpy(out, c10d__shm_slot(seg, 0, a->gen) + at, n * a->esz);
     for (int r = 1; r < seg->nranks; r++)
-        C10D_CHECK(c10d__reduce(out, c10d__shm_slot(seg, r, a->gen), n, op->dtype, op->redop));
+        C10D_CHECK(c10d__reduce(out, c10d__shm_slot(seg, r, a->gen) + at, n, op->dtype, op->redop));
     return c10d__reduce_finish(out, n, op->dtype, op->redop, seg->nranks);
 }
 
@@ -178,23 +179,15 @@ static int read_chunk(struct c10d__shm_coll *a)
     size_t n = chunk_count(a), off = a->done_elems * a->esz;
     switch (op->kind) {
     case C10D_OP_ALL_REDUCE:
-        return reduce_all(a);
+        return reduce_all(a, 0);
     case C10D_OP_REDUCE:
-        return seg->rank == op->root ? reduce_all(a) : 0;
+        return seg->rank == op->root ? reduce_all(a, 0) : 0;
     case C10D_OP_BROADCAST:
         if (op->recv != NULL && (seg->rank != op->root || op->recv != op->send))
             memcpy((char *)op->recv + off, c10d__shm_slot(seg, op->root, a->gen), n * a->esz);
         return 0;
-    case C10D_OP_REDUCE_SCATTER: {
-        /* Block `rank` of every slot, in rank order: out = s0 op s1 op ... */
-        char *out = (char *)op->recv + off;
-        size_t at = (size_t)seg->rank * n * a->esz;
-        memcpy(out, c10d__shm_slot(seg, 0, a->gen) + at, n * a->esz);
-        for (int r = 1; r < seg->nranks; r++)
-            C10D_CHECK(
-                c10d__reduce(out, c10d__shm_slot(seg, r, a->gen) + at, n, op->dtype, op->redop));
-        return c10d__reduce_finish(out, n, op->dtype, op->redop, seg->nranks);
-    }
+    case C10D_OP_REDUCE_SCATTER: /* each slot holds this chunk of every block */
+        return reduce_all(a, (size_t)seg->rank * n * a->esz);
     case C10D_OP_ALL_GATHER:
         for (int r = 0; r < seg->nranks; r++)
             memcpy((char *)op->recv + (size_t)r * op->count * a->esz + off,
