@@ -59,15 +59,17 @@ int c10d__pg_store_barrier(c10d_store *store, const char *name, int world_size, 
     return c10d_store_barrier(store, name, world_size, timeout_ms);
 }
 
-/* The group's store keys (its creation barrier, each rank's published
- * address) are garbage once every rank destroyed it: each rank counts itself
- * out, and the last one deletes them, so a long job that creates and destroys
+/* The group's store keys (each rank's published address) are garbage once
+ * every rank destroyed it: each rank counts itself out, and the last one
+ * deletes them, so a long job that creates and destroys
  * many groups does not grow the store. The requests go out asynchronously;
  * destroy then waits a moment for their answers (c10d__pg_sweep_flush), since
  * a program commonly exits right after it and would otherwise take them
  * along. A rank that aborts (or never gets here) leaves them: on a store
  * that outlives the job, the next job's rank 0 deletes them (attempt.c).
- * PyTorch keeps them; nothing reads them after creation. */
+ * PyTorch keeps them; nothing reads them after creation. The creation
+ * barrier's keys are not the group's: non-members take part in it too, and
+ * the barrier deletes them itself once all have passed. */
 struct c10d__pg_sweep_flush {
     uv_mutex_t mu;
     uv_cond_t answered;
@@ -136,10 +138,9 @@ void c10d__pg_sweep_flush(struct c10d__pg_sweep_flush *f, int64_t ms)
 }
 
 struct key_sweep {
-    c10d_store *base, *group;
+    c10d_store *group;
     c10d_store *dev[C10D__PG_NDEV];
     const char *fmt[C10D__PG_NDEV];
-    char name[C10D__PG_NAME_MAX + 1];
     int size;
     struct c10d__pg_sweep_flush *flush;
 };
@@ -182,10 +183,6 @@ static void on_counted_out(c10d_work *w, int status, void *arg)
     const c10d_store_result *res = w != NULL ? c10d_store_work_result(w) : NULL;
     if (status == 0 && res != NULL && res->value == k->size) {
         char key[600];
-        snprintf(key, sizeof key, "store_based_barrier_key:%s", k->name);
-        sweep_delete(k->base, key, k->flush);
-        snprintf(key, sizeof key, "store_based_barrier_key:%s:last_worker", k->name);
-        sweep_delete(k->base, key, k->flush);
         sweep_delete(k->group, "destroyed_ranks", k->flush);
         for (int d = 0; d < C10D__PG_NDEV; d++)
             for (int r = 0; k->dev[d] != NULL && r < k->size; r++) {
@@ -193,7 +190,6 @@ static void on_counted_out(c10d_work *w, int status, void *arg)
                 sweep_delete(k->dev[d], key, k->flush);
             }
     }
-    c10d_store_release(k->base);
     c10d_store_release(k->group);
     for (int d = 0; d < C10D__PG_NDEV; d++)
         if (k->dev[d] != NULL)
@@ -204,7 +200,7 @@ static void on_counted_out(c10d_work *w, int status, void *arg)
 
 struct c10d__pg_sweep_flush *c10d__pg_sweep_keys(c10d_pg *pg)
 {
-    if (pg->rank < 0 || pg->store == NULL || pg->base_store == NULL)
+    if (pg->rank < 0 || pg->store == NULL)
         return NULL;
     struct key_sweep *k = calloc(1, sizeof *k);
     struct c10d__pg_sweep_flush *flush = flush_new();
@@ -213,13 +209,10 @@ struct c10d__pg_sweep_flush *c10d__pg_sweep_keys(c10d_pg *pg)
         c10d__pg_sweep_flush(flush, 0);
         return NULL;
     }
-    k->base = pg->base_store;
     k->group = pg->store;
     k->size = pg->size;
     k->flush = flush;
     flush_add(flush); /* the count below */
-    snprintf(k->name, sizeof k->name, "%s", pg->name);
-    c10d_store_retain(k->base);
     c10d_store_retain(k->group);
     for (int d = 0; d < C10D__PG_NDEV; d++) {
         const struct c10d__pg_backend *b = &pg->backends[d];

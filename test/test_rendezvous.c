@@ -21,6 +21,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <uv.h>
 
 #define CHILD_LIMIT_MS 60000
 
@@ -276,6 +277,46 @@ static void test_barrier_timeout_message(void **state)
     assert_non_null(strstr(msg, "num_workers_joined=1"));
     /* the second arrival completes it (for both: the key stays set) */
     assert_int_equal(c10d_store_barrier(s, "g", 2, 5000), 0);
+    /* The first caller never got through, so it never counted out: nobody
+     * may delete what it might still read. */
+    int64_t keys = -1;
+    assert_int_equal(c10d_store_num_keys_sync(s, &keys), 0);
+    assert_int_equal(keys, 3);
+    c10d_store_release(s);
+}
+
+struct barrier_arg {
+    c10d_store *store;
+    int rc;
+};
+
+static void barrier_thread(void *p)
+{
+    struct barrier_arg *a = p;
+    a->rc = c10d_store_barrier(a->store, "all", 3, 10000);
+}
+
+/* Once every participant got through, the barrier's keys are gone: the
+ * last one out deletes them (a group's members cannot: non-members take part
+ * in its barrier too). */
+static void test_barrier_leaves_no_keys(void **state)
+{
+    (void)state;
+    c10d_store *s;
+    assert_int_equal(c10d_store_hash_create(&s), 0);
+    struct barrier_arg args[3];
+    uv_thread_t th[3];
+    for (int i = 0; i < 3; i++) {
+        args[i] = (struct barrier_arg){s, -1};
+        assert_int_equal(uv_thread_create(&th[i], barrier_thread, &args[i]), 0);
+    }
+    for (int i = 0; i < 3; i++) {
+        uv_thread_join(&th[i]);
+        assert_int_equal(args[i].rc, 0);
+    }
+    int64_t keys = -1;
+    assert_int_equal(c10d_store_num_keys_sync(s, &keys), 0);
+    assert_int_equal(keys, 0);
     c10d_store_release(s);
 }
 
@@ -301,6 +342,7 @@ int main(void)
         cmocka_unit_test(test_missing_env),
         cmocka_unit_test(test_bad_urls),
         cmocka_unit_test(test_barrier_timeout_message),
+        cmocka_unit_test(test_barrier_leaves_no_keys),
         cmocka_unit_test(test_env),
         cmocka_unit_test(test_tcp),
         cmocka_unit_test(test_file),

@@ -2,7 +2,15 @@
  * _store_based_barrier): every caller adds itself to one counter key, the
  * last arrival sets "<key>:last_worker", everyone waits for that key, with a
  * progress line every 30 s naming how many ranks arrived. A client-side
- * helper on the blocking store calls, usable on any store. */
+ * helper on the blocking store calls, usable on any store.
+ *
+ * Then every caller that got through counts itself out on "<key>:left", and
+ * the one that completes that count deletes the three keys: only then has
+ * every participant read them. Nobody else can: a new_group's barrier runs on
+ * every rank of the world, members or not, so its members destroying the
+ * group know nothing of the others (they deleted "last_worker" under a
+ * non-member's WAIT once). A PyTorch rank in the barrier never counts out,
+ * so with one the keys stay, as torch leaves them. */
 #include "store.h"
 
 #include "engine/log.h"
@@ -24,9 +32,10 @@ int c10d_store_barrier(c10d_store *store, const char *name, int world_size, int6
                           world_size);
     if (timeout_ms <= 0)
         timeout_ms = c10d_store_timeout(store);
-    char key[512], last[600];
+    char key[512], last[600], left[600];
     snprintf(key, sizeof key, "store_based_barrier_key:%s", name);
     snprintf(last, sizeof last, "%s:last_worker", key);
+    snprintf(left, sizeof left, "%s:left", key);
     int64_t joined = 0;
     C10D_CHECK(c10d_store_add_sync(store, key, 1, NULL));
     C10D_CHECK(c10d_store_add_sync(store, key, 0, &joined));
@@ -69,5 +78,12 @@ int c10d_store_barrier(c10d_store *store, const char *name, int world_size, int6
     }
     C10D_DEBUG("rendezvous", "completed store based barrier for key %s with %d nodes", key,
                world_size);
+    /* The barrier is passed: a failing clean-up only leaves keys behind. */
+    int64_t out = 0;
+    if (c10d_store_add_sync(store, left, 1, &out) == 0 && out == world_size) {
+        const char *gone[] = {key, last, left};
+        for (int i = 0; i < 3; i++)
+            c10d_store_delete_key_sync(store, gone[i], NULL);
+    }
     return 0;
 }
