@@ -24,4 +24,9 @@ int c10d__attempt_store(c10d_store *base, int rank, int world_size, int shared, 
 int c10d__rendezvous(const char *url, const c10d_rendezvous_opts *opts, c10d_rendezvous_result *out,
                      int *store_outlives_job);
 
+/* rendezvous.c: an op of a group of this process failed, so its peers may be
+ * gone or stuck: a store this process hosts stops at c10d_shutdown without
+ * waiting for their connections to close. Any thread. */
+void c10d__hosted_store_skip_linger(void);
+
 #endif

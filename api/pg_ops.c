@@ -4,6 +4,7 @@
  * backends see ops in sequence order whatever thread issued them. */
 #include "pg.h"
 
+#include "api/attempt.h"
 #include "engine/error.h"
 #include "engine/flight_recorder.h"
 #include "engine/log.h"
@@ -78,6 +79,7 @@ void c10d__pg_poison(c10d_pg *pg, int status, const char *message)
         free(pg->first_error);
         pg->first_error = strdup(message != NULL && *message ? message : c10d_strerror(status));
         C10D_WARN("pg", "process group %s is now failed: %s", pg->name, first_error_locked(pg));
+        c10d__hosted_store_skip_linger();
     }
     uv_mutex_unlock(&pg->mutex);
     if (pg->aborted_on_loop)
@@ -114,6 +116,7 @@ static void poison_from_caller(c10d_pg *pg, int status, const char *message)
         pg->first_status = status;
         free(pg->first_error);
         pg->first_error = strdup(message);
+        c10d__hosted_store_skip_linger();
     }
     uv_mutex_unlock(&pg->mutex);
     struct poison_call *p = calloc(1, sizeof *p);

@@ -19,6 +19,7 @@
 #include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,18 +38,48 @@ struct hosted {
 };
 
 static struct hosted *hosted_list; /* loop thread only */
+static atomic_int skip_linger;
+
+void c10d__hosted_store_skip_linger(void)
+{
+    atomic_store(&skip_linger, 1);
+}
 static struct c10d__shutdown_hook hosted_hook;
 static int hosted_hook_registered;
 
+static void on_drained(void *arg, size_t left)
+{
+    struct hosted *h = arg;
+    if (left > 0)
+        C10D_WARN("rendezvous",
+                  "stopping the store on port %d with %zu client(s) still connected after %lld ms "
+                  "(C10D_STORE_LINGER_MS); ranks still running lose it",
+                  h->port, left, (long long)c10d__env_int(C10D_ENV_STORE_LINGER_MS));
+    c10d__store_server_stop(h->server, NULL, NULL);
+    free(h);
+    c10d__engine_release_stop();
+}
+
+/* Other ranks may still need the store when this one is done (a rank that
+ * connects lazily reads a peer's address on first use): each server keeps
+ * serving until its last client left, C10D_STORE_LINGER_MS at most. This
+ * process's own clients closed in their hooks. After a failed op nobody
+ * waits: a stopped or cut-off peer would hold the exit for the whole time. */
 static void stop_hosted(struct c10d__shutdown_hook *hook)
 {
     (void)hook;
     hosted_hook_registered = 0;
+    int64_t linger = atomic_load(&skip_linger) ? 0 : c10d__env_int(C10D_ENV_STORE_LINGER_MS);
     while (hosted_list) {
         struct hosted *h = hosted_list;
         hosted_list = h->next;
-        c10d__store_server_stop(h->server, NULL, NULL);
-        free(h);
+        if (linger <= 0) {
+            c10d__store_server_stop(h->server, NULL, NULL);
+            free(h);
+            continue;
+        }
+        c10d__engine_hold_stop();
+        c10d__store_server_drain(h->server, (uint64_t)linger, on_drained, h);
     }
 }
 

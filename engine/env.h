@@ -131,6 +131,9 @@
       "address rank 0's embedded store listens on, * for every address (default: the address "     \
       "MASTER_ADDR resolves to; every address when MASTER_ADDR is a name that resolves to "        \
       "loopback here only, does not resolve yet, or is not an address of this host)")              \
+    X(STORE_LINGER_MS, "C10D_STORE_LINGER_MS", NULL, "5000",                                       \
+      "how long c10d_shutdown on the rank hosting the store keeps serving ranks still connected "  \
+      "to it (a rank reading a peer's address lazily needs it); 0 stops it at once")               \
     X(STORE_TOKEN, "C10D_STORE_TOKEN", NULL, "",                                                   \
       "shared secret of the job: store clients present it before any command and every "           \
       "data-port hello carries it; servers refuse connections without it")                         \

@@ -42,6 +42,8 @@ struct engine {
     int stopping;     /* posts are refused (engine_mutex) */
     /* Loop thread only from here on. */
     int stop_requested;
+    int hooks_ran;  /* the shutdown hooks of this stop ran */
+    int stop_holds; /* c10d__engine_hold_stop: the rest of the stop waits */
     struct c10d__shutdown_hook *hooks;
     struct c10d__task stop_task;
     int64_t batch;            /* tasks run per turn (C10D_ENGINE_BATCH) */
@@ -169,20 +171,26 @@ static void run_sweeps(void)
         s->fn();
 }
 
-/* Loop thread. Order matters: modules fail their operations first (their
- * callbacks may post tasks, which still run), then posting is closed, then
- * works created in the meantime are failed too, then every handle is closed
- * and uv_run returns once their close callbacks have run. The loop never
- * polls busily again: it has nothing left to wait for but close callbacks. */
-static void engine_stop_on_loop(struct engine *e)
+static void run_hooks(struct engine *e)
 {
-    e->spin_ns = e->spin_until = 0;
     while (e->hooks != NULL) {
         struct c10d__shutdown_hook *h = e->hooks;
         e->hooks = h->next;
         h->next = NULL;
         h->fn(h);
     }
+}
+
+/* Loop thread. Order matters: modules fail their operations first, in their
+ * hooks (run_posted; their callbacks may post tasks, which still run), and
+ * any hold ends; then posting is closed, then works created in the meantime
+ * are failed too, then every handle is closed and uv_run returns once their
+ * close callbacks have run. The loop never polls busily again: it has
+ * nothing left to wait for but close callbacks. */
+static void engine_stop_on_loop(struct engine *e)
+{
+    e->spin_ns = e->spin_until = 0;
+    run_hooks(e); /* any registered while a hold kept the loop serving */
     run_tasks(e->ready);
     e->ready = NULL;
     run_sweeps();
@@ -265,8 +273,17 @@ static void run_posted(struct engine *e)
         t->next = NULL;
         t->fn(t);
     }
-    if (e->stop_requested && !e->stopping)
-        engine_stop_on_loop(e);
+    if (e->stop_requested && !e->stopping) {
+        /* The hooks first; a hook that must keep serving a while holds the
+         * rest (posting closed, every handle closed) back. */
+        if (!e->hooks_ran) {
+            e->hooks_ran = 1;
+            e->spin_ns = e->spin_until = 0;
+            run_hooks(e);
+        }
+        if (e->stop_holds == 0)
+            engine_stop_on_loop(e);
+    }
 }
 
 static void stop_task_fn(struct c10d__task *t)
@@ -472,6 +489,18 @@ void c10d__engine_on_shutdown(struct c10d__shutdown_hook *hook)
         return;
     hook->next = loop_engine->hooks;
     loop_engine->hooks = hook;
+}
+
+void c10d__engine_hold_stop(void)
+{
+    if (loop_engine != NULL)
+        loop_engine->stop_holds++;
+}
+
+void c10d__engine_release_stop(void)
+{
+    if (loop_engine != NULL && loop_engine->stop_holds > 0)
+        loop_engine->stop_holds--;
 }
 
 void c10d__engine_remove_shutdown_hook(struct c10d__shutdown_hook *hook)

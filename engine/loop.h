@@ -57,6 +57,14 @@ struct c10d__shutdown_hook {
 void c10d__engine_on_shutdown(struct c10d__shutdown_hook *hook);
 void c10d__engine_remove_shutdown_hook(struct c10d__shutdown_hook *hook);
 
+/* A shutdown hook whose module must keep serving others a while (the store
+ * server a rank hosts: the other ranks may still need it after this one is
+ * done) takes a hold; the rest of the shutdown (posting closed, every handle
+ * closed) waits until each hold is released, the loop running as before.
+ * Loop thread only; whoever holds must release in bounded time. */
+void c10d__engine_hold_stop(void);
+void c10d__engine_release_stop(void);
+
 /* A sweep ends what a module still holds when an engine shuts down; unlike a
  * hook it is registered once per process (any thread) and runs at every
  * shutdown, twice: after the hooks, and again once posting is closed, so that

@@ -465,6 +465,45 @@ static void test_lazy_reads_addresses_on_first_use(void **state)
     run_all_pass(3, lazy_main);
 }
 
+/* Lazily, ranks 1 and 2 read each other's address when they first talk,
+ * from the store rank 0 hosts, and rank 0 is done before that: its shutdown
+ * keeps the store serving until they left (C10D_STORE_LINGER_MS). */
+static int host_leaves_first_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    (void)n;
+    setenv("C10D_TCP_LAZY_INIT", "1", 1);
+    unsetenv("C10D_STORE_LINGER_MS");
+    c10d__env_reload();
+    c10d_pg *world = NULL;
+    MP_CHECK(init(&world) == 0, "init: %s", c10d_last_error());
+    if (rank == 0) {
+        c10d_pg_destroy(world);
+        uint64_t t0 = now_ms();
+        c10d_shutdown();
+        /* It waited for them (a few hundred ms), not for the whole 5 s. */
+        MP_CHECK(now_ms() - t0 < 4000, "shutdown took %llu ms",
+                 (unsigned long long)(now_ms() - t0));
+        return 0;
+    }
+    usleep(300 * 1000);
+    int32_t v = rank == 1 ? 7 : 0;
+    c10d_work *w = NULL;
+    int rc = rank == 1 ? c10d_send(world, &v, 1, C10D_INT32, 2, 0, NULL, &w)
+                       : c10d_recv(world, &v, 1, C10D_INT32, 1, 0, NULL, &w);
+    MP_CHECK(rc == 0 && c10d_work_wait_release(w) == 0, "p2p: %s", c10d_last_error());
+    MP_CHECK(v == 7, "received %d", v);
+    c10d_pg_destroy(world);
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_host_leaves_first(void **state)
+{
+    (void)state;
+    run_all_pass(3, host_leaves_first_main);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -474,6 +513,7 @@ int main(void)
         cmocka_unit_test(test_groups_created_in_different_orders_default),
         cmocka_unit_test(test_groups_churn_without_barrier),
         cmocka_unit_test(test_lazy_reads_addresses_on_first_use),
+        cmocka_unit_test(test_host_leaves_first),
         cmocka_unit_test(test_shrink_after_kill),
         cmocka_unit_test(test_local_synchronization),
     };

@@ -95,6 +95,9 @@ struct c10d__store_server {
     uint64_t last_reject_log_ms, rejects_unlogged;
     int stopping;
     int open_handles;
+    void (*drain_cb)(void *arg, size_t left); /* c10d__store_server_drain */
+    void *drain_arg;
+    uint64_t drain_until;
     void (*stop_cb)(void *arg);
     void *stop_arg;
 };
@@ -236,6 +239,17 @@ static void wlist_remove(struct c10d__store_server *srv, struct conn *c)
 
 static void resume_waiting(struct c10d__store_server *srv);
 
+/* The drain is over once nobody is connected, or at its deadline. */
+static void check_drain(struct c10d__store_server *srv)
+{
+    if (srv->drain_cb == NULL || srv->stopping ||
+        (srv->nconns > 0 && uv_now(srv->loop) < srv->drain_until))
+        return;
+    void (*cb)(void *, size_t) = srv->drain_cb;
+    srv->drain_cb = NULL;
+    cb(srv->drain_arg, srv->nconns);
+}
+
 static void on_conn_closed(uv_handle_t *h)
 {
     struct conn *c = h->data;
@@ -244,6 +258,7 @@ static void on_conn_closed(uv_handle_t *h)
     c10d__store_session_free(&c->s);
     free(c);
     resume_waiting(srv);
+    check_drain(srv);
     handle_closed(srv);
 }
 
@@ -835,6 +850,9 @@ static void on_tick(uv_timer_t *t)
         srv->listen_paused = 0;
         uv_poll_start(srv->listener, UV_READABLE, on_listen_io);
     }
+    check_drain(srv);
+    if (srv->stopping)
+        return;
     uint64_t now = uv_now(srv->loop);
     close_stuck_readers(srv, now);
     close_stalled_requests(srv, now);
@@ -1110,12 +1128,24 @@ void c10d__store_server_stop(struct c10d__store_server *s, void (*cb)(void *arg)
     if (s->stopping)
         return;
     s->stopping = 1;
+    s->drain_cb = NULL;
     s->stop_cb = cb;
     s->stop_arg = arg;
     uv_close((uv_handle_t *)s->listener, on_listener_closed);
     uv_close((uv_handle_t *)&s->timer, on_timer_closed);
     while (s->conns)
         conn_close(s->conns, NULL);
+}
+
+void c10d__store_server_drain(struct c10d__store_server *s, uint64_t ms,
+                              void (*cb)(void *arg, size_t left), void *arg)
+{
+    if (s->stopping)
+        return;
+    s->drain_cb = cb;
+    s->drain_arg = arg;
+    s->drain_until = uv_now(s->loop) + ms;
+    uv_timer_start(&s->timer, on_tick, 0, TICK_MS); /* nobody connected: says so soon */
 }
 
 /* ---------------------------------------------------------------- stats */
