@@ -417,6 +417,54 @@ static void test_loop_call(void **state)
     pthread_join(stopper, NULL);
 }
 
+/* A shutdown hook that holds the stop keeps the loop serving: a timer it
+ * started fires, and only its release lets c10d_shutdown return. */
+static uv_timer_t hold_timer;
+static struct c10d__shutdown_hook hold_hook;
+static atomic_int hold_released, hold_stopping_seen;
+
+static void hold_timer_closed(uv_handle_t *h)
+{
+    (void)h;
+}
+
+static void on_hold_timer(uv_timer_t *t)
+{
+    /* Posting is still open while held: the stop has not gone past the hooks. */
+    if (c10d__engine_stopping())
+        atomic_store(&hold_stopping_seen, 1);
+    atomic_store(&hold_released, 1);
+    uv_close((uv_handle_t *)t, hold_timer_closed);
+    c10d__engine_release_stop();
+}
+
+static void hold_hook_fn(struct c10d__shutdown_hook *h)
+{
+    (void)h;
+    c10d__engine_hold_stop();
+    uv_timer_init(c10d__engine_loop(), &hold_timer);
+    uv_timer_start(&hold_timer, on_hold_timer, 200, 0);
+}
+
+static void register_hold(struct c10d__loop_call *call, void *arg)
+{
+    (void)arg;
+    hold_hook.fn = hold_hook_fn;
+    c10d__engine_on_shutdown(&hold_hook);
+    c10d__loop_call_done(call, 0, NULL);
+}
+
+static void test_shutdown_hold(void **state)
+{
+    (void)state;
+    atomic_store(&hold_released, 0);
+    int abandoned = 0;
+    assert_int_equal(c10d__loop_call_run(register_hold, NULL, NULL, 5000, "late", &abandoned), 0);
+    assert_int_equal(c10d_shutdown(), 0);
+    assert_int_equal(atomic_load(&hold_released), 1);
+    assert_int_equal(atomic_load(&hold_stopping_seen), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -429,6 +477,7 @@ int main(void)
         cmocka_unit_test(test_concurrent_shutdown),
         cmocka_unit_test(test_fork),
         cmocka_unit_test(test_loop_call),
+        cmocka_unit_test(test_shutdown_hold),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     c10d_shutdown();
