@@ -61,13 +61,15 @@ static int check_buf(const c10d_pg *pg, const char *opname, const char *what, co
 }
 
 static int check_list(const c10d_pg *pg, const char *opname, const char *what,
-                      const void *const *list, const size_t *counts, size_t count)
+                      const void *const *list, const size_t *counts, size_t count, size_t esz)
 {
     if (list == NULL)
         return FAIL(pg, opname, "%s list is NULL (expected %d buffers, one per rank)", what,
                     pg->size);
     for (int i = 0; i < pg->size; i++) {
-        size_t n = counts != NULL ? counts[i] : count;
+        size_t n = counts != NULL ? counts[i] : count, bytes;
+        if (__builtin_mul_overflow(n, esz, &bytes))
+            return FAIL(pg, opname, "count %zu at index %d of %s is too large", n, i, what);
         if (list[i] == NULL && n > 0)
             return FAIL(pg, opname,
                         "invalid tensor at index %d of %s (NULL buffer for %zu elements)", i, what,
@@ -118,6 +120,9 @@ static int check_splits(const c10d_pg *pg, const char *opname, const struct c10d
                 return FAIL(pg, opname, "recv split sizes overflow at index %d", i);
             recv_total += op->recv_counts[i];
         }
+        size_t bytes;
+        if (__builtin_mul_overflow(recv_total, c10d_dtype_size(op->dtype), &bytes))
+            return FAIL(pg, opname, "recv split sizes sum to %zu elements: too large", recv_total);
     }
     C10D_CHECK(check_buf(pg, opname, "send", op->send, op->count));
     return check_buf(pg, opname, "recv", op->recv, recv_total);
@@ -147,7 +152,7 @@ int c10d__pg_check_op(const c10d_pg *pg, const char *opname, const struct c10d__
 {
     if ((int)op->dtype < 0 || op->dtype >= C10D_DTYPE_COUNT)
         return FAIL(pg, opname, "invalid dtype %d", (int)op->dtype);
-    size_t n = op->count, size = (size_t)pg->size, total;
+    size_t n = op->count, size = (size_t)pg->size, total, esz = c10d_dtype_size(op->dtype);
     if (__builtin_mul_overflow(n, size, &total) ||
         __builtin_mul_overflow(total, c10d_dtype_size(op->dtype), &total))
         return FAIL(pg, opname, "count %zu is too large", n);
@@ -173,7 +178,7 @@ int c10d__pg_check_op(const c10d_pg *pg, const char *opname, const struct c10d__
     case C10D_OP_ALL_GATHER:
         C10D_CHECK(check_buf(pg, opname, "send", op->send, n));
         if (list_form)
-            return check_list(pg, opname, "recvs", (const void *const *)op->recvs, NULL, n);
+            return check_list(pg, opname, "recvs", (const void *const *)op->recvs, NULL, n, esz);
         return check_buf(pg, opname, "recv", op->recv, n * size);
     case C10D_OP_GATHER:
         C10D_CHECK(check_rank(pg, opname, "root", op->root));
@@ -197,15 +202,16 @@ int c10d__pg_check_op(const c10d_pg *pg, const char *opname, const struct c10d__
         C10D_CHECK(check_redop(pg, opname, op));
         C10D_CHECK(check_buf(pg, opname, "recv", op->recv, n));
         if (list_form)
-            return check_list(pg, opname, "sends", op->sends, NULL, n);
+            return check_list(pg, opname, "sends", op->sends, NULL, n, esz);
         return check_buf(pg, opname, "send", op->send, n * size);
     case C10D_OP_ALL_TO_ALL:
         if (!list_form)
             return check_splits(pg, opname, op);
         if (op->send_counts == NULL || op->recv_counts == NULL)
             return FAIL(pg, opname, "the list form needs send_counts and recv_counts");
-        C10D_CHECK(check_list(pg, opname, "sends", op->sends, op->send_counts, 0));
-        return check_list(pg, opname, "recvs", (const void *const *)op->recvs, op->recv_counts, 0);
+        C10D_CHECK(check_list(pg, opname, "sends", op->sends, op->send_counts, 0, esz));
+        return check_list(pg, opname, "recvs", (const void *const *)op->recvs, op->recv_counts, 0,
+                          esz);
     case C10D_OP_BARRIER:
         return 0;
     case C10D_OP_SEND:

@@ -13,6 +13,7 @@
 #include "backends/backend.h"
 #include "engine/loop.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -48,11 +49,12 @@ struct c10d_pg {
     int global_rank;
     int *global_ranks; /* group rank -> global rank (size entries) */
     char *name, *desc;
-    int64_t timeout_ms;
+    _Atomic int64_t timeout_ms; /* c10d_pg_set_timeout changes it */
     int is_default;
     c10d_store *store;      /* "<name>/" over the default_pg store; NULL for tests */
     c10d_store *base_store; /* the default_pg store (barriers) */
     struct c10d__pg_backend backends[C10D__PG_NDEV];
+    const char *host_path;    /* the CPU backend's path at creation (c10d_pg_host_path) */
     int device_index;         /* the CUDA device the group is bound to; -1: none */
     c10d_nccl_opts nccl_opts; /* copied from the creator's (strings owned) */
     const char *backend_name; /* for messages: "tcp", "nccl", "tcp+nccl" */

@@ -254,6 +254,9 @@ static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtabl
     }
     b->vt = vt;
     b->state = cc->state;
+    /* Kept: the state may be torn down on the loop while a caller asks. */
+    if (dev == C10D_DEVICE_CPU && vt->path != NULL)
+        pg->host_path = vt->path(cc->state);
     create_call_free(cc);
     return 0;
 }

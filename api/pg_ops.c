@@ -158,6 +158,29 @@ int c10d__pg_usable_locked(const c10d_pg *pg, const char *opname)
     return 0;
 }
 
+int c10d_pg_error(c10d_pg *pg)
+{
+    if (pg == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_error: pg is NULL");
+    /* Under the lock: a live group's backend states stay until a close, which
+     * marks the group closed under this lock first. */
+    uv_mutex_lock(&pg->mutex);
+    int rc = c10d__pg_usable_locked(pg, "group");
+    /* A backend sees a lost peer before any op fails on it. */
+    for (int d = 0; rc == 0 && d < C10D__PG_NDEV; d++) {
+        const struct c10d__pg_backend *b = &pg->backends[d];
+        char msg[768];
+        int st = b->state != NULL && b->vt->failure != NULL
+                     ? b->vt->failure(b->state, msg, sizeof msg)
+                     : 0;
+        if (st < 0)
+            rc =
+                c10d__fail(st, "%s group: process group %s failed: %s", b->vt->name, pg->name, msg);
+    }
+    uv_mutex_unlock(&pg->mutex);
+    return rc;
+}
+
 static int is_p2p(enum c10d__op_kind k)
 {
     return k == C10D_OP_SEND || k == C10D_OP_RECV;

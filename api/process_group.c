@@ -8,6 +8,7 @@
  * create groups in the same order, members or not. */
 #include "pg.h"
 
+#include "api/torch_env.h"
 #include "engine/env.h"
 #include "engine/error.h"
 #include "engine/log.h"
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define TCP_DEFAULT_TIMEOUT_MS  (30 * 60 * 1000)
 #define NCCL_DEFAULT_TIMEOUT_MS (10 * 60 * 1000)
@@ -269,6 +271,15 @@ int c10d_pg_init(const c10d_pg_opts *opts, c10d_pg **out)
     if (o.timeout_ms < 0)
         return c10d__fail(C10D_EINVAL, "c10d_pg_init: invalid timeout %lld ms",
                           (long long)o.timeout_ms);
+    c10d__torch_env_warn_once();
+    /* As torch, which refuses to start with a debug level it does not know. */
+    const char *debug = c10d__env_str(C10D_ENV_DEBUG);
+    if (debug[0] != '\0' && strcasecmp(debug, "OFF") != 0 && strcasecmp(debug, "INFO") != 0 &&
+        strcasecmp(debug, "DETAIL") != 0)
+        return c10d__fail(C10D_EINVAL,
+                          "c10d_pg_init: the value of C10D_DEBUG (or TORCH_DISTRIBUTED_DEBUG) "
+                          "must be OFF, INFO, or DETAIL (got '%s')",
+                          debug);
     if (o.store != NULL) {
         if (o.world_size <= 0)
             return c10d__fail(C10D_EINVAL,
@@ -427,6 +438,34 @@ const char *c10d_pg_desc(const c10d_pg *pg)
 const char *c10d_pg_backend(const c10d_pg *pg)
 {
     return pg != NULL ? pg->backend_name : NULL;
+}
+
+int c10d_pg_set_timeout(c10d_pg *pg, int64_t timeout_ms)
+{
+    if (pg == NULL || timeout_ms <= 0)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_set_timeout: %s",
+                          pg == NULL ? "pg is NULL" : "timeout_ms must be > 0");
+    pg->timeout_ms = timeout_ms;
+    return 0;
+}
+
+int c10d_pg_store(c10d_pg *pg, c10d_store **out)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (pg == NULL || out == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_store: %s is NULL", pg == NULL ? "pg" : "out");
+    if (pg->store == NULL)
+        return c10d__fail(C10D_ENOTFOUND, "c10d_pg_store: process group %s has no store here%s",
+                          pg->name, pg->rank < 0 ? " (this rank is not a member)" : "");
+    c10d_store_retain(pg->store);
+    *out = pg->store;
+    return 0;
+}
+
+const char *c10d_pg_host_path(const c10d_pg *pg)
+{
+    return pg != NULL ? pg->host_path : NULL;
 }
 
 uint64_t c10d_pg_seq(c10d_pg *pg)

@@ -138,6 +138,9 @@ struct c10d__backend_vtable {
      * the backend (C10D_DEBUG=DETAIL's store exchange) checks to stop waiting
      * for ranks that will never come. */
     int (*failure)(void *state, char *msg, size_t n);
+    /* Optional; asked once the state is created, before any op: how data
+     * moves between the group's ranks ("shm", "tcp"). */
+    const char *(*path)(void *state);
     /* Frees the state, after abort or once idle; same rules for done. */
     void (*destroy)(void *state, c10d__backend_done_fn done, void *arg);
     /* printf format of the key (under the backend's store, one per rank) where

@@ -38,9 +38,18 @@ static void env_load_locked(void)
         env_values[i] = NULL;
         env_from_fallback[i] = 0;
         const char *v = getenv(env_table[i].name);
-        if ((v == NULL || *v == '\0') && env_table[i].fallback != NULL) {
-            v = getenv(env_table[i].fallback);
-            env_from_fallback[i] = v != NULL && *v != '\0';
+        /* The fallbacks in order: "A, B" (torch's newer name first). */
+        for (const char *f = env_table[i].fallback; (v == NULL || *v == '\0') && f != NULL;) {
+            const char *end = strchr(f, ',');
+            size_t len = end != NULL ? (size_t)(end - f) : strlen(f);
+            char name[64];
+            if (len < sizeof name) {
+                memcpy(name, f, len);
+                name[len] = '\0';
+                v = getenv(name);
+                env_from_fallback[i] = v != NULL && *v != '\0';
+            }
+            f = end != NULL ? end + 2 : NULL;
         }
         if (v != NULL && *v != '\0')
             env_values[i] = strdup(v);

@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-/* X(id, name, fallback name or NULL, default text, description) */
+/* X(id, name, fallback names ("A, B": A first) or NULL, default text, description) */
 #define C10D_ENV_VARS(X)                                                                           \
     X(LOG_LEVEL, "C10D_LOG_LEVEL", "TORCH_CPP_LOG_LEVEL", "WARN",                                  \
       "log threshold: TRACE, DEBUG, INFO, WARN, ERROR, OFF (torch's INFO/WARNING/ERROR/FATAL "     \
@@ -50,11 +50,9 @@
     X(TCP_SEGMENT, "C10D_TCP_SEGMENT", NULL, "524288",                                             \
       "tcp backend: segment size in bytes of the pipelined ring")                                  \
     X(SHM, "C10D_SHM", NULL, "1",                                                                  \
-      "tcp backend: 1 runs all_reduce, reduce, reduce_scatter, broadcast, all_gather and barrier " \
-      "through shared "                                                                            \
-      "memory in a group whose ranks all share "                                                   \
-      "this host (same boot, user, pid and network namespace, host name); 0 on any rank: tcp "     \
-      "only")                                                                                      \
+      "tcp backend: 1 runs the collectives (all_to_all with per-rank counts or lists excepted) "   \
+      "through shared memory in a group whose ranks all share this host (same boot, user, pid "    \
+      "and network namespace, host name); 0 on any rank: tcp only")                                \
     X(SHM_SLOT_BYTES, "C10D_SHM_SLOT_BYTES", NULL, "262144",                                       \
       "shared-memory path: bytes of each of a rank's two slots in the segment (an op "             \
       "runs in chunks of this size; rank 0's value counts)")                                       \
@@ -158,11 +156,13 @@
     X(NCCL_PEER_CHECK_MS, "C10D_NCCL_PEER_CHECK_MS", NULL, "1000",                                 \
       "nccl backend: while ops are in flight, how often a rank looks in the store for another "    \
       "rank's failure of the group (0: never; each rank then fails by its own timeout)")           \
-    X(TRACE_BUFFER_SIZE, "C10D_TRACE_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "2000",         \
+    X(TRACE_BUFFER_SIZE, "C10D_TRACE_BUFFER_SIZE",                                                 \
+      "TORCH_FR_BUFFER_SIZE, TORCH_NCCL_TRACE_BUFFER_SIZE", "2000",                                \
       "flight recorder: how many of the last ops (every group, every backend) the process "        \
       "keeps for its dump (0: off)")                                                               \
-    X(TRACE_FILE_PREFIX, "C10D_TRACE_FILE_PREFIX", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",              \
-      "/tmp/c10d_trace_rank_", "flight recorder: dumps are written to <prefix><rank>.json")        \
+    X(TRACE_FILE_PREFIX, "C10D_TRACE_FILE_PREFIX",                                                 \
+      "TORCH_FR_DUMP_TEMP_FILE, TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "/tmp/c10d_trace_rank_",         \
+      "flight recorder: dumps are written to <prefix><rank>.json")                                 \
     X(TRACE_DUMP_ON_FAILURE, "C10D_TRACE_DUMP_ON_FAILURE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "1",      \
       "flight recorder: dump when an op times out or fails, and ask every rank to dump too "       \
       "(through the default group's store)")                                                       \

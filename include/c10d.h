@@ -375,8 +375,24 @@ C10D_EXPORT const char *c10d_pg_name(const c10d_pg *pg);
 C10D_EXPORT const char *c10d_pg_desc(const c10d_pg *pg);
 C10D_EXPORT const char *c10d_pg_backend(const c10d_pg *pg);
 C10D_EXPORT uint64_t c10d_pg_seq(c10d_pg *pg);
+/* How the group's host (CPU) backend moves data between its ranks, as chosen
+ * at creation: "shm" (every rank on this host: shared memory, docs/shm.md) or
+ * "tcp"; NULL for NULL, a group this rank is not in, or one without a host
+ * backend. */
+C10D_EXPORT const char *c10d_pg_host_path(const c10d_pg *pg);
 /* The sequence number of the group's last point-to-point op (or batch). */
 C10D_EXPORT uint64_t c10d_pg_p2p_seq(c10d_pg *pg);
+/* 0 while the group is usable; else the status that failed it (an op's
+ * error, a lost peer the backend saw, an abort, a destroy), with its message
+ * in c10d_last_error(), without running an op (torch's get_error). */
+C10D_EXPORT int c10d_pg_error(c10d_pg *pg);
+/* The timeout of the group's later ops (those already submitted keep theirs),
+ * as torch's _set_pg_timeout. C10D_EINVAL for timeout_ms <= 0. */
+C10D_EXPORT int c10d_pg_set_timeout(c10d_pg *pg, int64_t timeout_ms);
+/* The group's store: the job's store under the group's prefix, as the
+ * backends use it (torch's _get_process_group_store). A new reference
+ * (c10d_store_release it); C10D_ENOTFOUND on a rank not in the group. */
+C10D_EXPORT int c10d_pg_store(c10d_pg *pg, c10d_store **out);
 /* 1 while the default group exists (torch's is_initialized). */
 C10D_EXPORT int c10d_is_initialized(void);
 /* Graceful: waits (bounded) for pending ops, then frees. */

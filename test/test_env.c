@@ -5,6 +5,7 @@
 #include <cmocka.h>
 
 #include "c10d.h"
+#include "api/torch_env.h"
 #include "engine/env.h"
 #include "engine/log.h"
 
@@ -41,8 +42,14 @@ static void test_readme_lists_every_variable(void **state)
         snprintf(cell, sizeof cell, "| `%s`", t[i].name);
         if (strstr(readme, cell) == NULL)
             fail_msg("README.md has no table row for %s", t[i].name);
-        if (t[i].fallback != NULL && strstr(readme, t[i].fallback) == NULL)
-            fail_msg("README.md does not mention the fallback %s", t[i].fallback);
+        for (const char *f = t[i].fallback; f != NULL;) {
+            const char *end = strchr(f, ',');
+            char name[64];
+            snprintf(name, sizeof name, "%.*s", end != NULL ? (int)(end - f) : (int)strlen(f), f);
+            if (strstr(readme, name) == NULL)
+                fail_msg("README.md does not mention the fallback %s", name);
+            f = end != NULL ? end + 2 : NULL;
+        }
     }
     free(readme);
 }
@@ -89,6 +96,48 @@ static void test_int_parsing(void **state)
     c10d__env_reload();
 }
 
+/* Own name first, then each fallback in order (torch's newer name, then its
+ * older one). */
+static void test_fallbacks_in_order(void **state)
+{
+    (void)state;
+    setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "9", 1);
+    c10d__env_reload();
+    assert_int_equal(c10d__env_int(C10D_ENV_TRACE_BUFFER_SIZE), 9);
+    setenv("TORCH_FR_BUFFER_SIZE", "7", 1);
+    c10d__env_reload();
+    assert_int_equal(c10d__env_int(C10D_ENV_TRACE_BUFFER_SIZE), 7);
+    setenv("C10D_TRACE_BUFFER_SIZE", "5", 1);
+    c10d__env_reload();
+    assert_int_equal(c10d__env_int(C10D_ENV_TRACE_BUFFER_SIZE), 5);
+    unsetenv("C10D_TRACE_BUFFER_SIZE");
+    unsetenv("TORCH_FR_BUFFER_SIZE");
+    unsetenv("TORCH_NCCL_TRACE_BUFFER_SIZE");
+    setenv("TORCH_FR_DUMP_TEMP_FILE", "/x/fr_", 1);
+    c10d__env_reload();
+    assert_string_equal(c10d__env_str(C10D_ENV_TRACE_FILE_PREFIX), "/x/fr_");
+    unsetenv("TORCH_FR_DUMP_TEMP_FILE");
+    c10d__env_reload();
+    assert_int_equal(c10d__env_int(C10D_ENV_TRACE_BUFFER_SIZE), 2000);
+}
+
+/* torch's variables that do nothing here are named, not silently dropped. */
+static void test_ignored_torch_variables(void **state)
+{
+    (void)state;
+    const char *names[8];
+    unsetenv("TORCH_NCCL_BLOCKING_WAIT");
+    size_t before = c10d__torch_env_ignored(names, 8);
+    setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 1);
+    size_t n = c10d__torch_env_ignored(names, 8);
+    assert_int_equal(n, before + 1);
+    int found = 0;
+    for (size_t i = 0; i < n && i < 8; i++)
+        found |= strcmp(names[i], "TORCH_NCCL_BLOCKING_WAIT") == 0;
+    assert_true(found);
+    unsetenv("TORCH_NCCL_BLOCKING_WAIT");
+}
+
 static void test_status_codes(void **state)
 {
     (void)state;
@@ -112,6 +161,8 @@ int main(void)
         cmocka_unit_test(test_readme_lists_every_variable),
         cmocka_unit_test(test_log_levels),
         cmocka_unit_test(test_int_parsing),
+        cmocka_unit_test(test_fallbacks_in_order),
+        cmocka_unit_test(test_ignored_torch_variables),
         cmocka_unit_test(test_status_codes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

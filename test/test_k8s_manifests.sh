@@ -13,10 +13,10 @@ fail() {
 }
 ls "$dir"/*.yaml >/dev/null 2>&1 || fail "no manifests"
 
-# The names the library reads: X(id, "NAME", "FALLBACK" or NULL, ...).
-known=$(tr -d '\\\n' <"$src/engine/env.h" | grep -o 'X([A-Z0-9_]*, *"[A-Z0-9_]*", *\(NULL\|"[A-Z0-9_]*"\)' |
-    sed 's/^X([A-Z0-9_]*, *"\([A-Z0-9_]*\)", *"\{0,1\}\([A-Z0-9_]*\)"\{0,1\}$/\1 \2/' | tr ' ' '\n' |
-    grep -v -e '^NULL$' -e '^$' | sort -u)
+# The names the library reads: X(id, "NAME", "FALLBACK, FALLBACK2" or NULL, ...).
+known=$(tr -d '\\\n' <"$src/engine/env.h" |
+    grep -o 'X([A-Z0-9_]*, *"[A-Z0-9_]*", *\(NULL\|"[A-Z0-9_, ]*"\)' |
+    sed 's/^X([A-Z0-9_]*, *//' | grep -o '[A-Z0-9_]*' | grep -v -e '^NULL$' -e '^$' | sort -u)
 echo "$known" | grep -qx MASTER_ADDR || fail "could not read the names in engine/env.h"
 
 if command -v python3 >/dev/null 2>&1 && python3 -c 'import yaml' 2>/dev/null; then

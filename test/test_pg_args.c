@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "api/pg.h"
+#include "engine/env.h"
 #include "engine/loop.h"
 #include "engine/work.h"
 
@@ -277,6 +278,7 @@ static void test_collective_rules(void **state)
     EXPECT_ERR(c10d_all_gather_list(pg, buf, NULL, 16, C10D_FLOAT32, NULL, NULL), C10D_EINVAL,
                "tcp all_gather: recvs list is NULL (expected 4 buffers, one per rank)");
     const void *sends[4] = {buf, NULL, buf, buf};
+    const void *sends4[4] = {buf, buf, buf, buf};
     EXPECT_ERR(
         c10d_reduce_scatter_list(pg, sends, out, 16, C10D_FLOAT32, C10D_SUM, NULL, NULL),
         C10D_EINVAL,
@@ -290,6 +292,16 @@ static void test_collective_rules(void **state)
                C10D_EINVAL, "tcp all_to_all: send split sizes sum to 11 (expected count 10)");
     EXPECT_ERR(c10d_all_to_all(pg, sends, NULL, recvs, rc4, C10D_FLOAT32, NULL, NULL), C10D_EINVAL,
                "tcp all_to_all: the list form needs send_counts and recv_counts");
+    /* Elements that fit a size_t but whose bytes do not: refused at the call,
+     * not failed (with the group) while running. */
+    size_t huge[4] = {((size_t)1 << 62) + 1, 1, 0, 0}, ten[4] = {4, 2, 2, 2};
+    EXPECT_ERR(c10d_all_to_all_single(pg, buf, out, 10, ten, huge, C10D_FLOAT32, NULL, NULL),
+               C10D_EINVAL,
+               "tcp all_to_all: recv split sizes sum to 4611686018427387906 elements: too large");
+    void *recvs4[4] = {out, out, out, out};
+    EXPECT_ERR(c10d_all_to_all(pg, sends4, ten, recvs4, huge, C10D_FLOAT32, NULL, NULL),
+               C10D_EINVAL,
+               "tcp all_to_all: count 4611686018427387905 at index 0 of recvs is too large");
     o = (c10d_op_opts){0};
     o.premul_factor = 1.0 / 0.0;
     EXPECT_ERR(c10d_all_reduce(pg, buf, buf, 16, C10D_FLOAT32, C10D_PREMUL_SUM, &o, NULL),
@@ -589,6 +601,15 @@ static void test_init_rules(void **state)
     o.backend = "tpu:tcp";
     EXPECT_ERR(c10d_pg_init(&o, &pg), C10D_EINVAL,
                "backend config \"tpu:tcp\": unknown device \"tpu\"");
+    /* A debug level torch does not know stops it from starting; so here. */
+    o.backend = NULL;
+    setenv("C10D_DEBUG", "banana", 1);
+    c10d__env_reload();
+    EXPECT_ERR(c10d_pg_init(&o, &pg), C10D_EINVAL,
+               "c10d_pg_init: the value of C10D_DEBUG (or TORCH_DISTRIBUTED_DEBUG) must be OFF, "
+               "INFO, or DETAIL (got 'banana')");
+    unsetenv("C10D_DEBUG");
+    c10d__env_reload();
 }
 
 /* Options carry their size: an older caller's shorter struct is read only as

@@ -149,6 +149,119 @@ static void test_state_machine(void **st)
     c10d__shm_free(s0);
 }
 
+/* Three ranks' state machines on one segment, driven in turn until done. */
+static void drive3(struct c10d__shm_seg *seg[3], struct c10d__op op[3])
+{
+    struct c10d__fp fp;
+    c10d__fp_of(&op[0], &fp);
+    struct c10d__shm_coll x[3];
+    for (int r = 0; r < 3; r++)
+        c10d__shm_coll_start(&x[r], seg[r], &op[r], 0, &fp);
+    int done[3] = {0, 0, 0}, moved;
+    for (int i = 0; i < 100000 && !(done[0] && done[1] && done[2]); i++)
+        for (int r = 2; r >= 0; r--)
+            if (!done[r]) {
+                done[r] = c10d__shm_coll_progress(&x[r], &moved);
+                assert_true(done[r] >= 0);
+            }
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(done[r], 1);
+}
+
+/* gather, scatter, the even all_to_all and the list form of all_gather, in
+ * chunks of a few elements (slots of 96 bytes: 8 floats of every block), with
+ * counts that end mid-chunk. */
+static void test_rooted_and_exchange_ops(void **st)
+{
+    (void)st;
+    enum { C = 37 }; /* elements per block */
+    struct c10d__shm_seg *seg[3];
+    char ref[C10D_SHM_REF_MAX];
+    assert_int_equal(c10d__shm_create(3, 96, &seg[0], ref, sizeof ref), 0);
+    for (int r = 1; r < 3; r++)
+        assert_int_equal(c10d__shm_attach(ref, 3, r, &seg[r]), 0);
+    static float in[3][3 * C], out[3][3 * C];
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < 3 * C; i++)
+            in[r][i] = (float)(r * 1000 + i);
+    struct c10d__op op[3];
+    uint64_t seq = 1;
+    /* all_to_all: block j of rank r goes to block r of rank j. */
+    memset(out, 0, sizeof out);
+    for (int r = 0; r < 3; r++)
+        op[r] = (struct c10d__op){.kind = C10D_OP_ALL_TO_ALL,
+                                  .send = in[r],
+                                  .recv = out[r],
+                                  .count = 3 * C,
+                                  .dtype = C10D_FLOAT32,
+                                  .seq = seq};
+    drive3(seg, op);
+    for (int r = 0; r < 3; r++)
+        for (int j = 0; j < 3; j++)
+            for (int i = 0; i < C; i++)
+                assert_true(out[r][j * C + i] == in[j][r * C + i]);
+    /* scatter from rank 1: block r of its buffer to rank r. */
+    seq++;
+    memset(out, 0, sizeof out);
+    for (int r = 0; r < 3; r++)
+        op[r] = (struct c10d__op){.kind = C10D_OP_SCATTER,
+                                  .send = r == 1 ? in[1] : NULL,
+                                  .recv = out[r],
+                                  .count = C,
+                                  .dtype = C10D_FLOAT32,
+                                  .root = 1,
+                                  .seq = seq};
+    drive3(seg, op);
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < C; i++)
+            assert_true(out[r][i] == in[1][r * C + i]);
+    /* gather to rank 2: every rank's first C elements, in rank order. */
+    seq++;
+    memset(out, 0, sizeof out);
+    for (int r = 0; r < 3; r++)
+        op[r] = (struct c10d__op){.kind = C10D_OP_GATHER,
+                                  .send = in[r],
+                                  .recv = r == 2 ? out[2] : NULL,
+                                  .count = C,
+                                  .dtype = C10D_FLOAT32,
+                                  .root = 2,
+                                  .seq = seq};
+    drive3(seg, op);
+    for (int j = 0; j < 3; j++)
+        for (int i = 0; i < C; i++)
+            assert_true(out[2][j * C + i] == in[j][i]);
+    /* all_gather's list form: rank j's elements land in recvs[j]. */
+    seq++;
+    memset(out, 0, sizeof out);
+    static float lists[3][3][C];
+    void *recvs[3][3];
+    for (int r = 0; r < 3; r++) {
+        for (int j = 0; j < 3; j++)
+            recvs[r][j] = lists[r][2 - j]; /* not in rank order in memory */
+        op[r] = (struct c10d__op){.kind = C10D_OP_ALL_GATHER,
+                                  .send = in[r],
+                                  .recvs = (void *const *)recvs[r],
+                                  .count = C,
+                                  .dtype = C10D_FLOAT32,
+                                  .seq = seq};
+    }
+    drive3(seg, op);
+    for (int r = 0; r < 3; r++)
+        for (int j = 0; j < 3; j++)
+            for (int i = 0; i < C; i++)
+                assert_true(lists[r][2 - j][i] == in[j][i]);
+    /* An uneven all_to_all is not for the segment. */
+    size_t counts[3] = {1, 2, 3};
+    struct c10d__op uneven = {.kind = C10D_OP_ALL_TO_ALL,
+                              .count = 6,
+                              .send_counts = counts,
+                              .recv_counts = counts,
+                              .dtype = C10D_FLOAT32};
+    assert_false(c10d__shm_coll_supports(&uneven, 96, 3));
+    for (int r = 2; r >= 0; r--)
+        c10d__shm_free(seg[r]);
+}
+
 /* ------------------------------------------------- through the public API */
 
 /* Named shared memory of ours (other files, Open MPI's or the GPU
@@ -182,6 +295,11 @@ static int job_main(int rank, int n, void *arg)
     po.timeout_ms = 60000;
     c10d_pg *pg = NULL;
     MP_CHECK(c10d_pg_init(&po, &pg) == 0, "init: %s", c10d_last_error());
+    /* One rank opting out keeps every rank's group on tcp. */
+    const char *path = c10d_pg_host_path(pg);
+    const char *path_want = j->opt_out_rank >= 0 ? "tcp" : "shm";
+    MP_CHECK(path != NULL && strcmp(path, path_want) == 0, "path %s, want %s", path ? path : "NULL",
+             path_want);
     /* Sizes around the slot and the small/large switch, odd counts. */
     static const size_t counts[] = {1, 3, 1023, 1024, 1025, 4097, 70001, 1 << 20};
     for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
@@ -274,6 +392,7 @@ int main(void)
         cmocka_unit_test(test_decide),
         cmocka_unit_test(test_attach_errors),
         cmocka_unit_test(test_state_machine),
+        cmocka_unit_test(test_rooted_and_exchange_ops),
         cmocka_unit_test(test_small_slots_3_ranks),
         cmocka_unit_test(test_large_chunks_4_ranks),
         cmocka_unit_test(test_one_rank_opts_out),

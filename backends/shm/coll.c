@@ -14,18 +14,31 @@
 
 enum { PH_WRITE, PH_REDUCE, PH_GATHER, PH_DONE };
 
+/* Kinds whose slot holds a part of every rank's block: this rank's part for
+ * rank j at j x (chunk elements). */
+static int spread(enum c10d__op_kind kind)
+{
+    return kind == C10D_OP_REDUCE_SCATTER || kind == C10D_OP_SCATTER || kind == C10D_OP_ALL_TO_ALL;
+}
+
 int c10d__shm_coll_supports(const struct c10d__op *op, size_t slot_bytes, int nranks)
 {
     switch (op->kind) {
-    case C10D_OP_REDUCE_SCATTER: /* a chunk holds one element of every block at least */
+    case C10D_OP_ALL_TO_ALL: /* the even split of one buffer; the rest stays on tcp */
+        if (op->send_counts != NULL || op->recv_counts != NULL || op->sends != NULL ||
+            op->recvs != NULL)
+            return 0;
+        /* fall through */
+    case C10D_OP_REDUCE_SCATTER:
+    case C10D_OP_SCATTER: /* a chunk holds one element of every block at least */
         return slot_bytes / ((size_t)nranks * c10d_dtype_size(op->dtype)) > 0;
     case C10D_OP_ALL_REDUCE:
     case C10D_OP_REDUCE:
     case C10D_OP_BROADCAST:
     case C10D_OP_BARRIER:
-        return 1;
     case C10D_OP_ALL_GATHER:
-        return op->recvs == NULL; /* the list form stays on tcp */
+    case C10D_OP_GATHER:
+        return 1;
     default:
         return 0;
     }
@@ -41,10 +54,12 @@ void c10d__shm_coll_start(struct c10d__shm_coll *a, struct c10d__shm_seg *seg,
     a->fp = *fp;
     a->esz = op->kind == C10D_OP_BARRIER ? 1 : c10d_dtype_size(op->dtype);
     a->chunk_elems = seg->slot_bytes / a->esz;
-    if (op->kind == C10D_OP_REDUCE_SCATTER) /* the slot holds a part of every block */
+    if (spread(op->kind))
         a->chunk_elems /= (size_t)seg->nranks;
+    /* all_to_all's count is the whole buffer; every other op's, a block. */
+    a->block_elems = op->kind == C10D_OP_ALL_TO_ALL ? op->count / (size_t)seg->nranks : op->count;
     /* A barrier is one chunk of nothing; another op of nothing is done. */
-    a->phase = op->count == 0 && op->kind != C10D_OP_BARRIER ? PH_DONE : PH_WRITE;
+    a->phase = a->block_elems == 0 && op->kind != C10D_OP_BARRIER ? PH_DONE : PH_WRITE;
     if (a->phase == PH_WRITE)
         a->gen = ++seg->gen;
 }
@@ -104,7 +119,7 @@ static int check_stamps(struct c10d__shm_coll *a)
 
 static size_t chunk_count(const struct c10d__shm_coll *a)
 {
-    size_t left = a->op->count - a->done_elems;
+    size_t left = a->block_elems - a->done_elems;
     return left < a->chunk_elems ? left : a->chunk_elems;
 }
 
@@ -130,18 +145,17 @@ static int write_slot(struct c10d__shm_coll *a)
     const struct c10d__op *op = a->op;
     size_t n = chunk_count(a);
     char *slot = c10d__shm_slot(seg, seg->rank, a->gen);
-    if (op->kind == C10D_OP_REDUCE_SCATTER) {
-        for (int j = 0; j < seg->nranks && n > 0; j++) {
-            const char *block = op->sends != NULL
-                                    ? op->sends[j]
-                                    : (const char *)op->send + (size_t)j * op->count * a->esz;
-            memcpy(slot + (size_t)j * n * a->esz, block + a->done_elems * a->esz, n * a->esz);
-        }
-        if (op->redop == C10D_PREMUL_SUM && n > 0)
-            C10D_CHECK(
-                c10d__reduce_premul(slot, n * (size_t)seg->nranks, op->dtype, op->premul_factor));
+    int spreads = spread(op->kind) && (op->kind != C10D_OP_SCATTER || seg->rank == op->root);
+    for (int j = 0; spreads && j < seg->nranks && n > 0; j++) {
+        const char *block = op->sends != NULL
+                                ? op->sends[j]
+                                : (const char *)op->send + (size_t)j * a->block_elems * a->esz;
+        memcpy(slot + (size_t)j * n * a->esz, block + a->done_elems * a->esz, n * a->esz);
     }
-    const char *src = op->kind == C10D_OP_REDUCE_SCATTER ? NULL : source_of(a);
+    if (op->kind == C10D_OP_REDUCE_SCATTER && op->redop == C10D_PREMUL_SUM && n > 0)
+        C10D_CHECK(
+            c10d__reduce_premul(slot, n * (size_t)seg->nranks, op->dtype, op->premul_factor));
+    const char *src = spread(op->kind) ? NULL : source_of(a);
     if (src != NULL && n > 0) {
         memcpy(slot, src + a->done_elems * a->esz, n * a->esz);
         if (op->redop == C10D_PREMUL_SUM &&
@@ -171,12 +185,21 @@ static int reduce_all(struct c10d__shm_coll *a, size_t at)
     return c10d__reduce_finish(out, n, op->dtype, op->redop, seg->nranks);
 }
 
+/* Where rank r's block of the output starts. */
+static char *block_of(const struct c10d__shm_coll *a, int r)
+{
+    if (a->op->recvs != NULL)
+        return a->op->recvs[r];
+    return (char *)a->op->recv + (size_t)r * a->block_elems * a->esz;
+}
+
 /* Everything but all_reduce's large chunks, once every slot is written. */
 static int read_chunk(struct c10d__shm_coll *a)
 {
     const struct c10d__shm_seg *seg = a->seg;
     const struct c10d__op *op = a->op;
     size_t n = chunk_count(a), off = a->done_elems * a->esz;
+    size_t mine = (size_t)seg->rank * n * a->esz; /* this rank's part of a spread slot */
     switch (op->kind) {
     case C10D_OP_ALL_REDUCE:
         return reduce_all(a, 0);
@@ -188,10 +211,20 @@ static int read_chunk(struct c10d__shm_coll *a)
         return 0;
     case C10D_OP_REDUCE_SCATTER: /* each slot holds this chunk of every block */
         return reduce_all(a, (size_t)seg->rank * n * a->esz);
+    case C10D_OP_SCATTER:
+        memcpy((char *)op->recv + off, c10d__shm_slot(seg, op->root, a->gen) + mine, n * a->esz);
+        return 0;
+    case C10D_OP_ALL_TO_ALL:
+        for (int r = 0; r < seg->nranks; r++)
+            memcpy(block_of(a, r) + off, c10d__shm_slot(seg, r, a->gen) + mine, n * a->esz);
+        return 0;
+    case C10D_OP_GATHER:
+        if (seg->rank != op->root)
+            return 0;
+        /* fall through */
     case C10D_OP_ALL_GATHER:
         for (int r = 0; r < seg->nranks; r++)
-            memcpy((char *)op->recv + (size_t)r * op->count * a->esz + off,
-                   c10d__shm_slot(seg, r, a->gen), n * a->esz);
+            memcpy(block_of(a, r) + off, c10d__shm_slot(seg, r, a->gen), n * a->esz);
         return 0;
     default: /* barrier */
         return 0;
@@ -236,7 +269,7 @@ static void gather_slices(struct c10d__shm_coll *a)
 static void next_chunk(struct c10d__shm_coll *a)
 {
     a->done_elems += chunk_count(a);
-    if (a->done_elems == a->op->count) {
+    if (a->done_elems == a->block_elems) {
         a->phase = PH_DONE;
         return;
     }

@@ -15,6 +15,11 @@
  *   all_gather  every rank copies every slot into that rank's block;
  *   reduce_scatter  every rank writes its part of every block into its slot,
  *               then rank r reduces block r of all slots, in rank order;
+ *   gather      as all_gather, at the root only;
+ *   scatter     the root writes its part of every block into its slot, rank r
+ *               copies part r;
+ *   all_to_all  (an even split) every rank writes its part of every block into
+ *               its slot, rank r copies part r of every slot into block j;
  *   barrier     nothing: arriving was the point.
  * A slot is written again two chunks later, once every rank has arrived at
  * the chunk in between (so it finished reading this one). */
@@ -36,7 +41,8 @@ struct c10d__shm_coll {
     const struct c10d__op *op;
     struct c10d__fp fp;
     size_t esz, chunk_elems, done_elems;
-    uint64_t gen; /* the chunk running */
+    size_t block_elems; /* elements of one rank's block: what the chunks cover */
+    uint64_t gen;       /* the chunk running */
     uint32_t member;
     int phase;
 };

@@ -1010,6 +1010,13 @@ static int tcp_create(const struct c10d__backend_config *cfg, void (*done)(void 
     return 0;
 }
 
+/* s->shm is set before creation completes and stays until destroy. */
+static const char *tcp_path(void *state)
+{
+    const struct tcp_state *s = state;
+    return s->shm != NULL || s->shm_lost ? "shm" : "tcp";
+}
+
 const struct c10d__backend_vtable c10d__tcp_backend = {
     .name = "tcp",
     .check = tcp_check,
@@ -1017,6 +1024,7 @@ const struct c10d__backend_vtable c10d__tcp_backend = {
     .submit = tcp_submit,
     .abort = tcp_abort,
     .failure = tcp_failure,
+    .path = tcp_path,
     .destroy = tcp_destroy,
     .published_key_fmt = ADDR_KEY_FMT,
 };

@@ -1,0 +1,90 @@
+/* A live group inspected and adjusted without running an op: its error
+ * (c10d_pg_error), its store (c10d_pg_store), its timeout
+ * (c10d_pg_set_timeout). Real processes on the tcp backend. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "c10d.h"
+#include "mp_harness.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int inspect_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    (void)n;
+    c10d_pg_opts po = {0};
+    po.timeout_ms = 60000;
+    c10d_pg *pg = NULL;
+    MP_CHECK(c10d_pg_init(&po, &pg) == 0, "init: %s", c10d_last_error());
+    MP_CHECK(c10d_pg_error(pg) == 0, "a fresh group reports %s", c10d_last_error());
+
+    /* The group's store is the one its ranks share. */
+    c10d_store *st = NULL;
+    MP_CHECK(c10d_pg_store(pg, &st) == 0, "pg_store: %s", c10d_last_error());
+    if (rank == 0)
+        MP_CHECK(c10d_store_set_sync(st, "inspect", "from rank 0", 11) == 0, "set: %s",
+                 c10d_last_error());
+    const char *keys[] = {"inspect"};
+    MP_CHECK(c10d_store_wait_sync(st, keys, 1, 10000) == 0, "wait: %s", c10d_last_error());
+    c10d_store_release(st);
+    MP_CHECK(c10d_pg_store(pg, NULL) == C10D_EINVAL, "pg_store without out");
+
+    /* A bad timeout fails that call only. */
+    MP_CHECK(c10d_pg_set_timeout(pg, 0) == C10D_EINVAL, "timeout 0 taken");
+    MP_CHECK(c10d_pg_error(pg) == 0, "a refused call failed the group: %s", c10d_last_error());
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+
+    /* 500 ms from now on: rank 0's all_reduce, which rank 1 never joins,
+     * times out by it (the group's 60 s would outlast the test). */
+    MP_CHECK(c10d_pg_set_timeout(pg, 500) == 0, "set_timeout: %s", c10d_last_error());
+    if (rank == 0) {
+        float x = 1.0f;
+        int rc = c10d_all_reduce_sync(pg, &x, &x, 1, C10D_FLOAT32, C10D_SUM);
+        MP_CHECK(rc == C10D_ETIMEDOUT, "all_reduce returned %d: %s", rc, c10d_last_error());
+        MP_CHECK(c10d_pg_error(pg) == C10D_ETIMEDOUT, "error after the timeout: %s",
+                 c10d_last_error());
+        MP_CHECK(strstr(c10d_last_error(), "Timeout(ms)=500") != NULL, "message: %s",
+                 c10d_last_error());
+    } else {
+        /* Rank 1 runs no op: the error still reaches it (rank 0's group
+         * failing closes its connections). */
+        int rc = 0;
+        for (int i = 0; i < 200 && (rc = c10d_pg_error(pg)) == 0; i++)
+            usleep(50 * 1000);
+        MP_CHECK(rc < 0, "rank 1 never saw rank 0's failure");
+        MP_CHECK(strstr(c10d_last_error(), "process group 0") != NULL, "message: %s",
+                 c10d_last_error());
+    }
+    c10d_pg_abort(pg, "test over");
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_inspect(void **state)
+{
+    (void)state;
+    struct mp_opts o = {0};
+    o.nranks = 2;
+    o.timeout_s = 60;
+    o.kill_on_failure = 1;
+    struct mp_result res;
+    mp_run(&o, inspect_main, NULL, &res);
+    assert_false(res.timed_out);
+    assert_int_equal(res.codes[0], 0);
+    assert_int_equal(res.codes[1], 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_inspect),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
