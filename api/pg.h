@@ -54,7 +54,9 @@ struct c10d_pg {
     c10d_store *store;      /* "<name>/" over the default_pg store; NULL for tests */
     c10d_store *base_store; /* the default_pg store (barriers) */
     struct c10d__pg_backend backends[C10D__PG_NDEV];
-    const char *host_path;    /* the CPU backend's path at creation (c10d_pg_host_path) */
+    const char *host_path; /* the CPU backend's path at creation (c10d_pg_host_path) */
+    c10d_pg_completion_hook completion_hook; /* guarded by mutex */
+    void *completion_arg;
     int device_index;         /* the CUDA device the group is bound to; -1: none */
     c10d_nccl_opts nccl_opts; /* copied from the creator's (strings owned) */
     const char *backend_name; /* for messages: "tcp", "nccl", "tcp+nccl" */
@@ -96,6 +98,8 @@ struct c10d__pg_op {
     struct c10d__pg_op *next_in_list; /* coalesced / batched members */
     void *storage;                    /* copied arrays */
     uint64_t fr_id;                   /* flight recorder record id + 1; 0: not recorded */
+    uint64_t started_ns;
+    int64_t started_wall_us; /* handed to the backend (completion hook) */
 };
 
 /* check.c: docs/semantics.md, 2. Returns 0 or C10D_EINVAL with

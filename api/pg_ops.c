@@ -14,12 +14,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ------------------------------------------------------------ op records */
 
 static const char *first_error_locked(const c10d_pg *pg)
 {
     return pg->first_error != NULL ? pg->first_error : c10d_strerror(pg->first_status);
+}
+
+static int64_t wall_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
 /* Hands the op (list) to its backend: 0, or the backend's refusal, with the
@@ -40,6 +48,8 @@ static int hand_over(c10d_pg *pg, struct c10d__pg_op *po)
         return rc;
     }
     c10d__fr_started(po->fr_id);
+    po->started_ns = c10d__now_ns();
+    po->started_wall_us = wall_us();
     return 0;
 }
 
@@ -55,6 +65,27 @@ static void op_final(c10d_work *w, int status, void *arg)
     c10d__pg_unref(pg);
 }
 
+static void call_completion_hook(c10d_pg_completion_hook hook, void *arg, c10d_work *w, int status,
+                                 const struct c10d__pg_op *po)
+{
+    c10d_work_info info = {
+        .op_type = po->next_in_list != NULL ? "COALESCED" : c10d__op_kind_name(po->op.kind),
+        .seq = po->op.seq,
+        .status = status,
+        .time_started_us = po->started_wall_us,
+        .time_finished_us = wall_us(),
+    };
+    /* Never handed over (refused at submit): it started as it finished. */
+    if (po->started_ns == 0)
+        info.time_started_us = info.time_finished_us;
+    float device_ms;
+    if (c10d_work_duration_ms(w, &device_ms) == 0)
+        info.active_duration_ms = device_ms;
+    else if (po->started_ns != 0)
+        info.active_duration_ms = (double)(c10d__now_ns() - po->started_ns) / 1e6;
+    hook(&info, arg);
+}
+
 static void op_done(c10d_work *w, int status, void *arg)
 {
     struct c10d__pg_op *po = arg;
@@ -66,7 +97,11 @@ static void op_done(c10d_work *w, int status, void *arg)
     uv_mutex_lock(&pg->mutex);
     if (--pg->pending == 0)
         uv_cond_broadcast(&pg->idle_cond);
+    c10d_pg_completion_hook hook = po->internal ? NULL : pg->completion_hook;
+    void *hook_arg = pg->completion_arg;
     uv_mutex_unlock(&pg->mutex);
+    if (hook != NULL)
+        call_completion_hook(hook, hook_arg, w, status, po);
     if (c10d__work_on_complete(w, op_final, po) != 0)
         op_final(w, status, po);
 }
@@ -156,29 +191,6 @@ int c10d__pg_usable_locked(const c10d_pg *pg, const char *opname)
         return c10d__fail(pg->first_status, "%s %s: process group %s failed earlier: %s",
                           pg->backend_name, opname, pg->name, first_error_locked(pg));
     return 0;
-}
-
-int c10d_pg_error(c10d_pg *pg)
-{
-    if (pg == NULL)
-        return c10d__fail(C10D_EINVAL, "c10d_pg_error: pg is NULL");
-    /* Under the lock: a live group's backend states stay until a close, which
-     * marks the group closed under this lock first. */
-    uv_mutex_lock(&pg->mutex);
-    int rc = c10d__pg_usable_locked(pg, "group");
-    /* A backend sees a lost peer before any op fails on it. */
-    for (int d = 0; rc == 0 && d < C10D__PG_NDEV; d++) {
-        const struct c10d__pg_backend *b = &pg->backends[d];
-        char msg[768];
-        int st = b->state != NULL && b->vt->failure != NULL
-                     ? b->vt->failure(b->state, msg, sizeof msg)
-                     : 0;
-        if (st < 0)
-            rc =
-                c10d__fail(st, "%s group: process group %s failed: %s", b->vt->name, pg->name, msg);
-    }
-    uv_mutex_unlock(&pg->mutex);
-    return rc;
 }
 
 static int is_p2p(enum c10d__op_kind k)

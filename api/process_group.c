@@ -440,34 +440,6 @@ const char *c10d_pg_backend(const c10d_pg *pg)
     return pg != NULL ? pg->backend_name : NULL;
 }
 
-int c10d_pg_set_timeout(c10d_pg *pg, int64_t timeout_ms)
-{
-    if (pg == NULL || timeout_ms <= 0)
-        return c10d__fail(C10D_EINVAL, "c10d_pg_set_timeout: %s",
-                          pg == NULL ? "pg is NULL" : "timeout_ms must be > 0");
-    pg->timeout_ms = timeout_ms;
-    return 0;
-}
-
-int c10d_pg_store(c10d_pg *pg, c10d_store **out)
-{
-    if (out != NULL)
-        *out = NULL;
-    if (pg == NULL || out == NULL)
-        return c10d__fail(C10D_EINVAL, "c10d_pg_store: %s is NULL", pg == NULL ? "pg" : "out");
-    if (pg->store == NULL)
-        return c10d__fail(C10D_ENOTFOUND, "c10d_pg_store: process group %s has no store here%s",
-                          pg->name, pg->rank < 0 ? " (this rank is not a member)" : "");
-    c10d_store_retain(pg->store);
-    *out = pg->store;
-    return 0;
-}
-
-const char *c10d_pg_host_path(const c10d_pg *pg)
-{
-    return pg != NULL ? pg->host_path : NULL;
-}
-
 uint64_t c10d_pg_seq(c10d_pg *pg)
 {
     if (pg == NULL)

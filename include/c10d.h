@@ -393,6 +393,23 @@ C10D_EXPORT int c10d_pg_set_timeout(c10d_pg *pg, int64_t timeout_ms);
  * backends use it (torch's _get_process_group_store). A new reference
  * (c10d_store_release it); C10D_ENOTFOUND on a rank not in the group. */
 C10D_EXPORT int c10d_pg_store(c10d_pg *pg, c10d_store **out);
+/* What a group's completion hook is told of each op (torch's WorkInfo). */
+typedef struct c10d_work_info {
+    const char *op_type;       /* torch's OpType name: "ALLREDUCE", "SEND", "COALESCED" */
+    uint64_t seq;              /* the collective's (or P2P op's) sequence number */
+    int status;                /* 0, or the status the op failed with */
+    int64_t time_started_us;   /* wall clock (Unix epoch, us): handed to the backend */
+    int64_t time_finished_us;  /* wall clock: completed */
+    double active_duration_ms; /* device time where measured (C10D_NCCL_ENABLE_TIMING),
+                                * else finished - started */
+} c10d_work_info;
+typedef void (*c10d_pg_completion_hook)(const c10d_work_info *info, void *arg);
+/* Calls hook(info, arg) once for each op of the group when it completes,
+ * failed ones included (the library's own internal ops excepted), on the
+ * loop thread: it must not block. One hook per group (torch's
+ * _register_on_completion_hook); a second is C10D_EINVAL. */
+C10D_EXPORT int c10d_pg_register_completion_hook(c10d_pg *pg, c10d_pg_completion_hook hook,
+                                                 void *arg);
 /* 1 while the default group exists (torch's is_initialized). */
 C10D_EXPORT int c10d_is_initialized(void);
 /* Graceful: waits (bounded) for pending ops, then frees. */

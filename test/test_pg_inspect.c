@@ -1,6 +1,7 @@
 /* A live group inspected and adjusted without running an op: its error
  * (c10d_pg_error), its store (c10d_pg_store), its timeout
- * (c10d_pg_set_timeout). Real processes on the tcp backend. */
+ * (c10d_pg_set_timeout), a hook on every op's completion
+ * (c10d_pg_register_completion_hook). Real processes on the tcp backend. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,10 +11,40 @@
 #include "c10d.h"
 #include "mp_harness.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* What the completion hook saw (it runs on the loop thread). */
+static pthread_mutex_t seen_mu = PTHREAD_MUTEX_INITIALIZER;
+static char seen_types[8][32];
+static uint64_t seen_seq[8];
+static int seen_status[8], seen_n, seen_bad_times;
+
+static void on_completed(const c10d_work_info *info, void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&seen_mu);
+    if (seen_n < 8) {
+        snprintf(seen_types[seen_n], sizeof seen_types[0], "%s", info->op_type);
+        seen_seq[seen_n] = info->seq;
+        seen_status[seen_n] = info->status;
+    }
+    seen_n++;
+    if (info->time_finished_us < info->time_started_us || info->active_duration_ms < 0)
+        seen_bad_times++;
+    pthread_mutex_unlock(&seen_mu);
+}
+
+static int seen_count(void)
+{
+    pthread_mutex_lock(&seen_mu);
+    int n = seen_n;
+    pthread_mutex_unlock(&seen_mu);
+    return n;
+}
 
 static int inspect_main(int rank, int n, void *arg)
 {
@@ -36,6 +67,30 @@ static int inspect_main(int rank, int n, void *arg)
     c10d_store_release(st);
     MP_CHECK(c10d_pg_store(pg, NULL) == C10D_EINVAL, "pg_store without out");
 
+    /* The completion hook: each op once, with torch's names and the seq. */
+    MP_CHECK(c10d_pg_register_completion_hook(pg, on_completed, NULL) == 0, "hook: %s",
+             c10d_last_error());
+    MP_CHECK(c10d_pg_register_completion_hook(pg, on_completed, NULL) == C10D_EINVAL,
+             "a second hook was taken");
+    float v = 1.0f;
+    MP_CHECK(c10d_all_reduce_sync(pg, &v, &v, 1, C10D_FLOAT32, C10D_SUM) == 0, "all_reduce: %s",
+             c10d_last_error());
+    MP_CHECK(c10d_broadcast_sync(pg, &v, &v, 1, C10D_FLOAT32, 0) == 0, "broadcast: %s",
+             c10d_last_error());
+    uint64_t seq = c10d_pg_seq(pg);
+    /* The hook runs on the loop, after the work completed: wait for it. */
+    for (int i = 0; i < 200 && seen_count() < 2; i++)
+        usleep(10 * 1000);
+    pthread_mutex_lock(&seen_mu);
+    MP_CHECK(seen_n == 2, "hook called %d times", seen_n);
+    MP_CHECK(strcmp(seen_types[0], "ALLREDUCE") == 0 && strcmp(seen_types[1], "BROADCAST") == 0,
+             "types %s, %s", seen_types[0], seen_types[1]);
+    MP_CHECK(seen_seq[1] == seq && seen_seq[0] == seq - 1, "seqs %llu %llu, group at %llu",
+             (unsigned long long)seen_seq[0], (unsigned long long)seen_seq[1],
+             (unsigned long long)seq);
+    MP_CHECK(seen_status[0] == 0 && seen_status[1] == 0 && seen_bad_times == 0, "status/times");
+    pthread_mutex_unlock(&seen_mu);
+
     /* A bad timeout fails that call only. */
     MP_CHECK(c10d_pg_set_timeout(pg, 0) == C10D_EINVAL, "timeout 0 taken");
     MP_CHECK(c10d_pg_error(pg) == 0, "a refused call failed the group: %s", c10d_last_error());
@@ -52,6 +107,14 @@ static int inspect_main(int rank, int n, void *arg)
                  c10d_last_error());
         MP_CHECK(strstr(c10d_last_error(), "Timeout(ms)=500") != NULL, "message: %s",
                  c10d_last_error());
+        /* The failed op reached the hook too, with its status. */
+        for (int i = 0; i < 200 && seen_count() < 4; i++)
+            usleep(10 * 1000);
+        pthread_mutex_lock(&seen_mu);
+        int last = seen_n - 1;
+        MP_CHECK(last >= 0 && last < 8 && seen_status[last] == C10D_ETIMEDOUT,
+                 "the hook saw status %d last", last >= 0 && last < 8 ? seen_status[last] : 0);
+        pthread_mutex_unlock(&seen_mu);
     } else {
         /* Rank 1 runs no op: the error still reaches it (rank 0's group
          * failing closes its connections). */

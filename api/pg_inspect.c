@@ -1,0 +1,78 @@
+/* A live group inspected and adjusted from any thread, without running an
+ * op: its error, its timeout, its store, the path its host backend took,
+ * and a hook on every op's completion (pg_ops.c calls it). */
+#include "pg.h"
+
+#include "engine/error.h"
+
+
+int c10d_pg_error(c10d_pg *pg)
+{
+    if (pg == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_error: pg is NULL");
+    /* Under the lock: a live group's backend states stay until a close, which
+     * marks the group closed under this lock first. */
+    uv_mutex_lock(&pg->mutex);
+    int rc = c10d__pg_usable_locked(pg, "group");
+    /* A backend sees a lost peer before any op fails on it. */
+    for (int d = 0; rc == 0 && d < C10D__PG_NDEV; d++) {
+        const struct c10d__pg_backend *b = &pg->backends[d];
+        char msg[768];
+        int st = b->state != NULL && b->vt->failure != NULL
+                     ? b->vt->failure(b->state, msg, sizeof msg)
+                     : 0;
+        if (st < 0)
+            rc =
+                c10d__fail(st, "%s group: process group %s failed: %s", b->vt->name, pg->name, msg);
+    }
+    uv_mutex_unlock(&pg->mutex);
+    return rc;
+}
+
+int c10d_pg_set_timeout(c10d_pg *pg, int64_t timeout_ms)
+{
+    if (pg == NULL || timeout_ms <= 0)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_set_timeout: %s",
+                          pg == NULL ? "pg is NULL" : "timeout_ms must be > 0");
+    pg->timeout_ms = timeout_ms;
+    return 0;
+}
+
+int c10d_pg_store(c10d_pg *pg, c10d_store **out)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (pg == NULL || out == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_store: %s is NULL", pg == NULL ? "pg" : "out");
+    if (pg->store == NULL)
+        return c10d__fail(C10D_ENOTFOUND, "c10d_pg_store: process group %s has no store here%s",
+                          pg->name, pg->rank < 0 ? " (this rank is not a member)" : "");
+    c10d_store_retain(pg->store);
+    *out = pg->store;
+    return 0;
+}
+
+const char *c10d_pg_host_path(const c10d_pg *pg)
+{
+    return pg != NULL ? pg->host_path : NULL;
+}
+
+int c10d_pg_register_completion_hook(c10d_pg *pg, c10d_pg_completion_hook hook, void *arg)
+{
+    if (pg == NULL || hook == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_register_completion_hook: %s is NULL",
+                          pg == NULL ? "pg" : "hook");
+    uv_mutex_lock(&pg->mutex);
+    int taken = pg->completion_hook != NULL;
+    if (!taken) {
+        pg->completion_hook = hook;
+        pg->completion_arg = arg;
+    }
+    uv_mutex_unlock(&pg->mutex);
+    if (taken)
+        return c10d__fail(C10D_EINVAL,
+                          "c10d_pg_register_completion_hook: process group %s already has a "
+                          "completion hook",
+                          pg->name);
+    return 0;
+}
