@@ -128,14 +128,19 @@ static int check_splits(const c10d_pg *pg, const char *opname, const struct c10d
     return check_buf(pg, opname, "recv", op->recv, recv_total);
 }
 
-static int check_p2p(const c10d_pg *pg, const char *opname, const struct c10d__op *op)
+/* Self is a peer only inside a batch, as in torch (whose isend and irecv
+ * refuse it with these words): an all_to_all written as a batch includes it. */
+static int check_p2p(const c10d_pg *pg, const char *opname, const struct c10d__op *op, int in_batch)
 {
     int any_ok = op->kind == C10D_OP_RECV;
     if (!(any_ok && op->peer == C10D_ANY_SOURCE)) {
         C10D_CHECK(check_rank(pg, opname, "peer", op->peer));
-        if (op->peer == pg->rank)
-            return FAIL(pg, opname, "peer rank %d is this rank (%s to self is not supported)",
-                        op->peer, opname);
+        const char *which = op->kind == C10D_OP_SEND ? "destination" : "source";
+        if (op->peer == pg->rank && !in_batch)
+            return FAIL(pg, opname,
+                        "Invalid %s rank: %s rank should not be the same as the rank of the "
+                        "current process (rank %d; c10d_batch_isend_irecv takes it)",
+                        which, which, op->peer);
     }
     if (op->tag < 0)
         return FAIL(pg, opname, "invalid tag %d (tags must be >= 0)", op->tag);
@@ -216,7 +221,7 @@ int c10d__pg_check_op(const c10d_pg *pg, const char *opname, const struct c10d__
         return 0;
     case C10D_OP_SEND:
     case C10D_OP_RECV:
-        return check_p2p(pg, opname, op);
+        return check_p2p(pg, opname, op, list_form);
     default:
         return FAIL(pg, opname, "unknown op kind %d", (int)op->kind);
     }

@@ -104,7 +104,8 @@ struct c10d__pg_op {
 
 /* check.c: docs/semantics.md, 2. Returns 0 or C10D_EINVAL with
  * c10d_last_error() = "<backend> <opname>: <what was wrong>". `op` holds the
- * call's arguments (group ranks); rank/size are the group's. */
+ * call's arguments (group ranks); rank/size are the group's. list_form: the
+ * list form of a collective, or a P2P op inside a batch. */
 int c10d__pg_check_op(const c10d_pg *pg, const char *opname, const struct c10d__op *op,
                       int list_form);
 /* Reads the caller's op options (may be NULL) into `out` (engine/opts.h's

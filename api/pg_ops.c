@@ -667,7 +667,7 @@ int c10d_batch_isend_irecv(c10d_pg *pg, const c10d_p2p_op *ops, int nops,
             rc = c10d__fail(C10D_EINVAL, "%s %s: a batched recv needs a peer (not any source)",
                             pg->backend_name, name);
         if (rc == 0)
-            rc = c10d__pg_check_op(pg, name, &op, 0);
+            rc = c10d__pg_check_op(pg, name, &op, 1); /* a batch member: self is a peer */
         if (rc == 0 && vt->check != NULL)
             rc = vt->check(&op);
         struct c10d__pg_op *po = rc == 0 ? c10d__pg_op_new(pg, dev, 0) : NULL;

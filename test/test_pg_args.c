@@ -335,7 +335,11 @@ static void test_p2p_rules(void **state)
     EXPECT_ERR(c10d_send(pg, x, 8, C10D_INT32, 3, 0, NULL, NULL), C10D_EINVAL,
                "tcp send: invalid peer rank 3 (group size 3)");
     EXPECT_ERR(c10d_send(pg, x, 8, C10D_INT32, 1, 0, NULL, NULL), C10D_EINVAL,
-               "tcp send: peer rank 1 is this rank (send to self is not supported)");
+               "tcp send: Invalid destination rank: destination rank should not be the same as "
+               "the rank of the current process (rank 1; c10d_batch_isend_irecv takes it)");
+    EXPECT_ERR(c10d_recv(pg, x, 8, C10D_INT32, 1, 0, NULL, NULL), C10D_EINVAL,
+               "tcp recv: Invalid source rank: source rank should not be the same as the rank "
+               "of the current process (rank 1; c10d_batch_isend_irecv takes it)");
     EXPECT_ERR(c10d_recv(pg, x, 8, C10D_INT32, 0, -1, NULL, NULL), C10D_EINVAL,
                "tcp recv: invalid tag -1 (tags must be >= 0)");
     EXPECT_ERR(c10d_send(pg, x, 8, C10D_INT32, C10D_ANY_SOURCE, 0, NULL, NULL), C10D_EINVAL,
@@ -356,11 +360,10 @@ static void test_p2p_rules(void **state)
     c10d_p2p_op ops[3] = {
         {C10D_P2P_SEND, x, 8, C10D_INT32, 0, 1},
         {C10D_P2P_RECV, x, 8, C10D_INT32, 2, 1},
-        {C10D_P2P_RECV, x, 8, C10D_INT32, 1, 1},
+        {C10D_P2P_RECV, x, 8, C10D_INT32, 3, 1},
     };
     EXPECT_ERR(c10d_batch_isend_irecv(pg, ops, 3, NULL, NULL), C10D_EINVAL,
-               "tcp batch_isend_irecv (op 2, recv): peer rank 1 is this rank (batch_isend_irecv "
-               "(op 2, recv) to self is not supported)");
+               "tcp batch_isend_irecv (op 2, recv): invalid peer rank 3 (group size 3)");
     EXPECT_ERR(c10d_batch_isend_irecv(pg, ops, 0, NULL, NULL), C10D_EINVAL,
                "tcp batch_isend_irecv: empty list of ops (ops given, nops 0)");
     assert_int_equal(c10d_batch_isend_irecv(pg, ops, 2, NULL, &w), 0);

@@ -369,6 +369,28 @@ static int check_p2p(c10d_pg *pg, int rank, int n)
     rc = c10d_batch_isend_irecv(pg, ops, 2, NULL, &w);
     EXPECT(rc == 0 && c10d_work_wait_release(w) == 0, "batch: %s", c10d_last_error());
     EXPECT(b[15] == prev * 1000 + 15, "batch data wrong: %lld", (long long)b[15]);
+    /* An all_to_all written as one batch, the self peer included (torch allows
+     * self inside batch_isend_irecv); two messages to self with one tag pair
+     * in posting order, so the second recv gets the second send. */
+    enum { MAXR = 8 };
+    int64_t put[MAXR + 1], got[MAXR + 1];
+    c10d_p2p_op a2a[2 * (MAXR + 1)];
+    int k = 0;
+    for (int j = 0; j < n && j < MAXR; j++) {
+        put[j] = rank * 100 + j;
+        got[j] = -1;
+        a2a[k++] = (c10d_p2p_op){C10D_P2P_RECV, &got[j], 1, C10D_INT64, j, 5};
+        a2a[k++] = (c10d_p2p_op){C10D_P2P_SEND, &put[j], 1, C10D_INT64, j, 5};
+    }
+    put[MAXR] = 4242;
+    got[MAXR] = -1;
+    a2a[k++] = (c10d_p2p_op){C10D_P2P_SEND, &put[MAXR], 1, C10D_INT64, rank, 5};
+    a2a[k++] = (c10d_p2p_op){C10D_P2P_RECV, &got[MAXR], 1, C10D_INT64, rank, 5};
+    rc = c10d_batch_isend_irecv(pg, a2a, k, NULL, &w);
+    EXPECT(rc == 0 && c10d_work_wait_release(w) == 0, "batch with self: %s", c10d_last_error());
+    for (int j = 0; j < n && j < MAXR; j++)
+        EXPECT(got[j] == j * 100 + rank, "batch with self: from %d got %lld", j, (long long)got[j]);
+    EXPECT(got[MAXR] == 4242, "second message to self: %lld", (long long)got[MAXR]);
     return 0;
 }
 

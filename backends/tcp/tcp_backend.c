@@ -39,6 +39,15 @@
 #include <strings.h>
 
 struct tcp_state;
+struct tcp_op;
+
+/* One send to or receive from this very rank (inside a batch), waiting for
+ * its other half: halves pair by tag, in posting order, as a peer's would. */
+struct self_p2p {
+    struct tcp_op *o;
+    const struct c10d__op *op;
+    struct self_p2p *next;
+};
 
 /* An op's lifetime: one reference for the group's lists (the queue, the
  * running collective or the P2P list, then the dead list until the next
@@ -87,6 +96,8 @@ struct tcp_state {
     struct tcp_op *queue_head, *queue_tail; /* collectives waiting their turn */
     struct tcp_op *p2p_ops, *p2p_tail;      /* P2P ops in flight, oldest first */
     struct tcp_op *dead;                    /* finished; freed by the advance task */
+    /* A batch's sends to and receives from this rank, not matched yet. */
+    struct self_p2p *self_sends, *self_recvs;
     struct c10d__task advance_task;
     int advance_posted;
     char *scratch;
@@ -156,6 +167,13 @@ static void state_free(struct tcp_state *s)
     if (s->lookup_store != NULL)
         c10d_store_release(s->lookup_store);
     free_dead(s);
+    struct self_p2p *lists[2] = {s->self_sends, s->self_recvs};
+    for (int i = 0; i < 2; i++)
+        while (lists[i] != NULL) {
+            struct self_p2p *e = lists[i];
+            lists[i] = e->next;
+            free(e);
+        }
     c10d__shm_free(s->shm);
     free(s->scratch);
     free(s->group_name);
@@ -220,6 +238,23 @@ static void unlink_op(struct tcp_state *s, struct tcp_op *o)
     s->dead = o;
 }
 
+/* A completed op's unmatched halves to self go: nothing may touch its
+ * buffers any more. */
+static void self_forget(struct tcp_state *s, const struct tcp_op *o)
+{
+    struct self_p2p **lists[2] = {&s->self_sends, &s->self_recvs};
+    for (int i = 0; i < 2; i++)
+        for (struct self_p2p **pp = lists[i]; *pp != NULL;) {
+            struct self_p2p *e = *pp;
+            if (e->o == o) {
+                *pp = e->next;
+                free(e);
+            } else {
+                pp = &e->next;
+            }
+        }
+}
+
 /* Completes o's work; o is freed later (its frames may still be on the stack). */
 static void op_complete(struct tcp_state *s, struct tcp_op *o, int status, const char *msg)
 {
@@ -227,6 +262,7 @@ static void op_complete(struct tcp_state *s, struct tcp_op *o, int status, const
         return;
     o->completed = 1;
     o->coll.failed = 1;
+    self_forget(s, o);
     unlink_op(s, o);
     if (status == 0)
         c10d__work_complete(o->work, 0, NULL);
@@ -506,6 +542,60 @@ static void p2p_done(struct c10d__tcp_xfer *x)
         op_complete(s, o, 0, NULL);
 }
 
+/* One half of a transfer to self was done: the op completes with its last. */
+static void self_half_done(struct tcp_state *s, struct tcp_op *o)
+{
+    if (--o->left == 0 && !o->completed)
+        op_complete(s, o, 0, NULL);
+}
+
+/* A batch's send to (or receive from) this rank: copied once its other half,
+ * with the same tag, is there (the first such, in posting order). < 0: the
+ * group failed (the sizes disagree, or no memory). */
+static int self_post(struct tcp_state *s, struct tcp_op *o, const struct c10d__op *op)
+{
+    int sending = op->kind == C10D_OP_SEND;
+    struct self_p2p **other = sending ? &s->self_recvs : &s->self_sends;
+    struct self_p2p **mine = sending ? &s->self_sends : &s->self_recvs;
+    for (struct self_p2p **pp = other; *pp != NULL; pp = &(*pp)->next) {
+        struct self_p2p *e = *pp;
+        if (e->op->tag != op->tag)
+            continue;
+        *pp = e->next;
+        const struct c10d__op *snd = sending ? op : e->op, *rcv = sending ? e->op : op;
+        struct tcp_op *peer_op = e->o;
+        free(e);
+        size_t len = snd->count * c10d_dtype_size(snd->dtype);
+        size_t cap = rcv->count * c10d_dtype_size(rcv->dtype);
+        if (len > cap) {
+            /* As a peer's oversized message: the group cannot go on. */
+            group_fail(s, C10D_EINVAL,
+                       "tcp: a send to self of %zu bytes (tag %d) does not fit the receive of %zu "
+                       "bytes",
+                       len, snd->tag, cap);
+            return -1;
+        }
+        if (len > 0 && rcv->recv != snd->send)
+            memmove(rcv->recv, snd->send, len);
+        if (peer_op != o)
+            self_half_done(s, peer_op);
+        else
+            o->left--; /* both halves are this batch's: its own count */
+        self_half_done(s, o);
+        return 0;
+    }
+    struct self_p2p *e = malloc(sizeof *e);
+    if (e == NULL) {
+        group_fail(s, C10D_ENOMEM, "tcp: out of memory");
+        return -1;
+    }
+    *e = (struct self_p2p){o, op, NULL};
+    while (*mine != NULL)
+        mine = &(*mine)->next;
+    *mine = e;
+    return 0;
+}
+
 static void run_p2p(struct tcp_state *s, struct tcp_op *o)
 {
     list_append(&s->p2p_ops, &s->p2p_tail, o);
@@ -520,8 +610,10 @@ static void run_p2p(struct tcp_state *s, struct tcp_op *o)
             return;
         }
         if (op->peer == s->rank) {
-            op_complete(s, o, C10D_EINVAL, "send/recv to self is not supported by tcp");
-            return;
+            o->left++;
+            if (self_post(s, o, op) < 0)
+                return;
+            continue;
         }
         struct c10d__tcp_xfer *x = c10d__tcp_xfer_get(s->t);
         if (x == NULL) {
