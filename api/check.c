@@ -5,6 +5,7 @@
 #include "pg.h"
 
 #include "engine/error.h"
+#include "engine/kernels/reduce.h"
 #include "engine/opts.h"
 
 #include <math.h>
@@ -225,4 +226,24 @@ int c10d__pg_check_op(const c10d_pg *pg, const char *opname, const struct c10d__
     default:
         return FAIL(pg, opname, "unknown op kind %d", (int)op->kind);
     }
+}
+
+/* Complex values travel as pairs of reals, as torch's view_as_real before any
+ * backend: every backend sees float32 / float64 and twice the elements (the
+ * caller scales count arrays by *per). A reduction other than SUM, AVG and
+ * PREMUL_SUM is refused on every device, not only where the host table looks. */
+int c10d__pg_complex_as_reals(const c10d_pg *pg, const char *opname, struct c10d__op *op,
+                              size_t *per)
+{
+    c10d_dtype real = c10d__dtype_real(op->dtype, per);
+    if (*per == 1)
+        return 0;
+    int reduces = op->kind == C10D_OP_ALL_REDUCE || op->kind == C10D_OP_REDUCE ||
+                  op->kind == C10D_OP_REDUCE_SCATTER;
+    if (reduces && op->redop != C10D_SUM && op->redop != C10D_AVG && op->redop != C10D_PREMUL_SUM)
+        return c10d__fail(C10D_EINVAL, "%s %s: %s does not support ReduceOp.%s on complex tensors",
+                          pg->backend_name, opname, opname, c10d_reduce_op_name(op->redop));
+    op->dtype = real;
+    op->count *= *per;
+    return 0;
 }

@@ -108,6 +108,11 @@ struct c10d__pg_op {
  * list form of a collective, or a P2P op inside a batch. */
 int c10d__pg_check_op(const c10d_pg *pg, const char *opname, const struct c10d__op *op,
                       int list_form);
+/* check.c: complex dtypes become pairs of reals (dtype and count; *per = 2,
+ * by which the caller scales count arrays) before the backend sees the op;
+ * C10D_EINVAL for a reduction complex values do not have. */
+int c10d__pg_complex_as_reals(const c10d_pg *pg, const char *opname, struct c10d__op *op,
+                              size_t *per);
 /* Reads the caller's op options (may be NULL) into `out` (engine/opts.h's
  * size rule) and checks them: timeout >= 0, device type known. */
 int c10d__pg_read_op_opts(const c10d_pg *pg, const char *opname, const c10d_op_opts *user,

@@ -7,6 +7,7 @@
 #include "api/attempt.h"
 #include "engine/error.h"
 #include "engine/flight_recorder.h"
+#include "engine/kernels/reduce.h"
 #include "engine/log.h"
 #include "engine/loop.h"
 #include "engine/work.h"
@@ -409,6 +410,8 @@ static int dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args
         op.stream = opts->stream;
     }
     C10D_CHECK(c10d__pg_check_op(pg, opname, &op, list_form));
+    size_t per = 1;
+    C10D_CHECK(c10d__pg_complex_as_reals(pg, opname, &op, &per));
     const struct c10d__backend_vtable *vt = pg->backends[dev].vt;
     if (vt->check != NULL) {
         int rc = vt->check(&op);
@@ -460,6 +463,8 @@ static int dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args
         memcpy(counts + s, op.recv_counts, s * sizeof(size_t));
         po->op.recv_counts = counts + s;
     }
+    for (size_t i = 0; per > 1 && i < 2 * s; i++)
+        counts[i] *= per;
     return c10d__pg_submit(pg, opname, po, opts, work);
 }
 
@@ -668,6 +673,9 @@ int c10d_batch_isend_irecv(c10d_pg *pg, const c10d_p2p_op *ops, int nops,
                             pg->backend_name, name);
         if (rc == 0)
             rc = c10d__pg_check_op(pg, name, &op, 1); /* a batch member: self is a peer */
+        size_t per;
+        if (rc == 0)
+            rc = c10d__pg_complex_as_reals(pg, name, &op, &per);
         if (rc == 0 && vt->check != NULL)
             rc = vt->check(&op);
         struct c10d__pg_op *po = rc == 0 ? c10d__pg_op_new(pg, dev, 0) : NULL;

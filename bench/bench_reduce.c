@@ -113,6 +113,8 @@ static const struct bench_case cases[] = {
     {C10D_BFLOAT16, C10D_MIN}, {C10D_INT8, C10D_SUM},        {C10D_UINT8, C10D_MAX},
     {C10D_INT32, C10D_SUM},    {C10D_INT32, C10D_BXOR},      {C10D_INT64, C10D_SUM},
     {C10D_BOOL, C10D_BOR},     {C10D_FLOAT8_E4M3, C10D_SUM}, {C10D_FLOAT8_E5M2, C10D_SUM},
+    {C10D_INT16, C10D_SUM},    {C10D_UINT16, C10D_MAX},      {C10D_UINT32, C10D_MIN},
+    {C10D_UINT64, C10D_SUM},   {C10D_COMPLEX64, C10D_SUM},   {C10D_COMPLEX128, C10D_SUM},
 };
 
 int main(int argc, char **argv)

@@ -60,6 +60,27 @@ static inline void data_store(void *buf, size_t i, c10d_dtype dt, double v)
     case C10D_INT64:
         ((int64_t *)buf)[i] = (int64_t)v;
         break;
+    case C10D_INT16:
+        ((int16_t *)buf)[i] = (int16_t)(int64_t)v;
+        break;
+    case C10D_UINT16:
+        ((uint16_t *)buf)[i] = (uint16_t)(int64_t)v;
+        break;
+    case C10D_UINT32:
+        ((uint32_t *)buf)[i] = (uint32_t)(int64_t)v;
+        break;
+    case C10D_UINT64:
+        ((uint64_t *)buf)[i] = (uint64_t)(int64_t)v;
+        break;
+    /* Complex: (v, 2v), so that both parts are checked (data_load). */
+    case C10D_COMPLEX64:
+        ((float *)buf)[2 * i] = (float)v;
+        ((float *)buf)[2 * i + 1] = (float)(2 * v);
+        break;
+    case C10D_COMPLEX128:
+        ((double *)buf)[2 * i] = v;
+        ((double *)buf)[2 * i + 1] = 2 * v;
+        break;
     default:
         break;
     }
@@ -90,6 +111,23 @@ static inline double data_load(const void *buf, size_t i, c10d_dtype dt)
         return ((const int32_t *)buf)[i];
     case C10D_INT64:
         return (double)((const int64_t *)buf)[i];
+    case C10D_INT16:
+        return ((const int16_t *)buf)[i];
+    case C10D_UINT16:
+        return ((const uint16_t *)buf)[i];
+    case C10D_UINT32:
+        return ((const uint32_t *)buf)[i];
+    case C10D_UINT64:
+        return (double)(int64_t)((const uint64_t *)buf)[i];
+    /* The real part, if the imaginary one is still twice it; else NaN. */
+    case C10D_COMPLEX64: {
+        float re = ((const float *)buf)[2 * i], im = ((const float *)buf)[2 * i + 1];
+        return im == 2 * re ? re : NAN;
+    }
+    case C10D_COMPLEX128: {
+        double re = ((const double *)buf)[2 * i], im = ((const double *)buf)[2 * i + 1];
+        return im == 2 * re ? re : NAN;
+    }
     default:
         return 0;
     }
@@ -98,7 +136,8 @@ static inline double data_load(const void *buf, size_t i, c10d_dtype dt)
 static inline int data_is_float(c10d_dtype dt)
 {
     return dt == C10D_FLOAT32 || dt == C10D_FLOAT64 || dt == C10D_FLOAT16 || dt == C10D_BFLOAT16 ||
-           dt == C10D_FLOAT8_E4M3 || dt == C10D_FLOAT8_E5M2;
+           dt == C10D_FLOAT8_E4M3 || dt == C10D_FLOAT8_E5M2 || dt == C10D_COMPLEX64 ||
+           dt == C10D_COMPLEX128;
 }
 
 /* Fills count elements of rank r's input (element index offset `base`). */
@@ -122,6 +161,12 @@ static inline int64_t data_wrap(int64_t v, c10d_dtype dt)
         return v != 0;
     case C10D_INT32:
         return (int32_t)v;
+    case C10D_INT16:
+        return (int16_t)v;
+    case C10D_UINT16:
+        return (uint16_t)v;
+    case C10D_UINT32:
+        return (uint32_t)v;
     default:
         return v;
     }
@@ -193,9 +238,11 @@ static inline int data_close(double got, double want, c10d_dtype dt)
     double tol;
     switch (dt) {
     case C10D_FLOAT64:
+    case C10D_COMPLEX128:
         tol = 1e-12;
         break;
     case C10D_FLOAT32:
+    case C10D_COMPLEX64:
         tol = 1e-6;
         break;
     case C10D_FLOAT16:

@@ -99,6 +99,14 @@ typedef enum c10d_dtype {
     C10D_BOOL,        /* one byte, 0 or 1 */
     C10D_FLOAT8_E4M3, /* e4m3fn: no infinities, 0x7f/0xff are NaN */
     C10D_FLOAT8_E5M2,
+    C10D_INT16,
+    C10D_UINT16,
+    C10D_UINT32,
+    C10D_UINT64,
+    /* Pairs of float32 / float64 (real, imaginary), as C's float complex: reduced
+     * as pairs of reals (SUM, AVG, PREMUL_SUM only), as torch does. */
+    C10D_COMPLEX64,
+    C10D_COMPLEX128,
     C10D_DTYPE_COUNT
 } c10d_dtype;
 

@@ -391,6 +391,23 @@ static int check_p2p(c10d_pg *pg, int rank, int n)
     for (int j = 0; j < n && j < MAXR; j++)
         EXPECT(got[j] == j * 100 + rank, "batch with self: from %d got %lld", j, (long long)got[j]);
     EXPECT(got[MAXR] == 4242, "second message to self: %lld", (long long)got[MAXR]);
+    /* Complex travels as pairs of reals: SUM and AVG part by part; MAX has
+     * no meaning on it and is refused at the call, the group unharmed. */
+    double cz[2 * 3];
+    for (int i = 0; i < 3; i++) {
+        cz[2 * i] = rank + i;
+        cz[2 * i + 1] = -(rank + i);
+    }
+    rc = c10d_all_reduce_sync(pg, cz, cz, 3, C10D_COMPLEX128, C10D_SUM);
+    EXPECT(rc == 0, "complex all_reduce: %s", c10d_last_error());
+    for (int i = 0; i < 3; i++) {
+        double want = n * (n - 1) / 2.0 + n * i;
+        EXPECT(cz[2 * i] == want && cz[2 * i + 1] == -want, "complex sum %d: %g%+gi", i, cz[2 * i],
+               cz[2 * i + 1]);
+    }
+    EXPECT(c10d_all_reduce_sync(pg, cz, cz, 3, C10D_COMPLEX128, C10D_MAX) == C10D_EINVAL,
+           "complex MAX was taken");
+    EXPECT(c10d_barrier_sync(pg) == 0, "barrier after a refused call: %s", c10d_last_error());
     return 0;
 }
 

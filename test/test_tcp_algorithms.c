@@ -15,9 +15,10 @@
 #include <sys/mman.h>
 #include <cmocka.h>
 
-static const c10d_dtype dtypes[] = {C10D_FLOAT32,  C10D_FLOAT64, C10D_FLOAT16,
-                                    C10D_BFLOAT16, C10D_INT8,    C10D_UINT8,
-                                    C10D_INT32,    C10D_INT64,   C10D_BOOL};
+static const c10d_dtype dtypes[] = {C10D_FLOAT32, C10D_FLOAT64,   C10D_FLOAT16,   C10D_BFLOAT16,
+                                    C10D_INT8,    C10D_UINT8,     C10D_INT32,     C10D_INT64,
+                                    C10D_BOOL,    C10D_INT16,     C10D_UINT16,    C10D_UINT32,
+                                    C10D_UINT64,  C10D_COMPLEX64, C10D_COMPLEX128};
 #define NDTYPES (sizeof dtypes / sizeof dtypes[0])
 static const size_t small_sizes[] = {0, 1, 7, 4099};
 #define NSIZES (sizeof small_sizes / sizeof small_sizes[0])

@@ -26,6 +26,10 @@ static const ncclDataType_t nccl_dtypes[C10D_DTYPE_COUNT] = {
     [C10D_BOOL] = ncclUint8,
     [C10D_FLOAT8_E4M3] = ncclFloat8e4m3,
     [C10D_FLOAT8_E5M2] = ncclFloat8e5m2,
+    [C10D_UINT32] = ncclUint32,
+    [C10D_UINT64] = ncclUint64,
+    /* No 16-bit integers in NCCL, and complex reaches a backend as pairs of
+     * reals (the group layer's rewrite): check refuses those four. */
 };
 
 static int is_float(c10d_dtype d)
@@ -54,6 +58,16 @@ int c10d__nccl_check(const struct c10d__op *op)
         if ((unsigned)op->dtype >= C10D_DTYPE_COUNT)
             return c10d__fail(C10D_EINVAL, "nccl %s: unknown dtype %d",
                               c10d__op_kind_name(op->kind), (int)op->dtype);
+        if (op->dtype == C10D_COMPLEX64 || op->dtype == C10D_COMPLEX128)
+            return c10d__fail(C10D_EINVAL,
+                              "nccl %s: %s reaches NCCL as pairs of reals (the group's calls "
+                              "rewrite it)",
+                              c10d__op_kind_name(op->kind), c10d_dtype_name(op->dtype));
+        if (op->dtype == C10D_INT16 || op->dtype == C10D_UINT16)
+            return c10d__fail(C10D_EUNSUPPORTED,
+                              "nccl %s: NCCL has no %s (no 16-bit integer type): use int32, or "
+                              "the tcp backend",
+                              c10d__op_kind_name(op->kind), c10d_dtype_name(op->dtype));
         /* An NCCL without float8 (< 2.24) fails such an op at launch, which
          * would fail the group: refuse it here instead. */
         const struct c10d__gpu_api *api;

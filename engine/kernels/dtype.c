@@ -2,6 +2,7 @@
  * (docs/semantics.md, 3). */
 #include "c10d.h"
 #include "engine/error.h"
+#include "engine/kernels/reduce.h"
 
 #include <stddef.h>
 #include <string.h>
@@ -11,6 +12,7 @@ static const struct {
     const char *name;
     size_t size;
     int floating; /* reduced in floating point: AVG and PREMUL_SUM allowed */
+    int complex;  /* pairs of reals: SUM, AVG and PREMUL_SUM only */
 } dtype_table[C10D_DTYPE_COUNT] = {
     [C10D_FLOAT32] = {"float32", 4, 1},
     [C10D_FLOAT64] = {"float64", 8, 1},
@@ -23,6 +25,12 @@ static const struct {
     [C10D_BOOL] = {"bool", 1, 0},
     [C10D_FLOAT8_E4M3] = {"float8_e4m3fn", 1, 1},
     [C10D_FLOAT8_E5M2] = {"float8_e5m2", 1, 1},
+    [C10D_INT16] = {"int16", 2, 0},
+    [C10D_UINT16] = {"uint16", 2, 0},
+    [C10D_UINT32] = {"uint32", 4, 0},
+    [C10D_UINT64] = {"uint64", 8, 0},
+    [C10D_COMPLEX64] = {"complex64", 8, 1, 1},
+    [C10D_COMPLEX128] = {"complex128", 16, 1, 1},
 };
 
 /* Other spellings people pass in from Python configs and command lines. */
@@ -42,6 +50,9 @@ static const struct {
     {"bf16", C10D_BFLOAT16},
     {"int", C10D_INT32},
     {"long", C10D_INT64},
+    {"short", C10D_INT16},
+    {"cfloat", C10D_COMPLEX64},
+    {"cdouble", C10D_COMPLEX128},
     {"float8_e4m3", C10D_FLOAT8_E4M3},
     {"fp8_e4m3", C10D_FLOAT8_E4M3},
     {"e4m3", C10D_FLOAT8_E4M3},
@@ -69,6 +80,16 @@ static int op_valid(c10d_reduce_op op)
 size_t c10d_dtype_size(c10d_dtype dtype)
 {
     return dtype_valid(dtype) ? dtype_table[dtype].size : 0;
+}
+
+c10d_dtype c10d__dtype_real(c10d_dtype dtype, size_t *per)
+{
+    int cplx = dtype == C10D_COMPLEX64 || dtype == C10D_COMPLEX128;
+    if (per != NULL)
+        *per = cplx ? 2 : 1;
+    if (!cplx)
+        return dtype;
+    return dtype == C10D_COMPLEX64 ? C10D_FLOAT32 : C10D_FLOAT64;
 }
 
 const char *c10d_dtype_name(c10d_dtype dtype)
@@ -138,6 +159,12 @@ int c10d_reduce_op_check(c10d_reduce_op op, c10d_dtype dtype)
     if (!dtype_valid(dtype))
         return c10d__fail(C10D_EINVAL, "invalid dtype %d", (int)dtype);
     int floating = dtype_table[dtype].floating;
+    /* torch refuses these on complex tensors before any backend sees them. */
+    if (dtype_table[dtype].complex && op != C10D_SUM && op != C10D_AVG && op != C10D_PREMUL_SUM)
+        return c10d__fail(C10D_EINVAL,
+                          "Cannot use ReduceOp.%s with complex dtype %s (complex values reduce "
+                          "as pairs of reals: SUM, AVG and PREMUL_SUM only)",
+                          op_names[op], dtype_table[dtype].name);
     switch (op) {
     case C10D_SUM:
     case C10D_PRODUCT:

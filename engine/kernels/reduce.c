@@ -86,6 +86,9 @@ static inline double f64_pick(double a, double b, int want_max)
 /* Integer products in the unsigned type of the element: wraps, never UB.
  * (u8 operands promote to int, but 255*255 fits.) */
 #define OP_UMUL(a, b) ((a) * (b))
+/* uint16 operands promote to int, where 65535 * 65535 overflows: multiply
+ * as unsigned int instead. */
+#define OP_UMUL16(a, b) ((unsigned)(a) * (unsigned)(b))
 /* bool: any non-zero byte is true; results are 0 or 1. */
 #define OP_LOR(a, b)  ((u8)(((a) | (b)) != 0))
 #define OP_LAND(a, b) ((u8)(((a) != 0) & ((b) != 0)))
@@ -153,6 +156,19 @@ DEFINE_KERNEL(u8_or, BODY_PLAIN, uint8_t, OP_OR)
 DEFINE_KERNEL(u8_xor, BODY_PLAIN, uint8_t, OP_XOR)
 DEFINE_KERNEL(i8_min, BODY_PLAIN, int8_t, OP_MIN)
 DEFINE_KERNEL(i8_max, BODY_PLAIN, int8_t, OP_MAX)
+DEFINE_KERNEL(u16_sum, BODY_PLAIN, uint16_t, OP_SUM)
+DEFINE_KERNEL(u16_prod, BODY_PLAIN, uint16_t, OP_UMUL16)
+DEFINE_KERNEL(u16_min, BODY_PLAIN, uint16_t, OP_MIN)
+DEFINE_KERNEL(u16_max, BODY_PLAIN, uint16_t, OP_MAX)
+DEFINE_KERNEL(u16_and, BODY_PLAIN, uint16_t, OP_AND)
+DEFINE_KERNEL(u16_or, BODY_PLAIN, uint16_t, OP_OR)
+DEFINE_KERNEL(u16_xor, BODY_PLAIN, uint16_t, OP_XOR)
+DEFINE_KERNEL(i16_min, BODY_PLAIN, int16_t, OP_MIN)
+DEFINE_KERNEL(i16_max, BODY_PLAIN, int16_t, OP_MAX)
+DEFINE_KERNEL(u32_min, BODY_PLAIN, uint32_t, OP_MIN)
+DEFINE_KERNEL(u32_max, BODY_PLAIN, uint32_t, OP_MAX)
+DEFINE_KERNEL(u64_min, BODY_PLAIN, uint64_t, OP_MIN)
+DEFINE_KERNEL(u64_max, BODY_PLAIN, uint64_t, OP_MAX)
 DEFINE_KERNEL(u32_sum, BODY_PLAIN, uint32_t, OP_SUM)
 DEFINE_KERNEL(u32_prod, BODY_PLAIN, uint32_t, OP_UMUL)
 DEFINE_KERNEL(u32_and, BODY_PLAIN, uint32_t, OP_AND)
@@ -206,6 +222,17 @@ static const struct kernel_set kernels[C10D_DTYPE_COUNT][K_COUNT] = {
                    KS(bool_xor)},
     [C10D_FLOAT8_E4M3] = {KS(f32_sum), KS(f32_prod), KS(f32_min), KS(f32_max), KNONE, KNONE, KNONE},
     [C10D_FLOAT8_E5M2] = {KS(f32_sum), KS(f32_prod), KS(f32_min), KS(f32_max), KNONE, KNONE, KNONE},
+    [C10D_INT16] = {KS(u16_sum), KS(u16_prod), KS(i16_min), KS(i16_max), KS(u16_and), KS(u16_or),
+                    KS(u16_xor)},
+    [C10D_UINT16] = {KS(u16_sum), KS(u16_prod), KS(u16_min), KS(u16_max), KS(u16_and), KS(u16_or),
+                     KS(u16_xor)},
+    [C10D_UINT32] = {KS(u32_sum), KS(u32_prod), KS(u32_min), KS(u32_max), KS(u32_and), KS(u32_or),
+                     KS(u32_xor)},
+    [C10D_UINT64] = {KS(u64_sum), KS(u64_prod), KS(u64_min), KS(u64_max), KS(u64_and), KS(u64_or),
+                     KS(u64_xor)},
+    /* Complex: SUM alone, on the real type's kernel over twice the values. */
+    [C10D_COMPLEX64] = {KS(f32_sum), KNONE, KNONE, KNONE, KNONE, KNONE, KNONE},
+    [C10D_COMPLEX128] = {KS(f64_sum), KNONE, KNONE, KNONE, KNONE, KNONE, KNONE},
 };
 
 /* ------------------------------------------------------- ISA choice */
@@ -396,7 +423,9 @@ int c10d__reduce(void *dst, const void *src, size_t count, c10d_dtype dtype, c10
         return 0;
     }
     kernel_fn k = d == s ? ks->x : isa >= C10D_ISA_AVX2 ? ks->a : ks->g;
-    k(d, s, count);
+    size_t per;
+    c10d__dtype_real(dtype, &per);
+    k(d, s, count * per);
     return 0;
 }
 
@@ -404,6 +433,9 @@ int c10d__reduce(void *dst, const void *src, size_t count, c10d_dtype dtype, c10
 static void scale(u8 *b, size_t n, c10d_dtype dtype, double factor, int divide)
 {
     float ff = (float)factor;
+    size_t per;
+    dtype = c10d__dtype_real(dtype, &per); /* complex: each part alike (a real factor) */
+    n *= per;
     switch (dtype) {
     case C10D_FLOAT64:
         for (size_t i = 0; i < n; i++) {

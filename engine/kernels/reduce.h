@@ -18,6 +18,9 @@
 
 /* Returns 0, or C10D_EINVAL (with c10d_last_error) for a pair that
  * c10d_reduce_op_check rejects. */
+/* A complex dtype's real type (complex64: float32), with *per = 2 values per
+ * element; any other dtype itself, *per = 1 (per may be NULL). */
+c10d_dtype c10d__dtype_real(c10d_dtype dtype, size_t *per);
 int c10d__reduce(void *dst, const void *src, size_t count, c10d_dtype dtype, c10d_reduce_op op);
 
 /* buf *= factor (floating dtypes only), in float64 for float64 and float32 otherwise. */
