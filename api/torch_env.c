@@ -16,9 +16,6 @@ static const struct {
     {"TORCH_NCCL_ASYNC_ERROR_HANDLING",
      "a failed or timed-out op always fails its group and every later op on it (torch's mode 3: "
      "tear down, keep the process); nothing kills the process"},
-    {"TORCH_NCCL_BLOCKING_WAIT",
-     "ops time out by their group's timeout whoever waits; c10d_work_wait takes a deadline of "
-     "its own"},
     {"TORCH_NCCL_HIGH_PRIORITY", "ops run on c10d_op_opts.stream or the group's stream"},
     {"TORCH_NCCL_DESYNC_DEBUG",
      "C10D_DEBUG=DETAIL checks every collective's fingerprint first; c10d-fr reads the flight "

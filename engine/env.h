@@ -17,6 +17,9 @@
     X(WAIT_SPIN_US, "C10D_WAIT_SPIN_US", NULL, "0",                                                \
       "c10d_work_wait watches its work (yielding the CPU) this long before it sleeps on a futex "  \
       "(0: it sleeps at once)")                                                                    \
+    X(BLOCKING_WAIT, "C10D_BLOCKING_WAIT", "TORCH_NCCL_BLOCKING_WAIT", "0",                        \
+      "1: a c10d_work_wait that times out fails the work (and so its group), as torch's blocking " \
+      "wait; 0: the wait returns C10D_ETIMEDOUT and the work goes on")                             \
     X(LOOP_SPIN_US, "C10D_LOOP_SPIN_US", NULL, "100",                                              \
       "the loop thread polls without sleeping this long after its last activity (0: it sleeps "    \
       "in epoll at once)")                                                                         \

@@ -532,6 +532,17 @@ int c10d_work_wait(c10d_work *w, int64_t timeout_ms)
     if (settled && status < 0)
         c10d__fail(status, "%s", w->message != NULL ? w->message : c10d_strerror(status));
     uv_mutex_unlock(&w->mutex);
+    if (!settled && !done && timeout_ms >= 0 && c10d__env_bool(C10D_ENV_BLOCKING_WAIT)) {
+        /* torch's blocking wait: the waiter's deadline is the op's. Whoever
+         * owns the work sees it fail (a group's op fails its group). */
+        c10d__work_complete(w, C10D_ETIMEDOUT,
+                            "'%s' timed out in blocking wait after %lld ms (C10D_BLOCKING_WAIT=1)",
+                            w->what, (long long)timeout_ms);
+        return c10d__fail(C10D_ETIMEDOUT,
+                          "c10d_work_wait: '%s' timed out in blocking wait after %lld ms "
+                          "(C10D_BLOCKING_WAIT=1): the work failed",
+                          w->what, (long long)timeout_ms);
+    }
     if (!settled)
         return c10d__fail(C10D_ETIMEDOUT,
                           done ? "c10d_work_wait: '%s' completed, but its callbacks were still "

@@ -126,16 +126,16 @@ static void test_ignored_torch_variables(void **state)
 {
     (void)state;
     const char *names[8];
-    unsetenv("TORCH_NCCL_BLOCKING_WAIT");
+    unsetenv("TORCH_NCCL_HIGH_PRIORITY");
     size_t before = c10d__torch_env_ignored(names, 8);
-    setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 1);
+    setenv("TORCH_NCCL_HIGH_PRIORITY", "1", 1);
     size_t n = c10d__torch_env_ignored(names, 8);
     assert_int_equal(n, before + 1);
     int found = 0;
     for (size_t i = 0; i < n && i < 8; i++)
-        found |= strcmp(names[i], "TORCH_NCCL_BLOCKING_WAIT") == 0;
+        found |= strcmp(names[i], "TORCH_NCCL_HIGH_PRIORITY") == 0;
     assert_true(found);
-    unsetenv("TORCH_NCCL_BLOCKING_WAIT");
+    unsetenv("TORCH_NCCL_HIGH_PRIORITY");
 }
 
 static void test_status_codes(void **state)

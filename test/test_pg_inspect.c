@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include "c10d.h"
+#include "engine/env.h"
 #include "mp_harness.h"
 
 #include <pthread.h>
@@ -144,10 +145,76 @@ static void test_inspect(void **state)
     assert_int_equal(res.codes[1], 0);
 }
 
+/* A wait that times out: the work goes on by default; with blocking wait
+ * (C10D_BLOCKING_WAIT=1, torch's TORCH_NCCL_BLOCKING_WAIT) it fails, and so
+ * does its group, on every rank. */
+static int blocking_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    (void)n;
+    unsetenv("C10D_BLOCKING_WAIT");
+    unsetenv("TORCH_NCCL_BLOCKING_WAIT");
+    c10d__env_reload();
+    c10d_pg_opts po = {0};
+    po.timeout_ms = 60000;
+    c10d_pg *pg = NULL;
+    MP_CHECK(c10d_pg_init(&po, &pg) == 0, "init: %s", c10d_last_error());
+    float x = 1.0f;
+    c10d_work *w = NULL;
+    if (rank == 1)
+        usleep(600 * 1000);
+    MP_CHECK(c10d_all_reduce(pg, &x, &x, 1, C10D_FLOAT32, C10D_SUM, NULL, &w) == 0, "post: %s",
+             c10d_last_error());
+    if (rank == 0) {
+        MP_CHECK(c10d_work_wait(w, 100) == C10D_ETIMEDOUT, "a short wait did not time out");
+        MP_CHECK(c10d_work_test(w) == 0, "the work did not go on");
+    }
+    MP_CHECK(c10d_work_wait_release(w) == 0, "the op itself: %s", c10d_last_error());
+    MP_CHECK(x == 2.0f, "sum %g", x);
+
+    setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 1);
+    c10d__env_reload();
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    if (rank == 0) {
+        MP_CHECK(c10d_all_reduce(pg, &x, &x, 1, C10D_FLOAT32, C10D_SUM, NULL, &w) == 0, "post: %s",
+                 c10d_last_error());
+        MP_CHECK(c10d_work_wait(w, 300) == C10D_ETIMEDOUT, "the blocking wait did not time out");
+        MP_CHECK(strstr(c10d_last_error(), "blocking wait") != NULL, "message: %s",
+                 c10d_last_error());
+        MP_CHECK(c10d_work_wait(w, 5000) == C10D_ETIMEDOUT, "the work was not failed: %s",
+                 c10d_last_error());
+        c10d_work_release(w);
+    }
+    /* Rank 1 never joined that op: the failure reaches it all the same. */
+    int rc = 0;
+    for (int i = 0; i < 200 && (rc = c10d_pg_error(pg)) == 0; i++)
+        usleep(50 * 1000);
+    MP_CHECK(rc == C10D_ETIMEDOUT || (rank == 1 && rc < 0), "rank %d: group error %d: %s", rank, rc,
+             c10d_last_error());
+    c10d_pg_abort(pg, "test over");
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_blocking_wait(void **state)
+{
+    (void)state;
+    struct mp_opts o = {0};
+    o.nranks = 2;
+    o.timeout_s = 60;
+    o.kill_on_failure = 1;
+    struct mp_result res;
+    mp_run(&o, blocking_main, NULL, &res);
+    assert_false(res.timed_out);
+    assert_int_equal(res.codes[0], 0);
+    assert_int_equal(res.codes[1], 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_inspect),
+        cmocka_unit_test(test_blocking_wait),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
