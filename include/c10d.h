@@ -616,6 +616,15 @@ typedef struct c10d_store_tcp_opts {
  * a connected store. opts may be NULL. */
 C10D_EXPORT int c10d_store_tcp_connect(const char *host, int port, const c10d_store_tcp_opts *opts,
                                        c10d_store **out);
+/* A TCPStore server in this process (torch's TCPStore(is_master=True)), on the
+ * library's loop: `host` NULL, "" or "*" listens on every address, `port` 0
+ * on a free one (*port_out, may be NULL, gets it). With C10D_STORE_TOKEN set,
+ * clients must present it. Serves until c10d_store_server_stop (which frees
+ * the handle) or c10d_shutdown (after which stop only frees it). */
+typedef struct c10d_store_server c10d_store_server;
+C10D_EXPORT int c10d_store_tcp_serve(const char *host, int port, c10d_store_server **out,
+                                     int *port_out);
+C10D_EXPORT int c10d_store_server_stop(c10d_store_server *server);
 /* Every key becomes "<prefix>/<key>" in `base` (which gains a reference). */
 C10D_EXPORT int c10d_store_prefix(c10d_store *base, const char *prefix, c10d_store **out);
 /* In-process, thread-safe; waits see sets from any thread. */
