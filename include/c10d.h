@@ -625,6 +625,11 @@ typedef struct c10d_store_server c10d_store_server;
 C10D_EXPORT int c10d_store_tcp_serve(const char *host, int port, c10d_store_server **out,
                                      int *port_out);
 C10D_EXPORT int c10d_store_server_stop(c10d_store_server *server);
+/* The same store over connections of its own, for a thread that waits
+ * (torch's Store.clone): a TCP client connects anew (blocks; the dialect and
+ * timeout of `store`), a prefix store clones its base; an in-process store
+ * is itself (a new reference). Release it like any store. */
+C10D_EXPORT int c10d_store_clone(c10d_store *store, c10d_store **out);
 /* Every key becomes "<prefix>/<key>" in `base` (which gains a reference). */
 C10D_EXPORT int c10d_store_prefix(c10d_store *base, const char *prefix, c10d_store **out);
 /* In-process, thread-safe; waits see sets from any thread. */

@@ -41,6 +41,22 @@ int c10d__store_route(c10d_store *s, struct c10d__store_route *out)
     return s->vt->route(s, out);
 }
 
+int c10d_store_clone(c10d_store *store, c10d_store **out)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (store == NULL || out == NULL)
+        return c10d__fail(C10D_EINVAL, "store clone: %s is NULL", store == NULL ? "store" : "out");
+    if (store->vt->clone == NULL) {
+        c10d_store_retain(store);
+        *out = store;
+        return 0;
+    }
+    C10D_CHECK(store->vt->clone(store, out));
+    c10d_store_set_timeout(*out, c10d_store_timeout(store));
+    return 0;
+}
+
 void c10d_store_retain(c10d_store *store)
 {
     if (store)

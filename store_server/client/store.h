@@ -42,6 +42,10 @@ struct c10d__store_vtable {
     /* Optional (NULL: not reached over a network). Loop thread. See
      * c10d__store_route. */
     int (*route)(c10d_store *s, struct c10d__store_route *out);
+    /* Optional; any thread but the loop's. The same store over connections of
+     * its own (c10d_store_clone); NULL: the store itself serves (in-process
+     * stores block no one). */
+    int (*clone)(c10d_store *s, c10d_store **out);
 };
 
 struct c10d_store {

@@ -44,12 +44,27 @@ static int prefix_route(c10d_store *s, struct c10d__store_route *out)
     return c10d__store_route(((struct prefix_store *)s)->inner, out);
 }
 
+/* The base cloned, under the same prefix. */
+static int prefix_clone(c10d_store *s, c10d_store **out)
+{
+    struct prefix_store *ps = (struct prefix_store *)s;
+    c10d_store *inner = NULL;
+    C10D_CHECK(c10d_store_clone(ps->inner, &inner));
+    char *prefix = strndup(ps->prefix, ps->plen - 1); /* without its '/' */
+    int rc = prefix != NULL ? c10d_store_prefix(inner, prefix, out)
+                            : c10d__fail(C10D_ENOMEM, "store clone: out of memory");
+    free(prefix);
+    c10d_store_release(inner);
+    return rc;
+}
+
 static const struct c10d__store_vtable prefix_vtable = {
     .kind = "prefix",
     .submit = prefix_submit,
     .close = prefix_close,
     .destroy = prefix_destroy,
     .route = prefix_route,
+    .clone = prefix_clone,
 };
 
 int c10d_store_prefix(c10d_store *base, const char *prefix, c10d_store **out)

@@ -113,12 +113,23 @@ static int tcp_route(c10d_store *s, struct c10d__store_route *out)
     return 0;
 }
 
+/* A new client of the same server, speaking the dialect this one found. */
+static int tcp_clone(c10d_store *s, c10d_store **out)
+{
+    struct tcp_store *ts = (struct tcp_store *)s;
+    c10d_store_tcp_opts o = C10D_STORE_TCP_OPTS_INIT;
+    o.timeout_ms = c10d_store_timeout(s);
+    o.dialect = s->dialect;
+    return c10d_store_tcp_connect(ts->host, ts->port, &o, out);
+}
+
 static const struct c10d__store_vtable tcp_vtable = {
     .kind = "tcp",
     .submit = tcp_submit,
     .close = tcp_close,
     .destroy = tcp_destroy,
     .route = tcp_route,
+    .clone = tcp_clone,
 };
 
 /* ------------------------------------------------------- the constructor */
