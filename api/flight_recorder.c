@@ -374,3 +374,21 @@ int c10d_flight_recorder_dump(const char *path)
                           "(C10D_TRACE_BUFFER_SIZE=0)");
     return c10d__fr_dump(path, "on request (c10d_flight_recorder_dump)");
 }
+
+int c10d_flight_recorder_dump_json(int only_active, char **out)
+{
+    if (out == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_flight_recorder_dump_json: out is NULL");
+    *out = NULL;
+    if (!c10d__fr_enabled())
+        return c10d__fail(C10D_EUNSUPPORTED,
+                          "c10d_flight_recorder_dump_json: the flight recorder is off "
+                          "(C10D_TRACE_BUFFER_SIZE=0)");
+    return c10d__fr_dump_json("on request (c10d_flight_recorder_dump_json)", only_active, out);
+}
+
+int c10d_flight_recorder_reset(void)
+{
+    c10d__fr_clear();
+    return 0;
+}

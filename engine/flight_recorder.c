@@ -58,6 +58,7 @@ static atomic_int fr_mode; /* FR_UNREAD until the first use reads the environmen
 static struct fr_entry *fr_ring;
 static size_t fr_cap;
 static uint64_t fr_next;
+static uint64_t fr_floor; /* c10d__fr_clear: records below it are gone */
 static struct fr_group *fr_groups;
 static int fr_rank = -1;
 
@@ -93,6 +94,7 @@ static void fr_configure_locked(void)
     fr_ring = NULL;
     fr_cap = 0;
     fr_next = 0;
+    fr_floor = 0;
     int64_t n = c10d__env_int(C10D_ENV_TRACE_BUFFER_SIZE);
     if (n < 0) {
         C10D_WARN("fr", "C10D_TRACE_BUFFER_SIZE=%lld is negative: the flight recorder is off",
@@ -311,7 +313,7 @@ static void snapshot_free(struct fr_snapshot *s)
     free(s);
 }
 
-static struct fr_snapshot *snapshot_take(const char *reason)
+static struct fr_snapshot *snapshot_take(const char *reason, int only_active)
 {
     fr_ensure();
     struct fr_snapshot *s = calloc(1, sizeof *s);
@@ -321,6 +323,8 @@ static struct fr_snapshot *snapshot_take(const char *reason)
     s->pg_config = json_object();
     uv_mutex_lock(&fr_mutex);
     size_t n = fr_next < fr_cap ? (size_t)fr_next : fr_cap;
+    if (fr_next - n < fr_floor)
+        n = (size_t)(fr_next - fr_floor);
     s->entries = n > 0 ? malloc(n * sizeof *s->entries) : NULL;
     if (s->reason == NULL || s->pg_config == NULL || (n > 0 && s->entries == NULL)) {
         uv_mutex_unlock(&fr_mutex);
@@ -328,9 +332,13 @@ static struct fr_snapshot *snapshot_take(const char *reason)
         return NULL;
     }
     uint64_t first = fr_next - n;
-    for (size_t i = 0; i < n; i++)
-        s->entries[i] = fr_ring[(first + i) % fr_cap];
-    s->n = n;
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct fr_entry *e = &fr_ring[(first + i) % fr_cap];
+        if (!only_active || e->state != FR_COMPLETED)
+            s->entries[kept++] = *e;
+    }
+    s->n = kept;
     s->rank = fr_rank;
     for (struct fr_group *g = fr_groups; g != NULL; g = g->next) {
         json_t *c =
@@ -345,8 +353,11 @@ static struct fr_snapshot *snapshot_take(const char *reason)
 /* PyTorch's ScalarType names, so dumps of both compare. */
 static const char *torch_dtype(int dtype)
 {
-    static const char *names[] = {"Float", "Double", "Half", "BFloat16",      "Char",       "Byte",
-                                  "Int",   "Long",   "Bool", "Float8_e4m3fn", "Float8_e5m2"};
+    static const char *names[] = {
+        "Float",  "Double", "Half",   "BFloat16",      "Char",         "Byte",
+        "Int",    "Long",   "Bool",   "Float8_e4m3fn", "Float8_e5m2",  "Short",
+        "UInt16", "UInt32", "UInt64", "ComplexFloat",  "ComplexDouble"};
+    _Static_assert(sizeof names / sizeof names[0] == C10D_DTYPE_COUNT, "a dtype without a name");
     if (dtype < 0 || (size_t)dtype >= sizeof names / sizeof names[0])
         return "Unknown";
     return names[dtype];
@@ -505,7 +516,7 @@ int c10d__fr_dump(const char *path, const char *reason)
         C10D_CHECK(c10d__fr_default_path(def, sizeof def));
         path = def;
     }
-    struct fr_snapshot *s = snapshot_take(reason);
+    struct fr_snapshot *s = snapshot_take(reason, 0);
     if (s == NULL)
         return c10d__fail(C10D_ENOMEM, "flight recorder: out of memory taking the snapshot");
     int rc = write_snapshot(s, path);
@@ -514,6 +525,28 @@ int c10d__fr_dump(const char *path, const char *reason)
         C10D_WARN("fr", "flight recorder dump written to %s (%s)", path,
                   reason != NULL ? reason : "on request");
     return rc;
+}
+
+int c10d__fr_dump_json(const char *reason, int only_active, char **out)
+{
+    *out = NULL;
+    struct fr_snapshot *s = snapshot_take(reason, only_active);
+    json_t *root = s != NULL ? snapshot_json(s) : NULL;
+    snapshot_free(s);
+    if (root != NULL)
+        *out = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    if (*out == NULL)
+        return c10d__fail(C10D_ENOMEM, "flight recorder: out of memory building the dump");
+    return 0;
+}
+
+void c10d__fr_clear(void)
+{
+    fr_ensure();
+    uv_mutex_lock(&fr_mutex);
+    fr_floor = fr_next;
+    uv_mutex_unlock(&fr_mutex);
 }
 
 /* Dumps being written by their threads: a process that returns from main
@@ -570,7 +603,7 @@ int c10d__fr_dump_async(const char *reason)
     if (a == NULL)
         return c10d__fail(C10D_ENOMEM, "flight recorder: out of memory");
     int rc = c10d__fr_default_path(a->path, sizeof a->path);
-    if (rc == 0 && (a->snap = snapshot_take(reason)) == NULL)
+    if (rc == 0 && (a->snap = snapshot_take(reason, 0)) == NULL)
         rc = c10d__fail(C10D_ENOMEM, "flight recorder: out of memory taking the snapshot");
     if (rc != 0) {
         free(a);

@@ -58,6 +58,13 @@ int c10d__fr_dump(const char *path, const char *reason);
  * failure is logged. Returns 0 or a negative status. */
 int c10d__fr_dump_async(const char *reason);
 
+/* The dump as JSON text (malloc'd, *out), only the entries not completed if
+ * only_active; 0 or C10D_ENOMEM. */
+int c10d__fr_dump_json(const char *reason, int only_active, char **out);
+/* Forgets every entry recorded so far (groups stay known): later dumps
+ * start from here. */
+void c10d__fr_clear(void);
+
 /* The file a dump without a path goes to; buf holds at least `len` bytes.
  * Returns 0, or C10D_EINVAL when this process has no rank yet. */
 int c10d__fr_default_path(char *buf, size_t len);

@@ -432,6 +432,13 @@ C10D_EXPORT int c10d_pg_abort(c10d_pg *pg, const char *reason);
  * recorder is off (C10D_TRACE_BUFFER_SIZE=0), C10D_EINVAL for NULL before any
  * op gave this process a rank, C10D_EIO when the file cannot be written. */
 C10D_EXPORT int c10d_flight_recorder_dump(const char *path);
+/* The same dump as JSON text in memory (*out, malloc'd: free() it), with
+ * only_active only the ops not completed yet (torch's onlyActive), for a
+ * program that ships it elsewhere. */
+C10D_EXPORT int c10d_flight_recorder_dump_json(int only_active, char **out);
+/* Forgets the ops recorded so far (the groups stay known), so that the next
+ * dump shows only what came after (torch's _reset_fr_recording_nccl). */
+C10D_EXPORT int c10d_flight_recorder_reset(void);
 
 /* Collectives. NCCL-style buffers: `send` and `recv` may be the same pointer
  * (in place). Counts are elements of `dtype`. Each returns 0 and, when `work`

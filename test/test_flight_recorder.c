@@ -144,6 +144,31 @@ static void test_ring(void **s)
     assert_true(json_is_number(json_object_get(json_array_get(es, 3), "duration_ms")));
     json_decref(root);
 
+    /* In memory, only the ops not completed (3 of the 4), then after a
+     * reset nothing until a new op. */
+    char *text = NULL;
+    assert_int_equal(c10d_flight_recorder_dump_json(1, &text), 0);
+    root = json_loads(text, 0, &err);
+    free(text);
+    assert_non_null(root);
+    assert_int_equal(json_array_size(json_object_get(root, "entries")), 3);
+    json_decref(root);
+    assert_int_equal(c10d_flight_recorder_reset(), 0);
+    assert_int_equal(c10d_flight_recorder_dump_json(0, &text), 0);
+    root = json_loads(text, 0, &err);
+    free(text);
+    assert_int_equal(json_array_size(json_object_get(root, "entries")), 0);
+    assert_non_null(json_object_get(json_object_get(root, "pg_config"), "0")); /* groups stay */
+    json_decref(root);
+    struct c10d__fr_op later = op_of(7);
+    c10d__fr_record(&later);
+    assert_int_equal(c10d_flight_recorder_dump_json(0, &text), 0);
+    root = json_loads(text, 0, &err);
+    free(text);
+    assert_int_equal(json_array_size(json_object_get(root, "entries")), 1);
+    json_decref(root);
+    assert_int_equal(c10d_flight_recorder_dump_json(0, NULL), C10D_EINVAL);
+
     /* Off: nothing recorded, the public dump says why. */
     setenv("C10D_TRACE_BUFFER_SIZE", "0", 1);
     c10d__fr_reset();
@@ -152,6 +177,9 @@ static void test_ring(void **s)
     assert_int_equal(c10d__fr_record(&o), 0);
     assert_int_equal(c10d_flight_recorder_dump(path), C10D_EUNSUPPORTED);
     assert_non_null(strstr(c10d_last_error(), "C10D_TRACE_BUFFER_SIZE=0"));
+    char *none = (char *)0x1;
+    assert_int_equal(c10d_flight_recorder_dump_json(0, &none), C10D_EUNSUPPORTED);
+    assert_null(none);
 
     /* No rank yet: a dump without a path cannot be named. */
     unsetenv("C10D_TRACE_BUFFER_SIZE");
