@@ -108,6 +108,14 @@ struct c10d__pg_op {
  * list form of a collective, or a P2P op inside a batch. */
 int c10d__pg_check_op(const c10d_pg *pg, const char *opname, const struct c10d__op *op,
                       int list_form);
+/* pg_ops.c: an op record of `kind` with no buffers, no root and no peer. */
+struct c10d__op c10d__pg_op_init(enum c10d__op_kind kind, size_t count, c10d_dtype dtype);
+/* pg_ops.c: creates the work of a (list of) op(s), registers the callbacks
+ * and posts the head. Under pg->mutex; `seq` is already taken and is given
+ * back by the caller on failure. */
+int c10d__pg_post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *optype, uint64_t seq,
+                         size_t in, size_t out, const c10d_op_opts *opts, c10d_work **work,
+                         int *handed_over);
 /* check.c: complex dtypes become pairs of reals (dtype and count; *per = 2,
  * by which the caller scales count arrays) before the backend sees the op;
  * C10D_EINVAL for a reduction complex values do not have. */

@@ -11,6 +11,7 @@
 #include "engine/log.h"
 #include "engine/loop.h"
 #include "engine/work.h"
+#include "gpu/gpu_api.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -199,12 +200,9 @@ static int is_p2p(enum c10d__op_kind k)
     return k == C10D_OP_SEND || k == C10D_OP_RECV;
 }
 
-/* Creates the work of a (list of) op(s), registers the callbacks and posts
- * the head. Under pg->mutex; `seq` is already taken and is given back by
- * the caller on failure. */
-static int post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *optype, uint64_t seq,
-                       size_t in, size_t out, const c10d_op_opts *opts, c10d_work **work,
-                       int *handed_over)
+int c10d__pg_post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *optype, uint64_t seq,
+                         size_t in, size_t out, const c10d_op_opts *opts, c10d_work **work,
+                         int *handed_over)
 {
     *handed_over = 0;
     int64_t timeout = opts != NULL && opts->timeout_ms > 0 ? opts->timeout_ms : pg->timeout_ms;
@@ -302,7 +300,8 @@ int c10d__pg_submit(c10d_pg *pg, const char *opname, struct c10d__pg_op *po,
     size_t in, out;
     c10d__op_numel(&po->op, pg->size, &in, &out);
     int handed;
-    rc = post_locked(pg, po, c10d__op_kind_name(po->op.kind), seq, in, out, opts, work, &handed);
+    rc = c10d__pg_post_locked(pg, po, c10d__op_kind_name(po->op.kind), seq, in, out, opts, work,
+                              &handed);
     if (rc != 0 && !handed) {
         /* Nothing reached the loop: the number was never seen by anyone. */
         --*counter;
@@ -385,6 +384,25 @@ int c10d__pg_noop(const c10d_pg *pg, const char *opname, const c10d_op_opts *opt
     return 0;
 }
 
+/* A barrier has no buffers to say where it runs: on a group without a host
+ * backend it goes to the bound CUDA device, else the current one, as torch's
+ * NCCL barrier picks a device itself. */
+static int barrier_device(const c10d_pg *pg, c10d_op_opts *o)
+{
+    if (o->device_type != C10D_DEVICE_CPU || pg->backends[C10D_DEVICE_CPU].vt != NULL ||
+        pg->backends[C10D_DEVICE_CUDA].vt == NULL)
+        return 0;
+    int dev = pg->device_index;
+    if (dev < 0) {
+        const struct c10d__cudart_api *cu = NULL;
+        C10D_CHECK(c10d__cuda_load(&cu));
+        C10D__CUDA_CHECK(cu, cu->cudaGetDevice(&dev), "barrier: cudaGetDevice");
+    }
+    o->device_type = C10D_DEVICE_CUDA;
+    o->device_index = dev;
+    return 0;
+}
+
 /* Copies what the op points to that the caller may free after the call: the
  * count arrays and the buffer lists (the buffers stay the caller's). */
 static int dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args, int list_form,
@@ -399,6 +417,8 @@ static int dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args
     const c10d_op_opts *opts = &opts_copy;
     if (pg->rank < 0)
         return c10d__pg_noop(pg, opname, opts, work);
+    if (args->kind == C10D_OP_BARRIER)
+        C10D_CHECK(barrier_device(pg, &opts_copy));
     int dev = c10d__pg_device(pg, opname, opts);
     if (dev < 0)
         return dev;
@@ -468,7 +488,7 @@ static int dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args
     return c10d__pg_submit(pg, opname, po, opts, work);
 }
 
-static struct c10d__op op_init(enum c10d__op_kind kind, size_t count, c10d_dtype dtype)
+struct c10d__op c10d__pg_op_init(enum c10d__op_kind kind, size_t count, c10d_dtype dtype)
 {
     struct c10d__op op;
     memset(&op, 0, sizeof op);
@@ -483,7 +503,7 @@ static struct c10d__op op_init(enum c10d__op_kind kind, size_t count, c10d_dtype
 int c10d_broadcast(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype,
                    int root, const c10d_op_opts *opts, c10d_work **work)
 {
-    struct c10d__op op = op_init(C10D_OP_BROADCAST, count, dtype);
+    struct c10d__op op = c10d__pg_op_init(C10D_OP_BROADCAST, count, dtype);
     op.send = send != NULL ? send : recv;
     op.recv = recv;
     op.root = root;
@@ -493,7 +513,7 @@ int c10d_broadcast(c10d_pg *pg, const void *send, void *recv, size_t count, c10d
 int c10d_all_reduce(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype,
                     c10d_reduce_op redop, const c10d_op_opts *opts, c10d_work **work)
 {
-    struct c10d__op op = op_init(C10D_OP_ALL_REDUCE, count, dtype);
+    struct c10d__op op = c10d__pg_op_init(C10D_OP_ALL_REDUCE, count, dtype);
     op.send = send != NULL ? send : recv;
     op.recv = recv;
     op.redop = redop;
@@ -503,7 +523,7 @@ int c10d_all_reduce(c10d_pg *pg, const void *send, void *recv, size_t count, c10
 int c10d_reduce(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype,
                 c10d_reduce_op redop, int root, const c10d_op_opts *opts, c10d_work **work)
 {
-    struct c10d__op op = op_init(C10D_OP_REDUCE, count, dtype);
+    struct c10d__op op = c10d__pg_op_init(C10D_OP_REDUCE, count, dtype);
     op.send = send != NULL ? send : recv;
     op.recv = recv;
     op.redop = redop;
@@ -514,7 +534,7 @@ int c10d_reduce(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dt
 int c10d_all_gather(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype,
                     const c10d_op_opts *opts, c10d_work **work)
 {
-    struct c10d__op op = op_init(C10D_OP_ALL_GATHER, count, dtype);
+    struct c10d__op op = c10d__pg_op_init(C10D_OP_ALL_GATHER, count, dtype);
     op.send = send;
     op.recv = recv;
     /* NCCL's in-place form: this rank's block of recv is the input. */
@@ -526,7 +546,7 @@ int c10d_all_gather(c10d_pg *pg, const void *send, void *recv, size_t count, c10
 int c10d_all_gather_list(c10d_pg *pg, const void *send, void *const *recvs, size_t count,
                          c10d_dtype dtype, const c10d_op_opts *opts, c10d_work **work)
 {
-    struct c10d__op op = op_init(C10D_OP_ALL_GATHER, count, dtype);
+    struct c10d__op op = c10d__pg_op_init(C10D_OP_ALL_GATHER, count, dtype);
     op.send = send;
     op.recvs = recvs;
     return dispatch(pg, "all_gather", &op, 1, opts, work);
@@ -535,7 +555,7 @@ int c10d_all_gather_list(c10d_pg *pg, const void *send, void *const *recvs, size
 int c10d_gather(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype, int root,
                 const c10d_op_opts *opts, c10d_work **work)
 {
-    struct c10d__op op = op_init(C10D_OP_GATHER, count, dtype);
+    struct c10d__op op = c10d__pg_op_init(C10D_OP_GATHER, count, dtype);
     op.send = send;
     op.recv = recv;
     op.root = root;
@@ -545,7 +565,7 @@ int c10d_gather(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dt
 int c10d_scatter(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype,
                  int root, const c10d_op_opts *opts, c10d_work **work)
 {
-    struct c10d__op op = op_init(C10D_OP_SCATTER, count, dtype);
+    struct c10d__op op = c10d__pg_op_init(C10D_OP_SCATTER, count, dtype);
     op.send = send;
     op.recv = recv;
     op.root = root;
@@ -555,7 +575,7 @@ int c10d_scatter(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_d
 int c10d_reduce_scatter(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype,
                         c10d_reduce_op redop, const c10d_op_opts *opts, c10d_work **work)
 {
-    struct c10d__op op = op_init(C10D_OP_REDUCE_SCATTER, count, dtype);
+    struct c10d__op op = c10d__pg_op_init(C10D_OP_REDUCE_SCATTER, count, dtype);
     op.send = send;
     op.recv = recv;
     op.redop = redop;
@@ -566,7 +586,7 @@ int c10d_reduce_scatter_list(c10d_pg *pg, const void *const *sends, void *recv, 
                              c10d_dtype dtype, c10d_reduce_op redop, const c10d_op_opts *opts,
                              c10d_work **work)
 {
-    struct c10d__op op = op_init(C10D_OP_REDUCE_SCATTER, count, dtype);
+    struct c10d__op op = c10d__pg_op_init(C10D_OP_REDUCE_SCATTER, count, dtype);
     op.sends = sends;
     op.recv = recv;
     op.redop = redop;
@@ -577,7 +597,7 @@ int c10d_all_to_all_single(c10d_pg *pg, const void *send, void *recv, size_t cou
                            const size_t *send_counts, const size_t *recv_counts, c10d_dtype dtype,
                            const c10d_op_opts *opts, c10d_work **work)
 {
-    struct c10d__op op = op_init(C10D_OP_ALL_TO_ALL, count, dtype);
+    struct c10d__op op = c10d__pg_op_init(C10D_OP_ALL_TO_ALL, count, dtype);
     op.send = send;
     op.recv = recv;
     op.send_counts = send_counts;
@@ -589,7 +609,7 @@ int c10d_all_to_all(c10d_pg *pg, const void *const *sends, const size_t *send_co
                     void *const *recvs, const size_t *recv_counts, c10d_dtype dtype,
                     const c10d_op_opts *opts, c10d_work **work)
 {
-    struct c10d__op op = op_init(C10D_OP_ALL_TO_ALL, 0, dtype);
+    struct c10d__op op = c10d__pg_op_init(C10D_OP_ALL_TO_ALL, 0, dtype);
     op.sends = sends;
     op.recvs = recvs;
     op.send_counts = send_counts;
@@ -599,14 +619,14 @@ int c10d_all_to_all(c10d_pg *pg, const void *const *sends, const size_t *send_co
 
 int c10d_barrier(c10d_pg *pg, const c10d_op_opts *opts, c10d_work **work)
 {
-    struct c10d__op op = op_init(C10D_OP_BARRIER, 0, C10D_UINT8);
+    struct c10d__op op = c10d__pg_op_init(C10D_OP_BARRIER, 0, C10D_UINT8);
     return dispatch(pg, "barrier", &op, 0, opts, work);
 }
 
 int c10d_send(c10d_pg *pg, const void *buf, size_t count, c10d_dtype dtype, int peer, int tag,
               const c10d_op_opts *opts, c10d_work **work)
 {
-    struct c10d__op op = op_init(C10D_OP_SEND, count, dtype);
+    struct c10d__op op = c10d__pg_op_init(C10D_OP_SEND, count, dtype);
     op.send = buf;
     op.peer = peer;
     op.tag = tag;
@@ -616,183 +636,9 @@ int c10d_send(c10d_pg *pg, const void *buf, size_t count, c10d_dtype dtype, int 
 int c10d_recv(c10d_pg *pg, void *buf, size_t count, c10d_dtype dtype, int peer, int tag,
               const c10d_op_opts *opts, c10d_work **work)
 {
-    struct c10d__op op = op_init(C10D_OP_RECV, count, dtype);
+    struct c10d__op op = c10d__pg_op_init(C10D_OP_RECV, count, dtype);
     op.recv = buf;
     op.peer = peer;
     op.tag = tag;
     return dispatch(pg, "recv", &op, 0, opts, work);
-}
-
-/* ------------------------------------------------- batches and coalescing */
-
-int c10d_batch_isend_irecv(c10d_pg *pg, const c10d_p2p_op *ops, int nops,
-                           const c10d_op_opts *user_opts, c10d_work **work)
-{
-    const char *opname = "batch_isend_irecv";
-    if (work != NULL)
-        *work = NULL;
-    if (pg == NULL)
-        return c10d__fail(C10D_EINVAL, "c10d %s: pg is NULL", opname);
-    c10d_op_opts opts_copy;
-    C10D_CHECK(c10d__pg_read_op_opts(pg, opname, user_opts, &opts_copy));
-    const c10d_op_opts *opts = &opts_copy;
-    if (pg->rank < 0)
-        return c10d__pg_noop(pg, opname, opts, work);
-    if (ops == NULL || nops <= 0)
-        return c10d__fail(C10D_EINVAL, "%s %s: empty list of ops (%s, nops %d)", pg->backend_name,
-                          opname, ops == NULL ? "ops is NULL" : "ops given", nops);
-    int dev = c10d__pg_device(pg, opname, opts);
-    if (dev < 0)
-        return dev;
-    const struct c10d__backend_vtable *vt = pg->backends[dev].vt;
-    struct c10d__pg_op *head = NULL, *tail = NULL;
-    for (int i = 0; i < nops; i++) {
-        char name[64];
-        const c10d_p2p_op *p = &ops[i];
-        if (p->kind != C10D_P2P_SEND && p->kind != C10D_P2P_RECV) {
-            c10d__pg_op_free(head);
-            return c10d__fail(C10D_EINVAL, "%s %s: op %d has an invalid kind %d", pg->backend_name,
-                              opname, i, (int)p->kind);
-        }
-        snprintf(name, sizeof name, "%s (op %d, %s)", opname, i,
-                 p->kind == C10D_P2P_SEND ? "send" : "recv");
-        struct c10d__op op =
-            op_init(p->kind == C10D_P2P_SEND ? C10D_OP_SEND : C10D_OP_RECV, p->count, p->dtype);
-        op.send = p->buf;
-        op.recv = p->buf;
-        op.peer = p->peer;
-        op.tag = p->tag;
-        if (opts != NULL) {
-            op.device_type = opts->device_type;
-            op.device_index = opts->device_index;
-            op.stream = opts->stream;
-        }
-        int rc = 0;
-        if (op.kind == C10D_OP_RECV && op.peer == C10D_ANY_SOURCE)
-            rc = c10d__fail(C10D_EINVAL, "%s %s: a batched recv needs a peer (not any source)",
-                            pg->backend_name, name);
-        if (rc == 0)
-            rc = c10d__pg_check_op(pg, name, &op, 1); /* a batch member: self is a peer */
-        size_t per;
-        if (rc == 0)
-            rc = c10d__pg_complex_as_reals(pg, name, &op, &per);
-        if (rc == 0 && vt->check != NULL)
-            rc = vt->check(&op);
-        struct c10d__pg_op *po = rc == 0 ? c10d__pg_op_new(pg, dev, 0) : NULL;
-        if (po == NULL) {
-            c10d__pg_op_free(head);
-            return rc != 0 ? rc : C10D_ENOMEM;
-        }
-        po->op = op;
-        if (tail != NULL)
-            tail->next_in_list = po;
-        else
-            head = po;
-        tail = po;
-    }
-    uv_mutex_lock(&pg->mutex);
-    int rc = c10d__pg_usable_locked(pg, opname);
-    if (rc == 0 && pg->coalescing)
-        rc = c10d__fail(C10D_EINVAL, "%s %s: not allowed between coalesce_begin and coalesce_end",
-                        pg->backend_name, opname);
-    if (rc == 0) {
-        uint64_t seq = ++pg->p2p_seq;
-        size_t n = 0;
-        for (struct c10d__pg_op *po = head; po != NULL; po = po->next_in_list)
-            n += po->op.count;
-        int handed;
-        rc = post_locked(pg, head, "BATCH_P2P", seq, n, n, opts, work, &handed);
-        if (rc != 0)
-            pg->p2p_seq--;
-        if (rc != 0 && !handed) {
-            uv_mutex_unlock(&pg->mutex);
-            c10d__pg_op_free(head);
-            return rc;
-        }
-        uv_mutex_unlock(&pg->mutex);
-        return rc;
-    }
-    uv_mutex_unlock(&pg->mutex);
-    c10d__pg_op_free(head);
-    return rc;
-}
-
-int c10d_coalesce_begin(c10d_pg *pg)
-{
-    if (pg == NULL)
-        return c10d__fail(C10D_EINVAL, "c10d coalesce_begin: pg is NULL");
-    if (pg->rank < 0)
-        return 0;
-    uv_mutex_lock(&pg->mutex);
-    int rc = c10d__pg_usable_locked(pg, "coalesce_begin");
-    if (rc == 0 && pg->coalescing)
-        rc = c10d__fail(C10D_EINVAL, "%s coalesce_begin: already coalescing (nested begin)",
-                        pg->backend_name);
-    if (rc == 0)
-        pg->coalescing = 1;
-    uv_mutex_unlock(&pg->mutex);
-    return rc;
-}
-
-int c10d_coalesce_end(c10d_pg *pg, const c10d_op_opts *user_opts, c10d_work **work)
-{
-    const char *opname = "coalesce_end";
-    if (work != NULL)
-        *work = NULL;
-    if (pg == NULL)
-        return c10d__fail(C10D_EINVAL, "c10d %s: pg is NULL", opname);
-    c10d_op_opts opts_copy;
-    C10D_CHECK(c10d__pg_read_op_opts(pg, opname, user_opts, &opts_copy));
-    const c10d_op_opts *opts = &opts_copy;
-    if (pg->rank < 0)
-        return c10d__pg_noop(pg, opname, opts, work);
-    uv_mutex_lock(&pg->mutex);
-    if (!pg->coalescing) {
-        uv_mutex_unlock(&pg->mutex);
-        return c10d__fail(C10D_EINVAL, "%s %s: no c10d_coalesce_begin before it", pg->backend_name,
-                          opname);
-    }
-    struct c10d__pg_op *head = pg->coal_head;
-    pg->coalescing = 0;
-    pg->coal_head = pg->coal_tail = NULL;
-    pg->coal_n = 0;
-    int rc = c10d__pg_usable_locked(pg, opname);
-    if (rc != 0 || head == NULL) {
-        uv_mutex_unlock(&pg->mutex);
-        c10d__pg_op_free(head);
-        if (rc != 0)
-            return rc;
-        /* Nothing was issued: complete at once, consuming no number. */
-        c10d_work *w;
-        C10D_CHECK(c10d__work_create(&w, "empty coalesced group", 0));
-        c10d__work_complete(w, 0, NULL);
-        if (opts != NULL && opts->cb != NULL &&
-            (rc = c10d_work_on_complete(w, opts->cb, opts->cb_arg)) != 0) {
-            c10d_work_release(w);
-            return rc;
-        }
-        if (work != NULL)
-            *work = w;
-        else
-            c10d_work_release(w);
-        return 0;
-    }
-    uint64_t seq = ++pg->coll_seq;
-    size_t tin = 0, tout = 0;
-    for (struct c10d__pg_op *po = head; po != NULL; po = po->next_in_list) {
-        size_t in, out;
-        c10d__op_numel(&po->op, pg->size, &in, &out);
-        tin += in, tout += out;
-    }
-    int handed;
-    rc = post_locked(pg, head, "COALESCED", seq, tin, tout, opts, work, &handed);
-    if (rc != 0)
-        pg->coll_seq--;
-    if (rc != 0 && !handed) {
-        uv_mutex_unlock(&pg->mutex);
-        c10d__pg_op_free(head);
-        return rc;
-    }
-    uv_mutex_unlock(&pg->mutex);
-    return rc;
 }

@@ -1658,6 +1658,9 @@ static int objects_main(int rank, int n, void *arg)
     for (int r = 0; r < n; r++)
         MP_CHECK(obj_same(&all[r], r), "all_gather_object: rank %d's %zu bytes", r, all[r].len);
     c10d_bytes_free(all, n);
+    /* A barrier names no device: it runs on the bound (or current) one, as
+     * torch's does, rather than asking for a host backend the group lacks. */
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier without device options: %s", c10d_last_error());
     c10d_bytes list[3];
     for (int i = 0; i < 3; i++)
         list[i] = rank == 0 ? obj_make(i + 3) : (c10d_bytes){NULL, 0};
