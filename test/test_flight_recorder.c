@@ -400,6 +400,54 @@ static void write_torch_dump(const char *path, const char *dtype2, const char *s
     json_decref(root);
 }
 
+/* Rank r of three: all_reduce 1 completed everywhere, all_reduce 2 entered
+ * by all, rank 2 three seconds after the others (timeout 2 s). */
+static void write_late_dump(const char *path, int r)
+{
+    json_t *es = json_array();
+    for (int seq = 1; seq <= 2; seq++) {
+        json_int_t t = (json_int_t)1000000000000LL + seq * 1000000LL +
+                       (seq == 2 && r == 2 ? 3000000000LL : r * 1000LL);
+        json_array_append_new(
+            es, json_pack("{s:i, s:i, s:[s,s], s:i, s:i, s:i, s:s, s:[[i]], s:[s], s:[[i]], "
+                          "s:[s], s:s, s:b, s:b, s:i, s:I, s:[]}",
+                          "record_id", seq - 1, "pg_id", 0, "process_group", "0", "default_pg",
+                          "collective_seq_id", seq, "p2p_seq_id", 0, "op_id", seq, "profiling_name",
+                          "nccl:all_reduce", "input_sizes", 1024, "input_dtypes", "Float",
+                          "output_sizes", 1024, "output_dtypes", "Float", "state",
+                          seq == 2 ? "started" : "completed", "is_p2p", 0, "retired", seq == 1,
+                          "timeout_ms", 2000, "time_created_ns", t, "frames"));
+    }
+    json_t *root = json_pack("{s:s, s:o, s:{s:{s:s, s:s, s:s}}, s:{}, s:{}}", "version", "2.4",
+                             "entries", es, "pg_config", "0", "name", "0", "desc", "default_pg",
+                             "ranks", "[0, 1, 2]", "pg_status", "nccl_comm_state");
+    assert_non_null(root);
+    assert_int_equal(json_dump_file(root, path, JSON_INDENT(1)), 0);
+    json_decref(root);
+}
+
+/* Every rank entered, one far later than the others: c10d-fr names it late,
+ * rather than blaming a peer stuck inside the op or the network. */
+static void test_late_entrant(void **s)
+{
+    (void)s;
+    char p[400];
+    for (int r = 0; r < 3; r++) {
+        snprintf(p, sizeof p, "%s/late_rank_%d", tmpdir, r);
+        write_late_dump(p, r);
+    }
+    char args[400], *out = NULL;
+    snprintf(args, sizeof args, "%s/late_rank_", tmpdir);
+    int rc = run_fr(args, &out);
+    assert_non_null(out);
+    fprintf(stderr, "%s", out);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(out, "rank 2 entered all_reduce (SeqNum=2) in group 0 3.0 s after the "
+                                "first rank (its timeout: 2000 ms): late, not stuck inside it"));
+    assert_null(strstr(out, "stuck inside it, or the network"));
+    free(out);
+}
+
 static void test_mismatch(void **s)
 {
     (void)s;
@@ -436,6 +484,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ring),
         cmocka_unit_test(test_mismatch),
+        cmocka_unit_test(test_late_entrant),
         cmocka_unit_test(test_dump_on_request),
         cmocka_unit_test(test_hang_every_rank_dumps),
     };

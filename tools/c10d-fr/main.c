@@ -371,6 +371,44 @@ static const char *const compared[] = {"op",           "input_sizes",   "input_d
                                        "output_sizes", "output_dtypes", "root"};
 
 /* One group's report; ents are its collective entries, any order. */
+
+/* The ranks that entered collective `seq` more than half its timeout after
+ * the first one did (time_created_ns: wall clock, comparable across the
+ * hosts of a job); *late_s the latest gap, *timeout_ms the op's timeout. */
+static void late_entrants(const struct ent *ents, size_t n, int64_t seq, struct rankset *late,
+                          double *late_s, json_int_t *timeout_ms)
+{
+    json_int_t first = 0;
+    int have = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ents[i].seq != seq)
+            continue;
+        json_t *t = json_object_get(ents[i].j, "time_created_ns");
+        if (!json_is_integer(t))
+            return; /* a dump without times cannot tell */
+        if (!have || json_integer_value(t) < first)
+            first = json_integer_value(t);
+        have = 1;
+        json_int_t to = json_integer_value(json_object_get(ents[i].j, "timeout_ms"));
+        if (to > *timeout_ms)
+            *timeout_ms = to;
+    }
+    if (!have || *timeout_ms <= 0)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        if (ents[i].seq != seq)
+            continue;
+        double gap =
+            (double)(json_integer_value(json_object_get(ents[i].j, "time_created_ns")) - first) /
+            1e9;
+        if (gap * 1000.0 > (double)*timeout_ms / 2) {
+            rs_add(late, ents[i].rank);
+            if (gap > *late_s)
+                *late_s = gap;
+        }
+    }
+}
+
 static void report_group(const char *group, const char *desc, struct ent *ents, size_t n,
                          json_t *jgroups, int as_json)
 {
@@ -568,11 +606,26 @@ static void report_group(const char *group, const char *desc, struct ent *ents, 
             }
             printf("\n");
         }
-        char *rt = missing.n > 0 ? rs_text(&missing) : rs_text(&waiting);
+        /* Every rank entered: one that entered past half the op's timeout
+         * after the first came late (the others had given up or were about
+         * to), which is not being stuck inside it. */
+        struct rankset late = {0};
+        double late_s = 0;
+        json_int_t timeout_ms = 0;
+        if (missing.n == 0)
+            late_entrants(ents, n, stuck_seq, &late, &late_s, &timeout_ms);
+        char *rt = missing.n > 0 ? rs_text(&missing)
+                   : late.n > 0  ? rs_text(&late)
+                                 : rs_text(&waiting);
         if (missing.n > 0)
             propose("never_entered", group, stuck_seq, &missing,
                     fmt("%s never entered %s (SeqNum=%lld) in group %s", rt, op,
                         (long long)stuck_seq, group));
+        else if (late.n > 0)
+            propose("late_entrant", group, stuck_seq, &late,
+                    fmt("%s entered %s (SeqNum=%lld) in group %s %.1f s after the first rank "
+                        "(its timeout: %lld ms): late, not stuck inside it",
+                        rt, op, (long long)stuck_seq, group, late_s, (long long)timeout_ms));
         else
             propose("stuck", group, stuck_seq, &waiting,
                     fmt("every rank entered %s (SeqNum=%lld) in group %s and %s did not complete "
