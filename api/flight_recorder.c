@@ -328,7 +328,15 @@ static void signal_set(c10d_work *w, int status, void *arg)
 {
     (void)status;
     const c10d_store_result *r = c10d_store_work_result(w);
-    if (r->status != 0)
+    /* Cut short by this process's own shutdown (a program that ends right
+     * after a failure): its ranks fail their own ops and dump for those;
+     * nothing for the user to act on. */
+    if (r->status == C10D_EABORTED)
+        C10D_INFO("fr",
+                  "flight recorder: c10d_shutdown came before the other ranks were asked "
+                  "to dump: %s",
+                  r->message);
+    else if (r->status != 0)
         C10D_WARN("fr", "flight recorder: could not ask the other ranks to dump: %s", r->message);
     c10d_store_release(arg);
 }
