@@ -30,7 +30,7 @@
 enum { FR_SCHEDULED = 0, FR_STARTED, FR_COMPLETED };
 
 struct fr_entry {
-    uint64_t id; /* record id; UINT64_MAX: never used */
+    uint64_t rid; /* record id + 1; 0: never used (a calloc'd ring stays untouched) */
     char pg_name[64];
     char pg_desc[64];
     char profiling_name[48];
@@ -110,14 +110,13 @@ static void fr_configure_locked(void)
         n = most;
     }
     if (n > 0) {
-        fr_ring = malloc((size_t)n * sizeof *fr_ring);
+        /* Zeroed by the allocator, not by a loop: a huge ring costs memory
+         * only as ops fill it. */
+        fr_ring = calloc((size_t)n, sizeof *fr_ring);
         if (fr_ring == NULL) {
             C10D_WARN("fr", "no memory for %lld flight recorder entries: the recorder is off",
                       (long long)n);
             n = 0;
-        } else {
-            for (int64_t i = 0; i < n; i++)
-                fr_ring[i].id = UINT64_MAX;
         }
     }
     fr_cap = (size_t)n;
@@ -192,10 +191,10 @@ uint64_t c10d__fr_record(const struct c10d__fr_op *op)
         uv_mutex_unlock(&fr_mutex);
         return 0;
     }
-    e.id = fr_next++;
-    fr_ring[e.id % fr_cap] = e;
+    e.rid = ++fr_next;
+    fr_ring[(e.rid - 1) % fr_cap] = e;
     uv_mutex_unlock(&fr_mutex);
-    return e.id + 1;
+    return e.rid;
 }
 
 /* Under fr_mutex: the entry of rid if the ring still holds it. */
@@ -204,7 +203,7 @@ static struct fr_entry *entry_locked(uint64_t rid)
     if (rid == 0 || fr_cap == 0)
         return NULL;
     struct fr_entry *e = &fr_ring[(rid - 1) % fr_cap];
-    return e->id == rid - 1 ? e : NULL;
+    return e->rid == rid ? e : NULL;
 }
 
 void c10d__fr_started(uint64_t rid)
@@ -393,7 +392,7 @@ static json_t *entry_json(const struct fr_entry *e)
     long long pg_id = strtoll(e->pg_name, &end, 10);
     if (end == e->pg_name || *end != '\0')
         pg_id = -1;
-    json_object_set_new(o, "record_id", json_integer((json_int_t)e->id));
+    json_object_set_new(o, "record_id", json_integer((json_int_t)(e->rid - 1)));
     json_object_set_new(o, "pg_id", json_integer(pg_id));
     json_object_set_new(o, "process_group", json_pack("[s, s]", e->pg_name, e->pg_desc));
     json_object_set_new(o, "collective_seq_id", json_integer((json_int_t)e->coll_seq));

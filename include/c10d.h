@@ -257,6 +257,8 @@ C10D_EXPORT int c10d_work_source_rank(c10d_work *work);
  * a host op). */
 C10D_EXPORT int c10d_work_duration_ms(c10d_work *work, float *ms);
 
+/* One more reference / one fewer. Each reference is released exactly once:
+ * a second release of the same one is undefined, as a second free(). */
 C10D_EXPORT void c10d_work_retain(c10d_work *work);
 C10D_EXPORT void c10d_work_release(c10d_work *work);
 
