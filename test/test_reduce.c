@@ -363,6 +363,7 @@ static uint64_t random_el(c10d_dtype dt)
             return (uint64_t[]){2, 0x80, 0xff}[r % 3];
         return r & 1;
     case C10D_INT64:
+    case C10D_UINT64:
         if (pick == 0)
             return (uint64_t[]){0, UINT64_MAX, INT64_MAX, (uint64_t)INT64_MIN}[r % 4];
         return pick < 3 ? r : r % 7;
