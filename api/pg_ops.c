@@ -431,6 +431,7 @@ static int dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args
     }
     C10D_CHECK(c10d__pg_check_op(pg, opname, &op, list_form));
     size_t per = 1;
+    const struct c10d__op as_called = op; /* DETAIL compares what the ranks called */
     C10D_CHECK(c10d__pg_complex_as_reals(pg, opname, &op, &per));
     const struct c10d__backend_vtable *vt = pg->backends[dev].vt;
     if (vt->check != NULL) {
@@ -453,8 +454,9 @@ static int dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args
         uv_mutex_unlock(&pg->mutex);
         C10D_CHECK(rc);
         int fatal;
-        rc = c10d__pg_detail_check(
-            pg, opname, &op, opts->timeout_ms > 0 ? opts->timeout_ms : pg->timeout_ms, &fatal);
+        rc =
+            c10d__pg_detail_check(pg, opname, &as_called,
+                                  opts->timeout_ms > 0 ? opts->timeout_ms : pg->timeout_ms, &fatal);
         if (fatal)
             poison_from_caller(pg, rc, c10d_last_error());
         C10D_CHECK(rc);

@@ -69,7 +69,8 @@ static void stop_hosted(struct c10d__shutdown_hook *hook)
 {
     (void)hook;
     hosted_hook_registered = 0;
-    int64_t linger = atomic_load(&skip_linger) ? 0 : c10d__env_int(C10D_ENV_STORE_LINGER_MS);
+    /* Read and reset: a later job in this process starts clean. */
+    int64_t linger = atomic_exchange(&skip_linger, 0) ? 0 : c10d__env_int(C10D_ENV_STORE_LINGER_MS);
     while (hosted_list) {
         struct hosted *h = hosted_list;
         hosted_list = h->next;
@@ -79,7 +80,11 @@ static void stop_hosted(struct c10d__shutdown_hook *hook)
             continue;
         }
         c10d__engine_hold_stop();
-        c10d__store_server_drain(h->server, (uint64_t)linger, on_drained, h);
+        if (c10d__store_server_drain(h->server, (uint64_t)linger, on_drained, h) != 0) {
+            c10d__engine_release_stop();
+            c10d__store_server_stop(h->server, NULL, NULL);
+            free(h);
+        }
     }
 }
 

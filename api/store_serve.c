@@ -10,12 +10,14 @@
 #include "engine/token.h"
 #include "store_server/server/server.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 struct c10d_store_server {
     struct c10d__store_server *server; /* NULL once stopped (loop thread) */
+    atomic_int ended;                  /* stopped by c10d_shutdown: only the handle is left */
     struct c10d__shutdown_hook hook;
     int port;
     char host[256];
@@ -30,6 +32,7 @@ static void stop_at_shutdown(struct c10d__shutdown_hook *hook)
     if (s->server != NULL)
         c10d__store_server_stop(s->server, NULL, NULL);
     s->server = NULL;
+    atomic_store(&s->ended, 1);
 }
 
 static void serve_on_loop(struct c10d__loop_call *call, void *arg)
@@ -108,9 +111,15 @@ int c10d_store_server_stop(c10d_store_server *s)
 {
     if (s == NULL)
         return 0;
+    /* An engine that shut down since stopped the server already: only the
+     * handle is left (a loop call would start a new engine for nothing). */
+    if (atomic_load(&s->ended)) {
+        free(s);
+        return 0;
+    }
     int abandoned = 0;
-    /* An engine that shut down since stopped the server already: posting
-     * fails, and only the handle is left to free. */
+    /* Posting fails if the engine is stopping: its hook has run (or runs
+     * before posting closes), so the server is stopped either way. */
     int rc =
         c10d__loop_call_run(stop_on_loop, s, free, 30000,
                             "c10d_store_server_stop: the loop did not answer in 30 s", &abandoned);

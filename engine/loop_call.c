@@ -73,7 +73,7 @@ int c10d__loop_call_run(c10d__loop_call_fn fn, void *arg, void (*release)(void *
         return rc;
     }
     /* Every blocking path has a deadline: there is no "wait for ever". */
-    rc = c10d_work_wait(w, timeout_ms > 0 ? timeout_ms : 1);
+    rc = c10d__work_wait(w, timeout_ms > 0 ? timeout_ms : 1);
     int was = CALL_PENDING;
     if (atomic_compare_exchange_strong(&c->state, &was, CALL_ABANDONED)) {
         /* No answer: the wait timed out, or shutdown aborted the work before
@@ -84,7 +84,7 @@ int c10d__loop_call_run(c10d__loop_call_fn fn, void *arg, void (*release)(void *
         return done ? rc : c10d__fail(C10D_ETIMEDOUT, "%s", on_timeout);
     }
     /* Answered: the completion follows the answer at once. */
-    rc = c10d_work_wait(w, -1);
+    rc = c10d__work_wait(w, -1);
     c10d_work_release(w);
     return rc;
 }

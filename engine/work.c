@@ -489,7 +489,9 @@ int c10d__work_on_complete(c10d_work *w, c10d_work_cb cb, void *arg)
     return add_callback(w, cb, arg);
 }
 
-int c10d_work_wait(c10d_work *w, int64_t timeout_ms)
+/* blocking: torch's blocking wait (the public call with a deadline under
+ * C10D_BLOCKING_WAIT=1): a wait that times out fails the work. */
+static int work_wait(c10d_work *w, int64_t timeout_ms, int blocking)
 {
     if (w == NULL)
         return c10d__fail(C10D_EINVAL, "c10d_work_wait: work is NULL");
@@ -532,16 +534,16 @@ int c10d_work_wait(c10d_work *w, int64_t timeout_ms)
     if (settled && status < 0)
         c10d__fail(status, "%s", w->message != NULL ? w->message : c10d_strerror(status));
     uv_mutex_unlock(&w->mutex);
-    if (!settled && !done && timeout_ms >= 0 && c10d__env_bool(C10D_ENV_BLOCKING_WAIT)) {
-        /* torch's blocking wait: the waiter's deadline is the op's. Whoever
-         * owns the work sees it fail (a group's op fails its group). */
+    if (!settled && !done && blocking) {
+        /* The waiter's deadline is the op's: the work fails now, and the wait
+         * returns once its callbacks ran, as for any completion, so that
+         * its owner (a group's op fails its group and stops writing into the
+         * buffers) is through before the caller reuses them. It may have
+         * completed by itself in between: then that is the answer. */
         c10d__work_complete(w, C10D_ETIMEDOUT,
                             "'%s' timed out in blocking wait after %lld ms (C10D_BLOCKING_WAIT=1)",
                             w->what, (long long)timeout_ms);
-        return c10d__fail(C10D_ETIMEDOUT,
-                          "c10d_work_wait: '%s' timed out in blocking wait after %lld ms "
-                          "(C10D_BLOCKING_WAIT=1): the work failed",
-                          w->what, (long long)timeout_ms);
+        return work_wait(w, -1, 0);
     }
     if (!settled)
         return c10d__fail(C10D_ETIMEDOUT,
@@ -551,6 +553,16 @@ int c10d_work_wait(c10d_work *w, int64_t timeout_ms)
                                  "work goes on)",
                           w->what, (long long)timeout_ms);
     return status;
+}
+
+int c10d_work_wait(c10d_work *w, int64_t timeout_ms)
+{
+    return work_wait(w, timeout_ms, timeout_ms > 0 && c10d__env_bool(C10D_ENV_BLOCKING_WAIT));
+}
+
+int c10d__work_wait(c10d_work *w, int64_t timeout_ms)
+{
+    return work_wait(w, timeout_ms, 0);
 }
 
 void c10d__work_set_stream_wait(c10d_work *w, int (*fn)(c10d_work *w, void *stream, void *arg),

@@ -20,6 +20,9 @@ int c10d__work_create(c10d_work **out, const char *what, int64_t timeout_ms);
 /* As c10d_work_on_complete, for the library's own bookkeeping callbacks (the
  * same rules: the loop thread, in registration order, after completion). */
 int c10d__work_on_complete(c10d_work *w, c10d_work_cb cb, void *arg);
+/* c10d_work_wait without torch's blocking wait: the library's own waits (loop
+ * calls, blocking store calls, wait_all) end the wait, never the work. */
+int c10d__work_wait(c10d_work *w, int64_t timeout_ms);
 
 /* A device backend's c10d_work_wait_stream for this work: returns 0 once the
  * stream waits (never blocks the host), or a negative status. */

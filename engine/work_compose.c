@@ -69,7 +69,7 @@ static int check_set(const char *fn, c10d_work *const *works, size_t n)
  * complete with callbacks still running, where c10d_work_wait waits for them). */
 static int wait_one(c10d_work *w, int64_t left_ms, int *status)
 {
-    int rc = c10d_work_wait(w, left_ms);
+    int rc = c10d__work_wait(w, left_ms);
     int s = c10d_work_status(w);
     if (s == C10D_PENDING || (rc == C10D_ETIMEDOUT && s != C10D_ETIMEDOUT))
         return 0;

@@ -19,7 +19,7 @@
  * and w is released (the loop finishes and frees it, if ever). */
 static int wait_op(c10d_work *w, int64_t deadline_ms, const char *what, int *gave_up)
 {
-    int rc = c10d_work_wait(w, deadline_ms + GRACE_MS);
+    int rc = c10d__work_wait(w, deadline_ms + GRACE_MS);
     *gave_up = rc == C10D_ETIMEDOUT && c10d_work_test(w) == 0;
     if (*gave_up) {
         c10d_work_release(w);

@@ -1128,6 +1128,11 @@ void c10d__store_server_stop(struct c10d__store_server *s, void (*cb)(void *arg)
     if (s->stopping)
         return;
     s->stopping = 1;
+    /* A drain under way ends here, answered: its caller may hold something
+     * until it hears. */
+    void (*drained)(void *, size_t) = s->drain_cb;
+    void *drained_arg = s->drain_arg;
+    size_t left = s->nconns;
     s->drain_cb = NULL;
     s->stop_cb = cb;
     s->stop_arg = arg;
@@ -1135,17 +1140,20 @@ void c10d__store_server_stop(struct c10d__store_server *s, void (*cb)(void *arg)
     uv_close((uv_handle_t *)&s->timer, on_timer_closed);
     while (s->conns)
         conn_close(s->conns, NULL);
+    if (drained != NULL)
+        drained(drained_arg, left);
 }
 
-void c10d__store_server_drain(struct c10d__store_server *s, uint64_t ms,
-                              void (*cb)(void *arg, size_t left), void *arg)
+int c10d__store_server_drain(struct c10d__store_server *s, uint64_t ms,
+                             void (*cb)(void *arg, size_t left), void *arg)
 {
     if (s->stopping)
-        return;
+        return -1;
     s->drain_cb = cb;
     s->drain_arg = arg;
     s->drain_until = uv_now(s->loop) + ms;
     uv_timer_start(&s->timer, on_tick, 0, TICK_MS); /* nobody connected: says so soon */
+    return 0;
 }
 
 /* ---------------------------------------------------------------- stats */

@@ -92,10 +92,10 @@ char *c10d__store_server_stats_json(struct c10d__store_server *s);
  * the server and calls cb(arg) (cb may be NULL). */
 void c10d__store_server_stop(struct c10d__store_server *s, void (*cb)(void *arg), void *arg);
 /* Calls cb(arg, connections left) once no client is connected, or after
- * `ms` at the latest (the tick's resolution), never inside this call; the
- * server serves as before meanwhile. One drain at a time; a stop cancels it
- * without calling cb. */
-void c10d__store_server_drain(struct c10d__store_server *s, uint64_t ms,
-                              void (*cb)(void *arg, size_t left), void *arg);
+ * `ms` at the latest (the tick's resolution), or when the server is stopped
+ * first, never inside this call; the server serves as before meanwhile. One
+ * drain at a time. -1 (and no cb) if the server is stopping already. */
+int c10d__store_server_drain(struct c10d__store_server *s, uint64_t ms,
+                             void (*cb)(void *arg, size_t left), void *arg);
 
 #endif
