@@ -8,8 +8,9 @@
  * (where it waits), the ranks whose dumps stop before that op (they never
  * entered it), and every sequence number at which the ranks' entries differ
  * in op, sizes, dtypes or root. The culprit line names the earliest of: a
- * mismatch, ranks that never entered an op the others wait in, an op every
- * rank entered but none completed. */
+ * mismatch, ranks that never entered an op the others wait in, a rank that
+ * entered it more than half its timeout after the first, an op every rank
+ * entered but none completed. */
 #include "dumps.h"
 
 #include <jansson.h>
