@@ -18,6 +18,29 @@
 #include <string.h>
 #include <unistd.h>
 
+/* c10d_pg_error until it reports a failure, 10 s at most. */
+static int wait_for_error(c10d_pg *pg)
+{
+    int rc = 0;
+    for (int i = 0; i < 200 && (rc = c10d_pg_error(pg)) == 0; i++)
+        usleep(50 * 1000);
+    return rc;
+}
+
+/* Two ranks run fn; both must exit 0. */
+static void run_two(mp_rank_fn fn)
+{
+    struct mp_opts o = {0};
+    o.nranks = 2;
+    o.timeout_s = 60;
+    o.kill_on_failure = 1;
+    struct mp_result res;
+    mp_run(&o, fn, NULL, &res);
+    assert_false(res.timed_out);
+    assert_int_equal(res.codes[0], 0);
+    assert_int_equal(res.codes[1], 0);
+}
+
 /* What the completion hook saw (it runs on the loop thread). */
 static pthread_mutex_t seen_mu = PTHREAD_MUTEX_INITIALIZER;
 static char seen_types[8][32];
@@ -119,10 +142,7 @@ static int inspect_main(int rank, int n, void *arg)
     } else {
         /* Rank 1 runs no op: the error still reaches it (rank 0's group
          * failing closes its connections). */
-        int rc = 0;
-        for (int i = 0; i < 200 && (rc = c10d_pg_error(pg)) == 0; i++)
-            usleep(50 * 1000);
-        MP_CHECK(rc < 0, "rank 1 never saw rank 0's failure");
+        MP_CHECK(wait_for_error(pg) < 0, "rank 1 never saw rank 0's failure");
         MP_CHECK(strstr(c10d_last_error(), "process group 0") != NULL, "message: %s",
                  c10d_last_error());
     }
@@ -134,15 +154,7 @@ static int inspect_main(int rank, int n, void *arg)
 static void test_inspect(void **state)
 {
     (void)state;
-    struct mp_opts o = {0};
-    o.nranks = 2;
-    o.timeout_s = 60;
-    o.kill_on_failure = 1;
-    struct mp_result res;
-    mp_run(&o, inspect_main, NULL, &res);
-    assert_false(res.timed_out);
-    assert_int_equal(res.codes[0], 0);
-    assert_int_equal(res.codes[1], 0);
+    run_two(inspect_main);
 }
 
 /* A wait that times out: the work goes on by default; with blocking wait
@@ -186,9 +198,7 @@ static int blocking_main(int rank, int n, void *arg)
         c10d_work_release(w);
     }
     /* Rank 1 never joined that op: the failure reaches it all the same. */
-    int rc = 0;
-    for (int i = 0; i < 200 && (rc = c10d_pg_error(pg)) == 0; i++)
-        usleep(50 * 1000);
+    int rc = wait_for_error(pg);
     MP_CHECK(rc == C10D_ETIMEDOUT || (rank == 1 && rc < 0), "rank %d: group error %d: %s", rank, rc,
              c10d_last_error());
     c10d_pg_abort(pg, "test over");
@@ -199,15 +209,7 @@ static int blocking_main(int rank, int n, void *arg)
 static void test_blocking_wait(void **state)
 {
     (void)state;
-    struct mp_opts o = {0};
-    o.nranks = 2;
-    o.timeout_s = 60;
-    o.kill_on_failure = 1;
-    struct mp_result res;
-    mp_run(&o, blocking_main, NULL, &res);
-    assert_false(res.timed_out);
-    assert_int_equal(res.codes[0], 0);
-    assert_int_equal(res.codes[1], 0);
+    run_two(blocking_main);
 }
 
 int main(void)
