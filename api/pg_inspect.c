@@ -5,7 +5,6 @@
 
 #include "engine/error.h"
 
-
 int c10d_pg_error(c10d_pg *pg)
 {
     if (pg == NULL)
@@ -75,4 +74,9 @@ int c10d_pg_register_completion_hook(c10d_pg *pg, c10d_pg_completion_hook hook, 
                           "completion hook",
                           pg->name);
     return 0;
+}
+
+int c10d_pg_bound_device(const c10d_pg *pg)
+{
+    return pg != NULL && pg->rank >= 0 ? pg->device_index : -1;
 }

@@ -398,6 +398,9 @@ C10D_EXPORT uint64_t c10d_pg_p2p_seq(c10d_pg *pg);
  * error, a lost peer the backend saw, an abort, a destroy), with its message
  * in c10d_last_error(), without running an op (torch's get_error). */
 C10D_EXPORT int c10d_pg_error(c10d_pg *pg);
+/* The CUDA device the group is bound to (c10d_pg_opts.bind_device; torch's
+ * bound_device_id), or -1 for an unbound group, a non-member's, or NULL. */
+C10D_EXPORT int c10d_pg_bound_device(const c10d_pg *pg);
 /* The timeout of the group's later ops (those already submitted keep theirs),
  * as torch's _set_pg_timeout. C10D_EINVAL for timeout_ms <= 0. */
 C10D_EXPORT int c10d_pg_set_timeout(c10d_pg *pg, int64_t timeout_ms);

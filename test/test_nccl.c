@@ -1633,6 +1633,8 @@ static int objects_main(int rank, int n, void *arg)
     backend_override = arg != NULL ? "cuda:tcp" : "nccl";
     c10d_pg *pg = init_group(arg == NULL, 60000);
     MP_CHECK(pg != NULL, "init");
+    MP_CHECK(c10d_pg_bound_device(pg) == (arg == NULL ? my_device : -1), "bound device %d",
+             c10d_pg_bound_device(pg));
     /* Bound to a device, the group's objects go through that device whatever
      * the caller's thread has current (NCCL refuses memory of another
      * device), and the caller keeps its own. */
