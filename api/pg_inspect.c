@@ -80,3 +80,32 @@ int c10d_pg_bound_device(const c10d_pg *pg)
 {
     return pg != NULL && pg->rank >= 0 ? pg->device_index : -1;
 }
+
+int c10d_pg_supports(const c10d_pg *pg, c10d_capability cap)
+{
+    if (pg == NULL || (int)cap < 0 || cap >= C10D_CAP_COUNT)
+        return c10d__fail(C10D_EINVAL, "c10d_pg_supports: %s",
+                          pg == NULL ? "pg is NULL" : "unknown capability");
+    const struct c10d__backend_vtable *host = pg->backends[C10D_DEVICE_CPU].vt;
+    const struct c10d__backend_vtable *cuda = pg->backends[C10D_DEVICE_CUDA].vt;
+    switch (cap) {
+    case C10D_CAP_HOST:
+        return host != NULL;
+    case C10D_CAP_CUDA:
+        return cuda != NULL;
+    case C10D_CAP_COALESCING:
+        return host != NULL || cuda != NULL;
+    default: {
+        /* Native split / shrink: every backend the group has must make it. */
+        int any = 0, all = 1;
+        for (int d = 0; d < C10D__PG_NDEV; d++) {
+            const struct c10d__backend_vtable *vt = pg->backends[d].vt;
+            if (vt == NULL)
+                continue;
+            any = 1;
+            all &= (cap == C10D_CAP_SPLIT ? vt->split != NULL : vt->shrink != NULL);
+        }
+        return any && all;
+    }
+    }
+}

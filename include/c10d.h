@@ -398,6 +398,19 @@ C10D_EXPORT uint64_t c10d_pg_p2p_seq(c10d_pg *pg);
  * error, a lost peer the backend saw, an abort, a destroy), with its message
  * in c10d_last_error(), without running an op (torch's get_error). */
 C10D_EXPORT int c10d_pg_error(c10d_pg *pg);
+/* What a group's backends can do (torch's Backend.supports_*): */
+typedef enum c10d_capability {
+    C10D_CAP_SPLIT = 0,  /* split made by the backend from the parent (ncclCommSplit), not
+                          * through the store */
+    C10D_CAP_SHRINK,     /* shrink made by the backend (ncclCommShrink) */
+    C10D_CAP_COALESCING, /* c10d_coalesce_begin / _end */
+    C10D_CAP_HOST,       /* CPU buffers */
+    C10D_CAP_CUDA,       /* CUDA buffers */
+    C10D_CAP_COUNT
+} c10d_capability;
+/* 1 if every backend of the group that the capability concerns has it, 0 if
+ * not, C10D_EINVAL for NULL or an unknown capability. */
+C10D_EXPORT int c10d_pg_supports(const c10d_pg *pg, c10d_capability cap);
 /* The CUDA device the group is bound to (c10d_pg_opts.bind_device; torch's
  * bound_device_id), or -1 for an unbound group, a non-member's, or NULL. */
 C10D_EXPORT int c10d_pg_bound_device(const c10d_pg *pg);

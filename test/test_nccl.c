@@ -1635,6 +1635,13 @@ static int objects_main(int rank, int n, void *arg)
     MP_CHECK(pg != NULL, "init");
     MP_CHECK(c10d_pg_bound_device(pg) == (arg == NULL ? my_device : -1), "bound device %d",
              c10d_pg_bound_device(pg));
+    /* nccl alone: CUDA buffers only, split and shrink by NCCL itself. */
+    if (arg == NULL)
+        MP_CHECK(c10d_pg_supports(pg, C10D_CAP_HOST) == 0 &&
+                     c10d_pg_supports(pg, C10D_CAP_CUDA) == 1 &&
+                     c10d_pg_supports(pg, C10D_CAP_SPLIT) == 1 &&
+                     c10d_pg_supports(pg, C10D_CAP_SHRINK) == 1,
+                 "nccl capabilities");
     /* Bound to a device, the group's objects go through that device whatever
      * the caller's thread has current (NCCL refuses memory of another
      * device), and the caller keeps its own. */

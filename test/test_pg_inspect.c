@@ -79,6 +79,17 @@ static int inspect_main(int rank, int n, void *arg)
     c10d_pg *pg = NULL;
     MP_CHECK(c10d_pg_init(&po, &pg) == 0, "init: %s", c10d_last_error());
     MP_CHECK(c10d_pg_error(pg) == 0, "a fresh group reports %s", c10d_last_error());
+    /* A tcp group: host buffers and coalescing; split and shrink go through
+     * the store, not the backend. */
+    if (strcmp(c10d_pg_backend(pg), "tcp") == 0) {
+        MP_CHECK(c10d_pg_supports(pg, C10D_CAP_HOST) == 1 &&
+                     c10d_pg_supports(pg, C10D_CAP_COALESCING) == 1 &&
+                     c10d_pg_supports(pg, C10D_CAP_CUDA) == 0 &&
+                     c10d_pg_supports(pg, C10D_CAP_SPLIT) == 0 &&
+                     c10d_pg_supports(pg, C10D_CAP_SHRINK) == 0,
+                 "tcp capabilities");
+    }
+    MP_CHECK(c10d_pg_supports(pg, C10D_CAP_COUNT) == C10D_EINVAL, "unknown capability taken");
 
     /* The group's store is the one its ranks share. */
     c10d_store *st = NULL;
