@@ -417,6 +417,36 @@ static int check_p2p_and_lists(c10d_pg *pg, int rank, int n)
     return 0;
 }
 
+/* 40 coalesced all_reduces of distinct device buffers: 80 buffers in one op
+ * (cuda:tcp stages each; it used to stop at 64, so the list form of all_to_all
+ * failed from 33 ranks). */
+static int check_many_buffers(c10d_pg *pg, int rank, int n)
+{
+    enum { K = 40 };
+    c10d_op_opts o = gpu_opts();
+    float *in[K], *out[K];
+    for (int k = 0; k < K; k++) {
+        float v = (float)k;
+        in[k] = dev_alloc(4), out[k] = dev_alloc(4);
+        to_dev(in[k], &v, 4);
+    }
+    EXPECT(c10d_coalesce_begin(pg) == 0, "coalesce_begin: %s", c10d_last_error());
+    for (int k = 0; k < K; k++)
+        EXPECT(c10d_all_reduce(pg, in[k], out[k], 1, C10D_FLOAT32, C10D_SUM, &o, NULL) == 0,
+               "coalesced %d: %s", k, c10d_last_error());
+    c10d_work *w;
+    int rc = finish(c10d_coalesce_end(pg, &o, &w), &w);
+    EXPECT(rc == 0, "80 buffers in one op: %s", c10d_last_error());
+    for (int k = 0; k < K && rc == 0; k++) {
+        float got = -1;
+        to_host(&got, out[k], 4);
+        EXPECT(got == (float)(k * n), "buffer %d: %g", k, got);
+    }
+    for (int k = 0; k < K; k++)
+        cu->cudaFree(in[k]), cu->cudaFree(out[k]);
+    return 0;
+}
+
 static void slow_write(void *arg)
 {
     /* A kernel-like write on the caller's stream, late on purpose. */
@@ -567,6 +597,8 @@ static int ops_main(int rank, int n, void *arg)
     if (check_uneven(pg, rank, n) || check_p2p_and_lists(pg, rank, n) || check_streams(pg, rank, n))
         return 1;
     if (check_in_place(pg, rank, n) || (use_tcp_cuda && check_write_after(pg, rank, n)))
+        return 1;
+    if (check_many_buffers(pg, rank, n))
         return 1;
     /* Host buffers in the same group go to tcp. */
     int64_t v = rank;

@@ -44,7 +44,6 @@
 #include <string.h>
 
 #define MAX_DEVICES 64
-#define MAX_SEGS    64
 #define MAX_PARTS   256
 
 struct staging_block {
@@ -111,11 +110,11 @@ struct staged_op {
     int device;
     cudaEvent_t start_ev, end_ev;
     atomic_int end_recorded;
-    int in_recorded; /* input copies were enqueued */
-    int out_started; /* output copies may have been enqueued */
-    int tainted;     /* a copy may run with no event to tell when it is done */
-    struct seg segs[MAX_SEGS];
-    int nsegs;
+    int in_recorded;  /* input copies were enqueued */
+    int out_started;  /* output copies may have been enqueued */
+    int tainted;      /* a copy may run with no event to tell when it is done */
+    struct seg *segs; /* one per distinct device buffer: grows (a list form has 2 x ranks) */
+    int nsegs, capsegs;
     void **host_lists; /* per member: host copies of sends / recvs (list forms) */
     size_t *counts;    /* per member: copies of send_counts / recv_counts (all_to_all) */
     struct staging_block *block;
@@ -222,8 +221,14 @@ static int seg_add(struct staged_op *so, const void *dev, size_t bytes, int in, 
         if (so->segs[i].dev == dev)
             g = &so->segs[i];
     if (g == NULL) {
-        if (so->nsegs == MAX_SEGS)
-            return c10d__fail(C10D_EUNSUPPORTED, "tcp (cuda): too many buffers in one op");
+        if (so->nsegs == so->capsegs) {
+            int cap = so->capsegs > 0 ? 2 * so->capsegs : 16;
+            struct seg *more = realloc(so->segs, (size_t)cap * sizeof *more);
+            if (more == NULL)
+                return c10d__fail(C10D_ENOMEM, "tcp (cuda): out of memory for %d buffers", cap);
+            so->segs = more;
+            so->capsegs = cap;
+        }
         g = &so->segs[so->nsegs++];
         *g = (struct seg){(void *)dev, NULL, 0, 0, 0};
     }
@@ -389,6 +394,7 @@ static void op_free(struct staged_op *so)
     free(so->hosts);
     free(so->host_lists);
     free(so->counts);
+    free(so->segs);
     free(so);
 }
 
