@@ -506,6 +506,12 @@ C10D_EXPORT int c10d_all_to_all_single(c10d_pg *pg, const void *send, void *recv
 C10D_EXPORT int c10d_all_to_all(c10d_pg *pg, const void *const *sends, const size_t *send_counts,
                                 void *const *recvs, const size_t *recv_counts, c10d_dtype dtype,
                                 const c10d_op_opts *opts, c10d_work **work);
+/* All-gather with a size per rank (torch's all_gather of tensors of different
+ * sizes): rank r contributes counts[r] elements (its `send`), and `recv`
+ * holds them all, rank r's at the sum of counts[0..r). Every rank passes the
+ * same counts. Runs as the list form of all_to_all (one message per pair). */
+C10D_EXPORT int c10d_all_gather_v(c10d_pg *pg, const void *send, void *recv, const size_t *counts,
+                                  c10d_dtype dtype, const c10d_op_opts *opts, c10d_work **work);
 /* Completes once every rank has entered it and every earlier op of this rank's group is done. */
 C10D_EXPORT int c10d_barrier(c10d_pg *pg, const c10d_op_opts *opts, c10d_work **work);
 /* torch's monitored_barrier: rank 0 names the ranks that did not arrive in

@@ -417,6 +417,31 @@ static int check_p2p_and_lists(c10d_pg *pg, int rank, int n)
     return 0;
 }
 
+/* all_gather_v on device buffers: rank r gives r + 1 floats. */
+static int check_all_gather_v(c10d_pg *pg, int rank, int n)
+{
+    size_t counts[8], total = 0;
+    for (int j = 0; j < n; j++)
+        total += counts[j] = (size_t)j + 1;
+    float mine[8], got[64];
+    for (int k = 0; k <= rank; k++)
+        mine[k] = (float)(rank * 10 + k);
+    float *dsend = dev_alloc(sizeof mine), *drecv = dev_alloc(total * sizeof(float));
+    to_dev(dsend, mine, (size_t)(rank + 1) * sizeof(float));
+    c10d_op_opts o = gpu_opts();
+    c10d_work *w;
+    int rc = finish(c10d_all_gather_v(pg, dsend, drecv, counts, C10D_FLOAT32, &o, &w), &w);
+    EXPECT(rc == 0, "all_gather_v: %s", c10d_last_error());
+    to_host(got, drecv, total * sizeof(float));
+    size_t at = 0;
+    for (int j = 0; j < n && rc == 0; j++)
+        for (size_t e = 0; e < counts[j]; e++, at++)
+            EXPECT(got[at] == (float)(j * 10 + (int)e), "all_gather_v: rank %d's %zu: %g", j, e,
+                   got[at]);
+    cu->cudaFree(dsend), cu->cudaFree(drecv);
+    return 0;
+}
+
 /* 40 coalesced all_reduces of distinct device buffers: 80 buffers in one op
  * (cuda:tcp stages each; it used to stop at 64, so the list form of all_to_all
  * failed from 33 ranks). */
@@ -598,7 +623,7 @@ static int ops_main(int rank, int n, void *arg)
         return 1;
     if (check_in_place(pg, rank, n) || (use_tcp_cuda && check_write_after(pg, rank, n)))
         return 1;
-    if (check_many_buffers(pg, rank, n))
+    if (check_many_buffers(pg, rank, n) || check_all_gather_v(pg, rank, n))
         return 1;
     /* Host buffers in the same group go to tcp. */
     int64_t v = rank;

@@ -408,6 +408,36 @@ static int check_p2p(c10d_pg *pg, int rank, int n)
     EXPECT(c10d_all_reduce_sync(pg, cz, cz, 3, C10D_COMPLEX128, C10D_MAX) == C10D_EINVAL,
            "complex MAX was taken");
     EXPECT(c10d_barrier_sync(pg) == 0, "barrier after a refused call: %s", c10d_last_error());
+    /* all_gather_v: rank r gives r % 3 elements (rank 0 none), out of place
+     * and in place (rank r's own block is its send buffer). */
+    size_t gv_counts[MAXR], total = 0, mine_at = 0;
+    for (int j = 0; j < n && j < MAXR; j++) {
+        gv_counts[j] = (size_t)(j % 3);
+        if (j == rank)
+            mine_at = total;
+        total += gv_counts[j];
+    }
+    int32_t gv_send[3], gv_recv[3 * MAXR];
+    for (int e = 0; e < 3; e++)
+        gv_send[e] = rank * 10 + e;
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t e = 0; e < total; e++)
+            gv_recv[e] = -1;
+        const void *src = gv_send;
+        if (pass == 1) { /* in place */
+            memcpy(gv_recv + mine_at, gv_send, gv_counts[rank] * sizeof(int32_t));
+            src = gv_recv + mine_at;
+        }
+        rc = c10d_all_gather_v(pg, src, gv_recv, gv_counts, C10D_INT32, NULL, &w);
+        EXPECT(rc == 0 && c10d_work_wait_release(w) == 0, "all_gather_v: %s", c10d_last_error());
+        size_t at = 0;
+        for (int j = 0; j < n && j < MAXR; j++)
+            for (size_t e = 0; e < gv_counts[j]; e++, at++)
+                EXPECT(gv_recv[at] == j * 10 + (int)e, "all_gather_v pass %d: rank %d's %zu: %d",
+                       pass, j, e, gv_recv[at]);
+    }
+    EXPECT(c10d_all_gather_v(pg, gv_send, gv_recv, NULL, C10D_INT32, NULL, NULL) == C10D_EINVAL,
+           "NULL counts taken");
     return 0;
 }
 
