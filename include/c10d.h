@@ -488,6 +488,16 @@ C10D_EXPORT int c10d_gather(c10d_pg *pg, const void *send, void *recv, size_t co
 C10D_EXPORT int c10d_scatter(c10d_pg *pg, const void *send, void *recv, size_t count,
                              c10d_dtype dtype, int root, const c10d_op_opts *opts,
                              c10d_work **work);
+/* List forms: on the root, recvs[r] gets rank r's count elements (gather) or
+ * sends[r] goes to rank r (scatter); the list is ignored elsewhere. They run
+ * as one batch of send/recv (P2P numbering, tag 0), as torch's NCCL gather
+ * and scatter do. */
+C10D_EXPORT int c10d_gather_list(c10d_pg *pg, const void *send, void *const *recvs, size_t count,
+                                 c10d_dtype dtype, int root, const c10d_op_opts *opts,
+                                 c10d_work **work);
+C10D_EXPORT int c10d_scatter_list(c10d_pg *pg, const void *const *sends, void *recv, size_t count,
+                                  c10d_dtype dtype, int root, const c10d_op_opts *opts,
+                                  c10d_work **work);
 /* send holds size x count elements; recv gets the reduction of block `rank`. */
 C10D_EXPORT int c10d_reduce_scatter(c10d_pg *pg, const void *send, void *recv, size_t count,
                                     c10d_dtype dtype, c10d_reduce_op op, const c10d_op_opts *opts,

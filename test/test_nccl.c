@@ -438,6 +438,21 @@ static int check_all_gather_v(c10d_pg *pg, int rank, int n)
         for (size_t e = 0; e < counts[j]; e++, at++)
             EXPECT(got[at] == (float)(j * 10 + (int)e), "all_gather_v: rank %d's %zu: %g", j, e,
                    got[at]);
+    /* gather_list to rank 0: a batch of send/recv, the root's own included. */
+    float *blocks[8];
+    for (int j = 0; j < n; j++)
+        blocks[j] = dev_alloc(sizeof(float));
+    rc = finish(c10d_gather_list(pg, dsend, rank == 0 ? (void *const *)blocks : NULL, 1,
+                                 C10D_FLOAT32, 0, &o, &w),
+                &w);
+    EXPECT(rc == 0, "gather_list: %s", c10d_last_error());
+    for (int j = 0; rank == 0 && rc == 0 && j < n; j++) {
+        float v = -1;
+        to_host(&v, blocks[j], sizeof v);
+        EXPECT(v == (float)(j * 10), "gather_list from %d: %g", j, v);
+    }
+    for (int j = 0; j < n; j++)
+        cu->cudaFree(blocks[j]);
     cu->cudaFree(dsend), cu->cudaFree(drecv);
     return 0;
 }

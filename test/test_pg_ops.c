@@ -438,6 +438,31 @@ static int check_p2p(c10d_pg *pg, int rank, int n)
     }
     EXPECT(c10d_all_gather_v(pg, gv_send, gv_recv, NULL, C10D_INT32, NULL, NULL) == C10D_EINVAL,
            "NULL counts taken");
+    /* The list forms of gather (to the last rank) and scatter (from rank 0):
+     * blocks of 5, the root's own included. */
+    int32_t blocks[MAXR][5], one[5];
+    void *list[MAXR];
+    for (int j = 0; j < n && j < MAXR; j++) {
+        list[j] = blocks[j];
+        for (int e = 0; e < 5; e++)
+            blocks[j][e] = -1;
+    }
+    for (int e = 0; e < 5; e++)
+        one[e] = rank * 100 + e;
+    rc = c10d_gather_list(pg, one, rank == n - 1 ? list : NULL, 5, C10D_INT32, n - 1, NULL, &w);
+    EXPECT(rc == 0 && c10d_work_wait_release(w) == 0, "gather_list: %s", c10d_last_error());
+    for (int j = 0; rank == n - 1 && j < n && j < MAXR; j++)
+        EXPECT(blocks[j][0] == j * 100 && blocks[j][4] == j * 100 + 4, "gather_list from %d: %d", j,
+               blocks[j][0]);
+    for (int j = 0; rank == 0 && j < n && j < MAXR; j++)
+        for (int e = 0; e < 5; e++)
+            blocks[j][e] = 1000 * j + e;
+    rc = c10d_scatter_list(pg, rank == 0 ? (const void *const *)list : NULL, one, 5, C10D_INT32, 0,
+                           NULL, &w);
+    EXPECT(rc == 0 && c10d_work_wait_release(w) == 0, "scatter_list: %s", c10d_last_error());
+    EXPECT(one[0] == 1000 * rank && one[4] == 1000 * rank + 4, "scatter_list got %d", one[0]);
+    EXPECT(c10d_gather_list(pg, one, list, 5, C10D_INT32, n, NULL, NULL) == C10D_EINVAL,
+           "root out of range taken");
     return 0;
 }
 
