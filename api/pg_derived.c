@@ -2,13 +2,17 @@
  * no primitive: all_gather with a size per rank as the list form of
  * all_to_all (each rank sends the same block to every rank); the list forms
  * of gather and scatter as one batch of send/recv (the root's own block
- * included: a batch may send to self). Every backend runs those. */
+ * included: a batch may send to self); reduce_scatter with a size per rank
+ * (host buffers) as all_to_all into a scratch buffer, then each rank reduces
+ * the blocks it received, in rank order. Every backend runs those. */
 #include "pg.h"
 
 #include "engine/error.h"
+#include "engine/kernels/reduce.h"
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 int c10d_all_gather_v(c10d_pg *pg, const void *send, void *recv, const size_t *counts,
                       c10d_dtype dtype, const c10d_op_opts *opts, c10d_work **work)
@@ -115,4 +119,122 @@ int c10d_scatter_list(c10d_pg *pg, const void *const *sends, void *recv, size_t 
         return c10d_batch_isend_irecv(pg, NULL, 0, opts, work);
     return rooted_batch(pg, "scatter_list", C10D_P2P_SEND, (void *const *)sends, recv, count, dtype,
                         root, opts, work);
+}
+
+/* After the all_to_all of reduce_scatter_v: block j of the scratch is rank
+ * j's contribution to ours. */
+struct rs_v {
+    char *tmp;
+    void *recv;
+    size_t count; /* ours */
+    int nranks;
+    c10d_dtype dtype;
+    c10d_reduce_op op;
+    double premul;
+};
+
+static int rs_v_reduce(c10d_work *parent, int status, c10d_work *child, void *arg)
+{
+    (void)parent;
+    (void)child;
+    struct rs_v *r = arg;
+    size_t bytes = r->count * c10d_dtype_size(r->dtype);
+    int rc = status;
+    for (int j = 0; rc == 0 && j < r->nranks && r->count > 0; j++) {
+        char *block = r->tmp + (size_t)j * bytes;
+        if (r->op == C10D_PREMUL_SUM)
+            rc = c10d__reduce_premul(block, r->count, r->dtype, r->premul);
+        if (rc == 0 && j == 0)
+            memcpy(r->recv, block, bytes);
+        else if (rc == 0)
+            rc = c10d__reduce(r->recv, block, r->count, r->dtype, r->op);
+    }
+    if (rc == 0 && r->count > 0)
+        rc = c10d__reduce_finish(r->recv, r->count, r->dtype, r->op, r->nranks);
+    free(r->tmp);
+    free(r);
+    return rc;
+}
+
+int c10d_reduce_scatter_v(c10d_pg *pg, const void *send, void *recv, const size_t *counts,
+                          c10d_dtype dtype, c10d_reduce_op op, const c10d_op_opts *opts,
+                          c10d_work **work)
+{
+    if (work != NULL)
+        *work = NULL;
+    if (pg == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d reduce_scatter_v: pg is NULL");
+    int n = pg->size, me = pg->rank;
+    if (me < 0)
+        return c10d_all_to_all(pg, NULL, NULL, NULL, NULL, dtype, opts, work);
+    if (counts == NULL)
+        return c10d__fail(C10D_EINVAL,
+                          "%s reduce_scatter_v: counts is NULL (expected %d, one per rank)",
+                          pg->backend_name, n);
+    c10d_op_opts o; /* read as the struct_size rule says */
+    C10D_CHECK(c10d__pg_read_op_opts(pg, "reduce_scatter_v", opts, &o));
+    if (o.device_type != C10D_DEVICE_CPU)
+        return c10d__fail(C10D_EUNSUPPORTED,
+                          "%s reduce_scatter_v: host buffers only (it reduces on the host); "
+                          "reduce_scatter takes CUDA buffers of equal counts",
+                          pg->backend_name);
+    C10D_CHECK(c10d_reduce_op_check(op, dtype));
+    size_t esz = c10d_dtype_size(dtype), mine = counts[me], scratch;
+    if (__builtin_mul_overflow(mine, (size_t)n * esz, &scratch))
+        return c10d__fail(C10D_EINVAL, "%s reduce_scatter_v: counts[%d] = %zu is too large",
+                          pg->backend_name, me, mine);
+    struct rs_v *r = calloc(1, sizeof *r);
+    const void **sends = malloc((size_t)n * sizeof *sends);
+    void **recvs = malloc((size_t)n * sizeof *recvs);
+    size_t *recv_counts = malloc((size_t)n * sizeof *recv_counts);
+    char *tmp = malloc(scratch > 0 ? scratch : 1);
+    int rc = r != NULL && sends != NULL && recvs != NULL && recv_counts != NULL && tmp != NULL
+                 ? 0
+                 : c10d__fail(C10D_ENOMEM, "%s reduce_scatter_v: out of memory", pg->backend_name);
+    size_t off = 0;
+    for (int j = 0; rc == 0 && j < n; j++) {
+        sends[j] = send != NULL ? (const char *)send + off * esz : NULL;
+        recvs[j] = tmp + (size_t)j * mine * esz;
+        recv_counts[j] = mine;
+        if (counts[j] > SIZE_MAX / esz - off)
+            rc = c10d__fail(C10D_EINVAL, "%s reduce_scatter_v: counts overflow at index %d",
+                            pg->backend_name, j);
+        off += counts[j];
+    }
+    c10d_work *exchanged = NULL;
+    if (rc == 0) {
+        /* The caller's callback belongs to the reduced result, not the exchange. */
+        c10d_op_opts xo = o;
+        xo.cb = NULL;
+        xo.cb_arg = NULL;
+        rc = c10d_all_to_all(pg, (const void *const *)sends, counts, (void *const *)recvs,
+                             recv_counts, dtype, &xo, &exchanged);
+    }
+    free(sends), free(recvs), free(recv_counts);
+    if (rc != 0) {
+        free(tmp);
+        free(r);
+        return rc;
+    }
+    *r = (struct rs_v){tmp, recv, mine, n, dtype, op, o.premul_factor};
+    c10d_work *done = NULL;
+    rc = c10d_work_then(exchanged, rs_v_reduce, r, &done);
+    if (rc != 0) {
+        /* Not registered: the exchange goes on into tmp, which must outlive it. */
+        c10d_work_wait(exchanged, -1);
+        free(tmp);
+        free(r);
+    }
+    c10d_work_release(exchanged);
+    if (rc != 0)
+        return rc;
+    if (o.cb != NULL && (rc = c10d_work_on_complete(done, o.cb, o.cb_arg)) != 0) {
+        c10d_work_release(done);
+        return rc;
+    }
+    if (work != NULL)
+        *work = done;
+    else
+        c10d_work_release(done);
+    return 0;
 }

@@ -498,6 +498,13 @@ C10D_EXPORT int c10d_gather_list(c10d_pg *pg, const void *send, void *const *rec
 C10D_EXPORT int c10d_scatter_list(c10d_pg *pg, const void *const *sends, void *recv, size_t count,
                                   c10d_dtype dtype, int root, const c10d_op_opts *opts,
                                   c10d_work **work);
+/* Reduce-scatter with a size per rank, host buffers: `send` holds
+ * sum(counts) elements, block r (counts[r] of them) at the sum of
+ * counts[0..r); `recv` gets counts[rank] elements, the reduction of every
+ * rank's block `rank`, in rank order. Every rank passes the same counts. */
+C10D_EXPORT int c10d_reduce_scatter_v(c10d_pg *pg, const void *send, void *recv,
+                                      const size_t *counts, c10d_dtype dtype, c10d_reduce_op op,
+                                      const c10d_op_opts *opts, c10d_work **work);
 /* send holds size x count elements; recv gets the reduction of block `rank`. */
 C10D_EXPORT int c10d_reduce_scatter(c10d_pg *pg, const void *send, void *recv, size_t count,
                                     c10d_dtype dtype, c10d_reduce_op op, const c10d_op_opts *opts,

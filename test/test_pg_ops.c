@@ -15,6 +15,7 @@
 #include "c10d.h"
 #include "mp_harness.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -313,6 +314,16 @@ static int check_uneven_all_to_all(c10d_pg *pg, int rank, int n, size_t count)
 
 /* ---------------------------------------------------------------- P2P */
 
+static atomic_int cb_runs;
+
+static void count_cb(c10d_work *w, int status, void *arg)
+{
+    (void)w;
+    (void)status;
+    (void)arg;
+    atomic_fetch_add(&cb_runs, 1);
+}
+
 static int check_p2p(c10d_pg *pg, int rank, int n)
 {
     int next = (rank + 1) % n, prev = (rank + n - 1) % n;
@@ -463,6 +474,24 @@ static int check_p2p(c10d_pg *pg, int rank, int n)
     EXPECT(one[0] == 1000 * rank && one[4] == 1000 * rank + 4, "scatter_list got %d", one[0]);
     EXPECT(c10d_gather_list(pg, one, list, 5, C10D_INT32, n, NULL, NULL) == C10D_EINVAL,
            "root out of range taken");
+    /* reduce_scatter_v: block j has j % 3 elements (rank 0's block: none);
+     * rank r puts 100 r + 10 j + e in element e of block j. */
+    int32_t rs_send[3 * MAXR], rs_recv[3] = {-1, -1, -1};
+    size_t at = 0;
+    for (int j = 0; j < n && j < MAXR; j++)
+        for (size_t e = 0; e < gv_counts[j]; e++)
+            rs_send[at++] = 100 * rank + 10 * j + (int32_t)e;
+    c10d_op_opts rso = C10D_OP_OPTS_INIT;
+    rso.cb = count_cb;
+    rso.cb_arg = NULL;
+    atomic_store(&cb_runs, 0);
+    rc = c10d_reduce_scatter_v(pg, rs_send, rs_recv, gv_counts, C10D_INT32, C10D_SUM, &rso, &w);
+    EXPECT(rc == 0 && c10d_work_wait_release(w) == 0, "reduce_scatter_v: %s", c10d_last_error());
+    for (size_t e = 0; e < gv_counts[rank]; e++)
+        EXPECT(rs_recv[e] == 100 * n * (n - 1) / 2 + n * (10 * rank + (int32_t)e),
+               "reduce_scatter_v element %zu: %d", e, rs_recv[e]);
+    EXPECT(gv_counts[rank] > 2 || rs_recv[2] == -1, "reduce_scatter_v wrote past its block");
+    EXPECT(atomic_load(&cb_runs) == 1, "the callback ran %d times", atomic_load(&cb_runs));
     return 0;
 }
 
