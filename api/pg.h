@@ -56,6 +56,7 @@ struct c10d_pg {
     struct c10d__pg_backend backends[C10D__PG_NDEV];
     const char *host_path; /* the CPU backend's path at creation (c10d_pg_host_path) */
     c10d_pg_completion_hook completion_hook; /* guarded by mutex */
+    atomic_int has_completion_hook;          /* set once: ops read it without the lock */
     void *completion_arg;
     int device_index;         /* the CUDA device the group is bound to; -1: none */
     c10d_nccl_opts nccl_opts; /* copied from the creator's (strings owned) */

@@ -66,6 +66,7 @@ int c10d_pg_register_completion_hook(c10d_pg *pg, c10d_pg_completion_hook hook, 
     if (!taken) {
         pg->completion_hook = hook;
         pg->completion_arg = arg;
+        atomic_store(&pg->has_completion_hook, 1);
     }
     uv_mutex_unlock(&pg->mutex);
     if (taken)

@@ -50,8 +50,11 @@ static int hand_over(c10d_pg *pg, struct c10d__pg_op *po)
         return rc;
     }
     c10d__fr_started(po->fr_id);
-    po->started_ns = c10d__now_ns();
-    po->started_wall_us = wall_us();
+    /* Only a completion hook reads these: no clock reads per op without one. */
+    if (atomic_load_explicit(&pg->has_completion_hook, memory_order_relaxed)) {
+        po->started_ns = c10d__now_ns();
+        po->started_wall_us = wall_us();
+    }
     return 0;
 }
 
@@ -77,7 +80,8 @@ static void call_completion_hook(c10d_pg_completion_hook hook, void *arg, c10d_w
         .time_started_us = po->started_wall_us,
         .time_finished_us = wall_us(),
     };
-    /* Never handed over (refused at submit): it started as it finished. */
+    /* Never handed over (refused at submit), or handed over before the hook
+     * was registered: it started, as far as anyone timed it, as it finished. */
     if (po->started_ns == 0)
         info.time_started_us = info.time_finished_us;
     float device_ms;
