@@ -378,45 +378,27 @@ static void test_hang_every_rank_dumps(void **s)
 
 /* -------------------------------------------------------------- mismatch */
 
-/* A PyTorch-style dump (no "rank" field: the file name says it; no "root"). */
-static void write_torch_dump(const char *path, const char *dtype2, const char *state2)
+/* A PyTorch-style dump (no "rank" field: the file name says it; no "root")
+ * of two all_reduces, the first completed: the second with dtype2 and
+ * state2, `created_ns` its time_created_ns (0: no times in the dump). */
+static void write_torch_dump(const char *path, const char *dtype2, const char *state2,
+                             int timeout_ms, json_int_t created_ns)
 {
     json_t *es = json_array();
-    for (int seq = 1; seq <= 2; seq++)
+    for (int seq = 1; seq <= 2; seq++) {
+        json_t *t = NULL;
+        if (created_ns != 0)
+            t = json_integer(seq == 2 ? created_ns : created_ns - 1000000);
         json_array_append_new(
             es, json_pack("{s:i, s:i, s:[s,s], s:i, s:i, s:i, s:s, s:[[i]], s:[s], s:[[i]], "
-                          "s:[s], s:s, s:b, s:b, s:i, s:[]}",
+                          "s:[s], s:s, s:b, s:b, s:i, s:o*, s:[]}",
                           "record_id", seq - 1, "pg_id", 0, "process_group", "0", "default_pg",
                           "collective_seq_id", seq, "p2p_seq_id", 0, "op_id", seq, "profiling_name",
                           "nccl:all_reduce", "input_sizes", 1024, "input_dtypes",
                           seq == 2 ? dtype2 : "Float", "output_sizes", 1024, "output_dtypes",
                           seq == 2 ? dtype2 : "Float", "state", seq == 2 ? state2 : "completed",
-                          "is_p2p", 0, "retired", seq == 1, "timeout_ms", 600000, "frames"));
-    json_t *root = json_pack("{s:s, s:o, s:{s:{s:s, s:s, s:s}}, s:{}, s:{}}", "version", "2.4",
-                             "entries", es, "pg_config", "0", "name", "0", "desc", "default_pg",
-                             "ranks", "[0, 1, 2]", "pg_status", "nccl_comm_state");
-    assert_non_null(root);
-    assert_int_equal(json_dump_file(root, path, JSON_INDENT(1)), 0);
-    json_decref(root);
-}
-
-/* Rank r of three: all_reduce 1 completed everywhere, all_reduce 2 entered
- * by all, rank 2 three seconds after the others (timeout 2 s). */
-static void write_late_dump(const char *path, int r)
-{
-    json_t *es = json_array();
-    for (int seq = 1; seq <= 2; seq++) {
-        json_int_t t = (json_int_t)1000000000000LL + seq * 1000000LL +
-                       (seq == 2 && r == 2 ? 3000000000LL : r * 1000LL);
-        json_array_append_new(
-            es, json_pack("{s:i, s:i, s:[s,s], s:i, s:i, s:i, s:s, s:[[i]], s:[s], s:[[i]], "
-                          "s:[s], s:s, s:b, s:b, s:i, s:I, s:[]}",
-                          "record_id", seq - 1, "pg_id", 0, "process_group", "0", "default_pg",
-                          "collective_seq_id", seq, "p2p_seq_id", 0, "op_id", seq, "profiling_name",
-                          "nccl:all_reduce", "input_sizes", 1024, "input_dtypes", "Float",
-                          "output_sizes", 1024, "output_dtypes", "Float", "state",
-                          seq == 2 ? "started" : "completed", "is_p2p", 0, "retired", seq == 1,
-                          "timeout_ms", 2000, "time_created_ns", t, "frames"));
+                          "is_p2p", 0, "retired", seq == 1, "timeout_ms", timeout_ms,
+                          "time_created_ns", t, "frames"));
     }
     json_t *root = json_pack("{s:s, s:o, s:{s:{s:s, s:s, s:s}}, s:{}, s:{}}", "version", "2.4",
                              "entries", es, "pg_config", "0", "name", "0", "desc", "default_pg",
@@ -434,7 +416,9 @@ static void test_late_entrant(void **s)
     char p[400];
     for (int r = 0; r < 3; r++) {
         snprintf(p, sizeof p, "%s/late_rank_%d", tmpdir, r);
-        write_late_dump(p, r);
+        /* Rank 2 enters all_reduce 2 three seconds after the others (timeout 2 s). */
+        write_torch_dump(p, "Float", "started", 2000,
+                         (json_int_t)1000002000000LL + (r == 2 ? 3000000000LL : r * 1000LL));
     }
     char args[400], *out = NULL;
     snprintf(args, sizeof args, "%s/late_rank_", tmpdir);
@@ -454,7 +438,7 @@ static void test_mismatch(void **s)
     char p[400];
     for (int r = 0; r < 3; r++) {
         snprintf(p, sizeof p, "%s/torch_rank_%d", tmpdir, r);
-        write_torch_dump(p, r == 1 ? "Long" : "Float", r == 1 ? "completed" : "started");
+        write_torch_dump(p, r == 1 ? "Long" : "Float", r == 1 ? "completed" : "started", 600000, 0);
     }
     char args[400], *out = NULL;
     snprintf(args, sizeof args, "%s/torch_rank_", tmpdir);
