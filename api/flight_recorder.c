@@ -288,7 +288,7 @@ static void watch_start(void *arg)
  * watched, and the timer is started on the loop if it is not running. */
 static void watch_arm(c10d_pg *pg)
 {
-    if (!pg->is_default || pg->base_store == NULL || pg->inherited ||
+    if (!pg->is_default || pg->base_store == NULL || pg->inherited || !c10d__fr_dumps_files() ||
         c10d__env_int(C10D_ENV_TRACE_SIGNAL_CHECK_MS) <= 0)
         return;
     uv_once(&watch_once, watch_init);
@@ -343,8 +343,19 @@ static void signal_set(c10d_work *w, int status, void *arg)
 
 void c10d__pg_fr_on_failure(c10d_pg *pg, int status, const char *message)
 {
-    if (!c10d__fr_enabled() || !c10d__env_bool(C10D_ENV_TRACE_DUMP_ON_FAILURE) ||
-        !claim_auto_dump())
+    if (!c10d__fr_enabled() || !c10d__env_bool(C10D_ENV_TRACE_DUMP_ON_FAILURE))
+        return;
+    /* Without a prefix no file is written, here or (asked) on the other ranks. */
+    if (!c10d__fr_dumps_files()) {
+        static atomic_int told;
+        if (!atomic_exchange(&told, 1))
+            C10D_INFO("fr",
+                      "flight recorder: an op of process group %s failed; no dump written "
+                      "(set C10D_TRACE_FILE_PREFIX to have one)",
+                      pg->name);
+        return;
+    }
+    if (!claim_auto_dump())
         return;
     char reason[768];
     snprintf(reason, sizeof reason, "rank %d: an op of process group %s failed (%s): %s",

@@ -205,8 +205,14 @@ int c10d__pg_device(const c10d_pg *pg, const char *opname, const c10d_op_opts *o
  * its callback still runs later on the loop thread. */
 int c10d__pg_noop(const c10d_pg *pg, const char *opname, const c10d_op_opts *opts,
                   c10d_work **work);
-/* 0, or the error a call must return now (group failed earlier, destroyed). */
-int c10d__pg_usable_locked(const c10d_pg *pg, const char *opname);
+/* 0, or C10D_EREVOKED with a message naming why a call must be refused now
+ * (the group failed earlier, also by a backend's own failure seen here, was
+ * ended or destroyed). Under pg->mutex. */
+int c10d__pg_usable_locked(c10d_pg *pg, const char *opname);
+/* 0 for a usable group, else the status that made it unusable (its first
+ * failure, C10D_EABORTED when the library ended it, C10D_EREVOKED when it was
+ * destroyed), with the message. Under pg->mutex. */
+int c10d__pg_cause_locked(c10d_pg *pg);
 
 /* settings_check.c: the settings that change the wire (thresholds, lazy
  * connections, DETAIL) compared across the ranks of a new default group;

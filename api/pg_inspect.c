@@ -5,6 +5,8 @@
 
 #include "engine/error.h"
 
+#include <stdlib.h>
+
 int c10d_pg_error(c10d_pg *pg)
 {
     if (pg == NULL)
@@ -12,20 +14,47 @@ int c10d_pg_error(c10d_pg *pg)
     /* Under the lock: a live group's backend states stay until a close, which
      * marks the group closed under this lock first. */
     uv_mutex_lock(&pg->mutex);
-    int rc = c10d__pg_usable_locked(pg, "group");
-    /* A backend sees a lost peer before any op fails on it. */
-    for (int d = 0; rc == 0 && d < C10D__PG_NDEV; d++) {
-        const struct c10d__pg_backend *b = &pg->backends[d];
-        char msg[768];
-        int st = b->state != NULL && b->vt->failure != NULL
-                     ? b->vt->failure(b->state, msg, sizeof msg)
-                     : 0;
-        if (st < 0)
-            rc =
-                c10d__fail(st, "%s group: process group %s failed: %s", b->vt->name, pg->name, msg);
-    }
+    int rc = c10d__pg_cause_locked(pg);
     uv_mutex_unlock(&pg->mutex);
     return rc;
+}
+
+int c10d_pg_failed_ranks(c10d_pg *pg, int *ranks, int cap)
+{
+    if (pg == NULL || cap < 0 || (ranks == NULL && cap > 0))
+        return c10d__fail(C10D_EINVAL, "c10d_pg_failed_ranks: %s",
+                          pg == NULL ? "pg is NULL"
+                          : cap < 0  ? "cap is negative"
+                                     : "ranks is NULL");
+    if (pg->size <= 0)
+        return 0;
+    int *seen = calloc((size_t)pg->size, sizeof *seen),
+        *got = malloc((size_t)pg->size * sizeof *got);
+    if (seen == NULL || got == NULL) {
+        free(seen);
+        free(got);
+        return c10d__fail(C10D_ENOMEM, "c10d_pg_failed_ranks: out of memory");
+    }
+    int n = 0;
+    uv_mutex_lock(&pg->mutex);
+    /* Device and host backends may both have seen a loss: each rank once. */
+    for (int d = 0; pg->state == C10D_PG_LIVE && pg->ended_by == NULL && d < C10D__PG_NDEV; d++) {
+        const struct c10d__pg_backend *b = &pg->backends[d];
+        int k = b->state != NULL && b->vt->failed_ranks != NULL
+                    ? b->vt->failed_ranks(b->state, got, pg->size)
+                    : 0;
+        for (int i = 0; i < k && i < pg->size; i++) {
+            if (got[i] < 0 || got[i] >= pg->size || seen[got[i]]++)
+                continue;
+            if (n < cap)
+                ranks[n] = got[i];
+            n++;
+        }
+    }
+    uv_mutex_unlock(&pg->mutex);
+    free(seen);
+    free(got);
+    return n;
 }
 
 int c10d_pg_set_timeout(c10d_pg *pg, int64_t timeout_ms)

@@ -97,6 +97,11 @@ static void op_done(c10d_work *w, int status, void *arg)
     struct c10d__pg_op *po = arg;
     c10d_pg *pg = po->pg;
     if (status < 0 && !po->internal) {
+        const struct c10d__pg_backend *b = &pg->backends[po->dev];
+        int blamed = -1;
+        if (b->state != NULL && b->vt->failed_ranks != NULL &&
+            b->vt->failed_ranks(b->state, &blamed, 1) > 0)
+            c10d__work_set_failed_rank(w, blamed);
         c10d__pg_poison(pg, status, c10d_work_message(w));
         c10d__pg_fr_on_failure(pg, status, c10d_work_message(w));
     }
@@ -185,17 +190,51 @@ static void describe(const c10d_pg *pg, const char *optype, uint64_t seq, size_t
              (long long)timeout_ms);
 }
 
-int c10d__pg_usable_locked(const c10d_pg *pg, const char *opname)
+/* A backend that failed by itself (a lost peer, a transport error) before
+ * any op of the group failed: the group fails now, so that this call and
+ * every later one are refused at once instead of failing at their wait. */
+static int backend_failed_locked(c10d_pg *pg)
+{
+    for (int d = 0; d < C10D__PG_NDEV; d++) {
+        const struct c10d__pg_backend *b = &pg->backends[d];
+        if (b->state == NULL || b->vt->failure == NULL)
+            continue;
+        char msg[768];
+        int st = b->vt->failure(b->state, msg, sizeof msg);
+        if (st < 0) {
+            pg->first_status = st;
+            free(pg->first_error);
+            pg->first_error = strdup(msg);
+            c10d__hosted_store_skip_linger();
+            return st;
+        }
+    }
+    return 0;
+}
+
+int c10d__pg_usable_locked(c10d_pg *pg, const char *opname)
 {
     if (pg->ended_by != NULL)
-        return c10d__fail(C10D_EABORTED, "%s %s: process group %s %s", pg->backend_name, opname,
+        return c10d__fail(C10D_EREVOKED, "%s %s: process group %s %s", pg->backend_name, opname,
                           pg->name, pg->ended_by);
     if (pg->state != C10D_PG_LIVE)
-        return c10d__fail(C10D_EINVAL, "%s %s: process group %s was destroyed", pg->backend_name,
+        return c10d__fail(C10D_EREVOKED, "%s %s: process group %s was destroyed", pg->backend_name,
                           opname, pg->name);
-    if (pg->first_status != 0)
-        return c10d__fail(pg->first_status, "%s %s: process group %s failed earlier: %s",
+    if (pg->first_status != 0 || backend_failed_locked(pg) != 0)
+        return c10d__fail(C10D_EREVOKED, "%s %s: process group %s failed earlier: %s",
                           pg->backend_name, opname, pg->name, first_error_locked(pg));
+    return 0;
+}
+
+int c10d__pg_cause_locked(c10d_pg *pg)
+{
+    if (pg->ended_by != NULL)
+        return c10d__fail(C10D_EABORTED, "process group %s %s", pg->name, pg->ended_by);
+    if (pg->state != C10D_PG_LIVE)
+        return c10d__fail(C10D_EREVOKED, "process group %s was destroyed", pg->name);
+    if (pg->first_status != 0 || backend_failed_locked(pg) != 0)
+        return c10d__fail(pg->first_status, "%s group: process group %s failed: %s",
+                          pg->backend_name, pg->name, first_error_locked(pg));
     return 0;
 }
 

@@ -138,6 +138,11 @@ struct c10d__backend_vtable {
      * the backend (C10D_DEBUG=DETAIL's store exchange) checks to stop waiting
      * for ranks that will never come. */
     int (*failure)(void *state, char *msg, size_t n);
+    /* Optional; any thread, while the state is valid. The group ranks this
+     * backend knows failed (their connection was lost: the process died or
+     * left), the first it saw first: up to `cap` into out, returning how many
+     * there are (0 while none). */
+    int (*failed_ranks)(void *state, int *out, int cap);
     /* Optional; asked once the state is created, before any op: how data
      * moves between the group's ranks ("shm", "tcp"). */
     const char *(*path)(void *state);

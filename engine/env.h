@@ -164,8 +164,9 @@
       "flight recorder: how many of the last ops (every group, every backend) the process "        \
       "keeps for its dump (0: off)")                                                               \
     X(TRACE_FILE_PREFIX, "C10D_TRACE_FILE_PREFIX",                                                 \
-      "TORCH_FR_DUMP_TEMP_FILE, TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "/tmp/c10d_trace_rank_",         \
-      "flight recorder: dumps are written to <prefix><rank>.json")                                 \
+      "TORCH_FR_DUMP_TEMP_FILE, TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "",                              \
+      "flight recorder: dumps are written to <prefix><rank>.json; unset: no file is written "      \
+      "unless a call names one (the ring stays in memory: c10d_flight_recorder_dump_json)")        \
     X(TRACE_DUMP_ON_FAILURE, "C10D_TRACE_DUMP_ON_FAILURE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "1",      \
       "flight recorder: dump when an op times out or fails, and ask every rank to dump too "       \
       "(through the default group's store)")                                                       \

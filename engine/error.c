@@ -27,6 +27,7 @@ static const struct {
     {C10D_EDEADLK, "C10D_EDEADLK", "call would deadlock"},
     {C10D_ENOTFOUND, "C10D_ENOTFOUND", "not found"},
     {C10D_EINTERNAL, "C10D_EINTERNAL", "internal error"},
+    {C10D_EREVOKED, "C10D_EREVOKED", "process group no longer usable"},
 };
 
 static int status_index(int status)

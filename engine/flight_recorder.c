@@ -132,6 +132,11 @@ static void fr_ensure(void)
     uv_mutex_unlock(&fr_mutex);
 }
 
+int c10d__fr_dumps_files(void)
+{
+    return c10d__fr_enabled() && c10d__env_str(C10D_ENV_TRACE_FILE_PREFIX)[0] != '\0';
+}
+
 int c10d__fr_enabled(void)
 {
     int m = atomic_load_explicit(&fr_mode, memory_order_relaxed);
@@ -475,7 +480,12 @@ int c10d__fr_default_path(char *buf, size_t len)
         return c10d__fail(C10D_EINVAL,
                           "flight recorder: this process has no rank yet (no op of a process "
                           "group was recorded), so its dump file has no name; pass a path");
-    int n = snprintf(buf, len, "%s%d.json", c10d__env_str(C10D_ENV_TRACE_FILE_PREFIX), rank);
+    const char *prefix = c10d__env_str(C10D_ENV_TRACE_FILE_PREFIX);
+    if (prefix[0] == '\0')
+        return c10d__fail(C10D_EINVAL,
+                          "flight recorder: no dump path: set C10D_TRACE_FILE_PREFIX (or "
+                          "TORCH_FR_DUMP_TEMP_FILE) or pass a path");
+    int n = snprintf(buf, len, "%s%d.json", prefix, rank);
     if (n < 0 || (size_t)n >= len)
         return c10d__fail(C10D_EINVAL, "flight recorder: C10D_TRACE_FILE_PREFIX is too long");
     return 0;

@@ -66,8 +66,12 @@ int c10d__fr_dump_json(const char *reason, int only_active, char **out);
 void c10d__fr_clear(void);
 
 /* The file a dump without a path goes to; buf holds at least `len` bytes.
- * Returns 0, or C10D_EINVAL when this process has no rank yet. */
+ * Returns 0, or C10D_EINVAL when this process has no rank yet or no prefix
+ * was set (dumps go only where the user points). */
 int c10d__fr_default_path(char *buf, size_t len);
+/* 1 if the recorder is on and a dump prefix is set: automatic dumps (on a
+ * failure, on another rank's request) are written only then. */
+int c10d__fr_dumps_files(void);
 
 /* Tests: drops every entry and group and reads the environment again. */
 void c10d__fr_reset(void);

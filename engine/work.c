@@ -81,6 +81,7 @@ struct c10d_work {
     int64_t timeout_ms;
     uint64_t created_ms;
     atomic_int source_rank;
+    atomic_int failed_rank;
     /* Device time of a GPU op with timing on (ms; < 0: none), written by its
      * backend before completing it, read once it has completed. */
     float duration_ms;
@@ -422,6 +423,7 @@ int c10d__work_create(c10d_work **out, const char *what, int64_t timeout_ms)
     }
     atomic_init(&w->refs, 2); /* the caller's and the pending list's */
     atomic_init(&w->source_rank, -1);
+    atomic_init(&w->failed_rank, -1);
     w->duration_ms = -1;
     w->timeout_ms = timeout_ms;
     w->created_ms = c10d__now_ms();
@@ -677,6 +679,16 @@ void c10d__work_set_duration(c10d_work *w, float ms)
 void c10d__work_set_source_rank(c10d_work *w, int rank)
 {
     atomic_store(&w->source_rank, rank);
+}
+
+int c10d_work_failed_rank(c10d_work *w)
+{
+    return w != NULL ? atomic_load(&w->failed_rank) : -1;
+}
+
+void c10d__work_set_failed_rank(c10d_work *w, int rank)
+{
+    atomic_store(&w->failed_rank, rank);
 }
 
 void c10d__work_set_fr_id(c10d_work *w, uint64_t rid)

@@ -34,6 +34,9 @@ void c10d__work_set_stream_wait(c10d_work *w, int (*fn)(c10d_work *w, void *stre
 void c10d__work_set_cancel(c10d_work *w, int (*fn)(c10d_work *w, void *arg), void *arg);
 
 void c10d__work_set_source_rank(c10d_work *work, int rank);
+/* The group rank a failed op's backend blames (c10d_work_failed_rank): set
+ * before the work's other callbacks run. */
+void c10d__work_set_failed_rank(c10d_work *work, int rank);
 
 /* A GPU op's device time (c10d_work_duration_ms); before it completes. */
 void c10d__work_set_duration(c10d_work *work, float ms);

@@ -69,6 +69,8 @@ typedef enum c10d_status {
     C10D_EDEADLK = -11,     /* the call would deadlock (e.g. wait on the loop thread) */
     C10D_ENOTFOUND = -12,   /* no such key / object */
     C10D_EINTERNAL = -13,   /* a bug in libc10d: please report it */
+    C10D_EREVOKED = -14,    /* the group failed earlier, was ended or destroyed: the call did
+                               nothing (c10d_pg_error gives the original status and why) */
 } c10d_status;
 
 /* A short, static description of a status code ("connection closed by peer"). */
@@ -251,6 +253,12 @@ C10D_EXPORT const char *c10d_work_message(c10d_work *work);
 /* The source rank of a receive from any source; -1 otherwise. */
 C10D_EXPORT int c10d_work_source_rank(c10d_work *work);
 
+/* For a group's op that failed: the group rank its backend blames (the first
+ * peer whose process died or left the group, as c10d_pg_failed_ranks lists
+ * them); -1 when no rank is known to have failed (a timeout, a mismatch, an
+ * abort) and for any other work. Final once the work completed. */
+C10D_EXPORT int c10d_work_failed_rank(c10d_work *work);
+
 /* The device time of a completed GPU op in milliseconds, from its start to
  * its end event on the communicator's stream (torch's Work.get_duration()).
  * Needs C10D_NCCL_ENABLE_TIMING=1 (TORCH_NCCL_ENABLE_TIMING) when the group's
@@ -398,6 +406,12 @@ C10D_EXPORT uint64_t c10d_pg_p2p_seq(c10d_pg *pg);
  * error, a lost peer the backend saw, an abort, a destroy), with its message
  * in c10d_last_error(), without running an op (torch's get_error). */
 C10D_EXPORT int c10d_pg_error(c10d_pg *pg);
+/* The group ranks the group's backends know failed (their connection was
+ * lost: the process died or left), the first seen first: up to `cap` of them
+ * into ranks (which may be NULL when cap is 0). Returns how many there are (0
+ * for a healthy group), or C10D_EINVAL. What to pass to c10d_pg_shrink. The
+ * tcp backend knows them; the nccl backend names none (NCCL reports no peer). */
+C10D_EXPORT int c10d_pg_failed_ranks(c10d_pg *pg, int *ranks, int cap);
 /* What a group's backends can do (torch's Backend.supports_*): */
 typedef enum c10d_capability {
     C10D_CAP_SPLIT = 0,  /* split made by the backend from the parent (ncclCommSplit), not

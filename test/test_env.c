@@ -141,10 +141,10 @@ static void test_ignored_torch_variables(void **state)
 static void test_status_codes(void **state)
 {
     (void)state;
-    const int codes[] = {C10D_OK,        C10D_EINVAL,   C10D_ETIMEDOUT, C10D_ECANCELED,
-                         C10D_ECLOSED,   C10D_EABORTED, C10D_ESTORE,    C10D_EUNSUPPORTED,
-                         C10D_ENOMEM,    C10D_EIO,      C10D_EPROTO,    C10D_EDEADLK,
-                         C10D_ENOTFOUND, C10D_EINTERNAL};
+    const int codes[] = {C10D_OK,        C10D_EINVAL,    C10D_ETIMEDOUT, C10D_ECANCELED,
+                         C10D_ECLOSED,   C10D_EABORTED,  C10D_ESTORE,    C10D_EUNSUPPORTED,
+                         C10D_ENOMEM,    C10D_EIO,       C10D_EPROTO,    C10D_EDEADLK,
+                         C10D_ENOTFOUND, C10D_EINTERNAL, C10D_EREVOKED};
     for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
         assert_string_not_equal(c10d_strerror(codes[i]), "unknown status");
         for (size_t j = 0; j < i; j++)

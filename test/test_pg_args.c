@@ -454,9 +454,12 @@ static void test_callbacks_and_poison(void **state)
     assert_int_equal(cs.status, C10D_ECLOSED);
     assert_true(cs.on_loop);
     /* Poisoned: later ops fail at once with the first error. */
-    EXPECT_ERR(c10d_all_reduce(pg, a, a, 8, C10D_FLOAT32, C10D_SUM, NULL, &w), C10D_ECLOSED,
+    EXPECT_ERR(c10d_all_reduce(pg, a, a, 8, C10D_FLOAT32, C10D_SUM, NULL, &w), C10D_EREVOKED,
                "tcp all_reduce: process group test failed earlier: fake: peer 1 closed the "
                "connection");
+    /* The cause, with its own status. */
+    assert_int_equal(c10d_pg_error(pg), C10D_ECLOSED);
+    assert_non_null(strstr(c10d_last_error(), "fake: peer 1 closed the connection"));
     assert_true(fake.aborts >= 1);
     c10d_pg_destroy(pg);
     uv_mutex_destroy(&cs.mutex);
@@ -487,7 +490,10 @@ static void test_timeout_message(void **state)
          i < 1000 && c10d_all_reduce(pg, a, a, 8, C10D_FLOAT32, C10D_SUM, NULL, NULL) == 0; i++)
         uv_sleep(5);
     assert_int_equal(c10d_all_reduce(pg, a, a, 8, C10D_FLOAT32, C10D_SUM, NULL, NULL),
-                     C10D_ETIMEDOUT);
+                     C10D_EREVOKED);
+    assert_int_equal(c10d_pg_error(pg), C10D_ETIMEDOUT);
+    /* A timeout blames no rank: none is known to have died. */
+    assert_int_equal(c10d_pg_failed_ranks(pg, NULL, 0), 0);
     int aborts = 0;
     for (int i = 0; i < 1000 && aborts == 0; i++) {
         uv_mutex_lock(&fake.mutex);

@@ -51,14 +51,27 @@ static int killed_main(int rank, int n, void *arg)
         usleep(30000); /* in the middle of it (or, on a fast machine, just after) */
         raise(SIGKILL);
     }
-    int rc = c10d_work_wait_release(w);
+    int rc = c10d_work_wait(w, -1);
     /* A fast machine may finish before the kill; then the next op sees it. */
-    if (rc == 0)
-        rc = c10d_all_reduce_sync(pg, buf, buf, count, C10D_FLOAT32, C10D_SUM);
+    if (rc == 0) {
+        c10d_work_release(w);
+        MP_CHECK(c10d_all_reduce(pg, buf, buf, count, C10D_FLOAT32, C10D_SUM, NULL, &w) == 0,
+                 "post 2: %s", c10d_last_error());
+        rc = c10d_work_wait(w, -1);
+    }
     MP_CHECK(rc == C10D_ECLOSED, "status %s: %s", c10d_status_name(rc), c10d_last_error());
-    /* Poisoned: the next op fails at once with the same reason. */
+    /* Whom to shrink away: the dead rank, named by the work and the group. */
+    MP_CHECK(c10d_work_failed_rank(w) == n - 1, "work's failed rank %d", c10d_work_failed_rank(w));
+    c10d_work_release(w);
+    int failed[4] = {-1, -1, -1, -1};
+    int nfailed = c10d_pg_failed_ranks(pg, failed, 4);
+    MP_CHECK(nfailed == 1 && failed[0] == n - 1, "failed ranks: %d (%d)", nfailed, failed[0]);
+    /* Poisoned: the next op is refused at once, and the cause stays readable. */
     rc = c10d_all_reduce_sync(pg, buf, buf, 1, C10D_FLOAT32, C10D_SUM);
-    MP_CHECK(rc == C10D_ECLOSED, "after: %s: %s", c10d_status_name(rc), c10d_last_error());
+    MP_CHECK(rc == C10D_EREVOKED && strstr(c10d_last_error(), "failed earlier") != NULL,
+             "after: %s: %s", c10d_status_name(rc), c10d_last_error());
+    rc = c10d_pg_error(pg);
+    MP_CHECK(rc == C10D_ECLOSED, "cause: %s: %s", c10d_status_name(rc), c10d_last_error());
     MP_CHECK(c10d_pg_abort(pg, "peer died") == 0, "abort");
     free(buf);
     c10d_shutdown();
@@ -99,7 +112,8 @@ static int stopped_main(int rank, int n, void *arg)
                  strstr(c10d_last_error(), "Timeout(ms)=1500") != NULL,
              "message: %s", c10d_last_error());
     rc = c10d_barrier_sync(pg);
-    MP_CHECK(rc == C10D_ETIMEDOUT, "after: %s: %s", c10d_status_name(rc), c10d_last_error());
+    MP_CHECK(rc == C10D_EREVOKED, "after: %s: %s", c10d_status_name(rc), c10d_last_error());
+    MP_CHECK(c10d_pg_error(pg) == C10D_ETIMEDOUT, "cause: %s", c10d_last_error());
     MP_CHECK(c10d_pg_destroy(pg) == 0, "destroy");
     c10d_shutdown();
     return 0;

@@ -54,13 +54,15 @@ static void test_ops_after_shutdown(void **s)
     assert_int_equal(c10d_pg_new_group(pg, ranks, 1, NULL, &sub), 0);
     assert_int_equal(sum_ok(pg), 0);
     assert_int_equal(c10d_shutdown(), 0);
-    assert_int_equal(sum_ok(pg), C10D_EABORTED);
+    assert_int_equal(sum_ok(pg), C10D_EREVOKED);
     assert_non_null(strstr(c10d_last_error(), "c10d_shutdown"));
-    assert_int_equal(sum_ok(sub), C10D_EABORTED);
-    assert_int_equal(c10d_barrier_sync(pg), C10D_EABORTED);
+    assert_int_equal(c10d_pg_error(pg), C10D_EABORTED); /* the cause */
+    assert_non_null(strstr(c10d_last_error(), "c10d_shutdown"));
+    assert_int_equal(sum_ok(sub), C10D_EREVOKED);
+    assert_int_equal(c10d_barrier_sync(pg), C10D_EREVOKED);
     float x = 1;
     c10d_work *w = NULL;
-    assert_int_equal(c10d_broadcast(pg, &x, &x, 1, C10D_FLOAT32, 0, NULL, &w), C10D_EABORTED);
+    assert_int_equal(c10d_broadcast(pg, &x, &x, 1, C10D_FLOAT32, 0, NULL, &w), C10D_EREVOKED);
     assert_null(w);
     assert_int_equal(c10d_pg_destroy(sub), C10D_EABORTED);
     assert_int_equal(c10d_pg_destroy(pg), C10D_EABORTED);
@@ -84,7 +86,7 @@ static void test_forked_child_starts_over(void **s)
     if (child == 0) {
         alarm(30);
         int code = 0;
-        if (sum_ok(pg) != C10D_EABORTED || strstr(c10d_last_error(), "fork") == NULL) {
+        if (sum_ok(pg) != C10D_EREVOKED || strstr(c10d_last_error(), "fork") == NULL) {
             fprintf(stderr, "child: inherited group: %s\n", c10d_last_error());
             code = 1;
         }

@@ -355,6 +355,10 @@ void c10d__tcp_body_done(struct conn *c)
     c->body_u = NULL;
     if (c->body_w.type == F_ABORT) {
         c->abort_msg[c->body_w.len] = '\0';
+        uint32_t lost = c->body_w.sub; /* the rank it knows died, + 1 */
+        if (lost > 0 && lost <= (uint32_t)t->cfg.size && (int)lost - 1 != t->cfg.rank &&
+            t->told_lost < 0)
+            t->told_lost = (int)lost - 1;
         c10d__tcp_error(t, (int)(int64_t)c->body_w.tag, "rank %d failed: %s", c->rank,
                         c->abort_msg);
         return;

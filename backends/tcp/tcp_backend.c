@@ -92,6 +92,10 @@ struct tcp_state {
     /* poison_status for other threads (tcp_failure), stored once poison_msg
      * is final: a nonzero value published with release order. */
     atomic_int failed_status;
+    /* The ranks lost when it failed (tcp_failed_ranks), final before
+     * failed_status is published. */
+    int *lost_ranks;
+    int nlost;
     struct tcp_op *active;                  /* the collective running */
     struct tcp_op *queue_head, *queue_tail; /* collectives waiting their turn */
     struct tcp_op *p2p_ops, *p2p_tail;      /* P2P ops in flight, oldest first */
@@ -176,6 +180,7 @@ static void state_free(struct tcp_state *s)
         }
     c10d__shm_free(s->shm);
     free(s->scratch);
+    free(s->lost_ranks);
     free(s->group_name);
     free(s);
 }
@@ -286,6 +291,8 @@ static void group_fail(struct tcp_state *s, int status, const char *fmt, ...)
     va_end(ap);
     s->poisoned = 1;
     s->poison_status = status;
+    if (s->t != NULL && (s->lost_ranks = malloc((size_t)s->size * sizeof(int))) != NULL)
+        s->nlost = c10d__tcp_transport_lost_ranks(s->t, s->lost_ranks, s->size);
     atomic_store_explicit(&s->failed_status, status, memory_order_release);
     C10D_WARN("tcp", "group %s rank %d failed: %s", s->group_name, s->rank, s->poison_msg);
     if (s->t != NULL)
@@ -311,6 +318,16 @@ static int tcp_failure(void *state, char *msg, size_t n)
     if (status != 0 && n > 0)
         snprintf(msg, n, "%s", s->poison_msg);
     return status;
+}
+
+static int tcp_failed_ranks(void *state, int *out, int cap)
+{
+    struct tcp_state *s = state;
+    if (atomic_load_explicit(&s->failed_status, memory_order_acquire) == 0)
+        return 0;
+    for (int i = 0; i < s->nlost && i < cap; i++)
+        out[i] = s->lost_ranks[i];
+    return s->nlost;
 }
 
 static void on_transport_error(void *arg, int status, const char *message)
@@ -1116,6 +1133,7 @@ const struct c10d__backend_vtable c10d__tcp_backend = {
     .submit = tcp_submit,
     .abort = tcp_abort,
     .failure = tcp_failure,
+    .failed_ranks = tcp_failed_ranks,
     .path = tcp_path,
     .destroy = tcp_destroy,
     .published_key_fmt = ADDR_KEY_FMT,

@@ -67,6 +67,7 @@ int c10d__tcp_transport_new(const struct c10d__tcp_transport_config *cfg,
     }
     t->up = &floors;
     t->loop = c10d__engine_loop();
+    t->told_lost = -1;
     for (int r = 0; r < cfg->size; r++)
         t->peers[r].rank = r;
     uv_timer_init(t->loop, &t->grace);
@@ -216,6 +217,19 @@ int c10d__tcp_transport_failed(const struct c10d__tcp_transport *t)
     return t->failed;
 }
 
+int c10d__tcp_transport_lost_ranks(const struct c10d__tcp_transport *t, int *out, int cap)
+{
+    int n = 0;
+    if (t->peers[t->first_lost].lost && n++ < cap)
+        out[0] = t->first_lost;
+    for (int r = 0; r < t->cfg.size; r++)
+        if (t->peers[r].lost && r != t->first_lost && n++ < cap)
+            out[n - 1] = r;
+    if (t->told_lost >= 0 && !t->peers[t->told_lost].lost && n++ < cap)
+        out[n - 1] = t->told_lost;
+    return n;
+}
+
 /* ----------------------------------------------------------- closing */
 
 static void on_handle_closed(uv_handle_t *h)
@@ -273,8 +287,13 @@ void c10d__tcp_transport_fail(struct c10d__tcp_transport *t, int status, const c
     size_t mlen = strlen(message);
     if (mlen > ABORT_MSG_MAX)
         mlen = ABORT_MSG_MAX;
+    /* The abort names the rank this one knows died (its number + 1, 0: none),
+     * so that ranks that hear of the loss only from us can name it too. */
+    int lost = -1;
+    c10d__tcp_transport_lost_ranks(t, &lost, 1);
     unsigned char hdr[HDR_LEN];
-    c10d__tcp_wire_encode(hdr, F_ABORT, 0, 0, 0, (uint64_t)(int64_t)status, mlen, NULL);
+    c10d__tcp_wire_encode(hdr, F_ABORT, 0, 0, (uint32_t)(lost + 1), (uint64_t)(int64_t)status, mlen,
+                          NULL);
     uv_buf_t b[2] = {uv_buf_init((char *)hdr, HDR_LEN),
                      uv_buf_init((char *)message, (unsigned)mlen)};
     tell_idle_peers(t, b, 2);

@@ -122,6 +122,9 @@ void c10d__tcp_transport_fail(struct c10d__tcp_transport *t, int status, const c
 
 /* 1 once failed or closed. */
 int c10d__tcp_transport_failed(const struct c10d__tcp_transport *t);
+/* The ranks whose connection was lost, the first one first, then the others
+ * in rank order: up to cap into out; returns how many there are. */
+int c10d__tcp_transport_lost_ranks(const struct c10d__tcp_transport *t, int *out, int cap);
 /* 1 if it connects to a peer on first use (C10D_TCP_LAZY_INIT). */
 int c10d__tcp_transport_lazy(const struct c10d__tcp_transport *t);
 

@@ -164,6 +164,7 @@ struct c10d__tcp_transport {
     size_t note_len;
     uint64_t stranger_log_ms, strangers_unlogged;
     int first_lost; /* the first peer whose connection broke */
+    int told_lost;  /* the lost rank a peer's abort frame named; -1: none */
     int handles;    /* open uv handles; freed once 0 after free was asked */
     int freeing;
     int failed;
