@@ -736,7 +736,7 @@ C10D_EXPORT void c10d_store_release(c10d_store *store);
 /* The per-operation deadline (torch's set_timeout); > 0. */
 C10D_EXPORT int c10d_store_set_timeout(c10d_store *store, int64_t timeout_ms);
 C10D_EXPORT int64_t c10d_store_timeout(c10d_store *store);
-/* "tcp", "prefix", "hash", "file". */
+/* "tcp", "prefix", "hash", "file", "user". */
 C10D_EXPORT const char *c10d_store_kind(c10d_store *store);
 /* The dialect a TCP store speaks (after auto detection); 0 for other stores. */
 C10D_EXPORT int c10d_store_dialect_of(c10d_store *store);
