@@ -702,6 +702,47 @@ C10D_EXPORT int c10d_store_hash_create(c10d_store **out);
  * world_size > 0 the last of world_size users to release it removes the file. */
 C10D_EXPORT int c10d_store_file_open(const char *path, int world_size, c10d_store **out);
 
+/* A store you implement (torch's Store subclass: etcd, Redis, a cluster's
+ * own key-value service); docs/store_client.md, "User stores". Every
+ * function runs on a thread of its own, never the engine's loop, and may
+ * block. Each returns 0 or a negative c10d_status (C10D_ETIMEDOUT when a
+ * timeout passed, C10D_ENOTFOUND for a missing key); `error` (may be NULL),
+ * called on the same thread right after a failure, may say why. Values
+ * handed back (*value) are malloc'd by you and freed by the library with
+ * free(). Functions may be called from several threads at once. Required:
+ * set, get, add, check, wait, delete_key. Optional (NULL): the rest;
+ * MULTI_GET, MULTI_SET and APPEND are derived, other commands the store
+ * lacks fail with C10D_EUNSUPPORTED. */
+typedef struct c10d_store_impl {
+    size_t struct_size; /* sizeof(c10d_store_impl): C10D_STORE_IMPL_INIT */
+    void *ctx;          /* passed to every function */
+    const char *name;   /* for messages ("user" if NULL); copied */
+    int (*set)(void *ctx, const char *key, const void *value, size_t len);
+    /* Waits up to timeout_ms (> 0) for the key to exist. */
+    int (*get)(void *ctx, const char *key, int64_t timeout_ms, void **value, size_t *len);
+    /* A missing key counts as 0; stores the sum as decimal text. */
+    int (*add)(void *ctx, const char *key, int64_t delta, int64_t *result);
+    /* *ready: 1 if every key exists. */
+    int (*check)(void *ctx, const char *const *keys, size_t n, int *ready);
+    /* Until every key exists, up to timeout_ms (> 0): C10D_ETIMEDOUT. */
+    int (*wait)(void *ctx, const char *const *keys, size_t n, int64_t timeout_ms);
+    /* *deleted: 1 if the key existed. */
+    int (*delete_key)(void *ctx, const char *key, int *deleted);
+    /* Optional from here on. docs/store_protocol.md's rule; *value: what the
+     * store answers (the value it holds after, or `expected` for a missing
+     * key and a non-empty `expected`). */
+    int (*compare_set)(void *ctx, const char *key, const void *expected, size_t expected_len,
+                       const void *desired, size_t desired_len, void **value, size_t *len);
+    int (*num_keys)(void *ctx, int64_t *count);
+    const char *(*error)(void *ctx);
+    /* Once, after the last operation finished (any thread; must not block long). */
+    void (*destroy)(void *ctx);
+} c10d_store_impl;
+#define C10D_STORE_IMPL_INIT C10D__SIZED_INIT(c10d_store_impl)
+
+/* A store over `impl` (copied; ctx is yours until destroy). */
+C10D_EXPORT int c10d_store_from_impl(const c10d_store_impl *impl, c10d_store **out);
+
 C10D_EXPORT void c10d_store_retain(c10d_store *store);
 /* Drops a reference; the last one fails pending operations with C10D_ECLOSED
  * (their callbacks run) and frees the store once they are done. */
@@ -709,7 +750,7 @@ C10D_EXPORT void c10d_store_release(c10d_store *store);
 /* The per-operation deadline (torch's set_timeout); > 0. */
 C10D_EXPORT int c10d_store_set_timeout(c10d_store *store, int64_t timeout_ms);
 C10D_EXPORT int64_t c10d_store_timeout(c10d_store *store);
-/* "tcp", "prefix", "hash", "file". */
+/* "tcp", "prefix", "hash", "file", "user". */
 C10D_EXPORT const char *c10d_store_kind(c10d_store *store);
 /* The dialect a TCP store speaks (after auto detection); 0 for other stores. */
 C10D_EXPORT int c10d_store_dialect_of(c10d_store *store);

@@ -21,6 +21,7 @@ void c10d__store_init(c10d_store *s, const struct c10d__store_vtable *vt)
     atomic_init(&s->refs, 1);
     atomic_init(&s->timeout_ms, DEFAULT_TIMEOUT_MS);
     s->dialect = 0;
+    atomic_init(&s->barrier_cmd, 0);
 }
 
 void c10d__store_ref(c10d_store *s)
@@ -39,6 +40,13 @@ int c10d__store_route(c10d_store *s, struct c10d__store_route *out)
     if (s == NULL || s->vt->route == NULL)
         return C10D_ENOTFOUND;
     return s->vt->route(s, out);
+}
+
+c10d_store *c10d__store_root(c10d_store *s)
+{
+    while (s != NULL && s->vt->inner != NULL)
+        s = s->vt->inner(s);
+    return s;
 }
 
 int c10d_store_clone(c10d_store *store, c10d_store **out)

@@ -46,6 +46,8 @@ struct c10d__store_vtable {
      * its own (c10d_store_clone); NULL: the store itself serves (in-process
      * stores block no one). */
     int (*clone)(c10d_store *s, c10d_store **out);
+    /* Optional: the store this one forwards to (a prefix store's base). */
+    c10d_store *(*inner)(c10d_store *s);
 };
 
 struct c10d_store {
@@ -54,6 +56,9 @@ struct c10d_store {
     atomic_int refs;  /* memory: 1 for all users, 1 per op in flight, ... */
     atomic_llong timeout_ms;
     int dialect; /* TCP: the dialect spoken (c10d_store_dialect) */
+    /* TCP: whether the server answers BARRIER (c10d__store_has_barrier):
+     * 0 not known yet, 1 yes, -1 no. */
+    atomic_int barrier_cmd;
     struct c10d__task close_task;
 };
 
@@ -91,6 +96,14 @@ void c10d__store_unref(c10d_store *s);
  * for. 0, or C10D_ENOTFOUND (no c10d_last_error) for a store that is not
  * reached over TCP or has not connected yet. */
 int c10d__store_route(c10d_store *s, struct c10d__store_route *out);
+
+/* The store at the bottom of a chain of prefix stores. */
+c10d_store *c10d__store_root(c10d_store *s);
+/* Not on the loop thread; may block one round trip the first time. 1 when
+ * `s` reaches a TCP server in the current dialect that runs BARRIER (found
+ * once per connection's store with a BARRIER of one participant, which a
+ * server without it answers by closing the connection), else 0. */
+int c10d__store_has_barrier(c10d_store *s);
 
 /* Builds an op and its work (op->work, one reference: the caller's until
  * submitted) into *out. args: the codec layout for `cmd`; every string is

@@ -4,6 +4,15 @@
  * progress line every 30 s naming how many ranks arrived. A client-side
  * helper on the blocking store calls, usable on any store.
  *
+ * On a TCP store in the current dialect whose server runs BARRIER (ours;
+ * PyTorch's newest), one BARRIER request on the counter key does the adding
+ * and the waiting: the server counts the arrival and answers every caller
+ * once the count reaches world_size (two round trips fewer per rank). It
+ * waits for the first progress interval only; past it the caller, already
+ * counted, goes on as above (WAIT for "last_worker"), and every caller that
+ * got through a BARRIER sets "last_worker" before counting out, so callers
+ * of either kind (a PyTorch rank that ADDs) get through.
+ *
  * Then every caller that got through counts itself out on "<key>:left", and
  * the one that completes that count deletes the three keys: only then has
  * every participant read them. Nobody else can: a new_group's barrier runs on
@@ -18,10 +27,44 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 
 /* A missing rank (WORLD_SIZE above the ranks started) must show long before
  * the 30-minute default timeout: a warning this often names the count. */
 #define BARRIER_LOG_MS 30000
+/* The probe's counter; deleted again at once. */
+#define PROBE_KEY "c10d_barrier_probe"
+
+/* One BARRIER request: 0 passed, else its status (c10d_last_error set). */
+static int barrier_request(c10d_store *s, const char *key, int64_t n, int64_t timeout_ms)
+{
+    struct c10d__wire_str k = {(const uint8_t *)key, strlen(key)};
+    struct c10d__store_op *op;
+    C10D_CHECK(c10d__store_op_new(&op, C10D_STORE_BARRIER, &k, 1, n));
+    return c10d__store_op_run_sync(s, op, timeout_ms, NULL);
+}
+
+int c10d__store_has_barrier(c10d_store *s)
+{
+    c10d_store *root = c10d__store_root(s);
+    if (root == NULL || strcmp(c10d_store_kind(root), "tcp") != 0 ||
+        c10d_store_dialect_of(root) != C10D_DIALECT_CURRENT)
+        return 0;
+    int known = atomic_load(&root->barrier_cmd);
+    if (known != 0)
+        return known > 0;
+    /* One participant: answered at once by a server that has BARRIER. A
+     * server without it closes the connection (the next op reconnects). */
+    int64_t t = c10d_store_timeout(root) < 5000 ? c10d_store_timeout(root) : 5000;
+    int rc = barrier_request(root, PROBE_KEY, 1, t);
+    if (rc == 0)
+        c10d_store_delete_key_sync(root, PROBE_KEY, NULL);
+    else
+        C10D_DEBUG("store", "store barrier: the server does not run BARRIER (%s); using ADD + WAIT",
+                   c10d_last_error());
+    atomic_store(&root->barrier_cmd, rc == 0 ? 1 : -1);
+    return rc == 0;
+}
 
 int c10d_store_barrier(c10d_store *store, const char *name, int world_size, int64_t timeout_ms)
 {
@@ -37,15 +80,33 @@ int c10d_store_barrier(c10d_store *store, const char *name, int world_size, int6
     snprintf(last, sizeof last, "%s:last_worker", key);
     snprintf(left, sizeof left, "%s:left", key);
     int64_t joined = 0;
-    C10D_CHECK(c10d_store_add_sync(store, key, 1, NULL));
-    C10D_CHECK(c10d_store_add_sync(store, key, 0, &joined));
-    if (joined == world_size)
-        C10D_CHECK(c10d_store_set_sync(store, last, "1", 1));
     /* 30 s + 1 s per thousand ranks between progress lines */
     int64_t interval = BARRIER_LOG_MS + world_size;
     uint64_t start = c10d__now_ms();
+    int passed = 0;
+    if (c10d__store_has_barrier(store)) {
+        int rc =
+            barrier_request(store, key, world_size, timeout_ms < interval ? timeout_ms : interval);
+        if (rc != 0 && rc != C10D_ETIMEDOUT)
+            return rc;
+        passed = rc == 0;
+        if (!passed) { /* counted: wait for "last_worker" as below */
+            C10D_CHECK(c10d_store_add_sync(store, key, 0, &joined));
+            C10D_WARN("rendezvous",
+                      "waiting for %" PRId64 " more ranks: %" PRId64
+                      " of %d arrived after %.0f s in the store based barrier (key %s, timeout "
+                      "%" PRId64 " ms); is WORLD_SIZE the number of ranks started?",
+                      world_size - joined, joined, world_size,
+                      (double)(c10d__now_ms() - start) / 1000, key, timeout_ms);
+        }
+    } else {
+        C10D_CHECK(c10d_store_add_sync(store, key, 1, NULL));
+        C10D_CHECK(c10d_store_add_sync(store, key, 0, &joined));
+    }
+    if (passed || joined == world_size)
+        C10D_CHECK(c10d_store_set_sync(store, last, "1", 1));
     const char *keys[] = {last};
-    for (;;) {
+    while (!passed) {
         int64_t spent = (int64_t)(c10d__now_ms() - start);
         int64_t slice = timeout_ms - spent < interval ? timeout_ms - spent : interval;
         int rc = slice > 0 ? c10d_store_wait_sync(store, keys, 1, slice) : C10D_ETIMEDOUT;

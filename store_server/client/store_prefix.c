@@ -58,6 +58,11 @@ static int prefix_clone(c10d_store *s, c10d_store **out)
     return rc;
 }
 
+static c10d_store *prefix_inner(c10d_store *s)
+{
+    return ((struct prefix_store *)s)->inner;
+}
+
 static const struct c10d__store_vtable prefix_vtable = {
     .kind = "prefix",
     .submit = prefix_submit,
@@ -65,6 +70,7 @@ static const struct c10d__store_vtable prefix_vtable = {
     .destroy = prefix_destroy,
     .route = prefix_route,
     .clone = prefix_clone,
+    .inner = prefix_inner,
 };
 
 int c10d_store_prefix(c10d_store *base, const char *prefix, c10d_store **out)
