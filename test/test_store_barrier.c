@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -60,7 +62,17 @@ struct caller {
     const char *name;
     int world;
     int rc;
+    int delay_ms;       /* arrives this late */
+    uint64_t called_ms; /* when it called the barrier */
+    uint64_t returned_ms;
 };
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
 
 static void *caller_main(void *p)
 {
@@ -68,7 +80,11 @@ static void *caller_main(void *p)
     c10d_store *s = connect_store(c->dialect);
     c10d_store *ps = NULL; /* through a prefix store, as groups use it */
     assert_int_equal(c10d_store_prefix(s, "default_pg", &ps), 0);
+    if (c->delay_ms > 0)
+        usleep((useconds_t)c->delay_ms * 1000);
+    c->called_ms = now_ms();
     c->rc = c10d_store_barrier(ps, c->name, c->world, 20000);
+    c->returned_ms = now_ms();
     if (c->rc != 0)
         fprintf(stderr, "barrier: %s\n", c10d_last_error());
     c10d_store_release(ps);
@@ -76,18 +92,26 @@ static void *caller_main(void *p)
     return NULL;
 }
 
-static void run(const int *dialects, int n, const char *name)
+static void run_late(const int *dialects, int n, const char *name, int late, const int *delays)
 {
     struct caller c[8];
     pthread_t th[8];
     for (int i = 0; i < n; i++) {
-        c[i] = (struct caller){dialects[i], name, n, -1};
+        c[i] = (struct caller){dialects[i], name, n, -1, delays != NULL ? delays[i] : 0, 0, 0};
         assert_int_equal(pthread_create(&th[i], NULL, caller_main, &c[i]), 0);
     }
     for (int i = 0; i < n; i++) {
         pthread_join(th[i], NULL);
         assert_int_equal(c[i].rc, 0);
     }
+    /* Nobody got through before the last rank arrived. */
+    for (int i = 0; late >= 0 && i < n; i++)
+        assert_true(c[i].returned_ms >= c[late].called_ms);
+}
+
+static void run(const int *dialects, int n, const char *name)
+{
+    run_late(dialects, n, name, -1, NULL);
 }
 
 static void test_current_uses_barrier(void **state)
@@ -126,6 +150,19 @@ static void test_mixed(void **state)
     assert_int_equal(keys_left(), 0);
 }
 
+/* A BARRIER parked on the counter is not released by another caller's ADD
+ * that leaves the count short (a PyTorch rank's ADD 1, a reader's ADD 0):
+ * with one rank late, every caller waits for it. */
+static void test_mixed_with_a_late_rank(void **state)
+{
+    (void)state;
+    /* The BARRIER parks first, an ADD + WAIT caller comes next, one is late. */
+    const int d[] = {C10D_DIALECT_CURRENT, C10D_DIALECT_LEGACY, C10D_DIALECT_LEGACY};
+    const int delays[] = {0, 150, 500};
+    run_late(d, 3, "late", 2, delays);
+    assert_int_equal(keys_left(), 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -146,6 +183,7 @@ int main(void)
         cmocka_unit_test(test_current_uses_barrier),
         cmocka_unit_test(test_legacy_adds_and_waits),
         cmocka_unit_test(test_mixed),
+        cmocka_unit_test(test_mixed_with_a_late_rank),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -28,6 +28,10 @@ struct link {
 
 struct c10d__store_wait {
     struct c10d__store_client *client;
+    /* BARRIER: fires only once the key's counter reached this (> 0); another
+     * write to the key (a PyTorch rank's ADD, a reader's ADD 0) leaves it
+     * parked. 0: any write fires it (WAIT). */
+    int64_t until;
     size_t missing; /* links still registered */
     size_t nlinks;
     size_t mem;
@@ -294,15 +298,30 @@ static void wake(struct c10d__store_table *t, struct c10d__store_client *c)
         t->cbs.wake(c);
 }
 
+static int barrier_unmet(const struct link *l, const struct entry *e)
+{
+    return l->w->until > 0 && !(e->has_val && e->ival_ok && e->ival >= l->w->until);
+}
+
 static void wake_all(struct c10d__store_table *t, struct entry *e)
 {
     struct link *l = e->wfirst;
     e->wfirst = e->wlast = NULL;
     while (l) {
         struct link *next = l->next;
-        l->prev = l->next = NULL;
-        l->e = NULL;
-        wake(t, count_down(t, l));
+        if (barrier_unmet(l, e)) { /* back in line, in the same order */
+            l->next = NULL;
+            l->prev = e->wlast;
+            if (e->wlast)
+                e->wlast->next = l;
+            else
+                e->wfirst = l;
+            e->wlast = l;
+        } else {
+            l->prev = l->next = NULL;
+            l->e = NULL;
+            wake(t, count_down(t, l));
+        }
         l = next;
     }
 }
@@ -609,10 +628,13 @@ static int store_counter(struct c10d__store_table *t, struct entry *e, int64_t v
     uint8_t text[24];
     put_i64(v, n, text);
     int rc =
-        store_value(t, e, (struct c10d__wire_str){text, n}, (struct c10d__wire_str){NULL, 0}, wake);
+        store_value(t, e, (struct c10d__wire_str){text, n}, (struct c10d__wire_str){NULL, 0}, 0);
     if (rc == 0) {
         e->ival = v;
         e->ival_ok = 1;
+        /* After the count is known: parked BARRIERs compare against it. */
+        if (wake)
+            wake_all(t, e);
     }
     return rc;
 }
@@ -741,6 +763,7 @@ int c10d__store_table_barrier(struct c10d__store_table *t, struct c10d__store_cl
     }
     int rc = register_wait(t, client, &e, 1);
     if (rc == 0) {
+        client->wait->until = world_size;
         rc = store_counter(t, e, v, 0);
         if (rc < 0)
             c10d__store_table_cancel_wait(t, client);
