@@ -14,6 +14,12 @@ int c10d__shm_wanted(int size)
     return size > 1 && c10d__env_bool(C10D_ENV_SHM);
 }
 
+size_t c10d__shm_slot_bytes(void)
+{
+    int64_t slot = c10d__env_int(C10D_ENV_SHM_SLOT_BYTES);
+    return slot >= 4096 ? (size_t)slot & ~(size_t)63 : 256u << 10;
+}
+
 int c10d__shm_note(int rank, int nranks, char *note, size_t cap, struct c10d__shm_seg **seg)
 {
     char id[C10D_SHM_HOST_ID_MAX], ref[C10D_SHM_REF_MAX] = "";
@@ -23,9 +29,7 @@ int c10d__shm_note(int rank, int nranks, char *note, size_t cap, struct c10d__sh
     if (id[0] == '\0')
         return 0;
     if (rank == 0) {
-        int64_t slot = c10d__env_int(C10D_ENV_SHM_SLOT_BYTES);
-        size_t slot_bytes = slot >= 4096 ? (size_t)slot & ~(size_t)63 : 256u << 10;
-        if (c10d__shm_create(nranks, slot_bytes, seg, ref, sizeof ref) < 0) {
+        if (c10d__shm_create(nranks, c10d__shm_slot_bytes(), seg, ref, sizeof ref) < 0) {
             C10D_INFO("shm", "no shared segment for this group (%s): tcp only", c10d_last_error());
             return 0;
         }

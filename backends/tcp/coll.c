@@ -60,7 +60,7 @@ static struct c10d__tcp_xfer *chain_xfer(struct c10d__tcp_chain *ch, int peer, u
         c->finished(c, C10D_ENOMEM);
         return NULL;
     }
-    x->peer = peer;
+    x->peer = c->members != NULL ? c->members[peer] : peer;
     x->kind = (uint8_t)c->op->kind;
     x->sub = c->sub_base | sub;
     x->tag = c->op->seq;

@@ -46,6 +46,9 @@ struct c10d__tcp_coll {
     const struct c10d__tcp_tuning *tune;
     struct c10d__op *op;
     int rank, size;
+    /* The ranks taking part, by their index (rank/size count among them):
+     * NULL for the whole group; a host-aware op's leaders (hier.h). */
+    const int *members;
     uint32_t sub_base;  /* distinguishes the members of a coalesced list */
     struct c10d__fp fp; /* the op's fingerprint, carried by every frame */
     size_t esz;

@@ -16,6 +16,7 @@
 #include "tcp_backend.h"
 
 #include "coll.h"
+#include "hier.h"
 #include "transport.h"
 
 #include "backends/shm/coll.h"
@@ -75,6 +76,12 @@ struct tcp_op {
     struct c10d__poll_item poll;
     struct c10d__shm_coll shm;
     int shm_status;
+    /* A host-aware op (hier.h): its phases, the one running, its buffers. */
+    struct c10d__tcp_hier_phase ph[C10D_TCP_HIER_MAX_PHASES];
+    int nph, iph;
+    int next_phase; /* the running phase finished; start the next one */
+    int *leaders;
+    void *hbuf;
 };
 
 struct tcp_state {
@@ -118,17 +125,35 @@ struct tcp_state {
     int shm_lost;                     /* chosen, but not mapped here (shm_error says why) */
     char shm_note[C10D_SHM_NOTE_MAX]; /* docs/shm.md */
     char shm_error[1024];
+    /* Ranks on several hosts, several on some: host-aware collectives over
+     * this host's own segment (hier.h), set up after the handshake. */
+    struct c10d__tcp_hier hier;
+    int hier_on;
+    char hier_ref[C10D_SHM_REF_MAX]; /* the segment's name, as the host's leader sends it */
 };
 
 static void state_unref(struct tcp_state *s);
+static void hier_step(struct tcp_op *o);
+static void connect_finished(struct tcp_state *s, int status);
 static void group_fail(struct tcp_state *s, int status, const char *fmt, ...) C10D_PRINTF(3, 4);
 
 /* --------------------------------------------------------- bookkeeping */
 
+static void hier_release(struct tcp_op *o)
+{
+    free(o->leaders);
+    free(o->hbuf);
+    o->leaders = NULL;
+    o->hbuf = NULL;
+    o->nph = o->iph = 0;
+}
+
 static void op_unref(struct tcp_op *o)
 {
-    if (--o->refs == 0)
+    if (--o->refs == 0) {
+        hier_release(o);
         free(o);
+    }
 }
 
 static void free_dead(struct tcp_state *s)
@@ -179,6 +204,7 @@ static void state_free(struct tcp_state *s)
             free(e);
         }
     c10d__shm_free(s->shm);
+    c10d__tcp_hier_free(&s->hier);
     free(s->scratch);
     free(s->lost_ranks);
     free(s->group_name);
@@ -204,6 +230,10 @@ static void advance_fn(struct c10d__task *task)
     if (!s->destroyed) {
         free_dead(s);
         struct tcp_op *o = s->active;
+        if (o != NULL && o->next_phase) {
+            o->next_phase = 0;
+            hier_step(o);
+        }
         if (o != NULL && o->next_member) {
             o->next_member = 0;
             o->cur = o->cur->next;
@@ -309,6 +339,10 @@ static void group_fail(struct tcp_state *s, int status, const char *fmt, ...)
         op_complete(s, s->queue_head, status, s->poison_msg);
     while (s->p2p_ops != NULL)
         op_complete(s, s->p2p_ops, status, s->poison_msg);
+    if (s->connect_done != NULL) { /* failed while setting up the host's segment */
+        c10d__fail(status, "%s", s->poison_msg);
+        connect_finished(s, status);
+    }
 }
 
 static int tcp_failure(void *state, char *msg, size_t n)
@@ -391,6 +425,21 @@ static void coll_finished(struct c10d__tcp_coll *c, int status)
         group_fail(s, status, "%s", c10d_last_error());
         return;
     }
+    if (o->iph < o->nph) {
+        const struct c10d__tcp_hier_phase *p = &o->ph[o->iph++];
+        if (p->avg_after) {
+            int rc = c10d__reduce_finish(p->op.recv, p->op.count, p->op.dtype, C10D_AVG, s->size);
+            if (rc < 0) {
+                group_fail(s, rc, "%s", c10d_last_error());
+                return;
+            }
+        }
+        if (o->iph < o->nph) { /* on a later turn: this may run inside the phase's frames */
+            o->next_phase = 1;
+            schedule_advance(s);
+            return;
+        }
+    }
     if (o->cur->next != NULL) {
         o->next_member = 1;
         schedule_advance(s);
@@ -408,23 +457,32 @@ static void ring_peer(void *arg, int r)
         c10d__tcp_transport_ring(s->t, r);
 }
 
+/* A rank of this host's segment (host-aware ops) is rung by its group rank. */
+static void ring_local_peer(void *arg, int r)
+{
+    struct tcp_state *s = arg;
+    if (s->t != NULL)
+        c10d__tcp_transport_ring(s->t, s->hier.local[r]);
+}
+
 static int shm_ready(struct c10d__poll_item *item)
 {
     struct tcp_op *o = (struct tcp_op *)((char *)item - offsetof(struct tcp_op, poll));
     if (o->completed)
         return 1;
     struct tcp_state *s = o->s;
+    struct c10d__shm_seg *seg = o->shm.seg;
     int moved;
     o->shm_status = c10d__shm_coll_progress(&o->shm, &moved);
     if (!moved && o->shm_status == 0 && c10d__engine_will_sleep()) {
         /* The loop is about to block: ask to be rung, then look once more. */
-        c10d__shm_sleepy(s->shm);
+        c10d__shm_sleepy(seg);
         o->shm_status = c10d__shm_coll_progress(&o->shm, &moved);
     }
     if (moved) {
         c10d__engine_busy(); /* a peer is here: keep polling on every turn */
-        c10d__shm_awake(s->shm);
-        c10d__shm_wake_sleepers(s->shm, ring_peer, s);
+        c10d__shm_awake(seg);
+        c10d__shm_wake_sleepers(seg, seg == s->shm ? ring_peer : ring_local_peer, s);
     }
     if (o->shm_status < 0)
         snprintf(s->shm_error, sizeof s->shm_error, "%s", c10d_last_error());
@@ -442,11 +500,11 @@ static void shm_done(struct c10d__poll_item *item)
     op_unref(o);
 }
 
-/* Runs as far as it can now; the poller takes it from there. */
-static int shm_coll(struct tcp_op *o)
+/* Runs `op` on `seg` as far as it can now; the poller takes it from there. */
+static int shm_coll(struct tcp_op *o, struct c10d__shm_seg *seg, const struct c10d__op *op)
 {
     struct c10d__tcp_coll *c = &o->coll;
-    c10d__shm_coll_start(&o->shm, o->s->shm, c->op, (uint32_t)(o->idx & 0xff), &c->fp);
+    c10d__shm_coll_start(&o->shm, seg, op, (uint32_t)(o->idx & 0xff), &c->fp);
     o->poll.ready = shm_ready;
     o->poll.done = shm_done;
     o->refs++;
@@ -460,6 +518,84 @@ static int shm_coll(struct tcp_op *o)
         return c10d__fail(rc, "tcp %s: the engine is shutting down",
                           c10d__op_kind_name(c->op->kind));
     }
+    return 0;
+}
+
+static int start_algorithm(struct c10d__tcp_coll *c)
+{
+    switch (c->op->kind) {
+    case C10D_OP_ALL_REDUCE:
+        return c10d__tcp_all_reduce(c);
+    case C10D_OP_BROADCAST:
+        return c10d__tcp_broadcast(c);
+    case C10D_OP_REDUCE:
+        return c10d__tcp_reduce(c);
+    case C10D_OP_ALL_GATHER:
+        return c10d__tcp_all_gather(c);
+    case C10D_OP_GATHER:
+        return c10d__tcp_gather(c);
+    case C10D_OP_SCATTER:
+        return c10d__tcp_scatter(c);
+    case C10D_OP_REDUCE_SCATTER:
+        return c10d__tcp_reduce_scatter(c);
+    case C10D_OP_ALL_TO_ALL:
+        return c10d__tcp_all_to_all(c);
+    case C10D_OP_BARRIER:
+        return c10d__tcp_barrier(c);
+    default:
+        return c10d__fail(C10D_EUNSUPPORTED, "op kind %d cannot be coalesced with collectives",
+                          (int)c->op->kind);
+    }
+}
+
+/* The next phase of a host-aware op: on this host's segment, or among the
+ * leaders over tcp (the collective's own algorithm on a subset of ranks). */
+static void hier_step(struct tcp_op *o)
+{
+    struct tcp_state *s = o->s;
+    if (o->completed)
+        return;
+    const struct c10d__tcp_hier_phase *p = &o->ph[o->iph];
+    struct c10d__tcp_coll *c = &o->coll;
+    int rc;
+    if (p->on_shm) {
+        rc = shm_coll(o, s->hier.seg, &p->op);
+    } else {
+        c->op = (struct c10d__op *)&p->op;
+        c->rank = p->rank;
+        c->size = p->size;
+        c->members = p->ranks;
+        c->esz = c10d_dtype_size(p->op.dtype);
+        c->nchains = c->chains_left = 0;
+        c->failed = 0;
+        rc = start_algorithm(c);
+    }
+    if (rc < 0 && !o->completed)
+        group_fail(s, rc, "%s", c10d_last_error());
+}
+
+static int hier_start(struct tcp_op *o)
+{
+    struct tcp_state *s = o->s;
+    const struct c10d__op *op = o->cur;
+    hier_release(o);
+    o->leaders = malloc((size_t)s->hier.nhosts * sizeof *o->leaders);
+    if (o->leaders == NULL)
+        return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
+    if (c10d__tcp_hier_needs_buf(&s->hier, op, s->rank) &&
+        (o->hbuf = malloc(op->count * c10d_dtype_size(op->dtype) + 1)) == NULL)
+        return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
+    C10D_CHECK(c10d__tcp_hier_prepare(&s->hier, op, s->rank, o->hbuf));
+    int n = c10d__tcp_hier_phases(&s->hier, op, s->rank, o->leaders, o->hbuf, o->ph);
+    if (n < 0)
+        return n;
+    o->nph = n;
+    o->iph = 0;
+    if (n == 0) { /* a leader alone on its host, of a group with nothing to do */
+        coll_finished(&o->coll, 0);
+        return 0;
+    }
+    hier_step(o);
     return 0;
 }
 
@@ -483,49 +619,25 @@ static void run_member(struct tcp_op *o)
     c10d__tcp_expect(s->t, op->seq, (uint32_t)(o->idx & 0xff), &c->fp);
     if (s->shm != NULL)
         c10d__shm_announce(s->shm, op->seq, (uint32_t)(o->idx & 0xff), &c->fp);
+    if (s->hier.seg != NULL)
+        c10d__shm_announce(s->hier.seg, op->seq, (uint32_t)(o->idx & 0xff), &c->fp);
     if (o->completed)
         return; /* frames already here disagree: the group failed */
     int rc;
+    hier_release(o);
     if (s->shm != NULL && c10d__shm_coll_supports(op, s->shm->slot_bytes, s->size)) {
-        rc = shm_coll(o);
+        rc = shm_coll(o, s->shm, op);
+        goto started;
+    }
+    if (s->hier_on && c10d__tcp_hier_supports(op)) {
+        rc = hier_start(o);
         goto started;
     }
     if (s->shm_lost && c10d__shm_coll_supports(op, SIZE_MAX, s->size)) {
         rc = c10d__fail(C10D_ECLOSED, "%s", s->shm_error);
         goto started;
     }
-    switch (op->kind) {
-    case C10D_OP_ALL_REDUCE:
-        rc = c10d__tcp_all_reduce(c);
-        break;
-    case C10D_OP_BROADCAST:
-        rc = c10d__tcp_broadcast(c);
-        break;
-    case C10D_OP_REDUCE:
-        rc = c10d__tcp_reduce(c);
-        break;
-    case C10D_OP_ALL_GATHER:
-        rc = c10d__tcp_all_gather(c);
-        break;
-    case C10D_OP_GATHER:
-        rc = c10d__tcp_gather(c);
-        break;
-    case C10D_OP_SCATTER:
-        rc = c10d__tcp_scatter(c);
-        break;
-    case C10D_OP_REDUCE_SCATTER:
-        rc = c10d__tcp_reduce_scatter(c);
-        break;
-    case C10D_OP_ALL_TO_ALL:
-        rc = c10d__tcp_all_to_all(c);
-        break;
-    case C10D_OP_BARRIER:
-        rc = c10d__tcp_barrier(c);
-        break;
-    default:
-        rc = c10d__fail(C10D_EUNSUPPORTED, "op kind %d cannot be coalesced with collectives",
-                        (int)op->kind);
-    }
+    rc = start_algorithm(c);
 started:
     if (rc < 0 && !o->completed) {
         /* Nothing was posted for this member, but earlier members (or other
@@ -848,17 +960,9 @@ int c10d__tcp_open(const struct c10d__backend_config *cfg, void **state, const c
 
 /* Every peer met, each handshake with its note: every rank decides alike
  * (docs/shm.md). 0, or < 0 if the group cannot run consistently. */
-static int choose_shm(struct tcp_state *s)
+static int choose_shm(struct tcp_state *s, const char *const *notes)
 {
-    if (!s->shm_offered)
-        return 0;
-    const char **notes = calloc((size_t)s->size, sizeof *notes);
-    if (notes == NULL)
-        return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
-    for (int r = 0; r < s->size; r++)
-        notes[r] = r == s->rank ? s->shm_note : c10d__tcp_transport_peer_note(s->t, r);
     int rc = c10d__shm_decide(s->rank, s->size, notes, &s->shm);
-    free(notes);
     if (rc < 0 && s->rank != 0) {
         /* Rank 0 was here for the handshake, yet its segment is gone: it most
          * likely destroyed the group already (nothing waits for a slower
@@ -872,24 +976,142 @@ static int choose_shm(struct tcp_state *s)
         C10D_INFO("shm", "group %s rank %d: %s", s->group_name, s->rank, s->shm_error);
         return 0;
     }
-    if (rc >= 0 && s->rank == 0)
-        C10D_INFO("shm", "group %s: %s", s->group_name,
-                  rc ? "every rank is on this host: collectives run on shared memory (docs/shm.md)"
-                     : "tcp only (ranks on several hosts, or C10D_SHM=0 on one)");
+    if (rc > 0 && s->rank == 0)
+        C10D_INFO("shm",
+                  "group %s: every rank is on this host: collectives run on shared memory "
+                  "(docs/shm.md)",
+                  s->group_name);
     return rc < 0 ? c10d__fail(rc, "tcp: group %s, rank %d: %s", s->group_name, s->rank,
                                c10d_last_error())
                   : 0;
 }
 
-static void on_connected(void *arg, int status)
+/* ------------------------------------------- host-aware set-up (hier.h) */
+
+static void connect_finished(struct tcp_state *s, int status)
 {
-    struct tcp_state *s = arg;
-    if (status == 0)
-        status = choose_shm(s);
     void (*done)(void *, int) = s->connect_done;
     s->connect_done = NULL;
     if (done != NULL)
         done(s->connect_arg, status);
+}
+
+/* The segment's name travels from the host's leader to each of its local
+ * peers as a message of the group (sequence 0: no collective has it). */
+#define HIER_SUB 0x00fffffe
+
+static struct c10d__tcp_xfer *hier_xfer(struct tcp_state *s, int peer,
+                                        void (*done)(struct c10d__tcp_xfer *))
+{
+    struct c10d__tcp_xfer *x = c10d__tcp_xfer_get(s->t);
+    if (x == NULL)
+        return NULL;
+    x->peer = peer;
+    x->kind = (uint8_t)C10D_OP_BARRIER;
+    x->p2p = 0;
+    x->sub = HIER_SUB;
+    x->tag = 0;
+    memset(&x->fp, 0, sizeof x->fp);
+    x->buf = s->hier_ref;
+    x->len = sizeof s->hier_ref;
+    x->work = NULL;
+    x->done = done;
+    x->ctx = s;
+    return x;
+}
+
+static void hier_ref_sent(struct c10d__tcp_xfer *x)
+{
+    struct tcp_state *s = x->ctx;
+    c10d__tcp_xfer_put(s->t, x);
+}
+
+static void hier_ref_received(struct c10d__tcp_xfer *x)
+{
+    struct tcp_state *s = x->ctx;
+    size_t got = x->received;
+    c10d__tcp_xfer_put(s->t, x);
+    s->hier_ref[sizeof s->hier_ref - 1] = '\0';
+    int rc;
+    if (got == 0 || s->hier_ref[0] == '\0')
+        rc = c10d__fail(C10D_ENOMEM,
+                        "tcp: group %s, rank %d: this host's leader (rank %d) could not make the "
+                        "host's shared segment (C10D_SHM=0 avoids it)",
+                        s->group_name, s->rank, s->hier.local[0]);
+    else if ((rc = c10d__shm_attach(s->hier_ref, s->hier.nlocal, s->hier.local_idx, &s->hier.seg)) <
+             0)
+        rc = c10d__fail(rc, "tcp: group %s, rank %d: mapping this host's shared segment: %s",
+                        s->group_name, s->rank, c10d_last_error());
+    s->hier_on = rc == 0;
+    connect_finished(s, rc);
+}
+
+/* 0: ready (host-aware or not), 1: waiting for the leader's segment, < 0. */
+static int hier_setup(struct tcp_state *s, const char *const *notes)
+{
+    int rc = c10d__tcp_hier_plan(&s->hier, s->rank, s->size, notes);
+    if (rc <= 0)
+        return rc;
+    if (s->rank == 0)
+        C10D_INFO("shm",
+                  "group %s: %d hosts, several ranks on some: all_reduce, broadcast and reduce "
+                  "run on shared memory within each host and over tcp between one leader per "
+                  "host (docs/shm.md)",
+                  s->group_name, s->hier.nhosts);
+    if (s->hier.nlocal == 1) {
+        s->hier_on = 1;
+        return 0;
+    }
+    if (s->hier.local_idx > 0) {
+        struct c10d__tcp_xfer *x = hier_xfer(s, s->hier.local[0], hier_ref_received);
+        if (x == NULL)
+            return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
+        c10d__tcp_recv(s->t, x);
+        return 1;
+    }
+    rc = c10d__shm_create(s->hier.nlocal, c10d__shm_slot_bytes(), &s->hier.seg, s->hier_ref,
+                          sizeof s->hier_ref);
+    char why[512] = "";
+    if (rc < 0) {
+        snprintf(why, sizeof why, "%s", c10d_last_error());
+        s->hier_ref[0] = '\0'; /* the peers fail as we do, at once */
+    }
+    for (int i = 1; i < s->hier.nlocal; i++) {
+        struct c10d__tcp_xfer *x = hier_xfer(s, s->hier.local[i], hier_ref_sent);
+        if (x == NULL)
+            return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
+        c10d__tcp_send(s->t, x);
+    }
+    if (rc < 0)
+        return c10d__fail(rc, "tcp: group %s, rank %d: making this host's shared segment: %s",
+                          s->group_name, s->rank, why);
+    s->hier_on = 1;
+    return 0;
+}
+
+static void on_connected(void *arg, int status)
+{
+    struct tcp_state *s = arg;
+    const char **notes = NULL;
+    if (status == 0 && s->shm_offered) {
+        notes = calloc((size_t)s->size, sizeof *notes);
+        if (notes == NULL)
+            status = c10d__fail(C10D_ENOMEM, "tcp: out of memory");
+        for (int r = 0; notes != NULL && r < s->size; r++)
+            notes[r] = r == s->rank ? s->shm_note : c10d__tcp_transport_peer_note(s->t, r);
+    }
+    if (status == 0 && notes != NULL)
+        status = choose_shm(s, notes);
+    if (status == 0 && notes != NULL && s->shm == NULL && !s->shm_lost) {
+        status = hier_setup(s, notes);
+        if (status == 0 && !s->hier_on && s->rank == 0)
+            C10D_INFO("shm", "group %s: tcp only (one rank per host, or C10D_SHM=0 on one)",
+                      s->group_name);
+    }
+    free(notes);
+    if (status == 1)
+        return; /* hier_ref_received goes on */
+    connect_finished(s, status);
 }
 
 int c10d__tcp_connect(void *state, const char *const *addrs, void (*done)(void *arg, int status),
@@ -1123,7 +1345,7 @@ static int tcp_create(const struct c10d__backend_config *cfg, void (*done)(void 
 static const char *tcp_path(void *state)
 {
     const struct tcp_state *s = state;
-    return s->shm != NULL || s->shm_lost ? "shm" : "tcp";
+    return s->shm != NULL || s->shm_lost ? "shm" : s->hier_on ? "shm+tcp" : "tcp";
 }
 
 const struct c10d__backend_vtable c10d__tcp_backend = {

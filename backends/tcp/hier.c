@@ -1,0 +1,215 @@
+/* Host-aware collectives: the host map and each op's phases (hier.h).
+ *
+ * Why these three ops and this shape: all_reduce, broadcast and reduce move
+ * the same buffer through every rank, so one leader per host can stand for
+ * its host on the network and the other ranks of the host meet it in shared
+ * memory (a reduce into the leader, a broadcast out of it). Fewer ranks on
+ * the network means fewer, larger messages there: on a host with L ranks,
+ * 1/L of the bytes a flat ring would put on its NIC, at the cost of the
+ * leader's NIC carrying the host's share alone. Ops whose blocks differ per
+ * rank (all_gather, reduce_scatter, all_to_all, gather, scatter) stay flat:
+ * their data does not shrink at a leader. */
+#include "hier.h"
+
+#include "engine/error.h"
+#include "engine/kernels/reduce.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static size_t id_len(const char *note)
+{
+    const char *comma = strchr(note, ',');
+    return comma != NULL ? (size_t)(comma - note) : strlen(note);
+}
+
+static int same_host(const char *a, const char *b)
+{
+    size_t la = id_len(a);
+    return la == id_len(b) && memcmp(a, b, la) == 0;
+}
+
+void c10d__tcp_hier_free(struct c10d__tcp_hier *h)
+{
+    free(h->host_of);
+    free(h->host_first);
+    free(h->local);
+    c10d__shm_free(h->seg);
+    memset(h, 0, sizeof *h);
+}
+
+int c10d__tcp_hier_plan(struct c10d__tcp_hier *h, int rank, int size, const char *const *notes)
+{
+    memset(h, 0, sizeof *h);
+    if (size < 3)
+        return 0; /* two hosts and a host with two ranks need three */
+    for (int r = 0; r < size; r++)
+        if (notes[r] == NULL || id_len(notes[r]) == 0)
+            return 0; /* C10D_SHM=0 there, or no host id: flat */
+    h->host_of = malloc((size_t)size * sizeof *h->host_of);
+    h->host_first = malloc((size_t)size * sizeof *h->host_first);
+    h->local = malloc((size_t)size * sizeof *h->local);
+    if (h->host_of == NULL || h->host_first == NULL || h->local == NULL) {
+        c10d__tcp_hier_free(h);
+        return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
+    }
+    for (int r = 0; r < size; r++) {
+        int j = 0;
+        while (j < h->nhosts && !same_host(notes[r], notes[h->host_first[j]]))
+            j++;
+        if (j == h->nhosts)
+            h->host_first[h->nhosts++] = r;
+        h->host_of[r] = j;
+    }
+    if (h->nhosts == 1 || h->nhosts == size) {
+        c10d__tcp_hier_free(h);
+        return 0;
+    }
+    for (int r = 0; r < size; r++)
+        if (h->host_of[r] == h->host_of[rank]) {
+            if (r == rank)
+                h->local_idx = h->nlocal;
+            h->local[h->nlocal++] = r;
+        }
+    return 1;
+}
+
+int c10d__tcp_hier_supports(const struct c10d__op *op)
+{
+    if (op->sends != NULL || op->recvs != NULL)
+        return 0;
+    return op->kind == C10D_OP_ALL_REDUCE || op->kind == C10D_OP_BROADCAST ||
+           op->kind == C10D_OP_REDUCE;
+}
+
+static int local_index(const struct c10d__tcp_hier *h, int grank)
+{
+    for (int i = 0; i < h->nlocal; i++)
+        if (h->local[i] == grank)
+            return i;
+    return -1;
+}
+
+static int leader_of(const struct c10d__tcp_hier *h, const struct c10d__op *op, int host)
+{
+    int rooted = op->kind != C10D_OP_ALL_REDUCE;
+    return rooted && h->host_of[op->root] == host ? op->root : h->host_first[host];
+}
+
+int c10d__tcp_hier_needs_buf(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank)
+{
+    return op->kind == C10D_OP_REDUCE && rank != op->root &&
+           leader_of(h, op, h->host_of[rank]) == rank;
+}
+
+static void *reduce_target(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
+                           void *buf)
+{
+    if (op->kind == C10D_OP_ALL_REDUCE)
+        return op->recv;
+    return rank == op->root ? op->recv : c10d__tcp_hier_needs_buf(h, op, rank) ? buf : NULL;
+}
+
+int c10d__tcp_hier_prepare(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
+                           void *buf)
+{
+    if (h->nlocal > 1 || op->kind == C10D_OP_BROADCAST)
+        return 0;
+    void *dst = reduce_target(h, op, rank, buf);
+    if (dst == NULL)
+        return 0;
+    size_t bytes = op->count * c10d_dtype_size(op->dtype);
+    if (dst != op->send && bytes > 0)
+        memcpy(dst, op->send, bytes);
+    return op->redop == C10D_PREMUL_SUM
+               ? c10d__reduce_premul(dst, op->count, op->dtype, op->premul_factor)
+               : 0;
+}
+
+static struct c10d__tcp_hier_phase *add(struct c10d__tcp_hier_phase *ph, int *n,
+                                        const struct c10d__op *op, enum c10d__op_kind kind)
+{
+    struct c10d__tcp_hier_phase *p = &ph[(*n)++];
+    memset(p, 0, sizeof *p);
+    p->op = *op;
+    p->op.kind = kind;
+    p->op.next = NULL;
+    return p;
+}
+
+static void on_shm(const struct c10d__tcp_hier *h, struct c10d__tcp_hier_phase *p, int leader)
+{
+    p->on_shm = 1;
+    p->op.root = local_index(h, leader);
+    p->rank = h->local_idx;
+    p->size = h->nlocal;
+    p->ranks = h->local;
+}
+
+static void on_leaders(const struct c10d__tcp_hier *h, struct c10d__tcp_hier_phase *p, int rank,
+                       const int *leaders)
+{
+    p->rank = h->host_of[rank];
+    p->size = h->nhosts;
+    p->ranks = leaders;
+    if (p->op.kind != C10D_OP_ALL_REDUCE)
+        p->op.root = h->host_of[p->op.root];
+}
+
+int c10d__tcp_hier_phases(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
+                          int *leaders, void *buf, struct c10d__tcp_hier_phase *ph)
+{
+    for (int j = 0; j < h->nhosts; j++)
+        leaders[j] = leader_of(h, op, j);
+    int leader = leaders[h->host_of[rank]];
+    int is_leader = leader == rank, alone = h->nlocal == 1, n = 0;
+    /* Within a host the partial results are summed (AVG divides once, at the
+     * end, by the group's size; PREMUL_SUM scales each rank's own input as
+     * it enters, so the leaders add plain sums). */
+    c10d_reduce_op local_op = op->redop == C10D_AVG ? C10D_SUM : op->redop;
+    c10d_reduce_op leaders_op =
+        op->redop == C10D_AVG || op->redop == C10D_PREMUL_SUM ? C10D_SUM : op->redop;
+    struct c10d__tcp_hier_phase *p;
+    void *target = reduce_target(h, op, rank, buf);
+    switch (op->kind) {
+    case C10D_OP_ALL_REDUCE:
+    case C10D_OP_REDUCE:
+        if (!alone) {
+            p = add(ph, &n, op, C10D_OP_REDUCE);
+            p->op.redop = local_op;
+            p->op.recv = target;
+            on_shm(h, p, leader);
+        }
+        if (is_leader) {
+            p = add(ph, &n, op, op->kind);
+            p->op.redop = leaders_op;
+            p->op.send = target;
+            p->op.recv = target;
+            p->avg_after =
+                op->redop == C10D_AVG && (op->kind == C10D_OP_ALL_REDUCE || rank == op->root);
+            on_leaders(h, p, rank, leaders);
+        }
+        if (op->kind == C10D_OP_ALL_REDUCE && !alone) {
+            p = add(ph, &n, op, C10D_OP_BROADCAST);
+            p->op.send = op->recv;
+            on_shm(h, p, leader);
+        }
+        break;
+    case C10D_OP_BROADCAST:
+        if (is_leader) {
+            p = add(ph, &n, op, C10D_OP_BROADCAST);
+            if (rank != op->root)
+                p->op.send = op->recv;
+            on_leaders(h, p, rank, leaders);
+        }
+        if (!alone) {
+            p = add(ph, &n, op, C10D_OP_BROADCAST);
+            p->op.send = op->recv; /* the root's leaders' step copied it there */
+            on_shm(h, p, leader);
+        }
+        break;
+    default:
+        return c10d__fail(C10D_EINTERNAL, "tcp: op kind %d has no host-aware form", (int)op->kind);
+    }
+    return n;
+}

@@ -1,0 +1,67 @@
+/* Host-aware collectives: a group whose ranks sit on several hosts, some
+ * with more than one, runs all_reduce, broadcast and reduce in phases:
+ * shared memory among the ranks of each host, tcp among one leader per host
+ * (docs/shm.md, "Across hosts"). Here: the host map drawn from every rank's
+ * handshake note, and the phases one rank runs for one op. The backend runs
+ * them (tcp_backend.c) and makes the per-host segment at creation.
+ *
+ * Loop thread. */
+#ifndef C10D_BACKENDS_TCP_HIER_H
+#define C10D_BACKENDS_TCP_HIER_H
+
+#include "backends/backend.h"
+#include "backends/shm/segment.h"
+
+#include <stddef.h>
+
+struct c10d__tcp_hier {
+    int nhosts;
+    int *host_of;    /* group rank -> host (hosts numbered by their lowest rank) */
+    int *host_first; /* host -> its lowest group rank: the default leader */
+    int *local;      /* this host's group ranks, ascending */
+    int nlocal, local_idx;
+    struct c10d__shm_seg *seg; /* this host's; NULL while nlocal == 1 */
+};
+
+/* One step of a host-aware op: an op on the host's segment, or an op among
+ * the leaders over tcp (`ranks`: the leaders' group ranks, `rank`: this
+ * rank's index among them). */
+struct c10d__tcp_hier_phase {
+    int on_shm;
+    struct c10d__op op; /* what this step runs: the op's buffers, its root among the step's ranks */
+    int rank, size;
+    const int *ranks;
+    int avg_after; /* AVG: divide the result by the group's size once this step is done */
+};
+
+#define C10D_TCP_HIER_MAX_PHASES 3
+
+/* From every rank's note (path.h's: "<host id>" or "<host id>,<segment>"):
+ * 1 if the group spans hosts and some host has several ranks (the map is
+ * set), 0 if not (every rank on one host, one rank per host, or a rank
+ * without a host id: C10D_SHM=0 or C10D_SHM_HIER=0 there), C10D_ENOMEM.
+ * Every rank draws the same answer from the same notes. */
+int c10d__tcp_hier_plan(struct c10d__tcp_hier *h, int rank, int size, const char *const *notes);
+void c10d__tcp_hier_free(struct c10d__tcp_hier *h);
+
+/* Whether `op` runs in phases (its kind and form). */
+int c10d__tcp_hier_supports(const struct c10d__op *op);
+
+/* The phases this rank runs for `op` into ph (C10D_TCP_HIER_MAX_PHASES at
+ * most; 0: nothing left to do after `prepare`). leaders: room for nhosts
+ * ints, filled with the op's leaders (the root's host is led by the root).
+ * buf: where a leader that is not the root keeps a reduce's partial result
+ * (count elements; NULL for other ops). Before the first phase, a leader
+ * alone on its host must run `prepare` (copy and premultiply its input into
+ * the buffer the leaders' step reads): c10d__tcp_hier_prepare. */
+int c10d__tcp_hier_phases(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
+                          int *leaders, void *buf, struct c10d__tcp_hier_phase *ph);
+/* 1 if this rank needs a reduce buffer of its own for `op` (a leader that is
+ * not the root). */
+int c10d__tcp_hier_needs_buf(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank);
+/* A leader alone on its host: its input, premultiplied for PREMUL_SUM, into
+ * the buffer the leaders' step reduces in place. 0 or < 0. */
+int c10d__tcp_hier_prepare(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
+                           void *buf);
+
+#endif

@@ -1,0 +1,210 @@
+/* One rank of test_hier.sh: a group whose ranks sit in two network
+ * namespaces ("hosts"), several in each, checks every host-aware op
+ * (all_reduce, broadcast, reduce: reductions, dtypes, sizes across the
+ * segment's chunking, every root, in place and not) against values it
+ * computes itself, plus the flat ops beside them, and says which path the
+ * group took. env:// rendezvous (MASTER_ADDR, MASTER_PORT, RANK,
+ * WORLD_SIZE). Exit 0 when every check passed. */
+#include "c10d.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int rank, world, fails;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "rank %d: ", rank);                                                    \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            if (++fails > 10)                                                                      \
+                exit(1);                                                                           \
+        }                                                                                          \
+    } while (0)
+
+static double input(int r, size_t i)
+{
+    return (double)((r + 1) * (int)(i % 7 + 1));
+}
+
+static double expect_reduced(c10d_reduce_op op, size_t i)
+{
+    double sum = 0, max = 0;
+    for (int r = 0; r < world; r++) {
+        sum += input(r, i);
+        max = fmax(max, input(r, i));
+    }
+    switch (op) {
+    case C10D_AVG:
+        return sum / world;
+    case C10D_MAX:
+        return max;
+    case C10D_PREMUL_SUM:
+        return sum * 0.5;
+    default:
+        return sum;
+    }
+}
+
+static void fill(void *buf, c10d_dtype dt, size_t n, int r)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (dt == C10D_FLOAT32)
+            ((float *)buf)[i] = (float)input(r, i);
+        else if (dt == C10D_FLOAT64)
+            ((double *)buf)[i] = input(r, i);
+        else
+            ((int64_t *)buf)[i] = (int64_t)input(r, i);
+    }
+}
+
+static double at(const void *buf, c10d_dtype dt, size_t i)
+{
+    return dt == C10D_FLOAT32   ? ((const float *)buf)[i]
+           : dt == C10D_FLOAT64 ? ((const double *)buf)[i]
+                                : (double)((const int64_t *)buf)[i];
+}
+
+/* The op's call status, else its work's. */
+static int waited(int rc, c10d_work **w)
+{
+    return rc != 0 ? rc : c10d_work_wait_release(*w);
+}
+
+static int close_to(double got, double want)
+{
+    return fabs(got - want) <= 1e-5 * fmax(1.0, fabs(want));
+}
+
+static void check_all_reduce(c10d_pg *pg, c10d_dtype dt, c10d_reduce_op op, size_t n, int in_place)
+{
+    size_t esz = c10d_dtype_size(dt);
+    char *a = malloc(n * esz + 1), *b = in_place ? a : malloc(n * esz + 1);
+    fill(a, dt, n, rank);
+    c10d_op_opts o = C10D_OP_OPTS_INIT;
+    o.premul_factor = 0.5;
+    c10d_work *w = NULL;
+    int rc = waited(c10d_all_reduce(pg, a, b, n, dt, op, &o, &w), &w);
+    CHECK(rc == 0, "all_reduce %s op %d n %zu: %s", c10d_dtype_name(dt), (int)op, n,
+          c10d_last_error());
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        if (!close_to(at(b, dt, i), expect_reduced(op, i))) {
+            CHECK(0, "all_reduce %s op %d n %zu%s: [%zu] = %g, want %g", c10d_dtype_name(dt),
+                  (int)op, n, in_place ? " in place" : "", i, at(b, dt, i), expect_reduced(op, i));
+            break;
+        }
+    if (!in_place)
+        free(b);
+    free(a);
+}
+
+static void check_broadcast(c10d_pg *pg, size_t n, int root, int in_place)
+{
+    float *a = malloc(n * 4 + 4), *b = in_place ? a : malloc(n * 4 + 4);
+    fill(a, C10D_FLOAT32, n, rank);
+    if (!in_place)
+        memset(b, 0xff, n * 4);
+    int rc = c10d_broadcast_sync(pg, a, b, n, C10D_FLOAT32, root);
+    CHECK(rc == 0, "broadcast root %d n %zu: %s", root, n, c10d_last_error());
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        if (b[i] != (float)input(root, i)) {
+            CHECK(0, "broadcast root %d n %zu: [%zu] = %g, want %g", root, n, i, b[i],
+                  input(root, i));
+            break;
+        }
+    if (!in_place)
+        free(b);
+    free(a);
+}
+
+static void check_reduce(c10d_pg *pg, size_t n, int root, c10d_reduce_op op)
+{
+    float *a = malloc(n * 4 + 4), *b = malloc(n * 4 + 4);
+    fill(a, C10D_FLOAT32, n, rank);
+    c10d_work *w = NULL;
+    int rc = waited(c10d_reduce(pg, a, b, n, C10D_FLOAT32, op, root, NULL, &w), &w);
+    CHECK(rc == 0, "reduce root %d n %zu: %s", root, n, c10d_last_error());
+    for (size_t i = 0; rc == 0 && rank == root && i < n; i++)
+        if (!close_to(b[i], expect_reduced(op, i))) {
+            CHECK(0, "reduce op %d root %d n %zu: [%zu] = %g, want %g", (int)op, root, n, i, b[i],
+                  expect_reduced(op, i));
+            break;
+        }
+    free(a);
+    free(b);
+}
+
+int main(void)
+{
+    c10d_pg *pg = NULL;
+    c10d_pg_opts po = C10D_PG_OPTS_INIT;
+    po.timeout_ms = 60000;
+    if (c10d_pg_init(&po, &pg) != 0) {
+        fprintf(stderr, "init: %s\n", c10d_last_error());
+        return 2;
+    }
+    rank = c10d_pg_rank(pg);
+    world = c10d_pg_size(pg);
+    const char *want = getenv("HIER_EXPECT_PATH");
+    const char *path = c10d_pg_host_path(pg);
+    CHECK(want == NULL || (path != NULL && strcmp(path, want) == 0), "host path %s, want %s",
+          path ? path : "(none)", want);
+    /* HIER_MISMATCH="r1,r2,...": those ranks call the first all_reduce with
+     * another dtype; every rank must fail naming the mismatch (exit 3). */
+    const char *mm = getenv("HIER_MISMATCH");
+    if (mm != NULL) {
+        char me[16];
+        snprintf(me, sizeof me, "%d", rank);
+        int odd = 0;
+        for (const char *p = mm; *p != '\0'; p += strcspn(p, ","), p += *p == ',')
+            odd |= strncmp(p, me, strcspn(p, ",")) == 0 && strcspn(p, ",") == strlen(me);
+        float x[4] = {1, 2, 3, 4};
+        c10d_work *w = NULL;
+        int rc = waited(
+            c10d_all_reduce(pg, x, x, 4, odd ? C10D_INT32 : C10D_FLOAT32, C10D_SUM, NULL, &w), &w);
+        fprintf(stderr, "rank %d (mismatch run, %s): %s: %s\n", rank, odd ? "int32" : "float32",
+                c10d_status_name(rc), rc ? c10d_last_error() : "");
+        int named = rc != 0 && strstr(c10d_last_error(), "Detected mismatch") != NULL;
+        c10d_pg_abort(pg, "mismatch run");
+        c10d_shutdown();
+        return named ? 3 : 4;
+    }
+    const size_t sizes[] = {1, 7, 1000, 150000}; /* the last one spans several 256 KiB chunks */
+    const c10d_dtype dts[] = {C10D_FLOAT32, C10D_FLOAT64, C10D_INT64};
+    /* HIER_LOOP: over and over until something fails (a peer killed). */
+    int loop = getenv("HIER_LOOP") != NULL;
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0];
+         s = loop && fails == 0 ? (s + 1) % 4 : s + 1) {
+        for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
+            check_all_reduce(pg, dts[d], C10D_SUM, sizes[s], s & 1);
+            check_all_reduce(pg, dts[d], C10D_MAX, sizes[s], !(s & 1));
+        }
+        check_all_reduce(pg, C10D_FLOAT32, C10D_AVG, sizes[s], 0);
+        check_all_reduce(pg, C10D_FLOAT64, C10D_PREMUL_SUM, sizes[s], 1);
+        for (int root = 0; root < world; root++) {
+            check_broadcast(pg, sizes[s], root, root & 1);
+            check_reduce(pg, sizes[s], root, root & 1 ? C10D_AVG : C10D_SUM);
+        }
+        /* A flat op between host-aware ones. */
+        float *g = malloc((size_t)world * sizes[s] * 4);
+        float *mine = malloc(sizes[s] * 4);
+        fill(mine, C10D_FLOAT32, sizes[s], rank);
+        c10d_work *w = NULL;
+        int rc = waited(c10d_all_gather(pg, mine, g, sizes[s], C10D_FLOAT32, NULL, &w), &w);
+        CHECK(rc == 0, "all_gather: %s", c10d_last_error());
+        for (int r = 0; rc == 0 && r < world; r++)
+            CHECK(g[(size_t)r * sizes[s]] == (float)input(r, 0), "all_gather block %d", r);
+        free(g);
+        free(mine);
+    }
+    if (!loop)
+        CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    if (fails == 0)
+        printf("rank %d: all checks passed on path %s\n", rank, path ? path : "(none)");
+    c10d_pg_destroy(pg);
+    c10d_shutdown();
+    return fails == 0 ? 0 : 1;
+}

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# Host-aware collectives across two "hosts": two network namespaces joined by a veth pair
+# (each its own host id: docs/shm.md), ranks started by hand with env:// rendezvous so that
+# the hosts' ranks interleave.
+#   1. 5 ranks, 3 on host A (ranks 0, 2, 4) and 2 on host B (1, 3): hier_check passes on every
+#      rank and the group reports the path "shm+tcp"
+#   2. 4 ranks, 3 on A and 1 alone on B (a leader with no local peer)
+#   3. C10D_SHM=0 on one rank: every rank stays flat ("tcp"), the results are the same
+#   4. a rank of host B killed mid-run: every other rank fails within the bound, none hangs
+#   5. mismatched calls, within a host (one rank's dtype) and between hosts (host B's): every
+#      rank fails naming the mismatch
+# Root only (ip netns); exits 77 (skipped) otherwise.
+#
+# usage: test_hier.sh PATH/TO/hier_check
+set -u
+
+CHECK=${1:?usage: test_hier.sh PATH/TO/hier_check}
+CHECK=$(realpath "$CHECK")
+
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null 2>&1; then
+    echo "SKIP: needs root and iproute2 (ip netns)"
+    exit 77
+fi
+
+T=$(mktemp -d "${TMPDIR:-/tmp}/test_hier.XXXXXX")
+TAG=$(printf '%x%04x' $$ $RANDOM | tail -c 8)
+NS=(hier-$TAG-a hier-$TAG-b)
+IF0=hi${TAG}a
+IF1=hi${TAG}b
+NET=10.$((RANDOM % 200 + 20)).$((RANDOM % 250 + 1))
+ADDR=($NET.1 $NET.2)
+BG=()
+FAILS=0
+
+cleanup() {
+    local p ns
+    for p in "${BG[@]}"; do
+        kill -KILL "$p" 2>/dev/null
+    done
+    for ns in "${NS[@]}"; do
+        for p in $(ip netns pids "$ns" 2>/dev/null); do
+            kill -KILL "$p" 2>/dev/null
+        done
+        ip netns del "$ns" 2>/dev/null
+    done
+    ip link del "$IF0" 2>/dev/null
+    rm -rf "$T"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+fail() {
+    echo "FAIL: $*"
+    FAILS=$((FAILS + 1))
+}
+pass() { echo "ok:   $*"; }
+
+setup() {
+    ip netns add "${NS[0]}" && ip netns add "${NS[1]}" &&
+        ip link add "$IF0" type veth peer name "$IF1" &&
+        ip link set "$IF0" netns "${NS[0]}" && ip link set "$IF1" netns "${NS[1]}" &&
+        ip -n "${NS[0]}" addr add "${ADDR[0]}/24" dev "$IF0" &&
+        ip -n "${NS[1]}" addr add "${ADDR[1]}/24" dev "$IF1" &&
+        ip -n "${NS[0]}" link set "$IF0" up && ip -n "${NS[1]}" link set "$IF1" up &&
+        ip -n "${NS[0]}" link set lo up && ip -n "${NS[1]}" link set lo up
+}
+if ! setup 2>"$T/setup.err"; then
+    echo "SKIP: cannot make network namespaces here: $(cat "$T/setup.err")"
+    exit 77
+fi
+
+PORT=29611
+# job NAME "HOSTS" [VAR=VALUE ...]: one rank per letter of HOSTS (a: host A, b: host B), rank
+# i on the host of letter i; rank 0 (host A) hosts the store. Output in $T/NAME.<rank>.{out,err},
+# status in $T/NAME.<rank>.rc.
+# PER_RANK[r]: one more VAR=VALUE for rank r alone.
+declare -A PER_RANK=()
+job() {
+    local name=$1 hosts=$2 n=${#2} r h ns ifname
+    shift 2
+    PORT=$((PORT + 1))
+    for ((r = 0; r < n; r++)); do
+        h=${hosts:r:1}
+        if [ "$h" = a ]; then ns=${NS[0]} ifname=$IF0; else ns=${NS[1]} ifname=$IF1; fi
+        (
+            ip netns exec "$ns" env MASTER_ADDR="${ADDR[0]}" MASTER_PORT=$PORT RANK=$r \
+                WORLD_SIZE=$n C10D_SOCKET_IFNAME="$ifname" "$@" ${PER_RANK[$r]:-} \
+                timeout -k 5 90 "$CHECK" \
+                >"$T/$name.$r.out" 2>"$T/$name.$r.err"
+            echo $? >"$T/$name.$r.rc"
+        ) &
+        BG+=($!)
+    done
+}
+
+wait_job() {
+    local p
+    for p in "${BG[@]}"; do
+        wait "$p" 2>/dev/null
+    done
+    BG=()
+}
+
+expect_all() { # name n want_rc
+    local r rc
+    for ((r = 0; r < $2; r++)); do
+        rc=$(cat "$T/$1.$r.rc" 2>/dev/null || echo none)
+        if [ "$rc" = "$3" ]; then pass "$1: rank $r: exit status $rc"; else
+            fail "$1: rank $r: exit status $rc, want $3"
+            sed 's/^/    | /' "$T/$1.$r.err" | tail -15
+        fi
+    done
+}
+
+# ---------------------------------------------------- 1. 3 + 2 ranks, interleaved
+start=$(date +%s%N)
+job hier5 ababa HIER_EXPECT_PATH=shm+tcp
+wait_job
+echo "5 ranks on 2 hosts: $((($(date +%s%N) - start) / 1000000)) ms"
+expect_all hier5 5 0
+
+# ---------------------------------------------------- 2. a host with one rank
+job hier4 aaab HIER_EXPECT_PATH=shm+tcp
+wait_job
+expect_all hier4 4 0
+
+# ---------------------------------------------------- 3. C10D_SHM=0 on one rank: flat
+PER_RANK[3]=C10D_SHM=0
+job flat ababa HIER_EXPECT_PATH=tcp
+wait_job
+PER_RANK=()
+expect_all flat 5 0
+
+# ---------------------------------------------------- 4. a rank killed mid-run
+# Rank 3 (host B, not its leader) is killed while the others loop in the checks: each of
+# them must fail (exit 1 or 2), none may hang until the test's own timeout.
+job kill ababa HIER_EXPECT_PATH=shm+tcp HIER_LOOP=1
+sleep 3
+for p in $(ip netns pids "${NS[1]}"); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'RANK=3' &&
+        [ "$(readlink "/proc/$p/exe")" = "$CHECK" ]; then
+        kill -KILL "$p"
+    fi
+done
+start=$(date +%s%N)
+wait_job
+echo "after the kill, the others ended in $((($(date +%s%N) - start) / 1000000)) ms"
+for r in 0 1 2 4; do
+    rc=$(cat "$T/kill.$r.rc" 2>/dev/null || echo none)
+    case $rc in
+    1 | 2)
+        if grep -q 'rank 3' "$T/kill.$r.err"; then pass "kill: rank $r failed (exit $rc), naming rank 3"; else
+            fail "kill: rank $r failed without naming rank 3"
+            tail -3 "$T/kill.$r.err" | sed 's/^/    | /'
+        fi
+        ;;
+    *)
+        fail "kill: rank $r: exit status $rc, want a failure"
+        tail -5 "$T/kill.$r.err" | sed 's/^/    | /'
+        ;;
+    esac
+done
+
+# ---------------------------------------------------- 5. mismatches
+for case in "3:within" "1,3:between"; do
+    job "mm${case#*:}" ababa HIER_MISMATCH="${case%%:*}"
+    wait_job
+    expect_all "mm${case#*:}" 5 3
+done
+
+if [ "$FAILS" = 0 ]; then
+    echo "test_hier: all passed"
+    exit 0
+fi
+echo "test_hier: $FAILS failure(s)"
+exit 1
