@@ -396,7 +396,9 @@ C10D_EXPORT const char *c10d_pg_desc(const c10d_pg *pg);
 C10D_EXPORT const char *c10d_pg_backend(const c10d_pg *pg);
 C10D_EXPORT uint64_t c10d_pg_seq(c10d_pg *pg);
 /* How the group's host (CPU) backend moves data between its ranks, as chosen
- * at creation: "shm" (every rank on this host: shared memory, docs/shm.md) or
+ * at creation: "shm" (every rank on this host: shared memory, docs/shm.md),
+ * "shm+tcp" (several hosts, several ranks on some: all_reduce, broadcast and
+ * reduce through shared memory within each host and tcp between hosts) or
  * "tcp"; NULL for NULL, a group this rank is not in, or one without a host
  * backend. */
 C10D_EXPORT const char *c10d_pg_host_path(const c10d_pg *pg);
