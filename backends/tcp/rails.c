@@ -132,8 +132,7 @@ static int publish(struct c10d__tcp_rails *r)
     return 0;
 }
 
-int c10d__tcp_rails_new(const struct c10d__tcp_transport_config *cfg,
-                        struct c10d__tcp_rails **out)
+int c10d__tcp_rails_new(const struct c10d__tcp_transport_config *cfg, struct c10d__tcp_rails **out)
 {
     *out = NULL;
     const char *env = c10d__env_str(C10D_ENV_SOCKET_IFNAME);

@@ -22,8 +22,7 @@ struct c10d__tcp_rails;
 /* Parses the interface list and creates one transport per entry from `cfg`
  * (cfg->on_error is every rail's). Fails naming the entry that cannot be
  * listened on. */
-int c10d__tcp_rails_new(const struct c10d__tcp_transport_config *cfg,
-                        struct c10d__tcp_rails **out);
+int c10d__tcp_rails_new(const struct c10d__tcp_transport_config *cfg, struct c10d__tcp_rails **out);
 
 int c10d__tcp_rails_count(const struct c10d__tcp_rails *r);
 /* Every rail, rail 0 first (c10d__tcp_rails_count of them). */
