@@ -38,10 +38,11 @@
       "peer used) instead of the full mesh at group creation (every rank reads every address); "   \
       "auto: 1 for groups of more than 1024 ranks")                                                \
     X(SOCKET_IFNAME, "C10D_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "",                               \
-      "tcp backend: network interface whose address the rank listens on and publishes (default: "  \
-      "the local address of its connection to the store, if not loopback; if the store was "       \
-      "reached over loopback through a name that resolves to loopback here only, the default "     \
-      "route's source address; else the hostname's address, then loopback)")                       \
+      "tcp backend: network interface whose address the rank listens on and publishes; a comma "   \
+      "list (eth0,eth1) makes one set of connections per interface, the same number on every "     \
+      "rank (default: the local address of its connection to the store, if not loopback; if "      \
+      "the store was reached over loopback through a name that resolves to loopback here only, "   \
+      "the default route's source address; else the hostname's address, then loopback)")           \
     X(TCP_EAGER_MAX, "C10D_TCP_EAGER_MAX", NULL, "65536",                                          \
       "tcp backend: collective messages up to this many bytes are sent without waiting for the "   \
       "receiver's clear-to-send")                                                                  \

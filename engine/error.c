@@ -1,6 +1,7 @@
 #include "error.h"
 
 #include <stdio.h>
+#include <string.h>
 #include <uv.h>
 
 #define C10D_ERROR_MAX 1024
@@ -62,7 +63,11 @@ const char *c10d_version(void)
 
 int c10d__vfail(int status, const char *fmt, va_list ap)
 {
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    /* An argument may be c10d_last_error() itself (a message wrapped in its
+     * context): formatting straight into it would overwrite what is read. */
+    char buf[sizeof last_error];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    memcpy(last_error, buf, sizeof buf);
     return status;
 }
 

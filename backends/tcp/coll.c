@@ -44,7 +44,7 @@ static void chain_run(struct c10d__tcp_chain *ch)
 static void xfer_done(struct c10d__tcp_xfer *x)
 {
     struct c10d__tcp_chain *ch = x->ctx;
-    c10d__tcp_xfer_put(ch->c->t, x);
+    c10d__tcp_xfer_put(c10d__tcp_chain_rail(ch), x);
     if (--ch->pending == 0 && !ch->running)
         chain_run(ch);
 }
@@ -53,7 +53,7 @@ static struct c10d__tcp_xfer *chain_xfer(struct c10d__tcp_chain *ch, int peer, u
                                          void *buf, size_t bytes)
 {
     struct c10d__tcp_coll *c = ch->c;
-    struct c10d__tcp_xfer *x = c10d__tcp_xfer_get(c->t);
+    struct c10d__tcp_xfer *x = c10d__tcp_xfer_get(c10d__tcp_chain_rail(ch));
     if (x == NULL) {
         c->failed = 1;
         c10d__fail(C10D_ENOMEM, "tcp: out of memory");
@@ -79,7 +79,7 @@ void c10d__tcp_chain_send(struct c10d__tcp_chain *ch, int peer, uint32_t sub, co
 {
     struct c10d__tcp_xfer *x = chain_xfer(ch, peer, sub, (void *)buf, bytes);
     if (x != NULL)
-        c10d__tcp_send(ch->c->t, x);
+        c10d__tcp_send(c10d__tcp_chain_rail(ch), x);
 }
 
 void c10d__tcp_chain_recv(struct c10d__tcp_chain *ch, int peer, uint32_t sub, void *buf,
@@ -87,7 +87,7 @@ void c10d__tcp_chain_recv(struct c10d__tcp_chain *ch, int peer, uint32_t sub, vo
 {
     struct c10d__tcp_xfer *x = chain_xfer(ch, peer, sub, buf, bytes);
     if (x != NULL)
-        c10d__tcp_recv(ch->c->t, x);
+        c10d__tcp_recv(c10d__tcp_chain_rail(ch), x);
 }
 
 void c10d__tcp_coll_start(struct c10d__tcp_coll *c, int n, void (*fn)(struct c10d__tcp_chain *))

@@ -42,7 +42,12 @@ struct c10d__tcp_tuning {
 };
 
 struct c10d__tcp_coll {
+    /* The rail of lane 0. With several rails (rails.h), lane l of op `seq`
+     * runs on rails[(seq + l) % nrails] on every rank alike, so the lanes of
+     * one large op move over every interface at once; nrails 0: all on t. */
     struct c10d__tcp_transport *t;
+    struct c10d__tcp_transport *const *rails;
+    int nrails;
     const struct c10d__tcp_tuning *tune;
     struct c10d__op *op;
     int rank, size;
@@ -82,6 +87,15 @@ void c10d__tcp_chain_recv(struct c10d__tcp_chain *ch, int peer, uint32_t sub, vo
 void c10d__tcp_coll_start(struct c10d__tcp_coll *c, int n, void (*fn)(struct c10d__tcp_chain *));
 /* dst = op(dst, src) with the op's reduce op; on failure fails the collective. */
 int c10d__tcp_coll_reduce(struct c10d__tcp_coll *c, void *dst, const void *src, size_t count);
+
+/* The transport a chain's messages travel on (see rails above). */
+static inline struct c10d__tcp_transport *c10d__tcp_chain_rail(const struct c10d__tcp_chain *ch)
+{
+    const struct c10d__tcp_coll *c = ch->c;
+    if (c->nrails <= 1)
+        return c->t;
+    return c->rails[(c->op->seq + (uint64_t)ch->lane) % (uint64_t)c->nrails];
+}
 
 /* Start functions, one per op kind: each sets up its chains (or finishes at
  * once) and returns 0, or an error before anything was posted. */

@@ -1,7 +1,8 @@
 /* Where to listen, which is also the address others reach this rank at,
  * chosen once at creation (docs/tcp_backend.md, "Connection setup"):
  *
- * 1. C10D_SOCKET_IFNAME (or GLOO_SOCKET_IFNAME): that interface's address.
+ * 1. C10D_SOCKET_IFNAME (or GLOO_SOCKET_IFNAME): that interface's address;
+ *    with a list, each rail listens on its own (rails.c).
  * 2. The local address of the store's connection. Every rank reaches the
  *    store, so the address the route to it leaves this host from is on a
  *    network the ranks share, whatever this host's name resolves to (Debian
@@ -233,7 +234,8 @@ static int hostname_address(struct sockaddr_storage *ss, char *why, size_t why_l
 
 static int pick_address(struct c10d__tcp_transport *t, char *why, size_t why_len)
 {
-    const char *ifname = c10d__env_str(C10D_ENV_SOCKET_IFNAME);
+    const char *ifname =
+        t->cfg.ifname != NULL ? t->cfg.ifname : c10d__env_str(C10D_ENV_SOCKET_IFNAME);
     struct sockaddr_storage *ss = &t->bind_addr;
     memset(ss, 0, sizeof *ss);
     if (ifname != NULL && *ifname != '\0') {

@@ -17,6 +17,7 @@
 
 #include "coll.h"
 #include "hier.h"
+#include "rails.h"
 #include "transport.h"
 
 #include "backends/shm/coll.h"
@@ -88,6 +89,9 @@ struct tcp_state {
     int rank, size;
     char *group_name;
     int64_t timeout_ms;
+    /* One transport per listed interface (rails.h); t is rail 0, which
+     * carries the hello notes and the shared-memory wake-ups. */
+    struct c10d__tcp_rails *rails;
     struct c10d__tcp_transport *t;
     struct c10d__tcp_tuning tune;
     int refs;             /* the owner's, each registered work callback, a posted advance */
@@ -321,12 +325,12 @@ static void group_fail(struct tcp_state *s, int status, const char *fmt, ...)
     va_end(ap);
     s->poisoned = 1;
     s->poison_status = status;
-    if (s->t != NULL && (s->lost_ranks = malloc((size_t)s->size * sizeof(int))) != NULL)
-        s->nlost = c10d__tcp_transport_lost_ranks(s->t, s->lost_ranks, s->size);
+    if (s->rails != NULL && (s->lost_ranks = malloc((size_t)s->size * sizeof(int))) != NULL)
+        s->nlost = c10d__tcp_rails_lost_ranks(s->rails, s->lost_ranks, s->size);
     atomic_store_explicit(&s->failed_status, status, memory_order_release);
     C10D_WARN("tcp", "group %s rank %d failed: %s", s->group_name, s->rank, s->poison_msg);
-    if (s->t != NULL)
-        c10d__tcp_transport_fail(s->t, status, s->poison_msg);
+    if (s->rails != NULL)
+        c10d__tcp_rails_fail(s->rails, status, s->poison_msg);
     /* A shared-memory op stops being polled: its peers may never come. */
     for (struct c10d__poll_item *it = c10d__poll_cancel(&s->shm_polls), *next; it != NULL;
          it = next) {
@@ -605,7 +609,9 @@ static void run_member(struct tcp_op *o)
     struct c10d__op *op = o->cur;
     struct c10d__tcp_coll *c = &o->coll;
     memset(c, 0, sizeof *c);
-    c->t = s->t;
+    c->t = c10d__tcp_rails_pick(s->rails, op->seq);
+    c->rails = c10d__tcp_rails_all(s->rails);
+    c->nrails = c10d__tcp_rails_count(s->rails);
     c->tune = &s->tune;
     c->op = op;
     c->rank = s->rank;
@@ -616,7 +622,8 @@ static void run_member(struct tcp_op *o)
     c->scratch_arg = s;
     c->finished = coll_finished;
     c10d__fp_of(op, &c->fp);
-    c10d__tcp_expect(s->t, op->seq, (uint32_t)(o->idx & 0xff), &c->fp);
+    for (int k = 0; k < c->nrails; k++) /* its frames may come on any rail */
+        c10d__tcp_expect(c->rails[k], op->seq, (uint32_t)(o->idx & 0xff), &c->fp);
     if (s->shm != NULL)
         c10d__shm_announce(s->shm, op->seq, (uint32_t)(o->idx & 0xff), &c->fp);
     if (s->hier.seg != NULL)
@@ -666,7 +673,7 @@ static void p2p_done(struct c10d__tcp_xfer *x)
     struct tcp_state *s = o->s;
     if (o->any_source)
         c10d__work_set_source_rank(o->work, x->source);
-    c10d__tcp_xfer_put(s->t, x);
+    c10d__tcp_xfer_put(c10d__tcp_rails_pick(s->rails, (uint32_t)x->tag), x);
     if (--o->left == 0 && !o->completed)
         op_complete(s, o, 0, NULL);
 }
@@ -744,7 +751,10 @@ static void run_p2p(struct tcp_state *s, struct tcp_op *o)
                 return;
             continue;
         }
-        struct c10d__tcp_xfer *x = c10d__tcp_xfer_get(s->t);
+        /* A P2P message goes on the rail of its tag, as gloo's context of
+         * the tag: same (peer, tag), same rail, so their order holds. */
+        struct c10d__tcp_transport *t = c10d__tcp_rails_pick(s->rails, (uint32_t)op->tag);
+        struct c10d__tcp_xfer *x = c10d__tcp_xfer_get(t);
         if (x == NULL) {
             group_fail(s, C10D_ENOMEM, "tcp: out of memory");
             return;
@@ -760,9 +770,9 @@ static void run_p2p(struct tcp_state *s, struct tcp_op *o)
         x->ctx = o;
         o->left++;
         if (op->kind == C10D_OP_SEND)
-            c10d__tcp_send(s->t, x);
+            c10d__tcp_send(t, x);
         else
-            c10d__tcp_recv(s->t, x);
+            c10d__tcp_recv(t, x);
     }
     if (--o->left == 0 && !o->completed)
         op_complete(s, o, 0, NULL);
@@ -864,8 +874,9 @@ static void state_destroy(struct tcp_state *s)
     if (!s->poisoned && (s->active != NULL || s->queue_head != NULL || s->p2p_ops != NULL))
         group_fail(s, C10D_EABORTED, "the group was destroyed with operations pending");
     s->destroyed = 1;
-    if (s->t != NULL)
-        c10d__tcp_transport_free(s->t);
+    if (s->rails != NULL)
+        c10d__tcp_rails_free(s->rails);
+    s->rails = NULL;
     s->t = NULL;
     state_unref(s);
 }
@@ -946,15 +957,16 @@ int c10d__tcp_open(const struct c10d__backend_config *cfg, void **state, const c
         }
         tc.hello_note = s->shm_note;
     }
-    int rc = c10d__tcp_transport_new(&tc, &s->t);
+    int rc = c10d__tcp_rails_new(&tc, &s->rails);
     if (rc < 0) {
         c10d__shm_free(s->shm);
         free(s->group_name);
         free(s);
         return rc;
     }
+    s->t = c10d__tcp_rails_pick(s->rails, 0);
     *state = s;
-    *address = c10d__tcp_transport_address(s->t);
+    *address = c10d__tcp_rails_address(s->rails);
     return 0;
 }
 
@@ -1120,7 +1132,7 @@ int c10d__tcp_connect(void *state, const char *const *addrs, void (*done)(void *
     struct tcp_state *s = state;
     s->connect_done = done;
     s->connect_arg = arg;
-    return c10d__tcp_transport_connect(s->t, addrs, on_connected, s);
+    return c10d__tcp_rails_connect(s->rails, addrs, on_connected, s);
 }
 
 #define ADDR_KEY_FMT "tcp/addr/%d"
@@ -1173,9 +1185,9 @@ static void on_lookup(c10d_work *w, int status, void *arg)
     const c10d_store_result *res = c10d_store_work_result(w);
     struct lookup *lk = arg;
     struct tcp_state *s = lk->s;
-    if (!s->destroyed && s->t != NULL && res->status == 0) {
+    if (!s->destroyed && s->rails != NULL && res->status == 0) {
         char *published = strndup((const char *)res->data.data, res->data.len);
-        if (published == NULL || c10d__tcp_transport_update_addr(s->t, lk->rank, published) < 0)
+        if (published == NULL || c10d__tcp_rails_update_addr(s->rails, lk->rank, published) < 0)
             C10D_DEBUG("tcp", "rank %d: rank %d's address is unusable: %s", s->rank, lk->rank,
                        published != NULL ? c10d_last_error() : "out of memory");
         free(published);
@@ -1208,8 +1220,8 @@ static void lookup_addr(void *arg, int rank)
 /* The setup is over: its own reference goes. */
 static void exchange_finish(struct exchange *x, int status)
 {
-    if (x->s->t != NULL && status != 0)
-        c10d__tcp_transport_on_connect_failed(x->s->t, NULL, NULL);
+    if (x->s->rails != NULL && status != 0)
+        c10d__tcp_rails_on_connect_failed(x->s->rails, NULL, NULL);
     x->done(x->arg, status);
     exchange_unref(x);
 }
@@ -1251,7 +1263,7 @@ static void on_addrs(c10d_work *w, int status, void *arg)
         ok = addrs[r] != NULL;
     }
     if (ok)
-        c10d__tcp_transport_on_connect_failed(x->s->t, lookup_addr, x->s);
+        c10d__tcp_rails_on_connect_failed(x->s->rails, lookup_addr, x->s);
     int rc = ok ? c10d__tcp_connect(x->s, (const char *const *)addrs, on_exchange_connected, x)
                 : c10d__fail(C10D_ENOMEM, "tcp: out of memory");
     if (addrs != NULL)

@@ -86,7 +86,10 @@ int c10d__tcp_transport_new(const struct c10d__tcp_transport_config *cfg,
         return rc;
     }
     memcpy(t->token, token, t->token_len);
-    if (cfg->rank == 0) {
+    if (cfg->rank == 0 && cfg->job_id != 0) {
+        t->job_id = cfg->job_id;
+        t->job_known = 1;
+    } else if (cfg->rank == 0) {
         if (getrandom(&t->job_id, sizeof t->job_id, 0) != (ssize_t)sizeof t->job_id)
             t->job_id = uv_hrtime() ^ ((uint64_t)getpid() << 32);
         t->job_known = 1;

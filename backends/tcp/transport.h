@@ -75,6 +75,13 @@ struct c10d__tcp_transport_config {
      * current as the peer itself (a store may still hold an earlier job's
      * values); NULL: none. Copied. */
     const char *hello_note;
+    /* The interface to listen on (iface.c, step 1); NULL: the environment's
+     * C10D_SOCKET_IFNAME, if it names one, else the route to the store. Read
+     * only while the transport is created. rails.c sets it, one per rail. */
+    const char *ifname;
+    /* Rank 0: the job id to publish; 0 draws one. The rails of rank 0 share
+     * one, so that its published record carries a single job id. */
+    uint64_t job_id;
 };
 
 #define C10D_TCP_NOTE_MAX 256
