@@ -133,6 +133,7 @@ struct tcp_state {
      * this host's own segment (hier.h), set up after the handshake. */
     struct c10d__tcp_hier hier;
     int hier_on;
+    int hier_pending; /* connected; waiting for the host's segment (connect_done pending) */
     char hier_ref[C10D_SHM_REF_MAX]; /* the segment's name, as the host's leader sends it */
 };
 
@@ -343,7 +344,8 @@ static void group_fail(struct tcp_state *s, int status, const char *fmt, ...)
         op_complete(s, s->queue_head, status, s->poison_msg);
     while (s->p2p_ops != NULL)
         op_complete(s, s->p2p_ops, status, s->poison_msg);
-    if (s->connect_done != NULL) { /* failed while setting up the host's segment */
+    if (s->hier_pending) { /* failed while waiting for the host's segment */
+        s->hier_pending = 0;
         c10d__fail(status, "%s", s->poison_msg);
         connect_finished(s, status);
     }
@@ -1055,6 +1057,7 @@ static void hier_ref_received(struct c10d__tcp_xfer *x)
         rc = c10d__fail(rc, "tcp: group %s, rank %d: mapping this host's shared segment: %s",
                         s->group_name, s->rank, c10d_last_error());
     s->hier_on = rc == 0;
+    s->hier_pending = 0;
     connect_finished(s, rc);
 }
 
@@ -1121,8 +1124,10 @@ static void on_connected(void *arg, int status)
                       s->group_name);
     }
     free(notes);
-    if (status == 1)
-        return; /* hier_ref_received goes on */
+    if (status == 1) {
+        s->hier_pending = 1; /* hier_ref_received goes on (or group_fail) */
+        return;
+    }
     connect_finished(s, status);
 }
 
