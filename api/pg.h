@@ -147,9 +147,10 @@ int c10d__pg_create_backends(c10d_pg *pg, const struct c10d__backend_vtable *vts
                              c10d_pg *parent);
 /* A shrunk group's backends: each one's `shrink` from the parent's state
  * where the backend has one and the parent still holds it, else through the
- * store among the survivors. `excluded` are parent group ranks. */
+ * store among the survivors. `excluded` are parent group ranks; flags are
+ * C10D_SHRINK_*, handed to the backend's shrink. */
 int c10d__pg_shrink_backends(c10d_pg *pg, const struct c10d__backend_vtable *vts[C10D__PG_NDEV],
-                             c10d_pg *parent, const int *excluded, int nexcluded);
+                             c10d_pg *parent, const int *excluded, int nexcluded, int flags);
 /* A subgroup's backends come from the parent's by `split` where the backend
  * has one (else through the store, as a new group); a parent rank outside the
  * subgroup takes part in each such split with no color. */
@@ -171,6 +172,11 @@ int c10d__pg_set_device_opts(c10d_pg *pg, const c10d_pg_opts *o, const c10d_pg *
 /* Creates, connects and registers a group whose name, store and ranks are set. */
 int c10d__pg_start(c10d_pg *pg, c10d_store *base, const struct c10d__backend_vtable *vts[],
                    c10d_pg *parent);
+/* c10d_pg_shrink of the default group `old`: `pg` (just made) becomes the
+ * default group, its ranks the global ranks; every other live group (the old
+ * default included) is ended: aborted, its calls refused with C10D_EREVOKED,
+ * its handle left for destroy. Nothing when `old` is not the default. */
+void c10d__pg_shrunk_default(c10d_pg *old, c10d_pg *pg);
 /* A group whose creation failed part way: closed and dropped; the error names
  * the call and the group. Returns rc. */
 int c10d__pg_creation_failed(c10d_pg *pg, int rc, const char *what);

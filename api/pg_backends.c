@@ -46,6 +46,7 @@ struct create_call {
     int color, key;
     int *excluded; /* a shrink: the parent ranks left out (owned) */
     int nexcluded;
+    int shrink_flags;               /* C10D_SHRINK_* */
     struct c10d__store_route route; /* cfg.store_local_addr/store_host point here */
 };
 
@@ -147,11 +148,12 @@ static void create_on_loop(struct c10d__loop_call *call, void *arg)
         parent_state = cc->parent->backends[cc->cfg.device_type].state;
     int (*split)(void *, const struct c10d__backend_config *, int, int, c10d__backend_done_fn,
                  void *, void **) = cc->vt->split;
-    int (*shrink)(void *, const struct c10d__backend_config *, const int *, int,
+    int (*shrink)(void *, const struct c10d__backend_config *, const int *, int, int,
                   c10d__backend_done_fn, void *, void **) = cc->vt->shrink;
     int rc = 0;
     if (cc->excluded != NULL && parent_state != NULL && shrink != NULL)
-        rc = shrink(parent_state, &cc->cfg, cc->excluded, cc->nexcluded, create_done, cc, &state);
+        rc = shrink(parent_state, &cc->cfg, cc->excluded, cc->nexcluded, cc->shrink_flags,
+                    create_done, cc, &state);
     else if (cc->excluded != NULL)
         rc = cc->vt->create(&cc->cfg, create_done, cc, &state);
     else if (parent_state != NULL && split != NULL)
@@ -183,7 +185,7 @@ static void create_abandoned(void *arg)
 }
 
 static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtable *vt,
-                          c10d_pg *parent, const int *excluded, int nexcluded)
+                          c10d_pg *parent, const int *excluded, int nexcluded, int shrink_flags)
 {
     struct c10d__pg_backend *b = &pg->backends[dev];
     char prefix[16];
@@ -215,6 +217,7 @@ static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtabl
         }
         memcpy(cc->excluded, excluded, (size_t)nexcluded * sizeof *cc->excluded);
         cc->nexcluded = nexcluded;
+        cc->shrink_flags = shrink_flags;
     }
     c10d_store_retain(b->store);
     cc->cfg.rank = pg->rank;
@@ -266,7 +269,7 @@ int c10d__pg_create_backends(c10d_pg *pg, const struct c10d__backend_vtable *vts
 {
     for (int d = 0; d < C10D__PG_NDEV; d++)
         if (vts[d] != NULL) {
-            int rc = create_backend(pg, d, vts[d], parent, NULL, 0);
+            int rc = create_backend(pg, d, vts[d], parent, NULL, 0, 0);
             if (rc != 0)
                 return rc;
         }
@@ -274,11 +277,11 @@ int c10d__pg_create_backends(c10d_pg *pg, const struct c10d__backend_vtable *vts
 }
 
 int c10d__pg_shrink_backends(c10d_pg *pg, const struct c10d__backend_vtable *vts[C10D__PG_NDEV],
-                             c10d_pg *parent, const int *excluded, int nexcluded)
+                             c10d_pg *parent, const int *excluded, int nexcluded, int flags)
 {
     for (int d = 0; d < C10D__PG_NDEV; d++)
         if (vts[d] != NULL) {
-            int rc = create_backend(pg, d, vts[d], parent, excluded, nexcluded);
+            int rc = create_backend(pg, d, vts[d], parent, excluded, nexcluded, flags);
             if (rc != 0)
                 return rc;
         }

@@ -9,6 +9,7 @@
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/loop.h"
+#include "engine/loop_call.h"
 #include "engine/opts.h"
 #include "store_server/client/store.h"
 
@@ -351,6 +352,82 @@ static int member_call(const char *what, c10d_pg *parent, const c10d_pg_opts *op
     return 0;
 }
 
+/* C10D_SHRINK_ABORT: the parent's backends in `mask` are aborted on the loop
+ * (their pending works fail with C10D_EABORTED, their buffers are let go);
+ * the caller waits for that, bounded by the parent's timeout. */
+struct parent_abort {
+    c10d_pg *pg; /* holds a reference */
+    unsigned mask;
+    char why[256];
+};
+
+static void parent_abort_release(void *arg)
+{
+    struct parent_abort *pa = arg;
+    c10d__pg_unref(pa->pg);
+    free(pa);
+}
+
+static void parent_abort_on_loop(struct c10d__loop_call *call, void *arg)
+{
+    struct parent_abort *pa = arg;
+    c10d_pg *pg = pa->pg;
+    for (int d = 0; d < C10D__PG_NDEV && !pg->aborted_on_loop; d++)
+        if ((pa->mask & (1u << d)) && pg->backends[d].state != NULL)
+            pg->backends[d].vt->abort(pg->backends[d].state, C10D_EABORTED, pa->why, NULL, NULL);
+    c10d__loop_call_done(call, 0, NULL);
+}
+
+static void abort_parent(c10d_pg *parent, unsigned mask)
+{
+    struct parent_abort *pa = calloc(1, sizeof *pa);
+    if (pa == NULL || mask == 0) {
+        free(pa);
+        return; /* the parent is failed for later calls all the same */
+    }
+    c10d__pg_ref(parent);
+    pa->pg = parent;
+    pa->mask = mask;
+    snprintf(pa->why, sizeof pa->why,
+             "process group %s was aborted by c10d_pg_shrink (C10D_SHRINK_ABORT)", parent->name);
+    int abandoned = 0;
+    int rc = c10d__loop_call_run(parent_abort_on_loop, pa, parent_abort_release, parent->timeout_ms,
+                                 "c10d_pg_shrink: aborting the parent timed out", &abandoned);
+    if (!abandoned)
+        parent_abort_release(pa);
+    if (rc != 0)
+        C10D_WARN("pg", "c10d_pg_shrink: aborting group %s: %s", parent->name, c10d_last_error());
+}
+
+/* Fails the parent for later calls (C10D_EREVOKED), then aborts those of its
+ * backends that shrink through the store; a backend that shrinks its own
+ * state (`shrink`) ends the parent's ops itself, and is aborted once the
+ * child is made (abort_parent with the rest). Returns the mask left. */
+static unsigned fail_parent(c10d_pg *parent)
+{
+    uv_mutex_lock(&parent->mutex);
+    if (parent->first_status == 0) {
+        parent->first_status = C10D_EABORTED;
+        free(parent->first_error);
+        char why[256];
+        snprintf(why, sizeof why,
+                 "process group %s was aborted by c10d_pg_shrink (C10D_SHRINK_ABORT)",
+                 parent->name);
+        parent->first_error = strdup(why);
+    }
+    uv_mutex_unlock(&parent->mutex);
+    unsigned now = 0, later = 0;
+    for (int d = 0; d < C10D__PG_NDEV; d++)
+        if (parent->backends[d].vt != NULL) {
+            if (parent->backends[d].vt->shrink == NULL)
+                now |= 1u << d;
+            else
+                later |= 1u << d;
+        }
+    abort_parent(parent, now);
+    return later;
+}
+
 int c10d_pg_shrink(c10d_pg *parent, const int *excluded, int nexcluded, const c10d_pg_opts *opts,
                    c10d_pg **out)
 {
@@ -368,6 +445,10 @@ int c10d_pg_shrink(c10d_pg *parent, const int *excluded, int nexcluded, const c1
     if (o.timeout_ms < 0)
         return c10d__fail(C10D_EINVAL, "%s: invalid timeout %lld ms", what,
                           (long long)o.timeout_ms);
+    if ((o.shrink_flags & ~C10D_SHRINK_ABORT) != 0)
+        return c10d__fail(
+            C10D_EINVAL, "%s: unknown shrink_flags 0x%x (C10D_SHRINK_DEFAULT or C10D_SHRINK_ABORT)",
+            what, (unsigned)o.shrink_flags);
     unsigned char *gone = calloc((size_t)parent->size, 1);
     int *global = malloc((size_t)parent->size * sizeof(int));
     if (gone == NULL || global == NULL) {
@@ -431,14 +512,21 @@ int c10d_pg_shrink(c10d_pg *parent, const int *excluded, int nexcluded, const c1
         snprintf(prefix, sizeof prefix, "%s/", name);
         rc = c10d__pg_store_prefix(base, prefix, &pg->store);
     }
+    int abort = (o.shrink_flags & C10D_SHRINK_ABORT) != 0;
+    unsigned abort_later = 0;
+    if (rc == 0 && abort)
+        abort_later = fail_parent(parent);
     if (rc == 0) {
         c10d__pg_set_backend_name(pg, vts);
-        rc = c10d__pg_shrink_backends(pg, vts, parent, excluded, nexcluded);
+        rc = c10d__pg_shrink_backends(pg, vts, parent, excluded, nexcluded, o.shrink_flags);
     }
+    if (abort)
+        abort_parent(parent, abort_later);
     if (rc == 0)
         rc = c10d__pg_store_barrier(base, name, n, timeout);
     if (rc != 0)
         return c10d__pg_creation_failed(pg, rc, what);
+    c10d__pg_shrunk_default(parent, pg);
     *out = pg;
     return 0;
 }

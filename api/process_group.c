@@ -40,6 +40,10 @@ static int group_count; /* names handed out since the default group */
 static int store_outlives_job;
 
 #define ENDED_BY_SHUTDOWN "ended when the library was shut down (c10d_shutdown)"
+/* Groups ended by a shrink of the default group: refused, but their destroy
+ * is the ordinary way to let go of them (it returns 0). */
+static const char ended_by_shrink[] =
+    "ended when the default group was shrunk (c10d_pg_shrink); use the shrunk group";
 /* A forked child starts over (pg_object.c marks the inherited group objects
  * ended): it may create a default group of its own. Only this thread exists. */
 static void registry_fork_child(void)
@@ -509,6 +513,48 @@ static void forget_default(c10d_pg *pg)
     c10d__pg_registry_unlock();
 }
 
+void c10d__pg_shrunk_default(c10d_pg *old, c10d_pg *pg)
+{
+    c10d__pg_registry_lock();
+    int was = default_pg == old;
+    if (was) {
+        default_pg = pg;
+        pg->is_default = 1;
+        old->is_default = 0;
+        /* The survivors are the world now: global ranks are its ranks. */
+        for (int r = 0; r < pg->size; r++)
+            pg->global_ranks[r] = r;
+        pg->global_rank = pg->rank;
+    }
+    c10d__pg_registry_unlock();
+    if (!was)
+        return;
+    C10D_INFO("pg", "default process group is now %s (%d ranks); the groups made before are ended",
+              pg->name, pg->size);
+    for (;;) {
+        c10d__pg_registry_lock();
+        c10d_pg *victim = NULL;
+        for (c10d_pg *g = c10d__pg_registry_head(); g != NULL && victim == NULL;
+             g = g->next_group) {
+            if (g == pg)
+                continue;
+            uv_mutex_lock(&g->mutex);
+            if (g->ended_by == NULL && !g->inherited && g->state == C10D_PG_LIVE) {
+                g->ended_by = ended_by_shrink;
+                victim = g;
+            }
+            uv_mutex_unlock(&g->mutex);
+        }
+        if (victim != NULL)
+            c10d__pg_ref(victim);
+        c10d__pg_registry_unlock();
+        if (victim == NULL)
+            return;
+        pg_close(victim, 0, ended_by_shrink);
+        c10d__pg_unref(victim);
+    }
+}
+
 int c10d_pg_destroy(c10d_pg *pg)
 {
     if (pg == NULL)
@@ -542,7 +588,7 @@ int c10d_pg_destroy(c10d_pg *pg)
     snprintf(name, sizeof name, "%s", pg->name);
     c10d__pg_unref(pg);
     /* The handle is freed all the same: nothing else could free it. */
-    if (ended_by != NULL)
+    if (ended_by != NULL && ended_by != ended_by_shrink)
         return c10d__fail(C10D_EABORTED, "c10d_pg_destroy: process group %s %s", name, ended_by);
     return 0;
 }

@@ -159,9 +159,12 @@ struct c10d__backend_vtable {
     int (*split)(void *parent, const struct c10d__backend_config *cfg, int color, int key,
                  c10d__backend_done_fn done, void *arg, void **state);
     /* Optional (NULL: through the store). The parent without `excluded`
-     * (group ranks), as ncclCommShrink; only surviving ranks call it. */
+     * (group ranks), as ncclCommShrink; only surviving ranks call it. flags:
+     * C10D_SHRINK_ABORT: the parent's pending ops fail with C10D_EABORTED
+     * before the child is made, and the device stops writing their buffers
+     * (NCCL_SHRINK_ABORT); the group aborts the parent state afterwards. */
     int (*shrink)(void *parent, const struct c10d__backend_config *cfg, const int *excluded,
-                  int nexcluded, c10d__backend_done_fn done, void *arg, void **state);
+                  int nexcluded, int flags, c10d__backend_done_fn done, void *arg, void **state);
     /* Nonzero: the backend enforces op->timeout_ms itself, counting from when
      * the op started on the device (not from the call: an op queued behind
      * long compute is not late), and fails the work with C10D_ETIMEDOUT; the

@@ -303,7 +303,18 @@ typedef struct c10d_pg_opts {
      * (torch's use_local_synchronization); the group is named from its
      * members, not from the world's group counter. */
     int use_local_synchronization;
+    /* c10d_pg_shrink only: C10D_SHRINK_DEFAULT (0) or C10D_SHRINK_ABORT
+     * (torch's shrink_flags, NCCL's NCCL_SHRINK_*). Added in 0.2: a caller
+     * whose struct_size ends before it gets the default. */
+    int shrink_flags;
 } c10d_pg_opts;
+
+/* c10d_pg_opts.shrink_flags. DEFAULT: the parent's ops in flight are left
+ * alone (they complete or fail on their own). ABORT: they are failed with
+ * C10D_EABORTED first, and their buffers are no longer written once the
+ * shrink returns; the parent is failed (later calls C10D_EREVOKED). */
+#define C10D_SHRINK_DEFAULT 0
+#define C10D_SHRINK_ABORT   1
 
 /* The nccl backend's communicator settings (ncclConfig_t); zero: NCCL's
  * default (or its NCCL_* environment variable). */
@@ -355,7 +366,11 @@ C10D_EXPORT int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks,
  * ncclCommShrink, when this rank's parent communicator is healthy); else the
  * survivors connect afresh through the store (always so after the parent
  * failed). The new group is named "<parent name>/shrink<k>", k counting the
- * parent's shrinks, so the world's other group names stay in step. */
+ * parent's shrinks, so the world's other group names stay in step.
+ * opts->shrink_flags: C10D_SHRINK_ABORT ends the parent's ops in flight first
+ * (nccl: NCCL_SHRINK_ABORT). Shrinking the default group makes the result the
+ * default group; the old default and every group made before the shrink are
+ * ended (their calls C10D_EREVOKED; destroy their handles). */
 C10D_EXPORT int c10d_pg_shrink(c10d_pg *parent, const int *excluded, int nexcluded,
                                const c10d_pg_opts *opts, c10d_pg **out);
 /* MPI_Comm_split / ncclCommSplit: every rank of `parent` calls it; ranks

@@ -1627,6 +1627,59 @@ static int shrink_main(int rank, int n, void *arg)
     return 0;
 }
 
+/* C10D_SHRINK_ABORT on a healthy bound group: ranks 0 and 2 have a GPU
+ * all_reduce stuck on the parent (rank 1 never joins it); the shrink fails it
+ * with C10D_EABORTED and makes the child with ncclCommShrink(NCCL_SHRINK_ABORT),
+ * which ends the stuck kernel; the child then works. Rank 1 leaves once told. */
+static int shrink_abort_main(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    c10d_pg *pg = init_group(1, 30000);
+    MP_CHECK(pg != NULL, "init");
+    c10d_store *st = NULL;
+    MP_CHECK(c10d_pg_store(pg, &st) == 0, "store: %s", c10d_last_error());
+    if (rank == 1) {
+        void *v = NULL;
+        size_t len = 0;
+        MP_CHECK(c10d_store_get_sync(st, "shrunk", &v, &len) == 0, "get: %s", c10d_last_error());
+        free(v);
+        c10d_store_release(st);
+        c10d_pg_abort(pg, "excluded");
+        c10d_shutdown();
+        return 0;
+    }
+    c10d_op_opts o = gpu_opts();
+    float *buf = dev_alloc(sizeof(float));
+    float v = 5.0f;
+    to_dev(buf, &v, sizeof v);
+    c10d_work *w = NULL;
+    MP_CHECK(c10d_all_reduce(pg, buf, buf, 1, C10D_FLOAT32, C10D_SUM, &o, &w) == 0, "post: %s",
+             c10d_last_error());
+    usleep(100000);
+    MP_CHECK(c10d_work_test(w) == 0, "the op ended without rank 1");
+    c10d_pg_opts so = C10D_PG_OPTS_INIT;
+    so.shrink_flags = C10D_SHRINK_ABORT;
+    c10d_pg *small = NULL;
+    MP_CHECK(c10d_pg_shrink(pg, (int[]){1}, 1, &so, &small) == 0, "shrink: %s", c10d_last_error());
+    MP_CHECK(c10d_work_test(w) == 1, "the parent's op still pending");
+    int rc = c10d_work_wait(w, 0);
+    MP_CHECK(rc == C10D_EABORTED, "stuck op: %s: %s", c10d_status_name(rc), c10d_last_error());
+    c10d_work_release(w);
+    int sum = 0;
+    rc = shrink_sum(small, rank, &sum);
+    MP_CHECK(rc == 0 && sum == 1 + 3, "shrunk all_reduce: %d sum %d: %s", rc, sum,
+             c10d_last_error());
+    MP_CHECK(c10d_pg_error(pg) == C10D_EABORTED, "parent's error");
+    if (rank == 0)
+        MP_CHECK(c10d_store_set_sync(st, "shrunk", "1", 1) == 0, "set: %s", c10d_last_error());
+    c10d_store_release(st);
+    MP_CHECK(c10d_pg_destroy(small) == 0, "destroy: %s", c10d_last_error());
+    c10d_pg_abort(pg, "test");
+    c10d_shutdown();
+    return 0;
+}
+
 /* c10d_pg_split of a bound group splits its communicator with every rank's
  * color in one ncclCommSplit (rank 1: no color), ordered by key; then
  * C10D_DEBUG=DETAIL catches a dtype mismatch NCCL's wire cannot carry: the
@@ -1793,6 +1846,7 @@ static void test_shrink(void **s)
     (void)s;
     run(3, shrink_main, NULL, 90);
     run(3, shrink_main, (void *)1, 90);
+    run(3, shrink_abort_main, NULL, 90);
 }
 
 /* A missing library: the tcp group works from the same binary; asking for

@@ -261,7 +261,7 @@ static void start_work(void *arg)
         uv_mutex_lock(&p->lock);
         if (c->shrink_excluded != NULL)
             r = api->nccl.ncclCommShrink(p->comm, c->shrink_excluded, c->shrink_nexcluded, &c->comm,
-                                         &cfg, NCCL_SHRINK_DEFAULT);
+                                         &cfg, c->shrink_flags);
         else
             r = api->nccl.ncclCommSplit(p->comm,
                                         c->split_color < 0 ? NCCL_SPLIT_NOCOLOR : c->split_color,
@@ -352,6 +352,10 @@ static int init_ready(struct c10d__poll_item *item)
         api->nccl.ncclCommGetAsyncError(c->comm, &st);
     if (c->split_parent != NULL)
         api->nccl.ncclCommGetAsyncError(c->split_parent->comm, &pst);
+    /* NCCL_SHRINK_ABORT ended the parent on purpose: its error is not ours. */
+    if (c->shrink_excluded != NULL && (c->shrink_flags & NCCL_SHRINK_ABORT) &&
+        pst != ncclInProgress)
+        pst = ncclSuccess;
     if (st == ncclInProgress || pst == ncclInProgress) {
         if (c10d__now_ms() - c->init_started_ms < (uint64_t)c->s->timeout_ms) {
             c10d__nccl_peer_error_poll(c->s);
@@ -554,7 +558,7 @@ int c10d__nccl_comm_split(struct nccl_state *child, struct nccl_state *parent_st
 }
 
 int c10d__nccl_comm_shrink(struct nccl_state *child, struct nccl_comm *parent, const int *excluded,
-                           int nexcluded, c10d__backend_done_fn done, void *arg)
+                           int nexcluded, int nccl_flags, c10d__backend_done_fn done, void *arg)
 {
     struct nccl_comm *c = comm_new(child, parent->device, -1);
     if (c == NULL)
@@ -566,6 +570,7 @@ int c10d__nccl_comm_shrink(struct nccl_state *child, struct nccl_comm *parent, c
     }
     memcpy(c->shrink_excluded, excluded, (size_t)nexcluded * sizeof(int));
     c->shrink_nexcluded = nexcluded;
+    c->shrink_flags = nccl_flags;
     c->split_parent = parent;
     c->blocking = parent->blocking;
     c->ready_done = done;

@@ -831,21 +831,33 @@ static int nccl_split(void *parent, const struct c10d__backend_config *cfg, int 
 /* A healthy parent shrinks with ncclCommShrink; a failed one (the usual
  * case: a dead rank failed the group everywhere, and its communicators are
  * aborted) cannot, so the survivors make a new communicator instead, as they
- * do with an NCCL that has no ncclCommShrink (< 2.27). */
+ * do with an NCCL that has no ncclCommShrink (< 2.27). C10D_SHRINK_ABORT: the
+ * parent's pending works fail with C10D_EABORTED first (before NCCL ends
+ * their kernels, so none completes as a success), then NCCL_SHRINK_ABORT
+ * stops them on the device; without ncclCommShrink the group's abort of the
+ * parent (ncclCommAbort) stops them once the child is made. */
 static int nccl_shrink(void *parent, const struct c10d__backend_config *cfg, const int *excluded,
-                       int nexcluded, c10d__backend_done_fn done, void *arg, void **state)
+                       int nexcluded, int flags, c10d__backend_done_fn done, void *arg,
+                       void **state)
 {
     struct nccl_state *ps = parent;
     struct nccl_comm *pc =
         atomic_load(&ps->poisoned) || ps->closing || ps->api->nccl.ncclCommShrink == NULL
             ? NULL
             : bound_comm(ps);
+    if (flags & C10D_SHRINK_ABORT) {
+        fail_quiet(ps, C10D_EABORTED,
+                   "process group %s was aborted by c10d_pg_shrink (C10D_SHRINK_ABORT)", ps->name);
+        fail_pending(ps, ps->first_status, ps->first_error);
+    }
     if (pc == NULL)
         return nccl_create(cfg, done, arg, state);
     struct nccl_state *s = state_new(ps->api, cfg, pc->device);
     if (s == NULL)
         return c10d__fail(C10D_ENOMEM, "nccl: out of memory");
-    int rc = c10d__nccl_comm_shrink(s, pc, excluded, nexcluded, done, arg);
+    int rc = c10d__nccl_comm_shrink(
+        s, pc, excluded, nexcluded,
+        (flags & C10D_SHRINK_ABORT) ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT, done, arg);
     if (rc != 0) {
         state_free(s);
         return rc;

@@ -125,6 +125,7 @@ struct nccl_comm {
     int split_color, split_key;
     int *shrink_excluded; /* a shrink (ncclCommShrink) rather than a split; owned */
     int shrink_nexcluded;
+    int shrink_flags; /* NCCL_SHRINK_DEFAULT or NCCL_SHRINK_ABORT */
     /* The first failure of the start wins (a worker and the loop's deadline
      * may both fail it): init_claimed is taken, init_error written, then
      * init_status stored, so whoever reads a status finds its words. */
@@ -201,9 +202,10 @@ int c10d__nccl_comm_split(struct nccl_state *child, struct nccl_state *parent_st
                           struct nccl_comm *parent, int color, int key, c10d__backend_done_fn done,
                           void *arg);
 /* Loop: the child's communicator shrunk from `parent` without `excluded`
- * (ncclCommShrink); only the surviving ranks call it. */
+ * (ncclCommShrink with nccl_flags, NCCL_SHRINK_*); only the surviving ranks
+ * call it. */
 int c10d__nccl_comm_shrink(struct nccl_state *child, struct nccl_comm *parent, const int *excluded,
-                           int nexcluded, c10d__backend_done_fn done, void *arg);
+                           int nexcluded, int nccl_flags, c10d__backend_done_fn done, void *arg);
 /* Loop: aborts (abort != 0) or destroys every communicator of `s` on an
  * offload worker, then calls done(arg) on the loop (never if the worker is
  * stuck: the group's timer bounds the wait). Frees the communicators. */
