@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Host-aware against flat collectives across two "hosts" (network namespaces joined by one
+# veth pair), same run: 4 ranks, 2 per host, blocking ops (c10d-bench -z 1), the host-aware
+# path (C10D_SHM=1, the default) and flat tcp (C10D_SHM=0) alternating, each row the best of
+# REPEAT runs. RATE (e.g. 1gbit) limits the veth pair with tc, as a NIC would; the default is
+# no limit (the veth moves bytes at memcpy speed through the kernel, so this shows the
+# protocol's cost, not a network's). Root only.
+#
+# usage: bench/hier_compare.sh BUILD [OP] [REPEAT]   (OP: all_reduce (default), broadcast, reduce)
+set -u
+BUILD=$(realpath "${1:?usage: hier_compare.sh BUILD [OP] [REPEAT]}")
+OP=${2:-all_reduce}
+REPEAT=${3:-3}
+BENCHX=$BUILD/bench/c10d-bench
+[ "$(id -u)" = 0 ] || {
+    echo "needs root (ip netns)"
+    exit 1
+}
+TAG=$(printf '%x%04x' $$ $RANDOM | tail -c 8)
+NS=(hb-$TAG-a hb-$TAG-b)
+IF0=hb${TAG}a
+IF1=hb${TAG}b
+NET=10.$((RANDOM % 200 + 20)).$((RANDOM % 250 + 1))
+T=$(mktemp -d)
+cleanup() {
+    for ns in "${NS[@]}"; do
+        for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+        ip netns del "$ns" 2>/dev/null
+    done
+    rm -rf "$T"
+}
+trap cleanup EXIT
+ip netns add "${NS[0]}" && ip netns add "${NS[1]}" &&
+    ip link add "$IF0" type veth peer name "$IF1" &&
+    ip link set "$IF0" netns "${NS[0]}" && ip link set "$IF1" netns "${NS[1]}" &&
+    ip -n "${NS[0]}" addr add "$NET.1/24" dev "$IF0" && ip -n "${NS[1]}" addr add "$NET.2/24" dev "$IF1" &&
+    ip -n "${NS[0]}" link set "$IF0" up && ip -n "${NS[1]}" link set "$IF1" up &&
+    ip -n "${NS[0]}" link set lo up && ip -n "${NS[1]}" link set lo up || exit 1
+if [ -n "${RATE:-}" ]; then
+    for k in 0 1; do
+        ifn=$IF0
+        [ $k = 1 ] && ifn=$IF1
+        ip netns exec "${NS[$k]}" tc qdisc add dev "$ifn" root tbf rate "$RATE" burst 256kb latency 50ms
+    done
+fi
+PORT=29700
+# run SHM: one c10d-bench over 4 ranks (0, 1 on host A; 2, 3 on host B); rank 0's table on stdout.
+run() {
+    PORT=$((PORT + 1))
+    local r ns ifn pids=()
+    for r in 0 1 2 3; do
+        if [ $r -lt 2 ]; then ns=${NS[0]} ifn=$IF0; else ns=${NS[1]} ifn=$IF1; fi
+        ip netns exec "$ns" env C10D_SHM="$1" MASTER_ADDR="$NET.1" MASTER_PORT=$PORT RANK=$r \
+            WORLD_SIZE=4 C10D_SOCKET_IFNAME="$ifn" timeout 300 "$BENCHX" -o "$OP" -z 1 -b 4 -e 16M \
+            -f 16 -n "${ITERS:-200}" -w 20 -c 1 >"$T/r$r.out" 2>"$T/r$r.err" &
+        pids+=($!)
+    done
+    wait "${pids[@]}"
+    grep -vE '^\s*#' "$T/r0.out" | awk 'NF >= 8 {print $1, $6}'
+}
+declare -A best
+for ((i = 0; i < REPEAT; i++)); do
+    for shm in 1 0; do
+        while read -r size t; do
+            k="$shm:$size"
+            if [ -z "${best[$k]:-}" ] || awk -v a="$t" -v b="${best[$k]}" 'BEGIN{exit !(a < b)}'; then
+                best[$k]=$t
+            fi
+        done < <(run $shm)
+    done
+done
+echo "$OP, 4 ranks on 2 hosts (2 + 2, network namespaces, veth${RATE:+ limited to $RATE}), blocking, best of $REPEAT (time per op in us)"
+printf '%10s | %12s %12s | %s\n' size host-aware flat "host-aware / flat"
+for size in 4 64 1024 16384 262144 4194304; do
+    a=${best["1:$size"]:-} b=${best["0:$size"]:-}
+    [ -n "$a" ] && [ -n "$b" ] || continue
+    printf '%10s | %12s %12s | %s\n' "$size" "$a" "$b" "$(awk -v a="$a" -v b="$b" 'BEGIN{printf "%.2f", a/b}')"
+done
