@@ -52,7 +52,7 @@ run() {
         if [ $r -lt 2 ]; then ns=${NS[0]} ifn=$IF0; else ns=${NS[1]} ifn=$IF1; fi
         ip netns exec "$ns" env C10D_SHM="$1" MASTER_ADDR="$NET.1" MASTER_PORT=$PORT RANK=$r \
             WORLD_SIZE=4 C10D_SOCKET_IFNAME="$ifn" timeout 300 "$BENCHX" -o "$OP" -z 1 -b 4 -e 16M \
-            -f 16 -n "${ITERS:-200}" -w 20 -c 1 >"$T/r$r.out" 2>"$T/r$r.err" &
+            -f 16 -n "${ITERS:-200}" -w 20 -c "${CHECKS:-1}" >"$T/r$r.out" 2>"$T/r$r.err" &
         pids+=($!)
     done
     wait "${pids[@]}"

@@ -78,8 +78,12 @@ int c10d__tcp_hier_supports(const struct c10d__op *op)
 {
     if (op->sends != NULL || op->recvs != NULL)
         return 0;
-    return op->kind == C10D_OP_ALL_REDUCE || op->kind == C10D_OP_BROADCAST ||
-           op->kind == C10D_OP_REDUCE;
+    /* A small reduce is quicker flat: its two phases run one after the other,
+     * where the binomial tree's two steps are all there is (bench/README.md,
+     * "Across hosts"). Every rank draws the same answer from the same op. */
+    if (op->kind == C10D_OP_REDUCE)
+        return op->count * c10d_dtype_size(op->dtype) >= C10D_TCP_HIER_REDUCE_MIN;
+    return op->kind == C10D_OP_ALL_REDUCE || op->kind == C10D_OP_BROADCAST;
 }
 
 static int local_index(const struct c10d__tcp_hier *h, int grank)

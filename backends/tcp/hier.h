@@ -44,7 +44,10 @@ struct c10d__tcp_hier_phase {
 int c10d__tcp_hier_plan(struct c10d__tcp_hier *h, int rank, int size, const char *const *notes);
 void c10d__tcp_hier_free(struct c10d__tcp_hier *h);
 
-/* Whether `op` runs in phases (its kind and form). */
+/* A reduce runs in phases from this many bytes; below, flat. */
+#define C10D_TCP_HIER_REDUCE_MIN (8 * 1024)
+
+/* Whether `op` runs in phases (its kind, form and, for reduce, size). */
 int c10d__tcp_hier_supports(const struct c10d__op *op);
 
 /* The phases this rank runs for `op` into ph (C10D_TCP_HIER_MAX_PHASES at
