@@ -12,6 +12,7 @@ BUILD=$(realpath "${1:?usage: hier_compare.sh BUILD [OP] [REPEAT]}")
 OP=${2:-all_reduce}
 REPEAT=${3:-3}
 BENCHX=$BUILD/bench/c10d-bench
+. "$(dirname "$0")/../test/net/netns.sh"
 [ "$(id -u)" = 0 ] || {
     echo "needs root (ip netns)"
     exit 1
@@ -23,19 +24,11 @@ IF1=hb${TAG}b
 NET=10.$((RANDOM % 200 + 20)).$((RANDOM % 250 + 1))
 T=$(mktemp -d)
 cleanup() {
-    for ns in "${NS[@]}"; do
-        for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-        ip netns del "$ns" 2>/dev/null
-    done
+    netns_gone "${NS[@]}"
     rm -rf "$T"
 }
 trap cleanup EXIT
-ip netns add "${NS[0]}" && ip netns add "${NS[1]}" &&
-    ip link add "$IF0" type veth peer name "$IF1" &&
-    ip link set "$IF0" netns "${NS[0]}" && ip link set "$IF1" netns "${NS[1]}" &&
-    ip -n "${NS[0]}" addr add "$NET.1/24" dev "$IF0" && ip -n "${NS[1]}" addr add "$NET.2/24" dev "$IF1" &&
-    ip -n "${NS[0]}" link set "$IF0" up && ip -n "${NS[1]}" link set "$IF1" up &&
-    ip -n "${NS[0]}" link set lo up && ip -n "${NS[1]}" link set lo up || exit 1
+netns_two "${NS[@]}" && netns_link "${NS[@]}" "$IF0" "$IF1" "$NET.1/24" "$NET.2/24" || exit 1
 if [ -n "${RATE:-}" ]; then
     for k in 0 1; do
         ifn=$IF0

@@ -17,6 +17,7 @@ TINY=${2:?usage: test_c10drun_nodes.sh PATH/TO/c10drun PATH/TO/ddp_tiny}
 RUN=$(realpath "$RUN")
 TINY=$(realpath "$TINY")
 export TINY # the ranks' shell scripts run it
+. "$(dirname "$0")/net/netns.sh"
 
 if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null 2>&1; then
     echo "SKIP: needs root and iproute2 (ip netns)"
@@ -44,12 +45,7 @@ cleanup() {
         kill -KILL "$p" 2>/dev/null
     done
     # Whatever still runs inside a namespace (a rank left behind) goes with it.
-    for ns in "$NS0" "$NS1"; do
-        for p in $(ip netns pids "$ns" 2>/dev/null); do
-            kill -KILL "$p" 2>/dev/null
-        done
-        ip netns del "$ns" 2>/dev/null
-    done
+    netns_gone "$NS0" "$NS1"
     ip link del "$IF0" 2>/dev/null
     rm -rf "$T"
 }
@@ -74,12 +70,7 @@ expect_match() { # name file regex
 }
 
 setup() {
-    ip netns add "$NS0" && ip netns add "$NS1" &&
-        ip link add "$IF0" type veth peer name "$IF1" &&
-        ip link set "$IF0" netns "$NS0" && ip link set "$IF1" netns "$NS1" &&
-        ip -n "$NS0" addr add "$ADDR0/24" dev "$IF0" && ip -n "$NS1" addr add "$ADDR1/24" dev "$IF1" &&
-        ip -n "$NS0" link set "$IF0" up && ip -n "$NS1" link set "$IF1" up &&
-        ip -n "$NS0" link set lo up && ip -n "$NS1" link set lo up
+    netns_two "$NS0" "$NS1" && netns_link "$NS0" "$NS1" "$IF0" "$IF1" "$ADDR0/24" "$ADDR1/24"
 }
 if ! setup 2>"$T/setup.err"; then
     echo "SKIP: cannot make network namespaces here: $(cat "$T/setup.err")"

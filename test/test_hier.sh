@@ -16,6 +16,7 @@ set -u
 
 CHECK=${1:?usage: test_hier.sh PATH/TO/hier_check}
 CHECK=$(realpath "$CHECK")
+. "$(dirname "$0")/net/netns.sh"
 
 if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null 2>&1; then
     echo "SKIP: needs root and iproute2 (ip netns)"
@@ -33,17 +34,11 @@ BG=()
 FAILS=0
 
 cleanup() {
-    local p ns
+    local p
     for p in "${BG[@]}"; do
         kill -KILL "$p" 2>/dev/null
     done
-    for ns in "${NS[@]}"; do
-        for p in $(ip netns pids "$ns" 2>/dev/null); do
-            kill -KILL "$p" 2>/dev/null
-        done
-        ip netns del "$ns" 2>/dev/null
-    done
-    ip link del "$IF0" 2>/dev/null
+    netns_gone "${NS[@]}"
     rm -rf "$T"
 }
 trap cleanup EXIT
@@ -56,13 +51,8 @@ fail() {
 pass() { echo "ok:   $*"; }
 
 setup() {
-    ip netns add "${NS[0]}" && ip netns add "${NS[1]}" &&
-        ip link add "$IF0" type veth peer name "$IF1" &&
-        ip link set "$IF0" netns "${NS[0]}" && ip link set "$IF1" netns "${NS[1]}" &&
-        ip -n "${NS[0]}" addr add "${ADDR[0]}/24" dev "$IF0" &&
-        ip -n "${NS[1]}" addr add "${ADDR[1]}/24" dev "$IF1" &&
-        ip -n "${NS[0]}" link set "$IF0" up && ip -n "${NS[1]}" link set "$IF1" up &&
-        ip -n "${NS[0]}" link set lo up && ip -n "${NS[1]}" link set lo up
+    netns_two "${NS[@]}" &&
+        netns_link "${NS[@]}" "$IF0" "$IF1" "${ADDR[0]}/24" "${ADDR[1]}/24"
 }
 if ! setup 2>"$T/setup.err"; then
     echo "SKIP: cannot make network namespaces here: $(cat "$T/setup.err")"

@@ -303,6 +303,18 @@ static int barrier_unmet(const struct link *l, const struct entry *e)
     return l->w->until > 0 && !(e->has_val && e->ival_ok && e->ival >= l->w->until);
 }
 
+/* Puts l last in e's line of waiters. */
+static void link_append(struct entry *e, struct link *l)
+{
+    l->next = NULL;
+    l->prev = e->wlast;
+    if (e->wlast)
+        e->wlast->next = l;
+    else
+        e->wfirst = l;
+    e->wlast = l;
+}
+
 static void wake_all(struct c10d__store_table *t, struct entry *e)
 {
     struct link *l = e->wfirst;
@@ -310,13 +322,7 @@ static void wake_all(struct c10d__store_table *t, struct entry *e)
     while (l) {
         struct link *next = l->next;
         if (barrier_unmet(l, e)) { /* back in line, in the same order */
-            l->next = NULL;
-            l->prev = e->wlast;
-            if (e->wlast)
-                e->wlast->next = l;
-            else
-                e->wfirst = l;
-            e->wlast = l;
+            link_append(e, l);
         } else {
             l->prev = l->next = NULL;
             l->e = NULL;
@@ -424,12 +430,7 @@ static int register_wait(struct c10d__store_table *t, struct c10d__store_client 
         struct entry *e = entries[i];
         l->w = w;
         l->e = e;
-        l->prev = e->wlast;
-        if (e->wlast)
-            e->wlast->next = l;
-        else
-            e->wfirst = l;
-        e->wlast = l;
+        link_append(e, l);
     }
     client->wait = w;
     t->waiters++;

@@ -30,6 +30,7 @@ if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null 2>&1; then
     exit 77
 fi
 
+. "$(dirname "$0")/netns.sh"
 TAG=$(printf '%x%04x' $$ $RANDOM | tail -c 8)
 NSA=c10drail-$TAG-a
 NSB=c10drail-$TAG-b
@@ -44,12 +45,7 @@ cleanup() {
     for p in "${PIDS[@]}"; do
         kill -KILL "$p" 2>/dev/null
     done
-    for ns in "$NSA" "$NSB"; do
-        for p in $(ip netns pids "$ns" 2>/dev/null); do
-            kill -KILL "$p" 2>/dev/null
-        done
-        ip netns del "$ns" 2>/dev/null # takes the veth pairs with it
-    done
+    netns_gone "$NSA" "$NSB" # takes the veth pairs with them
     if [ "${KEEP_LOGS:-0}" = 1 ]; then echo "logs kept in $DIR"; else rm -rf "$DIR"; fi
 }
 trap cleanup EXIT
@@ -62,7 +58,7 @@ fail() {
 pass() { echo "ok:   $*"; }
 
 setup() {
-    ip netns add "$NSA" && ip netns add "$NSB" || return 1
+    netns_two "$NSA" "$NSB" || return 1
     local k
     for k in 0 1; do
         # Made with unique names in this namespace, renamed once inside theirs.
@@ -78,7 +74,6 @@ setup() {
                 ip netns exec "$NSB" tc qdisc add dev "rail$k" root tbf rate "$BENCH_RATE" burst 256k latency 50ms || return 1
         fi
     done
-    ip -n "$NSA" link set lo up && ip -n "$NSB" link set lo up
 }
 
 if ! setup 2>"$DIR/setup.err"; then
