@@ -10,9 +10,12 @@
  * the reason, closes every connection after telling the peers why, and
  * poisons the group: later ops fail at once naming that first error.
  *
- * Over 800 lines because the op queue, the failure policy and the address
- * exchange at creation all change the same per-group state; the transport
- * (transport.h) and the algorithms (coll.h) are elsewhere. */
+ * Over 800 lines because the op queue, the failure policy, the address
+ * exchange at creation and the running of an op's phases (shared memory,
+ * host-aware) all change the same per-group state; the transport
+ * (transport.h, rails.h), the algorithms (coll.h), the segment's protocol
+ * (backends/shm/) and the host map (hier.h) are elsewhere. Splitting off the
+ * address exchange behind a private header of this state is the next cut. */
 #include "tcp_backend.h"
 
 #include "coll.h"
