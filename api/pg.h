@@ -81,6 +81,11 @@ struct c10d_pg {
     int split_count;  /* c10d_pg_split calls on this one (their names and keys) */
     int fr_seen;      /* the flight recorder knows the group (pg_config, store watch) */
     int split_color;  /* the color this group was split with (backend splits) */
+    int merged;       /* made by c10d_pg_merge_remote: its own rank numbering */
+    /* The name the backends are given (tcp checks it in every connection's
+     * hello); NULL: name. A merged group's callers may name it differently,
+     * so its backends get one fixed name. Static storage. */
+    const char *wire_name;
     struct c10d__pg_op *coal_head, *coal_tail;
     size_t coal_n;
     /* Loop thread only. */
@@ -225,6 +230,10 @@ int c10d__pg_cause_locked(c10d_pg *pg);
  * C10D_EINVAL on every rank, naming each setting and both values, when one
  * differs. A NULL store or a single rank checks nothing. */
 int c10d__pg_settings_check(c10d_store *store, int rank, int size, int64_t timeout_ms);
+/* The same check on `store` itself, not on a per-process numbered prefix of
+ * it: for ranks that do not share a count of checks made (a merge of
+ * groups from other jobs). */
+int c10d__pg_settings_check_in(c10d_store *store, int rank, int size, int64_t timeout_ms);
 
 /* detail_check.c: C10D_DEBUG=DETAIL's fingerprint exchange before a
  * collective (caller's thread, blocking, bounded by timeout_ms); 0 or the

@@ -195,7 +195,7 @@ static int create_backend(c10d_pg *pg, int dev, const struct c10d__backend_vtabl
     if (cc == NULL)
         return c10d__fail(C10D_ENOMEM, "process group: out of memory");
     cc->vt = vt;
-    cc->name = strdup(pg->name);
+    cc->name = strdup(pg->wire_name != NULL ? pg->wire_name : pg->name);
     cc->desc = pg->desc != NULL ? strdup(pg->desc) : NULL;
     cc->global_ranks = malloc((size_t)pg->size * sizeof *cc->global_ranks);
     if (cc->name == NULL || (pg->desc != NULL && cc->desc == NULL) || cc->global_ranks == NULL) {

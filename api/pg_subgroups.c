@@ -226,6 +226,11 @@ int c10d_pg_new_group(c10d_pg *parent, const int *ranks, int nranks, const c10d_
         return c10d__fail(C10D_EINVAL,
                           "c10d_pg_new_group: this rank is not a member of parent group %s",
                           parent->name);
+    if (parent->merged)
+        return c10d__fail(C10D_EUNSUPPORTED,
+                          "c10d_pg_new_group: group %s was made by c10d_pg_merge_remote: its "
+                          "callers share no count of groups made (use c10d_pg_split)",
+                          parent->name);
     if (nranks < 0 || (ranks == NULL && nranks > 0))
         return c10d__fail(C10D_EINVAL, "c10d_pg_new_group: invalid ranks list (%p, %d entries)",
                           (const void *)ranks, nranks);

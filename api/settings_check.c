@@ -165,6 +165,11 @@ int c10d__pg_settings_check(c10d_store *base, int rank, int size, int64_t timeou
     return rc;
 }
 
+int c10d__pg_settings_check_in(c10d_store *store, int rank, int size, int64_t timeout_ms)
+{
+    return store == NULL || size <= 1 ? 0 : check_in(store, rank, size, timeout_ms);
+}
+
 static int check_in(c10d_store *store, int rank, int size, int64_t timeout_ms)
 {
     char mine[1024], diff[1024] = "";

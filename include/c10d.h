@@ -307,6 +307,11 @@ typedef struct c10d_pg_opts {
      * (torch's shrink_flags, NCCL's NCCL_SHRINK_*). Added in 0.2: a caller
      * whose struct_size ends before it gets the default. */
     int shrink_flags;
+    /* c10d_pg_merge_remote only: the merged group's name (torch's
+     * group_name); NULL: "<parent name>:merge". Added in 0.2, after
+     * shrink_flags: a caller whose struct_size ends before it gets the
+     * default. */
+    const char *group_name;
 } c10d_pg_opts;
 
 /* c10d_pg_opts.shrink_flags. DEFAULT: the parent's ops in flight are left
@@ -383,6 +388,20 @@ C10D_EXPORT int c10d_pg_shrink(c10d_pg *parent, const int *excluded, int nexclud
 #define C10D_SPLIT_NO_COLOR (-1)
 C10D_EXPORT int c10d_pg_split(c10d_pg *parent, int color, int key, const c10d_pg_opts *opts,
                               c10d_pg **out);
+/* torch's ProcessGroup.merge_remote_group: a new group of `size` ranks made
+ * of the processes, from any number of groups (other jobs), that call it with
+ * the same `store` (a store they all reach, used for one merge). Each caller
+ * gets the next merged rank in order of arrival (torch's counter
+ * "mergeGroupRank" in the store); the new group has the parent's backends
+ * (tcp; nccl on the parent's device), connected through `store`, and its own
+ * numbering (global rank = merged rank). `parent` is left as it was.
+ * Bounded by opts->timeout_ms (0: 30 min): fewer than `size` callers is
+ * C10D_ETIMEDOUT naming how many arrived; callers asking for different sizes,
+ * or more callers than `size`, fail with C10D_EINVAL. opts may set
+ * timeout_ms, group_name, group_desc (default "<parent desc>:merge") and the
+ * device options; not store, init_method or backend. */
+C10D_EXPORT int c10d_pg_merge_remote(c10d_pg *parent, c10d_store *store, int size,
+                                     const c10d_pg_opts *opts, c10d_pg **out);
 /* torch's new_subgroups: the parent cut into consecutive groups of
  * `group_size` ranks (which must divide its size); *out is this rank's. */
 C10D_EXPORT int c10d_pg_new_subgroups(c10d_pg *parent, int group_size, const c10d_pg_opts *opts,
