@@ -1138,6 +1138,11 @@ int c10d__tcp_connect(void *state, const char *const *addrs, void (*done)(void *
                       void *arg)
 {
     struct tcp_state *s = state;
+    /* A peer that met us, ran its first op and failed it (its abort came to
+     * our listener) before we got here: the group is gone for us too, and
+     * its reason, not "the transport was closed", is what to report. */
+    if (s->poisoned)
+        return c10d__fail(s->poison_status, "%s", s->poison_msg);
     s->connect_done = done;
     s->connect_arg = arg;
     return c10d__tcp_rails_connect(s->rails, addrs, on_connected, s);
