@@ -348,6 +348,12 @@ typedef struct c10d_op_opts {
     c10d_device_type device_type;
     int device_index; /* CUDA device of the buffers */
     void *stream;     /* CUDA: the caller's cudaStream_t (NULL: the default stream) */
+    /* PREMUL_SUM's factor as one element in device memory, in the op's dtype
+     * (torch's one-element tensor factor), read by the device when the op
+     * runs: it must stay alive and unchanged until the work completes. When
+     * set it replaces premul_factor; nccl only (ncclScalarDevice): host
+     * buffers and cuda:tcp refuse it with C10D_EINVAL. NULL: premul_factor. */
+    const void *premul_factor_dev;
 } c10d_op_opts;
 #define C10D_OP_OPTS_INIT C10D__SIZED_INIT(c10d_op_opts)
 
