@@ -83,7 +83,13 @@ static int check_redop(const c10d_pg *pg, const char *opname, const struct c10d_
 {
     if ((int)op->redop < 0 || op->redop >= C10D_REDUCE_OP_COUNT)
         return FAIL(pg, opname, "invalid reduce op %d", (int)op->redop);
-    if (op->redop == C10D_PREMUL_SUM && !isfinite(op->premul_factor))
+    if (op->redop == C10D_PREMUL_SUM && op->premul_factor_dev != NULL &&
+        op->device_type == C10D_DEVICE_CPU)
+        return FAIL(pg, opname,
+                    "opts.premul_factor_dev is a device pointer, for CUDA buffers on nccl: "
+                    "host buffers take the factor in opts.premul_factor");
+    if (op->redop == C10D_PREMUL_SUM && op->premul_factor_dev == NULL &&
+        !isfinite(op->premul_factor))
         return FAIL(pg, opname, "PREMUL_SUM factor must be finite (got %g)", op->premul_factor);
     /* The host table applies to CPU buffers; a GPU backend has its own (check). */
     if (op->device_type == C10D_DEVICE_CPU && c10d_reduce_op_check(op->redop, op->dtype) != 0)
@@ -127,6 +133,25 @@ static int check_splits(const c10d_pg *pg, const char *opname, const struct c10d
     }
     C10D_CHECK(check_buf(pg, opname, "send", op->send, op->count));
     return check_buf(pg, opname, "recv", op->recv, recv_total);
+}
+
+/* The uneven all_gather / reduce_scatter: `buf` holds every rank's block,
+ * sum(counts) elements, and this rank's block is `mine` of them. */
+static int check_uneven(const c10d_pg *pg, const char *opname, const char *what, const void *buf,
+                        const size_t *counts, size_t mine, size_t esz)
+{
+    size_t total = 0, bytes;
+    for (int i = 0; i < pg->size; i++) {
+        if (counts[i] > SIZE_MAX - total)
+            return FAIL(pg, opname, "counts overflow at index %d", i);
+        total += counts[i];
+    }
+    if (__builtin_mul_overflow(total, esz, &bytes))
+        return FAIL(pg, opname, "counts sum to %zu elements: too large", total);
+    if (counts[pg->rank] != mine)
+        return FAIL(pg, opname, "counts[%d] = %zu, but this rank's block has %zu elements",
+                    pg->rank, counts[pg->rank], mine);
+    return check_buf(pg, opname, what, buf, total);
 }
 
 /* Self is a peer only inside a batch, as in torch (whose isend and irecv
@@ -183,6 +208,8 @@ int c10d__pg_check_op(const c10d_pg *pg, const char *opname, const struct c10d__
         return 0;
     case C10D_OP_ALL_GATHER:
         C10D_CHECK(check_buf(pg, opname, "send", op->send, n));
+        if (op->recv_counts != NULL)
+            return check_uneven(pg, opname, "recv", op->recv, op->recv_counts, n, esz);
         if (list_form)
             return check_list(pg, opname, "recvs", (const void *const *)op->recvs, NULL, n, esz);
         return check_buf(pg, opname, "recv", op->recv, n * size);
@@ -207,6 +234,8 @@ int c10d__pg_check_op(const c10d_pg *pg, const char *opname, const struct c10d__
     case C10D_OP_REDUCE_SCATTER:
         C10D_CHECK(check_redop(pg, opname, op));
         C10D_CHECK(check_buf(pg, opname, "recv", op->recv, n));
+        if (op->send_counts != NULL)
+            return check_uneven(pg, opname, "send", op->send, op->send_counts, n, esz);
         if (list_form)
             return check_list(pg, opname, "sends", op->sends, NULL, n, esz);
         return check_buf(pg, opname, "send", op->send, n * size);

@@ -82,7 +82,7 @@ int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op
     if (coalescing)
         return 0; /* members of a list may differ, as in torch */
     struct c10d__fp mine;
-    c10d__fp_of(op, &mine);
+    c10d__fp_of(op, pg->size, &mine);
     char prefix[48];
     snprintf(prefix, sizeof prefix, "detail/%llu", (unsigned long long)round);
     int n = pg->size;

@@ -116,6 +116,11 @@ int c10d__pg_check_op(const c10d_pg *pg, const char *opname, const struct c10d__
                       int list_form);
 /* pg_ops.c: an op record of `kind` with no buffers, no root and no peer. */
 struct c10d__op c10d__pg_op_init(enum c10d__op_kind kind, size_t count, c10d_dtype dtype);
+/* pg_ops.c: what every public op call does with its c10d__op (options read,
+ * arguments checked, counts and lists copied, handed to the backend of the
+ * buffers' device). list_form: the op's list form (check.c). */
+int c10d__pg_dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args, int list_form,
+                      const c10d_op_opts *opts, c10d_work **work);
 /* pg_ops.c: creates the work of a (list of) op(s), registers the callbacks
  * and posts the head. Under pg->mutex; `seq` is already taken and is given
  * back by the caller on failure. */

@@ -4,7 +4,9 @@
  * of gather and scatter as one batch of send/recv (the root's own block
  * included: a batch may send to self); reduce_scatter with a size per rank
  * (host buffers) as all_to_all into a scratch buffer, then each rank reduces
- * the blocks it received, in rank order. Every backend runs those. */
+ * the blocks it received, in rank order. Every backend runs those. A backend
+ * that takes the uneven forms itself (nccl: grouped broadcasts / reduces)
+ * gets all_gather_v and reduce_scatter_v as one op of their own. */
 #include "pg.h"
 
 #include "engine/error.h"
@@ -13,6 +15,32 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Whether the backend of the buffers' device takes the uneven forms (a
+ * negative status: the options are invalid). */
+static int native_uneven(c10d_pg *pg, const char *opname, const c10d_op_opts *opts)
+{
+    c10d_op_opts o;
+    C10D_CHECK(c10d__pg_read_op_opts(pg, opname, opts, &o));
+    int dev = o.device_type == C10D_DEVICE_CUDA ? 1 : 0;
+    return pg->backends[dev].vt != NULL && pg->backends[dev].vt->uneven;
+}
+
+/* The uneven form as one op: this rank's block is counts[rank] elements. */
+static int uneven_op(c10d_pg *pg, const char *opname, enum c10d__op_kind kind, const void *send,
+                     void *recv, const size_t *counts, c10d_dtype dtype, c10d_reduce_op redop,
+                     const c10d_op_opts *opts, c10d_work **work)
+{
+    struct c10d__op op = c10d__pg_op_init(kind, counts[pg->rank], dtype);
+    op.send = send;
+    op.recv = recv;
+    op.redop = redop;
+    if (kind == C10D_OP_ALL_GATHER)
+        op.recv_counts = counts;
+    else
+        op.send_counts = counts;
+    return c10d__pg_dispatch(pg, opname, &op, 0, opts, work);
+}
 
 int c10d_all_gather_v(c10d_pg *pg, const void *send, void *recv, const size_t *counts,
                       c10d_dtype dtype, const c10d_op_opts *opts, c10d_work **work)
@@ -28,6 +56,12 @@ int c10d_all_gather_v(c10d_pg *pg, const void *send, void *recv, const size_t *c
         return c10d__fail(C10D_EINVAL,
                           "%s all_gather_v: counts is NULL (expected %d, one per rank)",
                           pg->backend_name, n);
+    int native = native_uneven(pg, "all_gather_v", opts);
+    if (native < 0)
+        return native;
+    if (native)
+        return uneven_op(pg, "all_gather_v", C10D_OP_ALL_GATHER, send, recv, counts, dtype,
+                         C10D_SUM, opts, work);
     size_t esz = c10d_dtype_size(dtype);
     if (esz == 0)
         return c10d__fail(C10D_EINVAL, "%s all_gather_v: invalid dtype %d", pg->backend_name,
@@ -171,12 +205,25 @@ int c10d_reduce_scatter_v(c10d_pg *pg, const void *send, void *recv, const size_
         return c10d__fail(C10D_EINVAL,
                           "%s reduce_scatter_v: counts is NULL (expected %d, one per rank)",
                           pg->backend_name, n);
+    int native = native_uneven(pg, "reduce_scatter_v", opts);
+    if (native < 0)
+        return native;
+    if (native)
+        return uneven_op(pg, "reduce_scatter_v", C10D_OP_REDUCE_SCATTER, send, recv, counts, dtype,
+                         op, opts, work);
     c10d_op_opts o; /* read as the struct_size rule says */
     C10D_CHECK(c10d__pg_read_op_opts(pg, "reduce_scatter_v", opts, &o));
     if (o.device_type != C10D_DEVICE_CPU)
         return c10d__fail(C10D_EUNSUPPORTED,
-                          "%s reduce_scatter_v: host buffers only (it reduces on the host); "
-                          "reduce_scatter takes CUDA buffers of equal counts",
+                          "%s reduce_scatter_v: CUDA buffers need the nccl backend (this one "
+                          "reduces on the host); reduce_scatter takes CUDA buffers of equal "
+                          "counts",
+                          pg->backend_name);
+    if (op == C10D_PREMUL_SUM && o.premul_factor_dev != NULL)
+        return c10d__fail(C10D_EINVAL,
+                          "%s reduce_scatter_v: opts.premul_factor_dev is a device pointer, for "
+                          "CUDA buffers on nccl: host buffers take the factor in "
+                          "opts.premul_factor",
                           pg->backend_name);
     C10D_CHECK(c10d_reduce_op_check(op, dtype));
     size_t esz = c10d_dtype_size(dtype), mine = counts[me], scratch;

@@ -468,6 +468,7 @@ static int dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args
     struct c10d__op op = *args;
     if (opts != NULL) {
         op.premul_factor = opts->premul_factor;
+        op.premul_factor_dev = opts->premul_factor_dev;
         op.device_type = opts->device_type;
         op.device_index = opts->device_index;
         op.stream = opts->stream;
@@ -531,6 +532,12 @@ static int dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args
     for (size_t i = 0; per > 1 && i < 2 * s; i++)
         counts[i] *= per;
     return c10d__pg_submit(pg, opname, po, opts, work);
+}
+
+int c10d__pg_dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args, int list_form,
+                      const c10d_op_opts *opts, c10d_work **work)
+{
+    return dispatch(pg, opname, args, list_form, opts, work);
 }
 
 struct c10d__op c10d__pg_op_init(enum c10d__op_kind kind, size_t count, c10d_dtype dtype)

@@ -45,6 +45,8 @@ const char *c10d__op_kind_name(enum c10d__op_kind kind);
 struct c10d__op;
 /* The op's NumelIn / NumelOut as torch reports them, in a group of `size`. */
 void c10d__op_numel(const struct c10d__op *op, int size, size_t *in, size_t *out);
+/* counts[0] + ... + counts[size - 1] (checked not to overflow before). */
+size_t c10d__op_counts_sum(const size_t *counts, int size);
 
 struct c10d__op {
     enum c10d__op_kind kind;
@@ -55,13 +57,17 @@ struct c10d__op {
     size_t count;              /* elements per rank block (see c10d.h per op) */
     const size_t *send_counts; /* all_to_all: per peer, NULL = even split */
     const size_t *recv_counts;
+    /* The uneven forms, for a backend with `uneven` set: ALL_GATHER with
+     * recv_counts (count = this rank's, recv holds the blocks in rank order)
+     * and REDUCE_SCATTER with send_counts (count = this rank's block). */
     c10d_dtype dtype;
     c10d_reduce_op redop;
     double premul_factor;
-    int root;     /* group rank */
-    int peer;     /* group rank, or C10D_ANY_SOURCE for RECV */
-    int tag;      /* P2P tag (>= 0) */
-    uint64_t seq; /* collective seq, or P2P seq for SEND/RECV */
+    const void *premul_factor_dev; /* non-NULL: PREMUL_SUM's factor on the device */
+    int root;                      /* group rank */
+    int peer;                      /* group rank, or C10D_ANY_SOURCE for RECV */
+    int tag;                       /* P2P tag (>= 0) */
+    uint64_t seq;                  /* collective seq, or P2P seq for SEND/RECV */
     int64_t timeout_ms;
     c10d_device_type device_type;
     int device_index;
@@ -170,6 +176,10 @@ struct c10d__backend_vtable {
      * long compute is not late), and fails the work with C10D_ETIMEDOUT; the
      * group then gives the work no deadline of its own. */
     int timeout_from_start;
+    /* Nonzero: submit takes the uneven forms of ALL_GATHER and REDUCE_SCATTER
+     * (c10d__op's counts) as one op; else the group builds c10d_all_gather_v
+     * and c10d_reduce_scatter_v from other ops (api/pg_derived.c). */
+    int uneven;
 };
 
 /* The backends this build has (backends/registry.c). */

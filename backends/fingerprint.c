@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-void c10d__fp_of(const struct c10d__op *op, struct c10d__fp *fp)
+void c10d__fp_of(const struct c10d__op *op, int size, struct c10d__fp *fp)
 {
     memset(fp, 0, sizeof *fp);
     int reducing = op->kind == C10D_OP_ALL_REDUCE || op->kind == C10D_OP_REDUCE ||
@@ -30,6 +30,11 @@ void c10d__fp_of(const struct c10d__op *op, struct c10d__fp *fp)
         fp->count = 0;
     else if (op->kind == C10D_OP_ALL_TO_ALL)
         fp->count = UINT64_MAX;
+    /* The uneven forms: each rank's block differs, the total must not. */
+    else if (op->kind == C10D_OP_ALL_GATHER && op->recv_counts != NULL)
+        fp->count = c10d__op_counts_sum(op->recv_counts, size);
+    else if (op->kind == C10D_OP_REDUCE_SCATTER && op->send_counts != NULL)
+        fp->count = c10d__op_counts_sum(op->send_counts, size);
     else
         fp->count = op->count;
 }

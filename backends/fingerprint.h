@@ -20,10 +20,11 @@ struct c10d__fp {
     uint8_t redop; /* reductions only */
     uint8_t pad;
     int32_t root;   /* rooted ops only, else -1 */
-    uint64_t count; /* elements per rank block; UINT64_MAX: not compared */
+    uint64_t count; /* elements per rank block (uneven forms: in all); UINT64_MAX: not compared */
 };
 
-void c10d__fp_of(const struct c10d__op *op, struct c10d__fp *fp);
+/* `size`: the group's, for the uneven forms' counts. */
+void c10d__fp_of(const struct c10d__op *op, int size, struct c10d__fp *fp);
 int c10d__fp_equal(const struct c10d__fp *a, const struct c10d__fp *b);
 /* "Detected mismatch between collectives on ranks. Rank <mine> is running
  * collective: ..., but Rank <theirs> is running collective: .... Collectives

@@ -20,6 +20,14 @@ const char *c10d__op_kind_name(enum c10d__op_kind kind)
     return (unsigned)kind < C10D_OP_KIND_COUNT ? names[kind] : "UNKNOWN";
 }
 
+size_t c10d__op_counts_sum(const size_t *counts, int size)
+{
+    size_t sum = 0;
+    for (int i = 0; i < size; i++)
+        sum += counts[i];
+    return sum;
+}
+
 void c10d__op_numel(const struct c10d__op *op, int size, size_t *in, size_t *out)
 {
     size_t n = op->count, s = (size_t)size;
@@ -27,10 +35,14 @@ void c10d__op_numel(const struct c10d__op *op, int size, size_t *in, size_t *out
     case C10D_OP_ALL_GATHER:
     case C10D_OP_GATHER:
         *in = n, *out = n * s;
+        if (op->kind == C10D_OP_ALL_GATHER && op->recv_counts != NULL)
+            *out = c10d__op_counts_sum(op->recv_counts, size);
         return;
     case C10D_OP_SCATTER:
     case C10D_OP_REDUCE_SCATTER:
         *in = n * s, *out = n;
+        if (op->kind == C10D_OP_REDUCE_SCATTER && op->send_counts != NULL)
+            *in = c10d__op_counts_sum(op->send_counts, size);
         return;
     case C10D_OP_ALL_TO_ALL:
         *in = *out = 0;

@@ -353,6 +353,12 @@ typedef struct c10d_op_opts {
     c10d_device_type device_type;
     int device_index; /* CUDA device of the buffers */
     void *stream;     /* CUDA: the caller's cudaStream_t (NULL: the default stream) */
+    /* PREMUL_SUM's factor as one element in device memory, in the op's dtype
+     * (torch's one-element tensor factor), read by the device when the op
+     * runs: it must stay alive and unchanged until the work completes. When
+     * set it replaces premul_factor; nccl only (ncclScalarDevice): host
+     * buffers and cuda:tcp refuse it with C10D_EINVAL. NULL: premul_factor. */
+    const void *premul_factor_dev;
 } c10d_op_opts;
 #define C10D_OP_OPTS_INIT C10D__SIZED_INIT(c10d_op_opts)
 
@@ -548,10 +554,11 @@ C10D_EXPORT int c10d_gather_list(c10d_pg *pg, const void *send, void *const *rec
 C10D_EXPORT int c10d_scatter_list(c10d_pg *pg, const void *const *sends, void *recv, size_t count,
                                   c10d_dtype dtype, int root, const c10d_op_opts *opts,
                                   c10d_work **work);
-/* Reduce-scatter with a size per rank, host buffers: `send` holds
- * sum(counts) elements, block r (counts[r] of them) at the sum of
- * counts[0..r); `recv` gets counts[rank] elements, the reduction of every
- * rank's block `rank`, in rank order. Every rank passes the same counts. */
+/* Reduce-scatter with a size per rank (host buffers, or CUDA buffers on
+ * nccl): `send` holds sum(counts) elements, block r (counts[r] of them) at
+ * the sum of counts[0..r); `recv` gets counts[rank] elements, the reduction
+ * of every rank's block `rank`. Every rank passes the same counts. On nccl
+ * one op: an ncclReduce per rank in one NCCL group. */
 C10D_EXPORT int c10d_reduce_scatter_v(c10d_pg *pg, const void *send, void *recv,
                                       const size_t *counts, c10d_dtype dtype, c10d_reduce_op op,
                                       const c10d_op_opts *opts, c10d_work **work);
@@ -576,7 +583,8 @@ C10D_EXPORT int c10d_all_to_all(c10d_pg *pg, const void *const *sends, const siz
 /* All-gather with a size per rank (torch's all_gather of tensors of different
  * sizes): rank r contributes counts[r] elements (its `send`), and `recv`
  * holds them all, rank r's at the sum of counts[0..r). Every rank passes the
- * same counts. Runs as the list form of all_to_all (one message per pair). */
+ * same counts. On nccl one op (an ncclBroadcast per rank in one NCCL group);
+ * elsewhere the list form of all_to_all (one message per pair). */
 C10D_EXPORT int c10d_all_gather_v(c10d_pg *pg, const void *send, void *recv, const size_t *counts,
                                   c10d_dtype dtype, const c10d_op_opts *opts, c10d_work **work);
 /* Completes once every rank has entered it and every earlier op of this rank's group is done. */

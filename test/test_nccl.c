@@ -457,6 +457,106 @@ static int check_all_gather_v(c10d_pg *pg, int rank, int n)
     return 0;
 }
 
+/* The uneven forms with a zero block (rank 1's), on nccl one op of their own
+ * (grouped broadcasts / reduces; the flight recorder shows ALLGATHER and
+ * REDUCE_SCATTER), and PREMUL_SUM's factor in device memory. cuda:tcp runs
+ * all_gather_v as all_to_all and refuses the other two. */
+static int check_uneven_and_device_factor(c10d_pg *pg, int rank, int n)
+{
+    size_t counts[8], total = 0, off[8];
+    for (int j = 0; j < n; j++) {
+        off[j] = total;
+        total += counts[j] = j == 1 ? 0 : (size_t)j + 2;
+    }
+    float mine[16], got[64], want;
+    for (size_t k = 0; k < counts[rank]; k++)
+        mine[k] = (float)(rank * 10) + (float)k;
+    float *dsend = dev_alloc(sizeof mine), *drecv = dev_alloc(total * sizeof(float));
+    to_dev(dsend, mine, counts[rank] * sizeof(float));
+    c10d_op_opts o = gpu_opts();
+    c10d_work *w;
+    c10d_flight_recorder_reset();
+    int rc = finish(c10d_all_gather_v(pg, dsend, drecv, counts, C10D_FLOAT32, &o, &w), &w);
+    EXPECT(rc == 0, "all_gather_v with a zero block: %s", c10d_last_error());
+    to_host(got, drecv, total * sizeof(float));
+    for (int j = 0; j < n && rc == 0; j++)
+        for (size_t e = 0; e < counts[j]; e++)
+            EXPECT(got[off[j] + e] == (float)(j * 10) + (float)e, "all_gather_v: rank %d's %zu: %g",
+                   j, e, got[off[j] + e]);
+    char *fr = NULL;
+    EXPECT(c10d_flight_recorder_dump_json(0, &fr) == 0, "dump: %s", c10d_last_error());
+    EXPECT(fr != NULL && strstr(fr, use_tcp_cuda ? ":all_to_all\"" : ":all_gather\"") != NULL,
+           "flight recorder after all_gather_v: %s", fr != NULL ? fr : "(none)");
+    free(fr);
+    /* Wrong: this rank's count differs from its block; a NULL recv. */
+    if (!use_tcp_cuda) {
+        EXPECT(c10d_all_gather_v(pg, dsend, NULL, counts, C10D_FLOAT32, &o, &w) == C10D_EINVAL,
+               "all_gather_v with a NULL recv");
+    }
+    /* reduce_scatter_v: rank r's block j element e is r + 100 j + e. */
+    float *rs_send = dev_alloc(total * sizeof(float)), *rs_recv = dev_alloc(16 * sizeof(float));
+    float *dfactor = dev_alloc(sizeof(float)), two = 2.0f;
+    to_dev(dfactor, &two, sizeof two);
+    for (int j = 0; j < n; j++)
+        for (size_t e = 0; e < counts[j]; e++)
+            got[off[j] + e] = (float)rank + 100.0f * (float)j + (float)e;
+    to_dev(rs_send, got, total * sizeof(float));
+    for (int pass = 0; pass < 2; pass++) {
+        c10d_op_opts ro = gpu_opts(); /* premul_factor 0.5: the device's 2 wins */
+        ro.premul_factor_dev = dfactor;
+        c10d_reduce_op op = pass == 0 ? C10D_SUM : C10D_PREMUL_SUM;
+        rc = finish(c10d_reduce_scatter_v(pg, rs_send, rs_recv, counts, C10D_FLOAT32, op, &ro, &w),
+                    &w);
+        if (use_tcp_cuda) {
+            EXPECT(rc == C10D_EUNSUPPORTED, "cuda:tcp reduce_scatter_v refused: %d %s", rc,
+                   c10d_last_error());
+            continue;
+        }
+        EXPECT(rc == 0, "reduce_scatter_v %s: %s", c10d_reduce_op_name(op), c10d_last_error());
+        float res[16];
+        to_host(res, rs_recv, counts[rank] * sizeof(float));
+        for (size_t e = 0; e < counts[rank] && rc == 0; e++) {
+            want = (float)(n * (n - 1) / 2) + (float)n * (100.0f * (float)rank + (float)e);
+            want *= pass == 0 ? 1.0f : 2.0f;
+            EXPECT(res[e] == want, "reduce_scatter_v %s [%zu]: %g, want %g",
+                   c10d_reduce_op_name(op), e, res[e], want);
+        }
+    }
+    if (!use_tcp_cuda) {
+        fr = NULL;
+        EXPECT(c10d_flight_recorder_dump_json(0, &fr) == 0 && fr != NULL &&
+                   strstr(fr, ":reduce_scatter\"") != NULL,
+               "flight recorder after reduce_scatter_v");
+        free(fr);
+    }
+    /* all_reduce PREMUL_SUM with the factor on the device, float64 too. */
+    double *d64 = dev_alloc(2 * sizeof(double)), *f64 = dev_alloc(sizeof(double));
+    double v64[2] = {rank + 1.0, 0.25}, three = 3.0;
+    to_dev(d64, v64, sizeof v64), to_dev(f64, &three, sizeof three);
+    c10d_op_opts po = gpu_opts();
+    po.premul_factor_dev = f64;
+    rc = finish(c10d_all_reduce(pg, d64, d64, 2, C10D_FLOAT64, C10D_PREMUL_SUM, &po, &w), &w);
+    if (use_tcp_cuda) {
+        EXPECT(rc == C10D_EINVAL && strstr(c10d_last_error(), "premul_factor_dev") != NULL,
+               "cuda:tcp refuses a device factor: %d %s", rc, c10d_last_error());
+    } else {
+        EXPECT(rc == 0, "all_reduce PREMUL_SUM, device factor: %s", c10d_last_error());
+        to_host(v64, d64, sizeof v64);
+        EXPECT(v64[0] == 3.0 * n * (n + 1) / 2 && v64[1] == 0.75 * n,
+               "all_reduce PREMUL_SUM, device factor: %g %g", v64[0], v64[1]);
+    }
+    /* Host buffers: the factor must be a host value. */
+    double h = 1;
+    c10d_op_opts hopt = C10D_OP_OPTS_INIT;
+    hopt.premul_factor_dev = &three;
+    rc = c10d_all_reduce(pg, &h, &h, 1, C10D_FLOAT64, C10D_PREMUL_SUM, &hopt, &w);
+    EXPECT(rc == C10D_EINVAL && strstr(c10d_last_error(), "premul_factor_dev") != NULL,
+           "host buffers refuse a device factor: %d %s", rc, c10d_last_error());
+    cu->cudaFree(d64), cu->cudaFree(f64), cu->cudaFree(dfactor);
+    cu->cudaFree(rs_send), cu->cudaFree(rs_recv), cu->cudaFree(dsend), cu->cudaFree(drecv);
+    return 0;
+}
+
 /* 40 coalesced all_reduces of distinct device buffers: 80 buffers in one op
  * (cuda:tcp stages each; it used to stop at 64, so the list form of all_to_all
  * failed from 33 ranks). */
@@ -638,7 +738,8 @@ static int ops_main(int rank, int n, void *arg)
         return 1;
     if (check_in_place(pg, rank, n) || (use_tcp_cuda && check_write_after(pg, rank, n)))
         return 1;
-    if (check_many_buffers(pg, rank, n) || check_all_gather_v(pg, rank, n))
+    if (check_many_buffers(pg, rank, n) || check_all_gather_v(pg, rank, n) ||
+        check_uneven_and_device_factor(pg, rank, n))
         return 1;
     /* Host buffers in the same group go to tcp. */
     int64_t v = rank;
@@ -1907,5 +2008,9 @@ int main(void)
         cmocka_unit_test(test_tcp_cuda_stalled_stream),
         cmocka_unit_test(test_missing_library),
     };
+    /* C10D_TEST_FILTER=test_ops_2_lazy runs the tests it matches (cmocka's filter). */
+    const char *only = getenv("C10D_TEST_FILTER");
+    if (only != NULL && *only != '\0')
+        cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -112,7 +112,7 @@ static void test_state_machine(void **st)
     op1.send = b;
     op1.recv = rb;
     struct c10d__fp fp;
-    c10d__fp_of(&op0, &fp);
+    c10d__fp_of(&op0, 2, &fp);
     struct c10d__shm_coll x0, x1;
     c10d__shm_coll_start(&x0, s0, &op0, 0, &fp);
     c10d__shm_coll_start(&x1, s1, &op1, 0, &fp);
@@ -138,7 +138,7 @@ static void test_state_machine(void **st)
     op1.count = N - 1;
     op0.seq = op1.seq = 2;
     struct c10d__fp fp1;
-    c10d__fp_of(&op1, &fp1);
+    c10d__fp_of(&op1, 2, &fp1);
     c10d__shm_coll_start(&x0, s0, &op0, 0, &fp);
     c10d__shm_coll_start(&x1, s1, &op1, 0, &fp1);
     c10d__shm_coll_progress(&x0, &moved);
@@ -153,7 +153,7 @@ static void test_state_machine(void **st)
 static void drive3(struct c10d__shm_seg *seg[3], struct c10d__op op[3])
 {
     struct c10d__fp fp;
-    c10d__fp_of(&op[0], &fp);
+    c10d__fp_of(&op[0], 2, &fp);
     struct c10d__shm_coll x[3];
     for (int r = 0; r < 3; r++)
         c10d__shm_coll_start(&x[r], seg[r], &op[r], 0, &fp);

@@ -1,6 +1,7 @@
 /* What each op becomes in NCCL calls (nccl_impl.h). Collectives NCCL has
  * are called directly; the others (gather, scatter, all_to_all, the list
- * forms) are grouped send/recv, as PyTorch's NCCL backend does, so no op
+ * forms) are grouped send/recv, and the uneven all_gather / reduce_scatter
+ * grouped broadcasts / reduces, as PyTorch's NCCL backend does, so no op
  * needs a scratch buffer on the device. Every op, coalesced lists and P2P
  * batches included, is one ncclGroupStart/ncclGroupEnd. */
 #include "nccl_impl.h"
@@ -151,6 +152,15 @@ static ncclResult_t redop_of(struct launch *l, const struct c10d__op *op, ncclRe
     case C10D_PREMUL_SUM: {
         if (l->npremul == (int)(sizeof l->premul / sizeof *l->premul))
             return ncclInvalidUsage;
+        if (op->premul_factor_dev != NULL) {
+            /* One element in device memory, read by the kernel when it runs. */
+            ncclResult_t r = l->api->nccl.ncclRedOpCreatePreMulSum(
+                out, (void *)op->premul_factor_dev, nccl_dtypes[op->dtype], ncclScalarDevice,
+                l->c->comm);
+            if (r == ncclSuccess)
+                l->premul[l->npremul++] = *out;
+            return r;
+        }
         /* The factor in the buffers' dtype, read by NCCL at the call. */
         union {
             double d;
@@ -204,6 +214,19 @@ static ncclResult_t launch_one(struct launch *l, const struct c10d__op *op)
     case C10D_OP_REDUCE:
         return n->ncclReduce(op->send, op->recv, op->count, dt, rop, op->root, comm, st);
     case C10D_OP_ALL_GATHER:
+        if (op->recv_counts != NULL) {
+            /* Uneven blocks: one broadcast per rank, rooted at the block's
+             * owner, into its place in recv (torch's all_gather of
+             * different sizes). */
+            size_t off = 0;
+            for (int p = 0; p < size && r == ncclSuccess; p++) {
+                char *at = (char *)op->recv + off * es;
+                r = n->ncclBroadcast(p == me ? op->send : at, at, op->recv_counts[p], dt, p, comm,
+                                     st);
+                off += op->recv_counts[p];
+            }
+            return r;
+        }
         if (op->recvs == NULL)
             return n->ncclAllGather(op->send, op->recv, op->count, dt, comm, st);
         for (int p = 0; p < size && r == ncclSuccess; p++) {
@@ -213,6 +236,16 @@ static ncclResult_t launch_one(struct launch *l, const struct c10d__op *op)
         }
         return r;
     case C10D_OP_REDUCE_SCATTER:
+        if (op->send_counts != NULL) {
+            /* Uneven blocks: one reduce per rank, rooted at the block's owner. */
+            size_t off = 0;
+            for (int p = 0; p < size && r == ncclSuccess; p++) {
+                r = n->ncclReduce((const char *)op->send + off * es, p == me ? op->recv : NULL,
+                                  op->send_counts[p], dt, rop, p, comm, st);
+                off += op->send_counts[p];
+            }
+            return r;
+        }
         if (op->sends == NULL)
             return n->ncclReduceScatter(op->send, op->recv, op->count, dt, rop, comm, st);
         /* List form: one reduce per destination, rooted there. */
@@ -289,6 +322,9 @@ static int check_one(struct nccl_comm *c, const struct c10d__op *op, uint64_t ta
         return me == op->root ? check_input(c, op->send, op->count * (size_t)size, op->dtype, tag)
                               : 0;
     case C10D_OP_REDUCE_SCATTER:
+        if (op->send_counts != NULL)
+            return check_input(c, op->send, c10d__op_counts_sum(op->send_counts, size), op->dtype,
+                               tag);
         if (op->sends == NULL)
             return check_input(c, op->send, op->count * (size_t)size, op->dtype, tag);
         for (int p = 0; p < size && rc == 0; p++)

@@ -877,4 +877,5 @@ const struct c10d__backend_vtable c10d__nccl_backend = {
     .split = nccl_split,
     .shrink = nccl_shrink,
     .timeout_from_start = 1,
+    .uneven = 1,
 };

@@ -636,6 +636,11 @@ static int staged_check(const struct c10d__op *op)
         return c10d__fail(C10D_EUNSUPPORTED, "tcp (cuda): only CUDA buffers go this way");
     if (op->device_index < 0 || op->device_index >= MAX_DEVICES)
         return c10d__fail(C10D_EINVAL, "tcp (cuda): invalid device index %d", op->device_index);
+    for (const struct c10d__op *o = op; o != NULL; o = o->next)
+        if (o->redop == C10D_PREMUL_SUM && o->premul_factor_dev != NULL)
+            return c10d__fail(C10D_EINVAL,
+                              "tcp (cuda): opts.premul_factor_dev needs NCCL (the host reduces "
+                              "here): pass the factor in opts.premul_factor");
     struct c10d__op h = *op;
     h.device_type = C10D_DEVICE_CPU;
     return c10d__tcp_backend.check(&h);

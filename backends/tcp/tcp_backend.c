@@ -626,7 +626,7 @@ static void run_member(struct tcp_op *o)
     c->scratch = scratch_get;
     c->scratch_arg = s;
     c->finished = coll_finished;
-    c10d__fp_of(op, &c->fp);
+    c10d__fp_of(op, s->size, &c->fp);
     for (int k = 0; k < c->nrails; k++) /* its frames may come on any rail */
         c10d__tcp_expect(c->rails[k], op->seq, (uint32_t)(o->idx & 0xff), &c->fp);
     if (s->shm != NULL)

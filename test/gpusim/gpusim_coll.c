@@ -500,6 +500,11 @@ static int job_faults(const struct sim_job *j)
         if ((in > 0 && !sim_dev_range_valid(o->send, in)) ||
             (out > 0 && !sim_dev_range_valid(o->recv, out)))
             return 1;
+        /* A PreMulSum scalar of ncclScalarDevice is read by the kernel too:
+         * host memory there is an illegal address as well. */
+        if (o->premul && o->scalar_ptr != NULL &&
+            !sim_dev_range_valid(o->scalar_ptr, sim_dtype_size(o->dt)))
+            return 1;
     }
     return 0;
 }
