@@ -404,10 +404,12 @@ static void abort_parent(c10d_pg *parent, unsigned mask)
         C10D_WARN("pg", "c10d_pg_shrink: aborting group %s: %s", parent->name, c10d_last_error());
 }
 
-/* Fails the parent for later calls (C10D_EREVOKED), then aborts those of its
- * backends that shrink through the store; a backend that shrinks its own
- * state (`shrink`) ends the parent's ops itself, and is aborted once the
- * child is made (abort_parent with the rest). Returns the mask left. */
+/* Fails the parent for later calls (C10D_EREVOKED) at once; its backends are
+ * aborted only once every survivor has its child (abort_parent after the
+ * shrink's barrier): an abort reaches the other ranks (the tcp backend tells
+ * its peers why), and a peer whose own child (an ncclCommShrink still
+ * initialising from the parent) was not made yet would lose the parent under
+ * it. Returns the mask of backends to abort then. */
 static unsigned fail_parent(c10d_pg *parent)
 {
     uv_mutex_lock(&parent->mutex);
@@ -421,16 +423,11 @@ static unsigned fail_parent(c10d_pg *parent)
         parent->first_error = strdup(why);
     }
     uv_mutex_unlock(&parent->mutex);
-    unsigned now = 0, later = 0;
+    unsigned mask = 0;
     for (int d = 0; d < C10D__PG_NDEV; d++)
-        if (parent->backends[d].vt != NULL) {
-            if (parent->backends[d].vt->shrink == NULL)
-                now |= 1u << d;
-            else
-                later |= 1u << d;
-        }
-    abort_parent(parent, now);
-    return later;
+        if (parent->backends[d].vt != NULL)
+            mask |= 1u << d;
+    return mask;
 }
 
 int c10d_pg_shrink(c10d_pg *parent, const int *excluded, int nexcluded, const c10d_pg_opts *opts,
@@ -518,19 +515,21 @@ int c10d_pg_shrink(c10d_pg *parent, const int *excluded, int nexcluded, const c1
         rc = c10d__pg_store_prefix(base, prefix, &pg->store);
     }
     int abort = (o.shrink_flags & C10D_SHRINK_ABORT) != 0;
-    unsigned abort_later = 0;
+    unsigned abort_mask = 0;
     if (rc == 0 && abort)
-        abort_later = fail_parent(parent);
+        abort_mask = fail_parent(parent);
     if (rc == 0) {
         c10d__pg_set_backend_name(pg, vts);
         rc = c10d__pg_shrink_backends(pg, vts, parent, excluded, nexcluded, o.shrink_flags);
     }
-    if (abort)
-        abort_parent(parent, abort_later);
     if (rc == 0)
         rc = c10d__pg_store_barrier(base, name, n, timeout);
-    if (rc != 0)
-        return c10d__pg_creation_failed(pg, rc, what);
+    if (rc != 0) {
+        rc = c10d__pg_creation_failed(pg, rc, what);
+        abort_parent(parent, abort_mask);
+        return rc;
+    }
+    abort_parent(parent, abort_mask);
     c10d__pg_shrunk_default(parent, pg);
     *out = pg;
     return 0;

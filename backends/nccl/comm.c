@@ -350,8 +350,15 @@ static int init_ready(struct c10d__poll_item *item)
     ncclResult_t st = ncclSuccess, pst = ncclSuccess;
     if (c->comm != NULL)
         api->nccl.ncclCommGetAsyncError(c->comm, &st);
-    if (c->split_parent != NULL)
-        api->nccl.ncclCommGetAsyncError(c->split_parent->comm, &pst);
+    if (c->split_parent != NULL) {
+        /* The parent may have been closed meanwhile (its comm NULL or
+         * aborted): then only the child's own state says anything. */
+        struct nccl_comm *p = c->split_parent;
+        uv_mutex_lock(&p->lock);
+        if (p->comm != NULL && !atomic_load(&p->aborted_under))
+            api->nccl.ncclCommGetAsyncError(p->comm, &pst);
+        uv_mutex_unlock(&p->lock);
+    }
     /* NCCL_SHRINK_ABORT ended the parent on purpose: its error is not ours. */
     if (c->shrink_excluded != NULL && (c->shrink_flags & NCCL_SHRINK_ABORT) &&
         pst != ncclInProgress)
@@ -543,6 +550,7 @@ int c10d__nccl_comm_split(struct nccl_state *child, struct nccl_state *parent_st
     if (c == NULL)
         return C10D_ENOMEM;
     c->split_parent = parent;
+    parent->children++;
     c->blocking = parent->blocking; /* NCCL's children keep the parent's mode */
     c->split_color = color;
     c->split_key = key;
@@ -572,6 +580,7 @@ int c10d__nccl_comm_shrink(struct nccl_state *child, struct nccl_comm *parent, c
     c->shrink_nexcluded = nexcluded;
     c->shrink_flags = nccl_flags;
     c->split_parent = parent;
+    parent->children++;
     c->blocking = parent->blocking;
     c->ready_done = done;
     c->ready_arg = arg;
@@ -640,6 +649,14 @@ static void comm_release(struct nccl_comm *c, int abort)
 
 static void comm_free(struct nccl_comm *c)
 {
+    struct nccl_comm *parent = c->split_parent;
+    c->split_parent = NULL;
+    if (c->children > 0) { /* the last child frees it */
+        c->free_deferred = 1;
+        return;
+    }
+    if (parent != NULL && --parent->children == 0 && parent->free_deferred)
+        comm_free(parent);
     if (c->pool != NULL) {
         c10d__gpu_use_device(&c->api->cuda, c->device); /* its events' */
         pool_close(c->pool, c->api);

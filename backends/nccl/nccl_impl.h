@@ -122,6 +122,11 @@ struct nccl_comm {
     void *ready_arg;
     /* split: the parent and the arguments (loop thread) */
     struct nccl_comm *split_parent;
+    /* Loop thread: children made from this communicator (split, shrink) that
+     * still point at it; its memory outlives them (free_deferred), so an
+     * abort of the parent while a child initialises frees nothing under it. */
+    int children;
+    int free_deferred;
     int split_color, split_key;
     int *shrink_excluded; /* a shrink (ncclCommShrink) rather than a split; owned */
     int shrink_nexcluded;
