@@ -470,6 +470,8 @@ static void coll_finished(struct c10d__tcp_coll *c, int status)
 
 /* ---------------------------------------------- shared-memory collectives */
 
+/* The tcp ring: the fallback for a sleeper whose doorbell cannot be used
+ * (c10d__shm_wake_sleepers tries that first). */
 static void ring_peer(void *arg, int r)
 {
     struct tcp_state *s = arg;
