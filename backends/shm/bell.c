@@ -32,33 +32,39 @@ static void on_readable(uv_poll_t *h, int status, int events)
 
 static void on_closed(uv_handle_t *h);
 
-struct c10d__shm_bell *c10d__shm_bell_listen(const struct c10d__shm_seg *seg)
+/* Nobody would hear it: the peers ring this rank over tcp instead. */
+static struct c10d__shm_bell *deaf(struct c10d__shm_seg *seg, const char *what, const char *why)
+{
+    C10D_DEBUG("shm", "doorbell: %s failed (%s): this rank is woken over tcp", what, why);
+    c10d__shm_bell_withdraw(seg);
+    return NULL;
+}
+
+struct c10d__shm_bell *c10d__shm_bell_listen(struct c10d__shm_seg *seg)
 {
     int rd = c10d__shm_bell_fd(seg);
     if (rd < 0)
         return NULL;
     struct c10d__shm_bell *b = calloc(1, sizeof *b);
     if (b == NULL)
-        return NULL;
+        return deaf(seg, "allocating", "out of memory");
     b->fd = fcntl(rd, F_DUPFD_CLOEXEC, 0);
     if (b->fd < 0) {
-        C10D_DEBUG("shm", "doorbell: dup failed: %s", strerror(errno));
+        int e = errno;
         free(b);
-        return NULL;
+        return deaf(seg, "dup", strerror(e));
     }
     int rc = uv_poll_init(c10d__engine_loop(), &b->poll, b->fd);
     if (rc < 0) {
-        C10D_DEBUG("shm", "doorbell: polling it failed: %s", uv_strerror(rc));
         close(b->fd);
         free(b);
-        return NULL;
+        return deaf(seg, "polling it", uv_strerror(rc));
     }
     b->poll.data = b;
     rc = uv_poll_start(&b->poll, UV_READABLE, on_readable);
     if (rc < 0) {
-        C10D_DEBUG("shm", "doorbell: polling it failed: %s", uv_strerror(rc));
         c10d__shm_bell_close(b);
-        return NULL;
+        return deaf(seg, "polling it", uv_strerror(rc));
     }
     return b;
 }

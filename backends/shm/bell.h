@@ -11,11 +11,11 @@
 
 struct c10d__shm_bell;
 
-/* Starts polling seg's doorbell; NULL where the segment has none or the
- * handle cannot start (the peers' bytes then wait in the pipe, and the
- * poller's timer, 1-2 ms, is the backstop). The watcher polls its own copy
- * of the descriptor: seg may be freed before or after it closes. */
-struct c10d__shm_bell *c10d__shm_bell_listen(const struct c10d__shm_seg *seg);
+/* Starts polling seg's doorbell, before any op runs on seg; NULL where the
+ * segment has none, or where polling cannot start (the doorbell is then
+ * withdrawn: the peers ring this rank over tcp). The watcher polls its own
+ * copy of the descriptor: seg may be freed before or after it closes. */
+struct c10d__shm_bell *c10d__shm_bell_listen(struct c10d__shm_seg *seg);
 /* Stops and frees it (once its handle has closed); NULL is fine. */
 void c10d__shm_bell_close(struct c10d__shm_bell *b);
 

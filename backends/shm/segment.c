@@ -159,6 +159,11 @@ int c10d__shm_bell_fd(const struct c10d__shm_seg *seg)
     return seg->bell_rd;
 }
 
+void c10d__shm_bell_withdraw(struct c10d__shm_seg *seg)
+{
+    atomic_store_explicit(&seg->ctl[seg->rank].bell, 0, memory_order_relaxed);
+}
+
 /* Rank r's doorbell, opened on first use: its descriptor, or -1 (ring over
  * tcp; so for good once it failed). */
 static int bell_of(struct c10d__shm_seg *seg, int r)
@@ -312,9 +317,16 @@ int c10d__shm_peer_differs(const struct c10d__shm_seg *seg, int r, uint64_t seq,
     return !c10d__fp_equal(theirs, fp);
 }
 
+/* The flag and the counters: the sleeper stores its flag, then a full fence,
+ * then looks at the counters; a publisher stores a counter, then a full fence
+ * (c10d__shm_wake_sleepers), then looks at the flags. Two seq_cst fences order
+ * both store-then-load pairs, so at least one side sees the other's store: the
+ * sleeper its new counter, or the publisher its flag (and rings). The flag's
+ * store is also a release, and the publisher's exchange an acquire, so a
+ * publisher that saw the flag sees the doorbell published before it. */
 void c10d__shm_sleepy(struct c10d__shm_seg *seg)
 {
-    atomic_store_explicit(&seg->ctl[seg->rank].sleeping, 1, memory_order_relaxed);
+    atomic_store_explicit(&seg->ctl[seg->rank].sleeping, 1, memory_order_release);
     atomic_thread_fence(memory_order_seq_cst);
 }
 
@@ -347,7 +359,7 @@ void c10d__shm_wake_sleepers(struct c10d__shm_seg *seg, void (*ring)(void *arg, 
     for (int r = 0; r < seg->nranks; r++)
         if (r != seg->rank &&
             atomic_load_explicit(&seg->ctl[r].sleeping, memory_order_relaxed) != 0 &&
-            atomic_exchange_explicit(&seg->ctl[r].sleeping, 0, memory_order_relaxed) != 0 &&
+            atomic_exchange_explicit(&seg->ctl[r].sleeping, 0, memory_order_acquire) != 0 &&
             bell_ring(seg, r) < 0) {
             atomic_fetch_add_explicit(&rung_by_ring, 1, memory_order_relaxed);
             ring(arg, r);

@@ -104,6 +104,9 @@ void c10d__shm_wake_sleepers(struct c10d__shm_seg *seg, void (*ring)(void *arg, 
 /* The read end of this rank's doorbell (its loop polls it; it does not own
  * it), or -1 if it has none. */
 int c10d__shm_bell_fd(const struct c10d__shm_seg *seg);
+/* Nothing polls this rank's doorbell: its peers ring it over tcp (those that
+ * opened it already are not told; call it before any op runs). */
+void c10d__shm_bell_withdraw(struct c10d__shm_seg *seg);
 /* Tests: rings through doorbells and through ring() since the process began. */
 void c10d__shm_bell_counts(uint64_t *bells, uint64_t *fallbacks);
 
