@@ -2,8 +2,10 @@
  * handshake notes (one host id for all, C10D_SHM=0 on one rank, another
  * host), attaching and its errors, all_reduce through the public API with
  * small slots (many chunks, both reduction schemes) and a rank that opts out,
- * and no named segment left anywhere after every rank is killed mid-op. The
- * full dtype x reduce-op matrix runs in test_tcp_algorithms_shm (ctest). */
+ * sleeping ranks woken through their doorbells (no tcp ring, no CPU while
+ * idle, no descriptor left after), and no named segment left anywhere after
+ * every rank is killed mid-op. The full dtype x reduce-op matrix runs in
+ * test_tcp_algorithms_shm (ctest). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,12 +15,17 @@
 #include "backends/shm/coll.h"
 #include "backends/shm/path.h"
 #include "c10d.h"
+#include "engine/env.h"
+#include "engine/loop.h"
 #include "mp_harness.h"
 
 #include <dirent.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------ the choice, alone */
@@ -85,6 +92,93 @@ static void test_attach_errors(void **st)
     assert_int_equal(c10d__shm_attach(wrong, 2, 1, &peer), C10D_EPROTO);
     assert_non_null(strstr(c10d_last_error(), "not the segment"));
     c10d__shm_free(seg);
+}
+
+/* Descriptors this process holds now. */
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    if (d == NULL)
+        return -1;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n - 1; /* opendir's own */
+}
+
+static void count_ring(void *arg, int r)
+{
+    (void)r;
+    ++*(int *)arg;
+}
+
+/* 1 if fd has a byte to read now (then reads it all). */
+static int bell_rang(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 0) != 1)
+        return 0;
+    char buf[64];
+    while (read(fd, buf, sizeof buf) > 0)
+        ;
+    return 1;
+}
+
+/* A sleeper is woken through its doorbell (a byte in its pipe), not the tcp
+ * ring; a doorbell that is not the one published falls back to the ring;
+ * every descriptor goes with the segments. */
+static void test_doorbell(void **st)
+{
+    (void)st;
+    int fds0 = count_fds();
+    struct c10d__shm_seg *a, *b;
+    char ref[C10D_SHM_REF_MAX];
+    uint64_t bells0, falls0, bells, falls;
+    int rings = 0;
+    c10d__shm_bell_counts(&bells0, &falls0);
+    assert_int_equal(c10d__shm_create(2, 4096, &a, ref, sizeof ref), 0);
+    assert_int_equal(c10d__shm_attach(ref, 2, 1, &b), 0);
+    assert_true(c10d__shm_bell_fd(a) >= 0 && c10d__shm_bell_fd(b) >= 0);
+    c10d__shm_wake_sleepers(a, count_ring, &rings); /* nobody sleeps */
+    assert_false(bell_rang(c10d__shm_bell_fd(b)));
+    for (int i = 0; i < 3; i++) {
+        c10d__shm_sleepy(b);
+        c10d__shm_wake_sleepers(a, count_ring, &rings);
+        assert_true(bell_rang(c10d__shm_bell_fd(b)));
+        c10d__shm_wake_sleepers(a, count_ring, &rings); /* the flag was taken */
+        assert_false(bell_rang(c10d__shm_bell_fd(b)));
+    }
+    c10d__shm_sleepy(a); /* and the other way */
+    c10d__shm_wake_sleepers(b, count_ring, &rings);
+    assert_true(bell_rang(c10d__shm_bell_fd(a)));
+    assert_int_equal(rings, 0);
+    c10d__shm_bell_counts(&bells, &falls);
+    assert_true(bells - bells0 >= 4 && falls == falls0);
+    c10d__shm_free(b);
+    c10d__shm_free(a);
+
+    /* A published inode that is not the pipe's: never written, rung over tcp. */
+    assert_int_equal(c10d__shm_create(2, 4096, &a, ref, sizeof ref), 0);
+    assert_int_equal(c10d__shm_attach(ref, 2, 1, &b), 0);
+    atomic_fetch_add(&b->ctl[1].bell_ino, 1);
+    c10d__shm_sleepy(b);
+    c10d__shm_wake_sleepers(a, count_ring, &rings);
+    assert_int_equal(rings, 1);
+    assert_false(bell_rang(c10d__shm_bell_fd(b)));
+    c10d__shm_sleepy(b); /* once failed, tcp for good */
+    c10d__shm_wake_sleepers(a, count_ring, &rings);
+    assert_int_equal(rings, 2);
+    /* No doorbell published at all: tcp. */
+    atomic_store(&a->ctl[0].bell, 0);
+    c10d__shm_sleepy(a);
+    c10d__shm_wake_sleepers(b, count_ring, &rings);
+    assert_int_equal(rings, 3);
+    c10d__shm_bell_counts(&bells, &falls);
+    assert_int_equal(falls - falls0, 3);
+    c10d__shm_free(b);
+    c10d__shm_free(a);
+    assert_int_equal(count_fds(), fds0);
 }
 
 /* Two ranks in one process, stepped by hand: one waits for the other. */
@@ -283,7 +377,15 @@ struct job {
     const char *slot; /* C10D_SHM_SLOT_BYTES */
     int opt_out_rank; /* this rank sets C10D_SHM=0; -1: none */
     int die;          /* every rank kills itself inside an all_reduce */
+    int sleepy;       /* C10D_LOOP_SPIN_US=0: every wait sleeps; checks the doorbells */
 };
+
+static double cpu_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
 
 static int job_main(int rank, int n, void *arg)
 {
@@ -291,6 +393,16 @@ static int job_main(int rank, int n, void *arg)
     setenv("C10D_SHM", rank == j->opt_out_rank ? "0" : "1", 1);
     if (j->slot != NULL)
         setenv("C10D_SHM_SLOT_BYTES", j->slot, 1);
+    if (j->sleepy)
+        setenv("C10D_LOOP_SPIN_US", "0", 1);
+    /* libuv opens a pipe for its signal lock once per process: the
+     * descriptors are counted with an engine running, before and after
+     * (one started with this rank's settings, read again here). */
+    c10d__env_reload();
+    MP_CHECK(c10d__engine_start() == 0, "engine");
+    int fds0 = count_fds();
+    uint64_t bells0, falls0;
+    c10d__shm_bell_counts(&bells0, &falls0);
     c10d_pg_opts po = {0};
     po.timeout_ms = 60000;
     c10d_pg *pg = NULL;
@@ -332,8 +444,31 @@ static int job_main(int rank, int n, void *arg)
         usleep(2000);
         raise(SIGKILL);
     }
+    if (j->sleepy) {
+        /* Sleepers were woken, all through their doorbells; then an idle
+         * rank's loop sleeps (no CPU), and nothing is left open after. */
+        float v = 1;
+        for (int i = 0; i < 200; i++)
+            MP_CHECK(c10d_all_reduce_sync(pg, &v, &v, 1, C10D_FLOAT32, C10D_MAX) == 0, "max: %s",
+                     c10d_last_error());
+        uint64_t bells, falls;
+        c10d__shm_bell_counts(&bells, &falls);
+        MP_CHECK(falls == falls0, "%llu sleepers rung over tcp",
+                 (unsigned long long)(falls - falls0));
+        MP_CHECK(bells > bells0, "no sleeper was rung");
+        fprintf(stderr, "rank %d: %llu doorbell rings\n", rank,
+                (unsigned long long)(bells - bells0));
+        double t0 = cpu_ms();
+        usleep(300 * 1000);
+        double idle = cpu_ms() - t0;
+        MP_CHECK(idle < 30, "an idle rank used %.1f ms of CPU in 300 ms", idle);
+    }
     MP_CHECK(c10d_pg_destroy(pg) == 0, "destroy: %s", c10d_last_error());
     c10d_shutdown();
+    MP_CHECK(c10d__engine_start() == 0, "engine");
+    if (j->sleepy)
+        MP_CHECK(count_fds() == fds0, "%d descriptors before the group, %d after shutdown", fds0,
+                 count_fds());
     return 0;
 }
 
@@ -360,28 +495,35 @@ static void run_job(const struct job *j, int nranks)
 static void test_small_slots_3_ranks(void **st)
 {
     (void)st;
-    struct job j = {"4096", -1, 0}; /* every chunk small */
+    struct job j = {"4096", -1, 0, 0}; /* every chunk small */
     run_job(&j, 3);
 }
 
 static void test_large_chunks_4_ranks(void **st)
 {
     (void)st;
-    struct job j = {"65536", -1, 0}; /* chunks of 8192 int64: reduce-scatter scheme */
+    struct job j = {"65536", -1, 0, 0}; /* chunks of 8192 int64: reduce-scatter scheme */
     run_job(&j, 4);
 }
 
 static void test_one_rank_opts_out(void **st)
 {
     (void)st;
-    struct job j = {NULL, 1, 0}; /* the group stays on tcp, and agrees on it */
+    struct job j = {NULL, 1, 0, 0}; /* the group stays on tcp, and agrees on it */
+    run_job(&j, 3);
+}
+
+static void test_sleeping_ranks_3(void **st)
+{
+    (void)st;
+    struct job j = {"4096", -1, 0, 1};
     run_job(&j, 3);
 }
 
 static void test_every_rank_killed(void **st)
 {
     (void)st;
-    struct job j = {NULL, -1, 1};
+    struct job j = {NULL, -1, 1, 0};
     run_job(&j, 3);
 }
 
@@ -391,11 +533,13 @@ int main(void)
         cmocka_unit_test(test_host_id),
         cmocka_unit_test(test_decide),
         cmocka_unit_test(test_attach_errors),
+        cmocka_unit_test(test_doorbell),
         cmocka_unit_test(test_state_machine),
         cmocka_unit_test(test_rooted_and_exchange_ops),
         cmocka_unit_test(test_small_slots_3_ranks),
         cmocka_unit_test(test_large_chunks_4_ranks),
         cmocka_unit_test(test_one_rank_opts_out),
+        cmocka_unit_test(test_sleeping_ranks_3),
         cmocka_unit_test(test_every_rank_killed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

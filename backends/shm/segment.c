@@ -1,11 +1,15 @@
-/* The shared segment (segment.h): host identity, creating and attaching. */
+/* The shared segment (segment.h): host identity, creating and attaching,
+ * and the doorbells that wake a sleeping rank. */
 #include "segment.h"
 
 #include "engine/error.h"
+#include "engine/log.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +82,15 @@ static int map_it(int fd, int nranks, int rank, size_t slot_bytes, struct c10d__
         free(seg);
         return c10d__fail(C10D_ENOMEM, "shm: mapping %zu bytes failed: %s", bytes, strerror(e));
     }
+    seg->peer_bell = malloc((size_t)nranks * sizeof *seg->peer_bell);
+    if (seg->peer_bell == NULL) {
+        munmap(base, bytes);
+        free(seg);
+        return c10d__fail(C10D_ENOMEM, "shm: out of memory");
+    }
+    for (int r = 0; r < nranks; r++)
+        seg->peer_bell[r] = -2;
+    seg->bell_rd = seg->bell_wr = -1;
     seg->base = base;
     seg->map_bytes = bytes;
     seg->fd = -1;
@@ -88,6 +101,97 @@ static int map_it(int fd, int nranks, int rank, size_t slot_bytes, struct c10d__
     seg->data = (char *)base + data_off;
     *out = seg;
     return 0;
+}
+
+/* Each "cannot" of the doorbells is said once per process, at DEBUG: the tcp
+ * ring still wakes the rank, a little slower. */
+static void bell_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void bell_note(const char *fmt, ...)
+{
+    static atomic_int said;
+    if (atomic_exchange(&said, 1) != 0)
+        return;
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    C10D_DEBUG("shm", "%s: that rank is woken over tcp instead", msg);
+}
+
+static _Atomic uint64_t rung_by_bell, rung_by_ring;
+
+void c10d__shm_bell_counts(uint64_t *bells, uint64_t *fallbacks)
+{
+    *bells = atomic_load(&rung_by_bell);
+    *fallbacks = atomic_load(&rung_by_ring);
+}
+
+/* This rank's doorbell: a pipe (an eventfd cannot be opened through
+ * /proc/<pid>/fd: ENXIO; a pipe opens there as a FIFO, under the same
+ * permission check as the memfd). Its write end's number is published in
+ * the segment for the peers to open; the rank keeps that end too, so that
+ * its read end never sees end-of-file. No pipe: the peers ring over tcp. */
+static void bell_make(struct c10d__shm_seg *seg)
+{
+    int p[2];
+    struct stat st;
+    if (pipe2(p, O_CLOEXEC | O_NONBLOCK) < 0) {
+        bell_note("shm: no doorbell pipe for rank %d: %s", seg->rank, strerror(errno));
+        return;
+    }
+    if (fstat(p[1], &st) < 0) {
+        bell_note("shm: no doorbell pipe for rank %d: %s", seg->rank, strerror(errno));
+        close(p[0]);
+        close(p[1]);
+        return;
+    }
+    seg->bell_rd = p[0];
+    seg->bell_wr = p[1];
+    struct c10d__shm_ctl *c = &seg->ctl[seg->rank];
+    atomic_store_explicit(&c->bell_ino, (uint64_t)st.st_ino, memory_order_relaxed);
+    atomic_store_explicit(&c->bell, (uint64_t)getpid() << 32 | (uint32_t)p[1],
+                          memory_order_release);
+}
+
+int c10d__shm_bell_fd(const struct c10d__shm_seg *seg)
+{
+    return seg->bell_rd;
+}
+
+void c10d__shm_bell_withdraw(struct c10d__shm_seg *seg)
+{
+    atomic_store_explicit(&seg->ctl[seg->rank].bell, 0, memory_order_relaxed);
+}
+
+/* Rank r's doorbell, opened on first use: its descriptor, or -1 (ring over
+ * tcp; so for good once it failed). */
+static int bell_of(struct c10d__shm_seg *seg, int r)
+{
+    if (seg->peer_bell[r] != -2)
+        return seg->peer_bell[r];
+    seg->peer_bell[r] = -1;
+    const struct c10d__shm_ctl *c = &seg->ctl[r];
+    uint64_t b = atomic_load_explicit(&c->bell, memory_order_acquire);
+    uint64_t ino = atomic_load_explicit(&c->bell_ino, memory_order_relaxed);
+    if (b == 0) {
+        bell_note("shm: rank %d of a segment has no doorbell", r);
+        return -1;
+    }
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%u/fd/%u", (unsigned)(b >> 32), (unsigned)(b & UINT32_MAX));
+    int fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        bell_note("shm: cannot open the doorbell %s of rank %d: %s", path, r, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISFIFO(st.st_mode) || (uint64_t)st.st_ino != ino) {
+        bell_note("shm: %s is not rank %d's doorbell", path, r);
+        close(fd);
+        return -1;
+    }
+    return seg->peer_bell[r] = fd;
 }
 
 int c10d__shm_create(int nranks, size_t slot_bytes, struct c10d__shm_seg **out, char *ref,
@@ -118,6 +222,7 @@ int c10d__shm_create(int nranks, size_t slot_bytes, struct c10d__shm_seg **out, 
     h->slot_bytes = slot_bytes;
     h->magic = SEG_MAGIC;
     seg->fd = fd;
+    bell_make(seg);
     snprintf(ref, cap, "%d.%d.%016" PRIx64 ".%zu", (int)getpid(), fd, h->nonce, slot_bytes);
     *out = seg;
     return 0;
@@ -158,6 +263,7 @@ int c10d__shm_attach(const char *ref, int nranks, int rank, struct c10d__shm_seg
         return c10d__fail(C10D_EPROTO, "shm: %s is not the segment rank 0 made for this group",
                           path);
     }
+    bell_make(seg);
     *out = seg;
     return 0;
 }
@@ -166,6 +272,15 @@ void c10d__shm_free(struct c10d__shm_seg *seg)
 {
     if (seg == NULL)
         return;
+    if (seg->bell_wr >= 0) { /* withdrawn first: its number may be reused */
+        atomic_store_explicit(&seg->ctl[seg->rank].bell, 0, memory_order_relaxed);
+        close(seg->bell_wr);
+        close(seg->bell_rd);
+    }
+    for (int r = 0; r < seg->nranks; r++)
+        if (seg->peer_bell[r] >= 0)
+            close(seg->peer_bell[r]);
+    free(seg->peer_bell);
     munmap(seg->base, seg->map_bytes);
     if (seg->fd >= 0)
         close(seg->fd);
@@ -202,9 +317,16 @@ int c10d__shm_peer_differs(const struct c10d__shm_seg *seg, int r, uint64_t seq,
     return !c10d__fp_equal(theirs, fp);
 }
 
+/* The flag and the counters: the sleeper stores its flag, then a full fence,
+ * then looks at the counters; a publisher stores a counter, then a full fence
+ * (c10d__shm_wake_sleepers), then looks at the flags. Two seq_cst fences order
+ * both store-then-load pairs, so at least one side sees the other's store: the
+ * sleeper its new counter, or the publisher its flag (and rings). The flag's
+ * store is also a release, and the publisher's exchange an acquire, so a
+ * publisher that saw the flag sees the doorbell published before it. */
 void c10d__shm_sleepy(struct c10d__shm_seg *seg)
 {
-    atomic_store_explicit(&seg->ctl[seg->rank].sleeping, 1, memory_order_relaxed);
+    atomic_store_explicit(&seg->ctl[seg->rank].sleeping, 1, memory_order_release);
     atomic_thread_fence(memory_order_seq_cst);
 }
 
@@ -214,12 +336,32 @@ void c10d__shm_awake(struct c10d__shm_seg *seg)
         atomic_store_explicit(&seg->ctl[seg->rank].sleeping, 0, memory_order_relaxed);
 }
 
+/* One byte wakes the sleeper's epoll (level-triggered: a byte written before
+ * it blocks wakes it as well). A full pipe already wakes it (EAGAIN); a
+ * doorbell whose reader is gone (EPIPE: the loop thread blocks SIGPIPE) or
+ * any other error falls back to the tcp ring. */
+static int bell_ring(struct c10d__shm_seg *seg, int r)
+{
+    int fd = bell_of(seg, r);
+    if (fd < 0)
+        return -1;
+    static const char one = 1;
+    if (write(fd, &one, 1) == 1 || errno == EAGAIN) {
+        atomic_fetch_add_explicit(&rung_by_bell, 1, memory_order_relaxed);
+        return 0;
+    }
+    return -1;
+}
+
 void c10d__shm_wake_sleepers(struct c10d__shm_seg *seg, void (*ring)(void *arg, int r), void *arg)
 {
     atomic_thread_fence(memory_order_seq_cst);
     for (int r = 0; r < seg->nranks; r++)
         if (r != seg->rank &&
             atomic_load_explicit(&seg->ctl[r].sleeping, memory_order_relaxed) != 0 &&
-            atomic_exchange_explicit(&seg->ctl[r].sleeping, 0, memory_order_relaxed) != 0)
+            atomic_exchange_explicit(&seg->ctl[r].sleeping, 0, memory_order_acquire) != 0 &&
+            bell_ring(seg, r) < 0) {
+            atomic_fetch_add_explicit(&rung_by_ring, 1, memory_order_relaxed);
             ring(arg, r);
+        }
 }

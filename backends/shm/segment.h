@@ -42,7 +42,12 @@ struct c10d__shm_ctl {
     char pad1[128 - 5 * sizeof(uint64_t) - 2 * sizeof(struct c10d__shm_stamp)];
     _Atomic uint64_t reduced;  /* its slice of chunk `reduced` is reduced */
     _Atomic uint32_t sleeping; /* its loop sleeps: ring it after a change */
-    char pad2[128 - sizeof(uint64_t) - sizeof(uint32_t)];
+    uint32_t pad_s;
+    /* Its doorbell (c10d__shm_wake_sleepers): (pid << 32 | fd) of the write
+     * end of a pipe its loop polls, 0 if none; and that pipe's inode, so
+     * that a reused descriptor number is never written to. */
+    _Atomic uint64_t bell, bell_ino;
+    char pad2[128 - 4 * sizeof(uint64_t)];
 };
 
 struct c10d__shm_seg {
@@ -53,7 +58,9 @@ struct c10d__shm_seg {
     size_t slot_bytes;
     struct c10d__shm_ctl *ctl; /* nranks of them */
     char *data;
-    uint64_t gen; /* chunks run so far: the same count on every rank */
+    uint64_t gen;         /* chunks run so far: the same count on every rank */
+    int bell_rd, bell_wr; /* this rank's doorbell pipe (-1: none, peers use tcp) */
+    int *peer_bell;       /* per rank: its doorbell opened here, -2 not yet, -1 cannot */
 };
 
 /* This process's host identity for the shm path, or "" when it has none:
@@ -85,12 +92,23 @@ int c10d__shm_peer_differs(const struct c10d__shm_seg *seg, int r, uint64_t seq,
  * fence, so that one of them always sees the other): the sleeper calls
  * c10d__shm_sleepy, then looks at the segment once more before its loop
  * blocks; a rank that published something calls c10d__shm_wake_sleepers,
- * which calls ring(arg, r) once for each rank that said it sleeps. */
+ * which writes a byte to the doorbell of each rank that said it sleeps (a
+ * pipe that rank's loop polls, c10d__shm_bell_fd: its epoll wakes), or,
+ * where that rank has none or its doorbell cannot be opened here, calls
+ * ring(arg, r) (the tcp F_WAKE frame). */
 void c10d__shm_sleepy(struct c10d__shm_seg *seg);
 /* This rank moved on by itself: no ring wanted (a flag left set would have
  * a peer ring a rank that may have left the group since). */
 void c10d__shm_awake(struct c10d__shm_seg *seg);
 void c10d__shm_wake_sleepers(struct c10d__shm_seg *seg, void (*ring)(void *arg, int r), void *arg);
+/* The read end of this rank's doorbell (its loop polls it; it does not own
+ * it), or -1 if it has none. */
+int c10d__shm_bell_fd(const struct c10d__shm_seg *seg);
+/* Nothing polls this rank's doorbell: its peers ring it over tcp (those that
+ * opened it already are not told; call it before any op runs). */
+void c10d__shm_bell_withdraw(struct c10d__shm_seg *seg);
+/* Tests: rings through doorbells and through ring() since the process began. */
+void c10d__shm_bell_counts(uint64_t *bells, uint64_t *fallbacks);
 
 /* Rank r's slot for chunk `gen`. */
 static inline char *c10d__shm_slot(const struct c10d__shm_seg *seg, int r, uint64_t gen)

@@ -23,6 +23,7 @@
 #include "rails.h"
 #include "transport.h"
 
+#include "backends/shm/bell.h"
 #include "backends/shm/coll.h"
 #include "backends/shm/path.h"
 
@@ -127,6 +128,8 @@ struct tcp_state {
     c10d_store *lookup_store;
     /* Every rank on this host: collectives run on this segment (docs/shm.md). */
     struct c10d__shm_seg *shm;
+    /* The loop's ears for shm's and hier.seg's doorbells (docs/shm.md). */
+    struct c10d__shm_bell *shm_bell, *hier_bell;
     struct c10d__poll_queue shm_polls;
     int shm_offered;                  /* this rank's handshake carries a shm note */
     int shm_lost;                     /* chosen, but not mapped here (shm_error says why) */
@@ -199,8 +202,18 @@ static void list_remove(struct tcp_op **head, struct tcp_op **tail, struct tcp_o
     o->next = o->prev = NULL;
 }
 
+/* Loop thread: nothing wakes this rank through the doorbells any more (the
+ * group failed or goes). Their pipes close with the segments. */
+static void close_bells(struct tcp_state *s)
+{
+    c10d__shm_bell_close(s->shm_bell);
+    c10d__shm_bell_close(s->hier_bell);
+    s->shm_bell = s->hier_bell = NULL;
+}
+
 static void state_free(struct tcp_state *s)
 {
+    close_bells(s);
     if (s->lookup_store != NULL)
         c10d_store_release(s->lookup_store);
     free_dead(s);
@@ -335,6 +348,7 @@ static void group_fail(struct tcp_state *s, int status, const char *fmt, ...)
     C10D_WARN("tcp", "group %s rank %d failed: %s", s->group_name, s->rank, s->poison_msg);
     if (s->rails != NULL)
         c10d__tcp_rails_fail(s->rails, status, s->poison_msg);
+    close_bells(s);
     /* A shared-memory op stops being polled: its peers may never come. */
     for (struct c10d__poll_item *it = c10d__poll_cancel(&s->shm_polls), *next; it != NULL;
          it = next) {
@@ -459,6 +473,8 @@ static void coll_finished(struct c10d__tcp_coll *c, int status)
 
 /* ---------------------------------------------- shared-memory collectives */
 
+/* The tcp ring: the fallback for a sleeper whose doorbell cannot be used
+ * (c10d__shm_wake_sleepers tries that first). */
 static void ring_peer(void *arg, int r)
 {
     struct tcp_state *s = arg;
@@ -879,6 +895,7 @@ static void state_destroy(struct tcp_state *s)
     if (!s->poisoned && (s->active != NULL || s->queue_head != NULL || s->p2p_ops != NULL))
         group_fail(s, C10D_EABORTED, "the group was destroyed with operations pending");
     s->destroyed = 1;
+    close_bells(s);
     if (s->rails != NULL)
         c10d__tcp_rails_free(s->rails);
     s->rails = NULL;
@@ -993,6 +1010,8 @@ static int choose_shm(struct tcp_state *s, const char *const *notes)
         C10D_INFO("shm", "group %s rank %d: %s", s->group_name, s->rank, s->shm_error);
         return 0;
     }
+    if (rc > 0)
+        s->shm_bell = c10d__shm_bell_listen(s->shm);
     if (rc > 0 && s->rank == 0)
         C10D_INFO("shm",
                   "group %s: every rank is on this host: collectives run on shared memory "
@@ -1060,6 +1079,8 @@ static void hier_ref_received(struct c10d__tcp_xfer *x)
         rc = c10d__fail(rc, "tcp: group %s, rank %d: mapping this host's shared segment: %s",
                         s->group_name, s->rank, c10d_last_error());
     s->hier_on = rc == 0;
+    if (rc == 0)
+        s->hier_bell = c10d__shm_bell_listen(s->hier.seg);
     s->hier_pending = 0;
     connect_finished(s, rc);
 }
@@ -1104,6 +1125,7 @@ static int hier_setup(struct tcp_state *s, const char *const *notes)
         return c10d__fail(rc, "tcp: group %s, rank %d: making this host's shared segment: %s",
                           s->group_name, s->rank, why);
     s->hier_on = 1;
+    s->hier_bell = c10d__shm_bell_listen(s->hier.seg);
     return 0;
 }
 

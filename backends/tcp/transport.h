@@ -93,7 +93,8 @@ int c10d__tcp_transport_new(const struct c10d__tcp_transport_config *cfg,
                             struct c10d__tcp_transport **out);
 
 /* A frame that only wakes rank r's loop (a peer sleeping on something no
- * socket announces: shared memory, docs/shm.md). Loop thread. */
+ * socket announces: shared memory, where that peer's doorbell cannot be
+ * used, docs/shm.md). Loop thread. */
 void c10d__tcp_transport_ring(struct c10d__tcp_transport *t, int r);
 
 /* The note rank r's handshake carried ("" before it met this rank, or if it
