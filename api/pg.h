@@ -77,6 +77,10 @@ struct c10d_pg {
      * parent's loop, which does not exist here; they are left alone. */
     int inherited;
     int coalescing;
+    /* A shrink with C10D_SHRINK_ABORT is under way: it aborts the backends
+     * itself once the survivors have their child (a failing op must not
+     * abort the nccl communicator the child is being shrunk from). */
+    int abort_deferred;
     int shrink_count; /* groups shrunk from this one (their names) */
     int split_count;  /* c10d_pg_split calls on this one (their names and keys) */
     int fr_seen;      /* the flight recorder knows the group (pg_config, store watch) */

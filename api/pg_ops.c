@@ -120,6 +120,7 @@ static void op_done(c10d_work *w, int status, void *arg)
 void c10d__pg_poison(c10d_pg *pg, int status, const char *message)
 {
     uv_mutex_lock(&pg->mutex);
+    int deferred = pg->abort_deferred;
     if (pg->first_status == 0) {
         pg->first_status = status;
         free(pg->first_error);
@@ -128,7 +129,7 @@ void c10d__pg_poison(c10d_pg *pg, int status, const char *message)
         c10d__hosted_store_skip_linger();
     }
     uv_mutex_unlock(&pg->mutex);
-    if (pg->aborted_on_loop)
+    if (pg->aborted_on_loop || deferred)
         return;
     /* A timed-out op's buffers must no longer be written: the backend drops
      * everything pending and fails fast from now on (gloo closes every pair). */

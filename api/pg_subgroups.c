@@ -413,6 +413,7 @@ static void abort_parent(c10d_pg *parent, unsigned mask)
 static unsigned fail_parent(c10d_pg *parent)
 {
     uv_mutex_lock(&parent->mutex);
+    parent->abort_deferred = 1;
     if (parent->first_status == 0) {
         parent->first_status = C10D_EABORTED;
         free(parent->first_error);
