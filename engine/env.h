@@ -54,7 +54,7 @@
     X(TCP_SEGMENT, "C10D_TCP_SEGMENT", NULL, "524288",                                             \
       "tcp backend: segment size in bytes of the pipelined ring")                                  \
     X(SHM, "C10D_SHM", NULL, "1",                                                                  \
-      "tcp backend: 1 runs the collectives (all_to_all with per-rank counts or lists excepted) "   \
+      "tcp backend: 1 runs the collectives "                                                       \
       "through shared memory in a group whose ranks all share this host (same boot, user, pid "    \
       "and network namespace, host name); 0 on any rank: tcp only")                                \
     X(SHM_SLOT_BYTES, "C10D_SHM_SLOT_BYTES", NULL, "262144",                                       \

@@ -344,14 +344,135 @@ static void test_rooted_and_exchange_ops(void **st)
         for (int j = 0; j < 3; j++)
             for (int i = 0; i < C; i++)
                 assert_true(lists[r][2 - j][i] == in[j][i]);
-    /* An uneven all_to_all is not for the segment. */
-    size_t counts[3] = {1, 2, 3};
-    struct c10d__op uneven = {.kind = C10D_OP_ALL_TO_ALL,
-                              .count = 6,
-                              .send_counts = counts,
-                              .recv_counts = counts,
-                              .dtype = C10D_FLOAT32};
-    assert_false(c10d__shm_coll_supports(&uneven, 96, 3));
+    for (int r = 2; r >= 0; r--)
+        c10d__shm_free(seg[r]);
+}
+
+/* Three ranks' state machines driven in turn; each one's result (1 or < 0). */
+static void drive3_status(struct c10d__shm_seg *seg[3], struct c10d__op op[3], int rc[3],
+                          void *copy[3])
+{
+    struct c10d__fp fp;
+    c10d__fp_of(&op[0], 3, &fp);
+    struct c10d__shm_coll x[3];
+    for (int r = 0; r < 3; r++) {
+        c10d__shm_coll_start(&x[r], seg[r], &op[r], 0, &fp);
+        size_t need = c10d__shm_coll_copy_bytes(&x[r]);
+        assert_true((need > 0) == (copy != NULL && copy[r] != NULL));
+        if (need > 0)
+            c10d__shm_coll_set_copy(&x[r], copy[r]);
+    }
+    int moved;
+    rc[0] = rc[1] = rc[2] = 0;
+    for (int i = 0; i < 100000 && !(rc[0] && rc[1] && rc[2]); i++)
+        for (int r = 2; r >= 0; r--)
+            if (rc[r] == 0)
+                rc[r] = c10d__shm_coll_progress(&x[r], &moved);
+}
+
+/* all_to_all with per-pair counts (zeros among them) in chunks of two
+ * elements per pair, in place in both forms, and split sizes that disagree
+ * between a sender and its receiver: every rank fails, naming the pair. */
+static void test_uneven_all_to_all(void **st)
+{
+    (void)st;
+    struct c10d__shm_seg *seg[3];
+    char ref[C10D_SHM_REF_MAX];
+    /* 96-byte slots: a 64-byte header of counts, then 2 floats per pair. */
+    assert_int_equal(c10d__shm_create(3, 96, &seg[0], ref, sizeof ref), 0);
+    for (int r = 1; r < 3; r++)
+        assert_int_equal(c10d__shm_attach(ref, 3, r, &seg[r]), 0);
+    size_t sc[3][3], rc_[3][3], stot[3] = {0}, rtot[3] = {0};
+    for (int q = 0; q < 3; q++)
+        for (int d = 0; d < 3; d++) {
+            sc[q][d] = (size_t)(q * 3 + d * 5) % 7; /* 0..6: up to three chunks */
+            stot[q] += sc[q][d];
+        }
+    for (int r = 0; r < 3; r++)
+        for (int j = 0; j < 3; j++) {
+            rc_[r][j] = sc[j][r];
+            rtot[r] += rc_[r][j];
+        }
+    static float in[3][32], out[3][32];
+    struct c10d__op op[3];
+    int status[3];
+    for (int inplace = 0; inplace < 2; inplace++) {
+        for (int r = 0; r < 3; r++) {
+            for (int i = 0; i < 32; i++)
+                in[r][i] = (float)(r * 100 + i);
+            memset(out[r], 0, sizeof out[r]);
+            if (inplace)
+                memcpy(out[r], in[r], sizeof out[r]);
+        }
+        static char copies[3][32 * sizeof(float)];
+        void *copy[3] = {copies[0], copies[1], copies[2]};
+        for (int r = 0; r < 3; r++)
+            op[r] = (struct c10d__op){.kind = C10D_OP_ALL_TO_ALL,
+                                      .send = inplace ? out[r] : in[r],
+                                      .recv = out[r],
+                                      .count = stot[r],
+                                      .send_counts = sc[r],
+                                      .recv_counts = rc_[r],
+                                      .dtype = C10D_FLOAT32,
+                                      .seq = 1 + (uint64_t)inplace};
+        drive3_status(seg, op, status, inplace ? copy : NULL);
+        for (int r = 0; r < 3; r++) {
+            assert_int_equal(status[r], 1);
+            size_t at = 0;
+            for (int j = 0; j < 3; j++) {
+                size_t from = 0; /* where block r starts in rank j's input */
+                for (int d = 0; d < r; d++)
+                    from += sc[j][d];
+                for (size_t i = 0; i < rc_[r][j]; i++)
+                    assert_true(out[r][at + i] == in[j][from + i]);
+                at += rc_[r][j];
+            }
+        }
+    }
+    /* The list form, blocks in reverse order in memory, in place. */
+    static float lists[3][3][8];
+    const void *sends[3][3];
+    void *recvs[3][3];
+    for (int r = 0; r < 3; r++)
+        for (int j = 0; j < 3; j++) {
+            for (int i = 0; i < 8; i++)
+                lists[r][2 - j][i] = (float)(r * 100 + j * 10 + i);
+            sends[r][j] = recvs[r][j] = lists[r][2 - j];
+        }
+    static char copies[3][64 * sizeof(float)];
+    void *copy[3] = {copies[0], copies[1], copies[2]};
+    for (int r = 0; r < 3; r++)
+        op[r] = (struct c10d__op){.kind = C10D_OP_ALL_TO_ALL,
+                                  .sends = (const void *const *)sends[r],
+                                  .recvs = (void *const *)recvs[r],
+                                  .send_counts = sc[r],
+                                  .recv_counts = rc_[r],
+                                  .dtype = C10D_FLOAT32,
+                                  .seq = 3};
+    drive3_status(seg, op, status, copy);
+    for (int r = 0; r < 3; r++) {
+        assert_int_equal(status[r], 1);
+        for (int j = 0; j < 3; j++)
+            for (size_t i = 0; i < rc_[r][j]; i++)
+                assert_true(lists[r][2 - j][i] == (float)(j * 100 + r * 10 + (int)i));
+    }
+    /* Rank 2 expects one element fewer from rank 0 than rank 0 sends it. */
+    size_t wrong[3] = {rc_[2][0] - 1, rc_[2][1], rc_[2][2]};
+    assert_true(rc_[2][0] > 0);
+    for (int r = 0; r < 3; r++)
+        op[r] = (struct c10d__op){.kind = C10D_OP_ALL_TO_ALL,
+                                  .send = in[r],
+                                  .recv = out[r],
+                                  .count = stot[r],
+                                  .send_counts = sc[r],
+                                  .recv_counts = r == 2 ? wrong : rc_[r],
+                                  .dtype = C10D_FLOAT32,
+                                  .seq = 4};
+    drive3_status(seg, op, status, NULL);
+    for (int r = 0; r < 3; r++)
+        assert_true(status[r] < 0);
+    assert_non_null(strstr(c10d_last_error(), "rank 0 sends"));
+    assert_non_null(strstr(c10d_last_error(), "to rank 2"));
     for (int r = 2; r >= 0; r--)
         c10d__shm_free(seg[r]);
 }
@@ -536,6 +657,7 @@ int main(void)
         cmocka_unit_test(test_doorbell),
         cmocka_unit_test(test_state_machine),
         cmocka_unit_test(test_rooted_and_exchange_ops),
+        cmocka_unit_test(test_uneven_all_to_all),
         cmocka_unit_test(test_small_slots_3_ranks),
         cmocka_unit_test(test_large_chunks_4_ranks),
         cmocka_unit_test(test_one_rank_opts_out),

@@ -21,14 +21,32 @@ static int spread(enum c10d__op_kind kind)
     return kind == C10D_OP_REDUCE_SCATTER || kind == C10D_OP_SCATTER || kind == C10D_OP_ALL_TO_ALL;
 }
 
+/* all_to_all with counts or buffer lists: every slot starts with its
+ * owner's send and receive counts (so every rank checks every pair), then a
+ * part per rank, of `part` elements. */
+static int uneven(const struct c10d__op *op)
+{
+    return op->kind == C10D_OP_ALL_TO_ALL && (op->send_counts != NULL || op->recv_counts != NULL ||
+                                              op->sends != NULL || op->recvs != NULL);
+}
+
+static size_t v_header_bytes(int nranks)
+{
+    return ((size_t)nranks * 2 * sizeof(uint64_t) + 63) & ~(size_t)63;
+}
+
+static size_t v_part_elems(size_t slot_bytes, int nranks, size_t esz)
+{
+    size_t hdr = v_header_bytes(nranks);
+    return slot_bytes > hdr ? (slot_bytes - hdr) / (size_t)nranks / esz : 0;
+}
+
 int c10d__shm_coll_supports(const struct c10d__op *op, size_t slot_bytes, int nranks)
 {
+    if (uneven(op))
+        return v_part_elems(slot_bytes, nranks, c10d_dtype_size(op->dtype)) > 0;
     switch (op->kind) {
-    case C10D_OP_ALL_TO_ALL: /* the even split of one buffer; the rest stays on tcp */
-        if (op->send_counts != NULL || op->recv_counts != NULL || op->sends != NULL ||
-            op->recvs != NULL)
-            return 0;
-        /* fall through */
+    case C10D_OP_ALL_TO_ALL: /* the even split of one buffer */
     case C10D_OP_REDUCE_SCATTER:
     case C10D_OP_SCATTER: /* a chunk holds one element of every block at least */
         return slot_bytes / ((size_t)nranks * c10d_dtype_size(op->dtype)) > 0;
@@ -58,6 +76,13 @@ void c10d__shm_coll_start(struct c10d__shm_coll *a, struct c10d__shm_seg *seg,
         a->chunk_elems /= (size_t)seg->nranks;
     /* all_to_all's count is the whole buffer; every other op's, a block. */
     a->block_elems = op->kind == C10D_OP_ALL_TO_ALL ? op->count / (size_t)seg->nranks : op->count;
+    /* The uneven exchange learns its length (the largest count of any pair)
+     * from the first chunk's headers, so every rank runs that chunk. */
+    a->uneven = uneven(op);
+    if (a->uneven) {
+        a->chunk_elems = v_part_elems(seg->slot_bytes, seg->nranks, a->esz);
+        a->block_elems = 1;
+    }
     /* A barrier is one chunk of nothing; another op of nothing is done. */
     a->phase = a->block_elems == 0 && op->kind != C10D_OP_BARRIER ? PH_DONE : PH_WRITE;
     if (a->phase == PH_WRITE)
@@ -139,12 +164,146 @@ static const char *source_of(const struct c10d__shm_coll *a)
     }
 }
 
+/* ------------------------------------------- all_to_all, uneven */
+
+static size_t v_count(const struct c10d__shm_coll *a, const size_t *counts, int j)
+{
+    return counts != NULL ? counts[j] : a->op->count / (size_t)a->seg->nranks;
+}
+
+/* Elements of a block of `count` that the chunk at `done` moves. */
+static size_t v_window(const struct c10d__shm_coll *a, size_t count)
+{
+    if (count <= a->done_elems)
+        return 0;
+    size_t left = count - a->done_elems;
+    return left < a->chunk_elems ? left : a->chunk_elems;
+}
+
+static int v_overlaps(const struct c10d__op *op, int nranks)
+{
+    if (op->sends == NULL)
+        return op->send == op->recv;
+    for (int i = 0; i < nranks; i++)
+        for (int j = 0; j < nranks; j++)
+            if (op->sends[i] == op->recvs[j])
+                return 1;
+    return 0;
+}
+
+static size_t v_send_total(const struct c10d__shm_coll *a)
+{
+    size_t total = 0;
+    for (int j = 0; j < a->seg->nranks; j++)
+        total += v_count(a, a->op->send_counts, j);
+    return total * a->esz;
+}
+
+size_t c10d__shm_coll_copy_bytes(const struct c10d__shm_coll *a)
+{
+    if (!a->uneven || !v_overlaps(a->op, a->seg->nranks))
+        return 0;
+    size_t bytes = v_send_total(a);
+    return bytes > 0 ? bytes : 1;
+}
+
+void c10d__shm_coll_set_copy(struct c10d__shm_coll *a, void *copy)
+{
+    const struct c10d__op *op = a->op;
+    char *at = copy;
+    for (int j = 0; j < a->seg->nranks; j++) {
+        size_t len = v_count(a, op->send_counts, j) * a->esz;
+        const char *src =
+            op->sends != NULL ? op->sends[j] : (const char *)op->send + (at - (char *)copy);
+        if (len > 0)
+            memcpy(at, src, len);
+        at += len;
+    }
+    a->copy = copy;
+}
+
+static uint64_t *v_header(const struct c10d__shm_seg *seg, int r, uint64_t gen)
+{
+    return (uint64_t *)c10d__shm_slot(seg, r, gen);
+}
+
+static void v_write(struct c10d__shm_coll *a)
+{
+    struct c10d__shm_seg *seg = a->seg;
+    const struct c10d__op *op = a->op;
+    int p = seg->nranks;
+    uint64_t *hdr = v_header(seg, seg->rank, a->gen);
+    char *parts = (char *)hdr + v_header_bytes(p);
+    size_t off = 0;
+    for (int d = 0; d < p; d++) {
+        size_t count = v_count(a, op->send_counts, d), n = v_window(a, count);
+        hdr[d] = count;
+        hdr[p + d] = v_count(a, op->recv_counts, d);
+        const char *block = a->copy != NULL     ? a->copy + off * a->esz
+                            : op->sends != NULL ? op->sends[d]
+                                                : (const char *)op->send + off * a->esz;
+        if (n > 0)
+            memcpy(parts + (size_t)d * a->chunk_elems * a->esz, block + a->done_elems * a->esz,
+                   n * a->esz);
+        off += count;
+    }
+}
+
+/* The first chunk: every rank checks every pair (sender's count against the
+ * receiver's), so a mismatch fails every rank alike, and learns how many
+ * chunks the largest block needs. */
+static int v_check(struct c10d__shm_coll *a)
+{
+    const struct c10d__shm_seg *seg = a->seg;
+    int p = seg->nranks;
+    size_t most = 0;
+    for (int j = 0; j < p; j++) {
+        const uint64_t *from = v_header(seg, j, a->gen);
+        for (int r = 0; r < p; r++) {
+            uint64_t sends = from[r], expects = v_header(seg, r, a->gen)[p + j];
+            if (sends != expects)
+                return c10d__fail(C10D_EINVAL,
+                                  "shm ALLTOALL (seq %llu): rank %d sends %llu elements to rank "
+                                  "%d, which expects %llu from it (split sizes differ between "
+                                  "ranks)",
+                                  (unsigned long long)a->op->seq, j, (unsigned long long)sends, r,
+                                  (unsigned long long)expects);
+            if (sends > most)
+                most = (size_t)sends;
+        }
+    }
+    a->block_elems = most;
+    return 0;
+}
+
+static void v_read(struct c10d__shm_coll *a)
+{
+    const struct c10d__shm_seg *seg = a->seg;
+    const struct c10d__op *op = a->op;
+    int p = seg->nranks;
+    size_t off = 0, part = a->chunk_elems * a->esz;
+    for (int j = 0; j < p; j++) {
+        size_t count = v_count(a, op->recv_counts, j), n = v_window(a, count);
+        char *block = op->recvs != NULL ? op->recvs[j] : (char *)op->recv + off * a->esz;
+        const char *parts = (const char *)v_header(seg, j, a->gen) + v_header_bytes(p);
+        if (n > 0)
+            memcpy(block + a->done_elems * a->esz, parts + (size_t)seg->rank * part, n * a->esz);
+        off += count;
+    }
+}
+
+/* ---------------------------------------------------------- chunks */
+
 static int write_slot(struct c10d__shm_coll *a)
 {
     struct c10d__shm_seg *seg = a->seg;
     const struct c10d__op *op = a->op;
     size_t n = chunk_count(a);
     char *slot = c10d__shm_slot(seg, seg->rank, a->gen);
+    if (a->uneven) {
+        v_write(a);
+        n = 0;
+    }
     int spreads = spread(op->kind) && (op->kind != C10D_OP_SCATTER || seg->rank == op->root);
     for (int j = 0; spreads && j < seg->nranks && n > 0; j++) {
         const char *block = op->sends != NULL
@@ -200,6 +359,12 @@ static int read_chunk(struct c10d__shm_coll *a)
     const struct c10d__op *op = a->op;
     size_t n = chunk_count(a), off = a->done_elems * a->esz;
     size_t mine = (size_t)seg->rank * n * a->esz; /* this rank's part of a spread slot */
+    if (a->uneven) {
+        if (a->done_elems == 0)
+            C10D_CHECK(v_check(a));
+        v_read(a);
+        return 0;
+    }
     switch (op->kind) {
     case C10D_OP_ALL_REDUCE:
         return reduce_all(a, 0);

@@ -530,6 +530,14 @@ static int shm_coll(struct tcp_op *o, struct c10d__shm_seg *seg, const struct c1
 {
     struct c10d__tcp_coll *c = &o->coll;
     c10d__shm_coll_start(&o->shm, seg, op, (uint32_t)(o->idx & 0xff), &c->fp);
+    size_t copy_bytes = c10d__shm_coll_copy_bytes(&o->shm);
+    if (copy_bytes > 0) {
+        char *copy = c->scratch(c, copy_bytes);
+        if (copy == NULL)
+            return c10d__fail(C10D_ENOMEM, "tcp %s: out of memory for %zu bytes",
+                              c10d__op_kind_name(op->kind), copy_bytes);
+        c10d__shm_coll_set_copy(&o->shm, copy);
+    }
     o->poll.ready = shm_ready;
     o->poll.done = shm_done;
     o->refs++;
