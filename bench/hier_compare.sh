@@ -6,7 +6,8 @@
 # no limit (the veth moves bytes at memcpy speed through the kernel, so this shows the
 # protocol's cost, not a network's). Root only.
 #
-# usage: bench/hier_compare.sh BUILD [OP] [REPEAT]   (OP: all_reduce (default), broadcast, reduce)
+# usage: bench/hier_compare.sh BUILD [OP] [REPEAT]
+#   (OP: all_reduce (default), broadcast, reduce, all_gather, reduce_scatter)
 set -u
 BUILD=$(realpath "${1:?usage: hier_compare.sh BUILD [OP] [REPEAT]}")
 OP=${2:-all_reduce}

@@ -1,10 +1,9 @@
 /* One rank of test_hier.sh: a group whose ranks sit in two network
  * namespaces ("hosts"), several in each, checks every host-aware op
- * (all_reduce, broadcast, reduce: reductions, dtypes, sizes across the
- * segment's chunking, every root, in place and not) against values it
- * computes itself, plus the flat ops beside them, and says which path the
- * group took. env:// rendezvous (MASTER_ADDR, MASTER_PORT, RANK,
- * WORLD_SIZE). Exit 0 when every check passed. */
+ * (all_reduce, broadcast, reduce, all_gather, reduce_scatter: reductions,
+ * dtypes, sizes across the segment's chunking, every root, in place and not)
+ * against values it computes itself, and says which path the group took. env:// rendezvous
+ * (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE). Exit 0 when every check passed. */
 #include "c10d.h"
 
 #include <math.h>
@@ -137,6 +136,62 @@ static void check_reduce(c10d_pg *pg, size_t n, int root, c10d_reduce_op op)
     free(b);
 }
 
+/* all_gather, in place (send NULL: this rank's block of recv) or not. */
+static void check_all_gather(c10d_pg *pg, c10d_dtype dt, size_t n, int in_place)
+{
+    size_t esz = dt == C10D_FLOAT32 ? 4 : 8;
+    char *g = malloc((size_t)world * n * esz + 1), *mine = malloc(n * esz + 1);
+    memset(g, 0xee, (size_t)world * n * esz);
+    fill(in_place ? g + (size_t)rank * n * esz : mine, dt, n, rank);
+    c10d_work *w = NULL;
+    int rc = waited(c10d_all_gather(pg, in_place ? NULL : mine, g, n, dt, NULL, &w), &w);
+    CHECK(rc == 0, "all_gather n %zu: %s", n, c10d_last_error());
+    for (int r = 0; rc == 0 && r < world; r++)
+        for (size_t i = 0; i < n; i++)
+            if (at(g + (size_t)r * n * esz, dt, i) != input(r, i)) {
+                CHECK(0, "all_gather dtype %d n %zu in place %d: block %d [%zu] = %g, want %g",
+                      (int)dt, n, in_place, r, i, at(g + (size_t)r * n * esz, dt, i), input(r, i));
+                r = world;
+                break;
+            }
+    free(g);
+    free(mine);
+}
+
+static void put(void *buf, c10d_dtype dt, size_t i, double v)
+{
+    if (dt == C10D_FLOAT32)
+        ((float *)buf)[i] = (float)v;
+    else if (dt == C10D_FLOAT64)
+        ((double *)buf)[i] = v;
+    else
+        ((int64_t *)buf)[i] = (int64_t)v;
+}
+
+/* reduce_scatter: element i of block b holds this rank's input at i + b, so
+ * a block that lands on the wrong rank shows. */
+static void check_reduce_scatter(c10d_pg *pg, c10d_dtype dt, c10d_reduce_op op, size_t n)
+{
+    size_t esz = dt == C10D_FLOAT32 ? 4 : 8;
+    char *in = malloc((size_t)world * n * esz + 1), *out = malloc(n * esz + 1);
+    for (int b = 0; b < world; b++)
+        for (size_t i = 0; i < n; i++)
+            put(in, dt, (size_t)b * n + i, input(rank, i + (size_t)b));
+    c10d_op_opts oo = C10D_OP_OPTS_INIT;
+    oo.premul_factor = 0.5;
+    c10d_work *w = NULL;
+    int rc = waited(c10d_reduce_scatter(pg, in, out, n, dt, op, &oo, &w), &w);
+    CHECK(rc == 0, "reduce_scatter n %zu: %s", n, c10d_last_error());
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        if (!close_to(at(out, dt, i), expect_reduced(op, i + (size_t)rank))) {
+            CHECK(0, "reduce_scatter dtype %d op %d n %zu: [%zu] = %g, want %g", (int)dt, (int)op,
+                  n, i, at(out, dt, i), expect_reduced(op, i + (size_t)rank));
+            break;
+        }
+    free(in);
+    free(out);
+}
+
 int main(void)
 {
     c10d_pg *pg = NULL;
@@ -172,6 +227,21 @@ int main(void)
         c10d_shutdown();
         return named ? 3 : 4;
     }
+    /* HIER_TRAFFIC=n: only 10 all_gathers and 10 reduce_scatters of n
+     * floats per block, for test_hier.sh to count the bytes that cross
+     * between the hosts. */
+    const char *traffic = getenv("HIER_TRAFFIC");
+    if (traffic != NULL) {
+        size_t n = strtoul(traffic, NULL, 10);
+        for (int k = 0; k < 10; k++) {
+            check_all_gather(pg, C10D_FLOAT32, n, k & 1);
+            check_reduce_scatter(pg, C10D_FLOAT32, C10D_SUM, n);
+        }
+        CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+        c10d_pg_destroy(pg);
+        c10d_shutdown();
+        return fails == 0 ? 0 : 1;
+    }
     const size_t sizes[] = {1, 7, 1000, 150000}; /* the last one spans several 256 KiB chunks */
     const c10d_dtype dts[] = {C10D_FLOAT32, C10D_FLOAT64, C10D_INT64};
     /* HIER_LOOP: over and over until something fails (a peer killed). */
@@ -188,17 +258,14 @@ int main(void)
             check_broadcast(pg, sizes[s], root, root & 1);
             check_reduce(pg, sizes[s], root, root & 1 ? C10D_AVG : C10D_SUM);
         }
-        /* A flat op between host-aware ones. */
-        float *g = malloc((size_t)world * sizes[s] * 4);
-        float *mine = malloc(sizes[s] * 4);
-        fill(mine, C10D_FLOAT32, sizes[s], rank);
-        c10d_work *w = NULL;
-        int rc = waited(c10d_all_gather(pg, mine, g, sizes[s], C10D_FLOAT32, NULL, &w), &w);
-        CHECK(rc == 0, "all_gather: %s", c10d_last_error());
-        for (int r = 0; rc == 0 && r < world; r++)
-            CHECK(g[(size_t)r * sizes[s]] == (float)input(r, 0), "all_gather block %d", r);
-        free(g);
-        free(mine);
+        /* Host-aware where the hosts hold equal ranges of ranks, flat
+         * otherwise: the same answers either way. */
+        check_all_gather(pg, C10D_FLOAT32, sizes[s], s & 1);
+        check_all_gather(pg, C10D_INT64, sizes[s], !(s & 1));
+        check_reduce_scatter(pg, C10D_FLOAT32, C10D_SUM, sizes[s]);
+        check_reduce_scatter(pg, C10D_FLOAT64, C10D_AVG, sizes[s]);
+        check_reduce_scatter(pg, C10D_INT64, C10D_MAX, sizes[s]);
+        check_reduce_scatter(pg, C10D_FLOAT64, C10D_PREMUL_SUM, sizes[s]);
     }
     if (!loop)
         CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());

@@ -9,6 +9,10 @@
 #   4. a rank of host B killed mid-run: every other rank fails within the bound, none hangs
 #   5. mismatched calls, within a host (one rank's dtype) and between hosts (host B's): every
 #      rank fails naming the mismatch
+#   6. 6 ranks, 3 + 3 in contiguous ranges (ranks 0-2 on A, 3-5 on B): all_gather and
+#      reduce_scatter run host-aware too; the checks pass, and the bytes that cross between the
+#      hosts for 10 of each at 1 MiB per block are under 3/4 of what the same job moves flat
+#      (C10D_SHM=0 on one rank)
 # Root only (ip netns); exits 77 (skipped) otherwise.
 #
 # usage: test_hier.sh PATH/TO/hier_check
@@ -157,6 +161,32 @@ for case in "3:within" "1,3:between"; do
     wait_job
     expect_all "mm${case#*:}" 5 3
 done
+
+# ---------------------------------------------------- 6. equal, contiguous hosts
+job blocked aaabbb HIER_EXPECT_PATH=shm+tcp
+wait_job
+expect_all blocked 6 0
+
+crossing() { # bytes received on host B's end of the link
+    ip netns exec "${NS[1]}" cat "/sys/class/net/$IF1/statistics/rx_bytes"
+}
+declare -A CROSSED=()
+for mode in hier flat; do
+    [ $mode = flat ] && PER_RANK[4]=C10D_SHM=0
+    before=$(crossing)
+    job "traffic-$mode" aaabbb HIER_TRAFFIC=262144
+    wait_job
+    PER_RANK=()
+    CROSSED[$mode]=$(($(crossing) - before))
+    expect_all "traffic-$mode" 6 0
+done
+echo "bytes into host B, 10 all_gathers + 10 reduce_scatters of 1 MiB blocks:" \
+    "host-aware ${CROSSED[hier]}, flat ${CROSSED[flat]}"
+if [ $((CROSSED[hier] * 4)) -lt $((CROSSED[flat] * 3)) ]; then
+    pass "traffic: host-aware moves under 3/4 of the flat bytes between hosts"
+else
+    fail "traffic: host-aware ${CROSSED[hier]} bytes, flat ${CROSSED[flat]}"
+fi
 
 if [ "$FAILS" = 0 ]; then
     echo "test_hier: all passed"

@@ -6,9 +6,16 @@
  * memory (a reduce into the leader, a broadcast out of it). Fewer ranks on
  * the network means fewer, larger messages there: on a host with L ranks,
  * 1/L of the bytes a flat ring would put on its NIC, at the cost of the
- * leader's NIC carrying the host's share alone. Ops whose blocks differ per
- * rank (all_gather, reduce_scatter, all_to_all, gather, scatter) stay flat:
- * their data does not shrink at a leader. */
+ * leader's NIC carrying the host's share alone.
+ *
+ * all_gather and reduce_scatter too, where every host holds an equal,
+ * contiguous range of ranks: a host's blocks are then one range of the
+ * buffer, so the leaders run the group's own all_gather / reduce_scatter
+ * with blocks of (ranks per host) x count, and a host's data crosses the
+ * network once instead of once per rank of it (a flat ring sends every
+ * block to every rank). Other placements (interleaved hosts, uneven hosts)
+ * would need the blocks packed and unpacked around the leaders' step: they
+ * stay flat, as do all_to_all, gather and scatter. */
 #include "hier.h"
 
 #include "engine/error.h"
@@ -71,13 +78,21 @@ int c10d__tcp_hier_plan(struct c10d__tcp_hier *h, int rank, int size, const char
                 h->local_idx = h->nlocal;
             h->local[h->nlocal++] = r;
         }
+    /* Blocked: host j is ranks [j L, (j + 1) L) for one L. */
+    int per_host = size / h->nhosts;
+    h->blocked = size % h->nhosts == 0;
+    for (int r = 0; r < size && h->blocked; r++)
+        h->blocked = h->host_of[r] == r / per_host;
     return 1;
 }
 
-int c10d__tcp_hier_supports(const struct c10d__op *op)
+int c10d__tcp_hier_supports(const struct c10d__tcp_hier *h, const struct c10d__op *op)
 {
-    if (op->sends != NULL || op->recvs != NULL)
+    if (op->sends != NULL || op->recvs != NULL || op->send_counts != NULL ||
+        op->recv_counts != NULL)
         return 0;
+    if (op->kind == C10D_OP_ALL_GATHER || op->kind == C10D_OP_REDUCE_SCATTER)
+        return h->blocked && op->count > 0;
     /* A small reduce is quicker flat: its two phases run one after the other,
      * where the binomial tree's two steps are all there is (bench/README.md,
      * "Across hosts"). Every rank draws the same answer from the same op. */
@@ -96,14 +111,26 @@ static int local_index(const struct c10d__tcp_hier *h, int grank)
 
 static int leader_of(const struct c10d__tcp_hier *h, const struct c10d__op *op, int host)
 {
-    int rooted = op->kind != C10D_OP_ALL_REDUCE;
+    int rooted = op->kind == C10D_OP_REDUCE || op->kind == C10D_OP_BROADCAST;
     return rooted && h->host_of[op->root] == host ? op->root : h->host_first[host];
 }
 
-int c10d__tcp_hier_needs_buf(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank)
+static int needs_reduce_buf(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank)
 {
     return op->kind == C10D_OP_REDUCE && rank != op->root &&
            leader_of(h, op, h->host_of[rank]) == rank;
+}
+
+size_t c10d__tcp_hier_buf_bytes(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank)
+{
+    size_t esz = c10d_dtype_size(op->dtype);
+    if (needs_reduce_buf(h, op, rank))
+        return op->count * esz;
+    /* The host's sum of every block, then the host's blocks reduced over
+     * every host. */
+    if (op->kind == C10D_OP_REDUCE_SCATTER && h->local[0] == rank)
+        return (size_t)(h->nhosts + 1) * (size_t)h->nlocal * op->count * esz;
+    return 0;
 }
 
 static void *reduce_target(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
@@ -111,13 +138,13 @@ static void *reduce_target(const struct c10d__tcp_hier *h, const struct c10d__op
 {
     if (op->kind == C10D_OP_ALL_REDUCE)
         return op->recv;
-    return rank == op->root ? op->recv : c10d__tcp_hier_needs_buf(h, op, rank) ? buf : NULL;
+    return rank == op->root ? op->recv : needs_reduce_buf(h, op, rank) ? buf : NULL;
 }
 
 int c10d__tcp_hier_prepare(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
                            void *buf)
 {
-    if (h->nlocal > 1 || op->kind == C10D_OP_BROADCAST)
+    if (h->nlocal > 1 || (op->kind != C10D_OP_ALL_REDUCE && op->kind != C10D_OP_REDUCE))
         return 0;
     void *dst = reduce_target(h, op, rank, buf);
     if (dst == NULL)
@@ -156,7 +183,7 @@ static void on_leaders(const struct c10d__tcp_hier *h, struct c10d__tcp_hier_pha
     p->rank = h->host_of[rank];
     p->size = h->nhosts;
     p->ranks = leaders;
-    if (p->op.kind != C10D_OP_ALL_REDUCE)
+    if (p->op.kind == C10D_OP_REDUCE || p->op.kind == C10D_OP_BROADCAST)
         p->op.root = h->host_of[p->op.root];
 }
 
@@ -212,6 +239,53 @@ int c10d__tcp_hier_phases(const struct c10d__tcp_hier *h, const struct c10d__op 
             on_shm(h, p, leader);
         }
         break;
+    case C10D_OP_ALL_GATHER: {
+        /* Gather the host's blocks into their place at the leader; the
+         * leaders all_gather whole hosts; each leader broadcasts the result. */
+        size_t esz = c10d_dtype_size(op->dtype), c = op->count;
+        char *host_blocks = (char *)op->recv + (size_t)h->local[0] * c * esz;
+        p = add(ph, &n, op, C10D_OP_GATHER);
+        p->op.send = op->send != NULL ? op->send : (char *)op->recv + (size_t)rank * c * esz;
+        p->op.recv = is_leader ? host_blocks : NULL;
+        on_shm(h, p, leader);
+        if (is_leader) {
+            p = add(ph, &n, op, C10D_OP_ALL_GATHER);
+            p->op.send = host_blocks;
+            p->op.count = (size_t)h->nlocal * c;
+            on_leaders(h, p, rank, leaders);
+        }
+        p = add(ph, &n, op, C10D_OP_BROADCAST);
+        p->op.send = op->recv;
+        p->op.count = (size_t)h->nlocal * (size_t)h->nhosts * c;
+        on_shm(h, p, leader);
+        break;
+    }
+    case C10D_OP_REDUCE_SCATTER: {
+        /* Sum every block over the host into the leader's buf; the leaders
+         * reduce_scatter whole hosts into the rest of it; each leader
+         * scatters its host's blocks. */
+        size_t esz = c10d_dtype_size(op->dtype), c = op->count;
+        size_t all = (size_t)h->nlocal * (size_t)h->nhosts * c;
+        char *host_sum = buf, *host_blocks = is_leader ? (char *)buf + all * esz : NULL;
+        p = add(ph, &n, op, C10D_OP_REDUCE);
+        p->op.redop = local_op;
+        p->op.recv = is_leader ? host_sum : NULL;
+        p->op.count = all;
+        on_shm(h, p, leader);
+        if (is_leader) {
+            p = add(ph, &n, op, C10D_OP_REDUCE_SCATTER);
+            p->op.redop = leaders_op;
+            p->op.send = host_sum;
+            p->op.recv = host_blocks;
+            p->op.count = (size_t)h->nlocal * c;
+            on_leaders(h, p, rank, leaders);
+        }
+        p = add(ph, &n, op, C10D_OP_SCATTER);
+        p->op.send = host_blocks;
+        p->avg_after = op->redop == C10D_AVG;
+        on_shm(h, p, leader);
+        break;
+    }
     default:
         return c10d__fail(C10D_EINTERNAL, "tcp: op kind %d has no host-aware form", (int)op->kind);
     }

@@ -1,5 +1,7 @@
 /* Host-aware collectives: a group whose ranks sit on several hosts, some
- * with more than one, runs all_reduce, broadcast and reduce in phases:
+ * with more than one, runs all_reduce, broadcast and reduce (and, where the
+ * hosts hold equal, contiguous ranges of ranks, all_gather and
+ * reduce_scatter) in phases:
  * shared memory among the ranks of each host, tcp among one leader per host
  * (docs/shm.md, "Across hosts"). Here: the host map drawn from every rank's
  * handshake note, and the phases one rank runs for one op. The backend runs
@@ -20,6 +22,10 @@ struct c10d__tcp_hier {
     int *host_first; /* host -> its lowest group rank: the default leader */
     int *local;      /* this host's group ranks, ascending */
     int nlocal, local_idx;
+    /* Every host holds the same number of ranks, in one contiguous range of
+     * group ranks (launchers' block placement): a host's blocks of an
+     * all_gather or reduce_scatter are one range, the same size everywhere. */
+    int blocked;
     struct c10d__shm_seg *seg; /* this host's; NULL while nlocal == 1 */
 };
 
@@ -47,21 +53,23 @@ void c10d__tcp_hier_free(struct c10d__tcp_hier *h);
 /* A reduce runs in phases from this many bytes; below, flat. */
 #define C10D_TCP_HIER_REDUCE_MIN (8 * 1024)
 
-/* Whether `op` runs in phases (its kind, form and, for reduce, size). */
-int c10d__tcp_hier_supports(const struct c10d__op *op);
+/* Whether `op` runs in phases (its kind, form, size, and for all_gather and
+ * reduce_scatter the placement). */
+int c10d__tcp_hier_supports(const struct c10d__tcp_hier *h, const struct c10d__op *op);
 
 /* The phases this rank runs for `op` into ph (C10D_TCP_HIER_MAX_PHASES at
  * most; 0: nothing left to do after `prepare`). leaders: room for nhosts
  * ints, filled with the op's leaders (the root's host is led by the root).
- * buf: where a leader that is not the root keeps a reduce's partial result
- * (count elements; NULL for other ops). Before the first phase, a leader
+ * buf: the leader's scratch (buf_bytes; NULL where that is 0). Before the first phase, a leader
  * alone on its host must run `prepare` (copy and premultiply its input into
  * the buffer the leaders' step reads): c10d__tcp_hier_prepare. */
 int c10d__tcp_hier_phases(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
                           int *leaders, void *buf, struct c10d__tcp_hier_phase *ph);
-/* 1 if this rank needs a reduce buffer of its own for `op` (a leader that is
- * not the root). */
-int c10d__tcp_hier_needs_buf(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank);
+/* The scratch this rank needs for `op`: a reduce's partial result at a
+ * leader that is not the root; a reduce_scatter's host sum and its host's
+ * blocks at a leader. 0 if none. */
+size_t c10d__tcp_hier_buf_bytes(const struct c10d__tcp_hier *h, const struct c10d__op *op,
+                                int rank);
 /* A leader alone on its host: its input, premultiplied for PREMUL_SUM, into
  * the buffer the leaders' step reduces in place. 0 or < 0. */
 int c10d__tcp_hier_prepare(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,

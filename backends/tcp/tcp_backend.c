@@ -615,9 +615,9 @@ static int hier_start(struct tcp_op *o)
     o->leaders = malloc((size_t)s->hier.nhosts * sizeof *o->leaders);
     if (o->leaders == NULL)
         return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
-    if (c10d__tcp_hier_needs_buf(&s->hier, op, s->rank) &&
-        (o->hbuf = malloc(op->count * c10d_dtype_size(op->dtype) + 1)) == NULL)
-        return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
+    size_t buf_bytes = c10d__tcp_hier_buf_bytes(&s->hier, op, s->rank);
+    if (buf_bytes > 0 && (o->hbuf = malloc(buf_bytes)) == NULL)
+        return c10d__fail(C10D_ENOMEM, "tcp: out of memory for %zu bytes", buf_bytes);
     C10D_CHECK(c10d__tcp_hier_prepare(&s->hier, op, s->rank, o->hbuf));
     int n = c10d__tcp_hier_phases(&s->hier, op, s->rank, o->leaders, o->hbuf, o->ph);
     if (n < 0)
@@ -665,7 +665,7 @@ static void run_member(struct tcp_op *o)
         rc = shm_coll(o, s->shm, op);
         goto started;
     }
-    if (s->hier_on && c10d__tcp_hier_supports(op)) {
+    if (s->hier_on && c10d__tcp_hier_supports(&s->hier, op)) {
         rc = hier_start(o);
         goto started;
     }
