@@ -57,6 +57,9 @@
       "tcp backend: 1 runs the collectives "                                                       \
       "through shared memory in a group whose ranks all share this host (same boot, user, pid "    \
       "and network namespace, host name); 0 on any rank: tcp only")                                \
+    X(P2P_IN_PLACE, "C10D_P2P_IN_PLACE", NULL, "1",                                                \
+      "tcp backend: 1 lets a rank copy a large P2P message straight from the memory of a "         \
+      "sender on this host (process_vm_readv, one copy); 0: through the socket")                   \
     X(SHM_SLOT_BYTES, "C10D_SHM_SLOT_BYTES", NULL, "262144",                                       \
       "shared-memory path: bytes of each of a rank's two slots in the segment (an op "             \
       "runs in chunks of this size; rank 0's value counts)")                                       \

@@ -378,6 +378,64 @@ static int lazy_body(struct h_ctx *h, void *arg)
     return 0;
 }
 
+/* Large P2P messages between ranks of one host: the receiver copies them
+ * straight from the sender's memory (docs/shm.md, "P2P"), with any-source
+ * receives and receive buffers larger than the message among them; with
+ * C10D_P2P_IN_PLACE=0 the receivers refuse the offers and the same bytes
+ * come through the socket. arg: 1 if they must have been read in place. */
+static int in_place_body(struct h_ctx *h, void *arg)
+{
+    int in_place = (int)(uintptr_t)arg;
+    int p = h->size, r = h->rank, right = (r + 1) % p, left = (r + p - 1) % p;
+    const size_t sizes[] = {(1u << 20) + 3, 3u << 20};
+    uint64_t expect = 0;
+    for (size_t si = 0; si < 2; si++) {
+        size_t n = sizes[si];
+        int32_t *out = malloc(n * 4), *in = malloc(n * 4 + 64);
+        for (size_t i = 0; i < n; i++)
+            out[i] = (int32_t)(r * 7919 + (int)(i * 3));
+        struct c10d__op s = h_op_init(C10D_OP_SEND, n, C10D_INT32);
+        s.send = out;
+        s.peer = right;
+        s.tag = 40 + (int)si;
+        struct c10d__op rv = h_op_init(C10D_OP_RECV, n + 16, C10D_INT32); /* room to spare */
+        rv.recv = in;
+        rv.peer = si == 1 ? C10D_ANY_SOURCE : left;
+        rv.tag = 40 + (int)si;
+        c10d_work *ws = h_submit(h, &s), *wr = h_submit(h, &rv);
+        H_CHECK(h, c10d_work_wait(wr, -1) == 0, "recv of %zu: %s", n, c10d_last_error());
+        H_CHECK(h, c10d_work_wait(ws, -1) == 0, "send of %zu: %s", n, c10d_last_error());
+        if (rv.peer == C10D_ANY_SOURCE)
+            H_CHECK(h, c10d_work_source_rank(wr) == left, "source %d, want %d",
+                    c10d_work_source_rank(wr), left);
+        c10d_work_release(ws);
+        c10d_work_release(wr);
+        for (size_t i = 0; i < n; i++)
+            if (in[i] != (int32_t)(left * 7919 + (int)(i * 3))) {
+                H_CHECK(h, 0, "size %zu: element %zu wrong", n, i);
+                break;
+            }
+        expect += n * 4;
+        free(out);
+        free(in);
+    }
+    uint64_t got = c10d__tcp_bytes_in_place(h->state);
+    H_CHECK(h, got == (in_place ? expect : 0), "bytes read in place: %llu, want %llu",
+            (unsigned long long)got, (unsigned long long)(in_place ? expect : 0));
+    return 0;
+}
+
+static void test_p2p_in_place(void **state)
+{
+    (void)state;
+    int st[8];
+    assert_int_equal(h_spawn(3, in_place_body, (void *)(uintptr_t)1, 60, 30000, 0, st), 0);
+    setenv("C10D_P2P_IN_PLACE", "0", 1);
+    int rc = h_spawn(3, in_place_body, (void *)(uintptr_t)0, 60, 30000, 0, st);
+    unsetenv("C10D_P2P_IN_PLACE");
+    assert_int_equal(rc, 0);
+}
+
 static void test_lazy(void **state)
 {
     (void)state;
@@ -391,13 +449,10 @@ static void test_lazy(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_p2p),
-        cmocka_unit_test(test_flood),
-        cmocka_unit_test(test_tags_and_any_source),
-        cmocka_unit_test(test_oversize),
-        cmocka_unit_test(test_peer_killed),
-        cmocka_unit_test(test_peer_stalled),
-        cmocka_unit_test(test_abort),
+        cmocka_unit_test(test_p2p),          cmocka_unit_test(test_p2p_in_place),
+        cmocka_unit_test(test_flood),        cmocka_unit_test(test_tags_and_any_source),
+        cmocka_unit_test(test_oversize),     cmocka_unit_test(test_peer_killed),
+        cmocka_unit_test(test_peer_stalled), cmocka_unit_test(test_abort),
         cmocka_unit_test(test_lazy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

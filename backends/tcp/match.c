@@ -18,10 +18,14 @@
 #include "transport_impl.h"
 
 #include "engine/list.h"
+#include "engine/log.h"
 #include "engine/loop.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 /* Eager P2P bytes a sender may have unacknowledged per peer: what a receiver
  * may have to hold for sends it has not posted receives for. */
@@ -142,6 +146,50 @@ static void mismatch(struct c10d__tcp_transport *t, const struct c10d__tcp_xfer 
                         from, (unsigned long long)sent, posted);
 }
 
+static void recv_finish(struct c10d__tcp_xfer *x, int from, size_t len)
+{
+    x->received = len;
+    x->source = from;
+    x->done(x);
+}
+
+/* An RTS whose sender on this host offered its buffer (FLAG_CMA): copy the
+ * bytes straight from its memory, one copy instead of two through the
+ * kernel's socket buffers, then acknowledge, which completes the send. 1 if
+ * done; 0 if the read was refused (another user's process, ptrace
+ * restrictions, a seccomp filter): the receive then asks for the bytes as
+ * usual, and this transport stops trying. */
+static int cma_read(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x, int from,
+                    const struct wire *w)
+{
+    if (c10d__tcp_work_gone(x))
+        return 0;
+    pid_t pid = (pid_t)w->fp.root;
+    uintptr_t addr = (uintptr_t)w->fp.count;
+    for (size_t done = 0; done < w->len;) {
+        struct iovec mine = {(char *)x->buf + done, w->len - done};
+        struct iovec theirs = {(void *)(addr + done), w->len - done};
+        ssize_t n = process_vm_readv(pid, &mine, 1, &theirs, 1, 0);
+        if (n <= 0) {
+            int err = n < 0 ? errno : EIO;
+            if (err == EPERM || err == EACCES || err == ENOSYS || err == ESRCH) {
+                t->cma_off = 1;
+                C10D_DEBUG("tcp",
+                           "rank %d: cannot read rank %d's memory (%s): large P2P messages from "
+                           "ranks on this host go through the socket",
+                           t->cfg.rank, from, strerror(err));
+            }
+            return 0; /* the sender sends it all again after the CTS */
+        }
+        done += (size_t)n;
+    }
+    atomic_fetch_add_explicit(&t->cma_bytes, w->len, memory_order_relaxed);
+    x->received = w->len;
+    c10d__tcp_send_ack(t, x);
+    recv_finish(x, from, w->len);
+    return 1;
+}
+
 /* A P2P receive matched an RTS: from now on it waits for that sender's data. */
 static void p2p_accept(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x, int from,
                        const struct wire *w)
@@ -152,6 +200,8 @@ static void p2p_accept(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x, 
     }
     x->peer_sub = w->sub;
     x->source = from;
+    if ((w->flags & FLAG_CMA) && !t->cma_off && cma_read(t, x, from, w))
+        return;
     xlist_push(&t->peers[from].recvs, L_RECVS, x);
     c10d__tcp_send_cts(t, x);
 }
@@ -193,16 +243,20 @@ void c10d__tcp_send(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
         }
     }
     xlist_push(&pe->sends, L_SENDS, x);
+    if (x->p2p && pe->local && x->len > 0) {
+        /* A rank of this host may copy it from here itself (cma_read); a
+         * CTS instead means it could not. */
+        struct c10d__fp at = {.root = (int32_t)getpid(), .count = (uint64_t)(uintptr_t)x->buf};
+        x->cma = 1;
+        x->await_ack = 1;
+        c10d__tcp_wire_encode(x->ctl_hdr, F_RTS, x->kind, FLAG_P2P | FLAG_CMA,
+                              c10d__tcp_xfer_key_sub(x), x->tag, x->len, &at);
+        c10d__tcp_peer_write(t, pe, x, W_CTL);
+        return;
+    }
     c10d__tcp_wire_encode(x->ctl_hdr, F_RTS, x->kind, x->p2p ? FLAG_P2P : 0,
                           c10d__tcp_xfer_key_sub(x), x->tag, x->len, &x->fp);
     c10d__tcp_peer_write(t, pe, x, W_CTL);
-}
-
-static void recv_finish(struct c10d__tcp_xfer *x, int from, size_t len)
-{
-    x->received = len;
-    x->source = from;
-    x->done(x);
 }
 
 static void recv_p2p(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
@@ -473,6 +527,7 @@ void c10d__tcp_handle_frame(struct conn *c, const struct wire *w)
         x = xlist_find(&pe->sends, p2p, w->tag, w->sub);
         if (x != NULL) {
             xlist_remove(&pe->sends, x);
+            x->cma = x->await_ack = 0; /* the receiver asks for the bytes after all */
             c10d__tcp_send_data(t, x, w->len);
             return;
         }
@@ -499,8 +554,9 @@ void c10d__tcp_handle_frame(struct conn *c, const struct wire *w)
             return;
         }
         xlist_remove(&pe->sends, x);
-        pe->eager_out -= x->len;
-        x->await_ack = 0;
+        if (!x->cma) /* read in place (cma_read): it took no credit */
+            pe->eager_out -= x->len;
+        x->await_ack = x->cma = 0;
         if (!c10d__tcp_work_gone(x))
             x->done(x);
         return;

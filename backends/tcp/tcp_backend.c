@@ -1101,10 +1101,12 @@ static int hier_setup(struct tcp_state *s, const char *const *notes)
         return rc;
     if (s->rank == 0)
         C10D_INFO("shm",
-                  "group %s: %d hosts, several ranks on some: all_reduce, broadcast and reduce "
-                  "run on shared memory within each host and over tcp between one leader per "
-                  "host (docs/shm.md)",
-                  s->group_name, s->hier.nhosts);
+                  "group %s: %d hosts, several ranks on some: all_reduce, broadcast and reduce"
+                  "%s run on shared memory within each host and over tcp between one leader "
+                  "per host (docs/shm.md)",
+                  s->group_name, s->hier.nhosts,
+                  s->hier.blocked ? " (and all_gather, reduce_scatter: equal, contiguous hosts)"
+                                  : "");
     if (s->hier.nlocal == 1) {
         s->hier_on = 1;
         return 0;
@@ -1137,6 +1139,33 @@ static int hier_setup(struct tcp_state *s, const char *const *notes)
     return 0;
 }
 
+uint64_t c10d__tcp_bytes_in_place(void *state)
+{
+    struct tcp_state *s = state;
+    uint64_t n = 0;
+    struct c10d__tcp_transport *const *rails = c10d__tcp_rails_all(s->rails);
+    for (int k = 0; k < c10d__tcp_rails_count(s->rails); k++)
+        n += c10d__tcp_transport_bytes_in_place(rails[k]);
+    return n;
+}
+
+/* The ranks the shared-memory decision found on this host (all, or the
+ * host's for host-aware ops): large P2P messages to them are read in place
+ * (docs/shm.md, "P2P"). */
+static void mark_local_peers(struct tcp_state *s)
+{
+    struct c10d__tcp_transport *const *rails = c10d__tcp_rails_all(s->rails);
+    for (int k = 0; k < c10d__tcp_rails_count(s->rails); k++) {
+        c10d__tcp_transport_read_in_place(rails[k], c10d__env_bool(C10D_ENV_P2P_IN_PLACE));
+        if (s->shm != NULL)
+            for (int r = 0; r < s->size; r++)
+                c10d__tcp_transport_set_local(rails[k], r);
+        else if (s->hier.local != NULL) /* host-aware (or about to be) */
+            for (int i = 0; i < s->hier.nlocal; i++)
+                c10d__tcp_transport_set_local(rails[k], s->hier.local[i]);
+    }
+}
+
 static void on_connected(void *arg, int status)
 {
     struct tcp_state *s = arg;
@@ -1157,6 +1186,8 @@ static void on_connected(void *arg, int status)
                       s->group_name);
     }
     free(notes);
+    if (status >= 0)
+        mark_local_peers(s);
     if (status == 1) {
         s->hier_pending = 1; /* hier_ref_received goes on (or group_fail) */
         return;

@@ -7,6 +7,7 @@
 #include "backends/backend.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Creates the state and listens; `*address` ("host:port", owned by the
  * state) is what the other ranks need to reach this one. */
@@ -16,5 +17,9 @@ int c10d__tcp_open(const struct c10d__backend_config *cfg, void **state, const c
  * never inside this call. */
 int c10d__tcp_connect(void *state, const char *const *addrs, void (*done)(void *arg, int status),
                       void *arg);
+
+/* Bytes of P2P messages this rank copied straight from a sender's memory
+ * (docs/shm.md, "P2P"), over every rail. Any thread. */
+uint64_t c10d__tcp_bytes_in_place(void *state);
 
 #endif

@@ -121,6 +121,22 @@ void c10d__tcp_transport_ring(struct c10d__tcp_transport *t, int r)
     c10d__tcp_xfer_put(t, x);
 }
 
+void c10d__tcp_transport_set_local(struct c10d__tcp_transport *t, int r)
+{
+    if (r >= 0 && r < t->cfg.size && r != t->cfg.rank)
+        t->peers[r].local = 1;
+}
+
+void c10d__tcp_transport_read_in_place(struct c10d__tcp_transport *t, int on)
+{
+    t->cma_off = !on;
+}
+
+uint64_t c10d__tcp_transport_bytes_in_place(const struct c10d__tcp_transport *t)
+{
+    return atomic_load_explicit(&t->cma_bytes, memory_order_relaxed);
+}
+
 const char *c10d__tcp_transport_peer_note(const struct c10d__tcp_transport *t, int r)
 {
     return r >= 0 && r < t->cfg.size ? t->peers[r].note : "";

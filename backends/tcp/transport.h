@@ -46,6 +46,7 @@ struct c10d__tcp_xfer {
     int released; /* given back while writes were in flight */
     int cts_sent;
     int await_ack;     /* P2P eager send: done when the receiver matched it */
+    int cma;           /* P2P send offered for the receiver to read in place */
     int ack_needed;    /* P2P eager receive: acknowledge once the data is in */
     int out_which;     /* the write waiting for the connection */
     uint32_t peer_sub; /* P2P: the sender's message id */
@@ -96,6 +97,17 @@ int c10d__tcp_transport_new(const struct c10d__tcp_transport_config *cfg,
  * socket announces: shared memory, where that peer's doorbell cannot be
  * used, docs/shm.md). Loop thread. */
 void c10d__tcp_transport_ring(struct c10d__tcp_transport *t, int r);
+
+/* Rank r runs on this host, in this pid namespace and as this user (the
+ * shared-memory decision, docs/shm.md): a large P2P send to it offers its
+ * buffer for the receiver to copy straight from this process's memory
+ * (process_vm_readv, docs/shm.md "P2P"). Loop thread. */
+void c10d__tcp_transport_set_local(struct c10d__tcp_transport *t, int r);
+/* Whether this rank reads such offers in place (C10D_P2P_IN_PLACE; on by
+ * default): off, it asks for the bytes through the socket as from any rank. */
+void c10d__tcp_transport_read_in_place(struct c10d__tcp_transport *t, int on);
+/* Bytes of P2P messages this rank read in place so far (any thread). */
+uint64_t c10d__tcp_transport_bytes_in_place(const struct c10d__tcp_transport *t);
 
 /* The note rank r's handshake carried ("" before it met this rank, or if it
  * had none). */

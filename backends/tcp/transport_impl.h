@@ -13,6 +13,7 @@
 #include "engine/token.h"
 
 #include <netinet/in.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -31,7 +32,9 @@
 #define ABORT_MSG_MAX    1000
 
 enum frame_type { F_EAGER = 1, F_RTS, F_CTS, F_DATA, F_ABORT, F_BYE, F_ACK, F_WAKE };
-enum { FLAG_P2P = 1 };
+/* FLAG_CMA: a P2P RTS whose sender offers its buffer in place; its fp
+ * carries the sender's pid (root) and the buffer's address (count). */
+enum { FLAG_P2P = 1, FLAG_CMA = 2 };
 enum xlist_id { L_NONE, L_RECVS, L_P2P_RECVS, L_ANY_RECVS, L_SENDS };
 enum { W_CTL, W_DATA };
 enum conn_state { C_CONNECTING, C_HELLO, C_READY, C_CLOSED };
@@ -94,6 +97,7 @@ struct peer {
     int gone;               /* said goodbye (destroyed its group cleanly) */
     int lost;               /* its connection broke: the transport fails after the grace period */
     size_t eager_out;       /* P2P eager bytes sent, not yet acknowledged */
+    int local;              /* same host, pid namespace and user (c10d__tcp_transport_set_local) */
     char note[C10D_TCP_NOTE_MAX + 1]; /* what its handshake carried */
 };
 
@@ -164,8 +168,10 @@ struct c10d__tcp_transport {
     size_t note_len;
     uint64_t stranger_log_ms, strangers_unlogged;
     int first_lost; /* the first peer whose connection broke */
-    int told_lost;  /* the lost rank a peer's abort frame named; -1: none */
-    int handles;    /* open uv handles; freed once 0 after free was asked */
+    int cma_off;    /* reads from a peer's memory refused, or turned off: ask for the bytes */
+    _Atomic uint64_t cma_bytes; /* P2P bytes read in place (read from any thread) */
+    int told_lost;              /* the lost rank a peer's abort frame named; -1: none */
+    int handles;                /* open uv handles; freed once 0 after free was asked */
     int freeing;
     int failed;
     char address[INET6_ADDRSTRLEN + 16];
