@@ -429,7 +429,9 @@ static void test_uneven_all_to_all(void **st)
             }
         }
     }
-    /* The list form, blocks in reverse order in memory, in place. */
+    /* The list form, blocks in reverse order in memory, in place: each
+     * block's input and output start at the same address, which needs no
+     * copy (a chunk rewrites only the window it has just sent). */
     static float lists[3][3][8];
     const void *sends[3][3];
     void *recvs[3][3];
@@ -439,8 +441,6 @@ static void test_uneven_all_to_all(void **st)
                 lists[r][2 - j][i] = (float)(r * 100 + j * 10 + i);
             sends[r][j] = recvs[r][j] = lists[r][2 - j];
         }
-    static char copies[3][64 * sizeof(float)];
-    void *copy[3] = {copies[0], copies[1], copies[2]};
     for (int r = 0; r < 3; r++)
         op[r] = (struct c10d__op){.kind = C10D_OP_ALL_TO_ALL,
                                   .sends = (const void *const *)sends[r],
@@ -449,7 +449,7 @@ static void test_uneven_all_to_all(void **st)
                                   .recv_counts = rc_[r],
                                   .dtype = C10D_FLOAT32,
                                   .seq = 3};
-    drive3_status(seg, op, status, copy);
+    drive3_status(seg, op, status, NULL);
     for (int r = 0; r < 3; r++) {
         assert_int_equal(status[r], 1);
         for (int j = 0; j < 3; j++)
@@ -473,6 +473,39 @@ static void test_uneven_all_to_all(void **st)
         assert_true(status[r] < 0);
     assert_non_null(strstr(c10d_last_error(), "rank 0 sends"));
     assert_non_null(strstr(c10d_last_error(), "to rank 2"));
+    /* The same even split, given as a count by rank 0 and as split sizes by
+     * the others: one layout, the right data everywhere. */
+    size_t even[3] = {4, 4, 4};
+    for (int r = 0; r < 3; r++) {
+        memset(out[r], 0, sizeof out[r]);
+        op[r] = (struct c10d__op){.kind = C10D_OP_ALL_TO_ALL,
+                                  .send = in[r],
+                                  .recv = out[r],
+                                  .count = 12,
+                                  .send_counts = r == 0 ? NULL : even,
+                                  .recv_counts = r == 0 ? NULL : even,
+                                  .dtype = C10D_FLOAT32,
+                                  .seq = 5};
+    }
+    drive3_status(seg, op, status, NULL);
+    for (int r = 0; r < 3; r++) {
+        assert_int_equal(status[r], 1);
+        for (int j = 0; j < 3; j++)
+            for (int i = 0; i < 4; i++)
+                assert_true(out[r][j * 4 + i] == in[j][r * 4 + i]);
+    }
+    /* Even splits of different totals: every rank fails. */
+    for (int r = 0; r < 3; r++)
+        op[r] = (struct c10d__op){.kind = C10D_OP_ALL_TO_ALL,
+                                  .send = in[r],
+                                  .recv = out[r],
+                                  .count = r == 1 ? 9 : 12,
+                                  .dtype = C10D_FLOAT32,
+                                  .seq = 6};
+    drive3_status(seg, op, status, NULL);
+    for (int r = 0; r < 3; r++)
+        assert_true(status[r] < 0);
+    assert_non_null(strstr(c10d_last_error(), "split sizes differ"));
     for (int r = 2; r >= 0; r--)
         c10d__shm_free(seg[r]);
 }

@@ -2,6 +2,9 @@
  * loopback (fork; addresses exchanged over pipes). */
 #include "tcp_harness.h"
 
+#include <sys/uio.h>
+#include <sys/wait.h>
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -425,11 +428,45 @@ static int in_place_body(struct h_ctx *h, void *arg)
     return 0;
 }
 
+/* Whether one child of this process may read another's memory (Yama's
+ * ptrace_scope 1 or a seccomp filter says no): the ranks are siblings. */
+static int siblings_may_read(void)
+{
+    static volatile int probe = 42;
+    int hold[2];
+    if (pipe(hold) != 0)
+        return 0;
+    pid_t a = fork();
+    if (a == 0) {
+        char c;
+        close(hold[1]);
+        (void)!read(hold[0], &c, 1); /* until the parent closes it */
+        _exit(0);
+    }
+    close(hold[0]);
+    pid_t b = fork();
+    if (b == 0) {
+        int got = 0;
+        struct iovec mine = {&got, sizeof got}, theirs = {(void *)&probe, sizeof probe};
+        _exit(process_vm_readv(a, &mine, 1, &theirs, 1, 0) == sizeof got && got == 42 ? 0 : 1);
+    }
+    int st = 1;
+    waitpid(b, &st, 0);
+    close(hold[1]);
+    waitpid(a, NULL, 0);
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
 static void test_p2p_in_place(void **state)
 {
     (void)state;
     int st[8];
-    assert_int_equal(h_spawn(3, in_place_body, (void *)(uintptr_t)1, 60, 30000, 0, st), 0);
+    /* Where the kernel refuses, the fallback carries every byte. */
+    int may = siblings_may_read();
+    if (!may)
+        fprintf(stderr, "process_vm_readv between siblings is refused here: checking the "
+                        "fallback only\n");
+    assert_int_equal(h_spawn(3, in_place_body, (void *)(uintptr_t)may, 60, 30000, 0, st), 0);
     setenv("C10D_P2P_IN_PLACE", "0", 1);
     int rc = h_spawn(3, in_place_body, (void *)(uintptr_t)0, 60, 30000, 0, st);
     unsetenv("C10D_P2P_IN_PLACE");

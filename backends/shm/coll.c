@@ -18,16 +18,17 @@ enum { PH_WRITE, PH_REDUCE, PH_GATHER, PH_DONE };
  * rank j at j x (chunk elements). */
 static int spread(enum c10d__op_kind kind)
 {
-    return kind == C10D_OP_REDUCE_SCATTER || kind == C10D_OP_SCATTER || kind == C10D_OP_ALL_TO_ALL;
+    return kind == C10D_OP_REDUCE_SCATTER || kind == C10D_OP_SCATTER;
 }
 
-/* all_to_all with counts or buffer lists: every slot starts with its
- * owner's send and receive counts (so every rank checks every pair), then a
- * part per rank, of `part` elements. */
-static int uneven(const struct c10d__op *op)
+/* all_to_all, in every form: every slot starts with its owner's send and
+ * receive counts (so every rank checks every pair), then a part per rank.
+ * One layout for even splits, counts and lists alike: ranks may describe
+ * the same even split either way (the fingerprint does not tell them
+ * apart), and must still lay out their slots alike. */
+static int counted(const struct c10d__op *op)
 {
-    return op->kind == C10D_OP_ALL_TO_ALL && (op->send_counts != NULL || op->recv_counts != NULL ||
-                                              op->sends != NULL || op->recvs != NULL);
+    return op->kind == C10D_OP_ALL_TO_ALL;
 }
 
 static size_t v_header_bytes(int nranks)
@@ -43,10 +44,9 @@ static size_t v_part_elems(size_t slot_bytes, int nranks, size_t esz)
 
 int c10d__shm_coll_supports(const struct c10d__op *op, size_t slot_bytes, int nranks)
 {
-    if (uneven(op))
+    if (counted(op))
         return v_part_elems(slot_bytes, nranks, c10d_dtype_size(op->dtype)) > 0;
     switch (op->kind) {
-    case C10D_OP_ALL_TO_ALL: /* the even split of one buffer */
     case C10D_OP_REDUCE_SCATTER:
     case C10D_OP_SCATTER: /* a chunk holds one element of every block at least */
         return slot_bytes / ((size_t)nranks * c10d_dtype_size(op->dtype)) > 0;
@@ -74,12 +74,11 @@ void c10d__shm_coll_start(struct c10d__shm_coll *a, struct c10d__shm_seg *seg,
     a->chunk_elems = seg->slot_bytes / a->esz;
     if (spread(op->kind))
         a->chunk_elems /= (size_t)seg->nranks;
-    /* all_to_all's count is the whole buffer; every other op's, a block. */
-    a->block_elems = op->kind == C10D_OP_ALL_TO_ALL ? op->count / (size_t)seg->nranks : op->count;
-    /* The uneven exchange learns its length (the largest count of any pair)
-     * from the first chunk's headers, so every rank runs that chunk. */
-    a->uneven = uneven(op);
-    if (a->uneven) {
+    a->block_elems = op->count;
+    /* all_to_all learns its length (the largest count of any pair) from the
+     * first chunk's headers, so every rank runs that chunk. */
+    a->counted = counted(op);
+    if (a->counted) {
         a->chunk_elems = v_part_elems(seg->slot_bytes, seg->nranks, a->esz);
         a->block_elems = 1;
     }
@@ -164,7 +163,7 @@ static const char *source_of(const struct c10d__shm_coll *a)
     }
 }
 
-/* ------------------------------------------- all_to_all, uneven */
+/* ------------------------------------------------------ all_to_all */
 
 static size_t v_count(const struct c10d__shm_coll *a, const size_t *counts, int j)
 {
@@ -180,14 +179,31 @@ static size_t v_window(const struct c10d__shm_coll *a, size_t count)
     return left < a->chunk_elems ? left : a->chunk_elems;
 }
 
-static int v_overlaps(const struct c10d__op *op, int nranks)
+/* Whether some output block overlaps an input block that starts elsewhere.
+ * Blocks that start at the same address are safe: a chunk overwrites the
+ * window of the output that this very chunk already read from the input,
+ * and later chunks read later windows (in-place even splits, all_gather_v's
+ * own block). */
+static int v_overlaps(const struct c10d__shm_coll *a)
 {
-    if (op->sends == NULL)
-        return op->send == op->recv;
-    for (int i = 0; i < nranks; i++)
-        for (int j = 0; j < nranks; j++)
-            if (op->sends[i] == op->recvs[j])
+    const struct c10d__op *op = a->op;
+    int p = a->seg->nranks;
+    size_t s_off = 0;
+    for (int i = 0; i < p; i++) {
+        size_t sc = v_count(a, op->send_counts, i);
+        const char *s_lo =
+            op->sends != NULL ? op->sends[i] : (const char *)op->send + s_off * a->esz;
+        s_off += sc;
+        size_t r_off = 0;
+        for (int j = 0; j < p && sc > 0; j++) {
+            size_t rc = v_count(a, op->recv_counts, j);
+            const char *r_lo =
+                op->recvs != NULL ? op->recvs[j] : (const char *)op->recv + r_off * a->esz;
+            r_off += rc;
+            if (rc > 0 && s_lo != r_lo && s_lo < r_lo + rc * a->esz && r_lo < s_lo + sc * a->esz)
                 return 1;
+        }
+    }
     return 0;
 }
 
@@ -201,7 +217,7 @@ static size_t v_send_total(const struct c10d__shm_coll *a)
 
 size_t c10d__shm_coll_copy_bytes(const struct c10d__shm_coll *a)
 {
-    if (!a->uneven || !v_overlaps(a->op, a->seg->nranks))
+    if (!a->counted || !v_overlaps(a))
         return 0;
     size_t bytes = v_send_total(a);
     return bytes > 0 ? bytes : 1;
@@ -300,7 +316,7 @@ static int write_slot(struct c10d__shm_coll *a)
     const struct c10d__op *op = a->op;
     size_t n = chunk_count(a);
     char *slot = c10d__shm_slot(seg, seg->rank, a->gen);
-    if (a->uneven) {
+    if (a->counted) {
         v_write(a);
         n = 0;
     }
@@ -359,7 +375,7 @@ static int read_chunk(struct c10d__shm_coll *a)
     const struct c10d__op *op = a->op;
     size_t n = chunk_count(a), off = a->done_elems * a->esz;
     size_t mine = (size_t)seg->rank * n * a->esz; /* this rank's part of a spread slot */
-    if (a->uneven) {
+    if (a->counted) {
         if (a->done_elems == 0)
             C10D_CHECK(v_check(a));
         v_read(a);
@@ -378,10 +394,6 @@ static int read_chunk(struct c10d__shm_coll *a)
         return reduce_all(a, (size_t)seg->rank * n * a->esz);
     case C10D_OP_SCATTER:
         memcpy((char *)op->recv + off, c10d__shm_slot(seg, op->root, a->gen) + mine, n * a->esz);
-        return 0;
-    case C10D_OP_ALL_TO_ALL:
-        for (int r = 0; r < seg->nranks; r++)
-            memcpy(block_of(a, r) + off, c10d__shm_slot(seg, r, a->gen) + mine, n * a->esz);
         return 0;
     case C10D_OP_GATHER:
         if (seg->rank != op->root)

@@ -18,12 +18,12 @@
  *   gather      as all_gather, at the root only;
  *   scatter     the root writes its part of every block into its slot, rank r
  *               copies part r;
- *   all_to_all  (an even split) every rank writes its part of every block into
- *               its slot, rank r copies part r of every slot into block j;
- *               with counts or lists, the slot starts with its owner's send
- *               and receive counts, every rank checks every pair against
- *               them at the first chunk and runs as many chunks as the
- *               largest count needs;
+ *   all_to_all  every rank writes its part of every block into its slot,
+ *               after a header of its send and receive counts; rank r
+ *               copies part r of every slot j into block j; every rank
+ *               checks every pair's counts at the first chunk and runs as
+ *               many chunks as the largest count needs (even splits, counts
+ *               and lists alike);
  *   barrier     nothing: arriving was the point.
  * A slot is written again two chunks later, once every rank has arrived at
  * the chunk in between (so it finished reading this one). */
@@ -49,8 +49,8 @@ struct c10d__shm_coll {
     uint64_t gen;       /* the chunk running */
     uint32_t member;
     int phase;
-    int uneven;       /* all_to_all with counts or lists: block_elems is learnt at chunk 0 */
-    const char *copy; /* the uneven all_to_all's input, when it overlaps its output */
+    int counted;      /* all_to_all: block_elems is learnt at chunk 0 */
+    const char *copy; /* all_to_all's input, when it overlaps its output */
 };
 
 /* Whether `op` runs on a segment with slots of `slot_bytes` for `nranks`
@@ -60,7 +60,7 @@ int c10d__shm_coll_supports(const struct c10d__op *op, size_t slot_bytes, int nr
  * its seq). */
 void c10d__shm_coll_start(struct c10d__shm_coll *a, struct c10d__shm_seg *seg,
                           const struct c10d__op *op, uint32_t member, const struct c10d__fp *fp);
-/* An uneven all_to_all whose input and output overlap must read its input
+/* An all_to_all whose input and output overlap must read its input
  * from a copy (a chunk's output would overwrite input a later chunk sends):
  * the bytes it needs, 0 if none. The caller then hands that much memory,
  * kept until the op ends, to set_copy, which fills it. */

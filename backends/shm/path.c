@@ -17,7 +17,7 @@ int c10d__shm_wanted(int size)
 size_t c10d__shm_slot_bytes(void)
 {
     int64_t slot = c10d__env_int(C10D_ENV_SHM_SLOT_BYTES);
-    return slot >= 4096 ? (size_t)slot & ~(size_t)63 : 256u << 10;
+    return slot >= C10D_SHM_SLOT_MIN ? (size_t)slot & ~(size_t)63 : 256u << 10;
 }
 
 int c10d__shm_note(int rank, int nranks, char *note, size_t cap, struct c10d__shm_seg **seg)

@@ -19,6 +19,9 @@
 
 #define C10D_SHM_NOTE_MAX (C10D_SHM_HOST_ID_MAX + C10D_SHM_REF_MAX + 2)
 
+/* The smallest slot C10D_SHM_SLOT_BYTES gives (smaller values: the default). */
+#define C10D_SHM_SLOT_MIN 4096
+
 /* The slot size segments are made with (C10D_SHM_SLOT_BYTES). */
 size_t c10d__shm_slot_bytes(void);
 /* Whether this process offers the path at all (C10D_SHM). */

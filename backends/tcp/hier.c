@@ -18,6 +18,7 @@
  * stay flat, as do all_to_all, gather and scatter. */
 #include "hier.h"
 
+#include "backends/shm/path.h"
 #include "engine/error.h"
 #include "engine/kernels/reduce.h"
 
@@ -90,6 +91,11 @@ int c10d__tcp_hier_supports(const struct c10d__tcp_hier *h, const struct c10d__o
 {
     if (op->sends != NULL || op->recvs != NULL || op->send_counts != NULL ||
         op->recv_counts != NULL)
+        return 0;
+    /* reduce_scatter scatters from the leader: a chunk of the smallest slot
+     * must hold an element of every local rank's block. */
+    if (op->kind == C10D_OP_REDUCE_SCATTER &&
+        (size_t)h->nlocal * c10d_dtype_size(op->dtype) > C10D_SHM_SLOT_MIN)
         return 0;
     if (op->kind == C10D_OP_ALL_GATHER || op->kind == C10D_OP_REDUCE_SCATTER)
         return h->blocked && op->count > 0;

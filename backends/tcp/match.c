@@ -184,9 +184,12 @@ static int cma_read(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x, int
         done += (size_t)n;
     }
     atomic_fetch_add_explicit(&t->cma_bytes, w->len, memory_order_relaxed);
+    /* The bytes are only good if the sender's buffer was still its send's
+     * when they were read (a send that timed out gives it back to its
+     * owner): the receive completes on the sender's F_FIN, which says so. */
     x->received = w->len;
+    xlist_push(&t->peers[from].recvs, L_RECVS, x);
     c10d__tcp_send_ack(t, x);
-    recv_finish(x, from, w->len);
     return 1;
 }
 
@@ -200,7 +203,7 @@ static void p2p_accept(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x, 
     }
     x->peer_sub = w->sub;
     x->source = from;
-    if ((w->flags & FLAG_CMA) && !t->cma_off && cma_read(t, x, from, w))
+    if ((w->flags & FLAG_CMA) && t->peers[from].local && !t->cma_off && cma_read(t, x, from, w))
         return;
     xlist_push(&t->peers[from].recvs, L_RECVS, x);
     c10d__tcp_send_cts(t, x);
@@ -556,9 +559,25 @@ void c10d__tcp_handle_frame(struct conn *c, const struct wire *w)
         xlist_remove(&pe->sends, x);
         if (!x->cma) /* read in place (cma_read): it took no credit */
             pe->eager_out -= x->len;
-        x->await_ack = x->cma = 0;
-        if (!c10d__tcp_work_gone(x))
-            x->done(x);
+        x->await_ack = 0;
+        if (c10d__tcp_work_gone(x))
+            return; /* no F_FIN: the receiver's copy may be stale; it fails with the group */
+        if (x->cma)
+            c10d__tcp_send_fin(t, x);
+        x->cma = 0;
+        x->done(x);
+        return;
+    case F_FIN:
+        x = xlist_find(&pe->recvs, 1, w->tag, w->sub);
+        if (x == NULL || x->received != w->len) {
+            c10d__tcp_error(t, C10D_EPROTO,
+                            "tcp: rank %d finished a message (tag %llu) never read in place",
+                            c->rank, (unsigned long long)w->tag);
+            return;
+        }
+        xlist_remove(&pe->recvs, x);
+        if (!c10d__tcp_work_gone(x)) /* as a body that arrives for a receive that timed out */
+            recv_finish(x, c->rank, x->received);
         return;
     case F_WAKE:
         c10d__engine_busy(); /* the peer moved on shared memory: poll it */

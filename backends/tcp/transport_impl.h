@@ -31,12 +31,17 @@
 #define STAGING_LEN      (256 * 1024)
 #define ABORT_MSG_MAX    1000
 
-enum frame_type { F_EAGER = 1, F_RTS, F_CTS, F_DATA, F_ABORT, F_BYE, F_ACK, F_WAKE };
+enum frame_type { F_EAGER = 1, F_RTS, F_CTS, F_DATA, F_ABORT, F_BYE, F_ACK, F_WAKE, F_FIN };
 /* FLAG_CMA: a P2P RTS whose sender offers its buffer in place; its fp
- * carries the sender's pid (root) and the buffer's address (count). */
+ * carries the sender's pid (root) and the buffer's address (count). The
+ * receiver reads it and acknowledges (F_ACK); the sender, if its send is
+ * still live (its buffer was valid throughout the read), answers F_FIN, on
+ * which the receive completes. */
 enum { FLAG_P2P = 1, FLAG_CMA = 2 };
 enum xlist_id { L_NONE, L_RECVS, L_P2P_RECVS, L_ANY_RECVS, L_SENDS };
-enum { W_CTL, W_DATA };
+/* W_FIN: a header alone, in the data slot (the control slot carried the
+ * RTS, whose write may not have called back yet). */
+enum { W_CTL, W_DATA, W_FIN };
 enum conn_state { C_CONNECTING, C_HELLO, C_READY, C_CLOSED };
 
 /* A frame's header, sent as it is in memory (host byte order, as the hello),
@@ -240,6 +245,7 @@ void c10d__tcp_peer_flush(struct c10d__tcp_transport *t, struct peer *pe);
 void c10d__tcp_send_cts(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x);
 void c10d__tcp_send_data(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x, uint64_t cap);
 void c10d__tcp_send_ack(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x);
+void c10d__tcp_send_fin(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x);
 void c10d__tcp_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 void c10d__tcp_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 

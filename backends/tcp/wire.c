@@ -84,6 +84,9 @@ void c10d__tcp_peer_write(struct c10d__tcp_transport *t, struct peer *pe, struct
     if (which == W_CTL) {
         b[0] = uv_buf_init((char *)x->ctl_hdr, HDR_LEN);
         req = &x->ctl_req;
+    } else if (which == W_FIN) {
+        b[0] = uv_buf_init((char *)x->data_hdr, HDR_LEN);
+        req = &x->data_req;
     } else {
         b[0] = uv_buf_init((char *)x->data_hdr, HDR_LEN);
         /* uv_buf_t lengths are 32-bit: big payloads go as several pieces. */
@@ -127,7 +130,7 @@ void c10d__tcp_peer_write(struct c10d__tcp_transport *t, struct peer *pe, struct
     }
     req->data = x;
     x->writes++;
-    int rc = uv_write(req, stream, b, n, which == W_CTL ? on_ctl_written : on_data_written);
+    int rc = uv_write(req, stream, b, n, which == W_DATA ? on_data_written : on_ctl_written);
     if (rc < 0) {
         x->writes--;
         c10d__tcp_peer_lost(t, pe->rank, rc);
@@ -186,6 +189,13 @@ void c10d__tcp_send_ack(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
     c10d__tcp_wire_encode(x->ctl_hdr, F_ACK, x->kind, FLAG_P2P, x->peer_sub, x->tag, x->received,
                           NULL);
     c10d__tcp_peer_write(t, &t->peers[x->source], x, W_CTL);
+}
+
+/* A send read in place: its buffer was valid until the read was acknowledged. */
+void c10d__tcp_send_fin(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
+{
+    c10d__tcp_wire_encode(x->data_hdr, F_FIN, x->kind, FLAG_P2P, x->peer_sub, x->tag, x->len, NULL);
+    c10d__tcp_peer_write(t, &t->peers[x->peer], x, W_FIN);
 }
 
 /* ----------------------------------------------------------- reading */
