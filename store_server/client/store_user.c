@@ -17,11 +17,18 @@
  * C10D_EUNSUPPORTED. */
 #include "store.h"
 
+#include "engine/log.h"
+#include "engine/loop.h"
 #include "engine/offload.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <uv.h>
+
+/* How long the engine's stop waits for ops still in a user store's
+ * functions: their results need the loop to come back to. */
+#define STOP_GRACE_MS 2000
 
 struct user_store {
     c10d_store base;
@@ -46,6 +53,73 @@ struct job {
     c10d_store_bytes *items; /* MULTI_GET */
     size_t nitems;
 };
+
+/* Jobs on worker threads, over every user store (loop thread only). When
+ * the engine stops with some still out, the stop is held until the last
+ * comes back (its op then finishes as usual) or STOP_GRACE_MS passed (a user
+ * function that blocks longer is left behind, with its op: c10d_shutdown
+ * returns in bounded time). */
+static int jobs_out;
+static int stop_hook_registered;
+static struct c10d__shutdown_hook stop_hook;
+static uv_timer_t *stop_grace; /* non-NULL while the stop is held */
+
+static void grace_closed(uv_handle_t *h)
+{
+    free(h);
+}
+
+static void release_stop(void)
+{
+    if (stop_grace == NULL)
+        return;
+    uv_close((uv_handle_t *)stop_grace, grace_closed);
+    stop_grace = NULL;
+    c10d__engine_release_stop();
+}
+
+static void grace_over(uv_timer_t *timer)
+{
+    (void)timer;
+    C10D_WARN("store",
+              "user store: %d operation(s) still in the store's functions %d ms into the "
+              "shutdown: left behind",
+              jobs_out, STOP_GRACE_MS);
+    jobs_out = 0; /* their results are dropped: no loop to run them on */
+    release_stop();
+}
+
+static void on_engine_stop(struct c10d__shutdown_hook *hook)
+{
+    (void)hook;
+    stop_hook_registered = 0;
+    if (jobs_out == 0 || stop_grace != NULL)
+        return;
+    uv_timer_t *t = malloc(sizeof *t);
+    if (t == NULL || uv_timer_init(c10d__engine_loop(), t) != 0) {
+        free(t);
+        return;
+    }
+    stop_grace = t;
+    c10d__engine_hold_stop();
+    uv_timer_start(t, grace_over, STOP_GRACE_MS, 0);
+}
+
+static void job_started(void)
+{
+    jobs_out++;
+    if (!stop_hook_registered) {
+        stop_hook.fn = on_engine_stop;
+        c10d__engine_on_shutdown(&stop_hook);
+        stop_hook_registered = 1;
+    }
+}
+
+static void job_back(void)
+{
+    if (jobs_out > 0 && --jobs_out == 0)
+        release_stop();
+}
 
 static int waits_for_keys(int cmd)
 {
@@ -294,6 +368,7 @@ static void job_after(void *arg)
     struct user_store *us = j->us;
     struct c10d__store_op *op = j->op;
     c10d__store_ref(&us->base); /* the op's reference may be the last */
+    job_back();
     if (j->ordered)
         us->serial_busy = 0;
     int rc = j->status;
@@ -327,6 +402,14 @@ static void pump(struct user_store *us)
         if (!us->head)
             us->tail = NULL;
         op->next = NULL;
+        /* An op that finished during the engine's stop must not start the
+         * next on a worker: its result could no longer reach the loop, and
+         * the op would be lost (and leaked) instead of failed. */
+        if (c10d__engine_stop_begun()) {
+            c10d__store_op_finish(op, C10D_EABORTED, "user store %s: the engine is shutting down",
+                                  us->name);
+            continue;
+        }
         struct job *j = calloc(1, sizeof *j);
         int rc = j ? 0 : C10D_ENOMEM;
         if (j) {
@@ -339,6 +422,7 @@ static void pump(struct user_store *us)
                                   c10d_last_error());
             continue;
         }
+        job_started();
         if (j->ordered)
             us->serial_busy = 1;
     }
