@@ -10,9 +10,10 @@
 #   5. mismatched calls, within a host (one rank's dtype) and between hosts (host B's): every
 #      rank fails naming the mismatch
 #   6. 6 ranks, 3 + 3 in contiguous ranges (ranks 0-2 on A, 3-5 on B): all_gather and
-#      reduce_scatter run host-aware too; the checks pass, and the bytes that cross between the
-#      hosts for 10 of each at 1 MiB per block are under 3/4 of what the same job moves flat
-#      (C10D_SHM=0 on one rank)
+#      reduce_scatter run host-aware too (as in case 1, where hosts interleave and differ in
+#      size); the checks pass, and the bytes that cross between the hosts for 10 of each at
+#      1 MiB per block are under 3/4 of what the same job moves flat (C10D_SHM=0 on one
+#      rank), with the hosts contiguous and interleaved
 # Root only (ip netns); exits 77 (skipped) otherwise.
 #
 # usage: test_hier.sh PATH/TO/hier_check
@@ -171,22 +172,24 @@ crossing() { # bytes received on host B's end of the link
     ip netns exec "${NS[1]}" cat "/sys/class/net/$IF1/statistics/rx_bytes"
 }
 declare -A CROSSED=()
-for mode in hier flat; do
-    [ $mode = flat ] && PER_RANK[4]=C10D_SHM=0
-    before=$(crossing)
-    job "traffic-$mode" aaabbb HIER_TRAFFIC=262144
-    wait_job
-    PER_RANK=()
-    CROSSED[$mode]=$(($(crossing) - before))
-    expect_all "traffic-$mode" 6 0
+for layout in aaabbb ababab; do
+    for mode in hier flat; do
+        [ $mode = flat ] && PER_RANK[4]=C10D_SHM=0
+        before=$(crossing)
+        job "traffic-$layout-$mode" $layout HIER_TRAFFIC=262144
+        wait_job
+        PER_RANK=()
+        CROSSED[$mode]=$(($(crossing) - before))
+        expect_all "traffic-$layout-$mode" 6 0
+    done
+    echo "bytes into host B ($layout), 10 all_gathers + 10 reduce_scatters of 1 MiB blocks:" \
+        "host-aware ${CROSSED[hier]}, flat ${CROSSED[flat]}"
+    if [ $((CROSSED[hier] * 4)) -lt $((CROSSED[flat] * 3)) ]; then
+        pass "traffic ($layout): host-aware moves under 3/4 of the flat bytes between hosts"
+    else
+        fail "traffic ($layout): host-aware ${CROSSED[hier]} bytes, flat ${CROSSED[flat]}"
+    fi
 done
-echo "bytes into host B, 10 all_gathers + 10 reduce_scatters of 1 MiB blocks:" \
-    "host-aware ${CROSSED[hier]}, flat ${CROSSED[flat]}"
-if [ $((CROSSED[hier] * 4)) -lt $((CROSSED[flat] * 3)) ]; then
-    pass "traffic: host-aware moves under 3/4 of the flat bytes between hosts"
-else
-    fail "traffic: host-aware ${CROSSED[hier]} bytes, flat ${CROSSED[flat]}"
-fi
 
 if [ "$FAILS" = 0 ]; then
     echo "test_hier: all passed"

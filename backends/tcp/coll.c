@@ -61,7 +61,10 @@ static struct c10d__tcp_xfer *chain_xfer(struct c10d__tcp_chain *ch, int peer, u
         return NULL;
     }
     x->peer = c->members != NULL ? c->members[peer] : peer;
-    x->kind = (uint8_t)c->op->kind;
+    /* The collective the user called, as its fingerprint says: a step of a
+     * host-aware op may run another algorithm (the leaders' all_to_all of an
+     * all_gather), and peers compare frames with the op they called. */
+    x->kind = c->fp.kind;
     x->sub = c->sub_base | sub;
     x->tag = c->op->seq;
     x->fp = c->fp;

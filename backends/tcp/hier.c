@@ -8,14 +8,15 @@
  * 1/L of the bytes a flat ring would put on its NIC, at the cost of the
  * leader's NIC carrying the host's share alone.
  *
- * all_gather and reduce_scatter too, where every host holds an equal,
- * contiguous range of ranks: a host's blocks are then one range of the
- * buffer, so the leaders run the group's own all_gather / reduce_scatter
- * with blocks of (ranks per host) x count, and a host's data crosses the
- * network once instead of once per rank of it (a flat ring sends every
- * block to every rank). Other placements (interleaved hosts, uneven hosts)
- * would need the blocks packed and unpacked around the leaders' step: they
- * stay flat, as do all_to_all, gather and scatter. */
+ * all_gather and reduce_scatter too, where every host has two ranks or
+ * more: a host's data crosses the network once, to each other leader,
+ * instead of once per rank of it (a flat ring sends every block through
+ * every rank). Where every host holds an equal, contiguous range of ranks,
+ * a host's blocks are one range of the buffer and the leaders run the
+ * group's own all_gather / reduce_scatter over whole hosts; elsewhere the
+ * leader packs its host's blocks in host order and the leaders exchange
+ * them with an all_to_all of lists. all_to_all, gather and scatter stay
+ * flat. */
 #include "hier.h"
 
 #include "backends/shm/path.h"
@@ -42,6 +43,9 @@ void c10d__tcp_hier_free(struct c10d__tcp_hier *h)
     free(h->host_of);
     free(h->host_first);
     free(h->local);
+    free(h->host_count);
+    free(h->host_off);
+    free(h->idx_in_host);
     c10d__shm_free(h->seg);
     memset(h, 0, sizeof *h);
 }
@@ -84,6 +88,21 @@ int c10d__tcp_hier_plan(struct c10d__tcp_hier *h, int rank, int size, const char
     h->blocked = size % h->nhosts == 0;
     for (int r = 0; r < size && h->blocked; r++)
         h->blocked = h->host_of[r] == r / per_host;
+    h->host_count = calloc((size_t)h->nhosts, sizeof *h->host_count);
+    h->host_off = calloc((size_t)h->nhosts, sizeof *h->host_off);
+    h->idx_in_host = malloc((size_t)size * sizeof *h->idx_in_host);
+    if (h->host_count == NULL || h->host_off == NULL || h->idx_in_host == NULL) {
+        c10d__tcp_hier_free(h);
+        return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
+    }
+    for (int r = 0; r < size; r++)
+        h->idx_in_host[r] = h->host_count[h->host_of[r]]++;
+    h->min_local = h->max_local = h->host_count[0];
+    for (int j = 0; j < h->nhosts; j++) {
+        h->host_off[j] = j == 0 ? 0 : h->host_off[j - 1] + h->host_count[j - 1];
+        h->min_local = h->host_count[j] < h->min_local ? h->host_count[j] : h->min_local;
+        h->max_local = h->host_count[j] > h->max_local ? h->host_count[j] : h->max_local;
+    }
     return 1;
 }
 
@@ -95,10 +114,12 @@ int c10d__tcp_hier_supports(const struct c10d__tcp_hier *h, const struct c10d__o
     /* reduce_scatter scatters from the leader: a chunk of the smallest slot
      * must hold an element of every local rank's block. */
     if (op->kind == C10D_OP_REDUCE_SCATTER &&
-        (size_t)h->nlocal * c10d_dtype_size(op->dtype) > C10D_SHM_SLOT_MIN)
+        (size_t)h->max_local * c10d_dtype_size(op->dtype) > C10D_SHM_SLOT_MIN)
         return 0;
+    /* A host with one rank would need its leader's own packing steps; such
+     * groups run these two flat. */
     if (op->kind == C10D_OP_ALL_GATHER || op->kind == C10D_OP_REDUCE_SCATTER)
-        return h->blocked && op->count > 0;
+        return (h->blocked || h->min_local >= 2) && op->count > 0;
     /* A small reduce is quicker flat: its two phases run one after the other,
      * where the binomial tree's two steps are all there is (bench/README.md,
      * "Across hosts"). Every rank draws the same answer from the same op. */
@@ -121,6 +142,94 @@ static int leader_of(const struct c10d__tcp_hier *h, const struct c10d__op *op, 
     return rooted && h->host_of[op->root] == host ? op->root : h->host_first[host];
 }
 
+/* ---------------------------------------- any placement: the packing */
+
+/* Where hosts are interleaved or of different sizes, a host's blocks are not
+ * one range of the buffer: the leader gathers them in host order, the
+ * leaders exchange whole hosts with an all_to_all of lists, and the leader
+ * unpacks (all_gather); or packs its host's sum in host order before the
+ * exchange and reduces the hosts' partial sums of its own blocks after it
+ * (reduce_scatter). The leader's scratch holds the exchange's lists, then
+ * the data. */
+struct gen_bufs {
+    const void **sends;
+    void **recvs;
+    size_t *scounts, *rcounts;
+    char *a, *b, *c;
+};
+
+static int group_size(const struct c10d__tcp_hier *h)
+{
+    return h->host_off[h->nhosts - 1] + h->host_count[h->nhosts - 1];
+}
+
+static size_t gen_lists_bytes(const struct c10d__tcp_hier *h)
+{
+    return (size_t)h->nhosts * (2 * sizeof(void *) + 2 * sizeof(size_t));
+}
+
+static size_t gen_bytes(const struct c10d__tcp_hier *h, const struct c10d__op *op)
+{
+    size_t esz = c10d_dtype_size(op->dtype), c = op->count, n = (size_t)group_size(h) * c;
+    size_t local = (size_t)h->nlocal * c;
+    if (op->kind == C10D_OP_ALL_GATHER) /* a: the host's blocks; b: every host's */
+        return gen_lists_bytes(h) + (local + n) * esz;
+    /* a: the host's sum, rank order; b: the same, host order; c: the hosts'
+     * partial sums of this host's blocks */
+    return gen_lists_bytes(h) + (2 * n + (size_t)h->nhosts * local) * esz;
+}
+
+static void gen_layout(const struct c10d__tcp_hier *h, const struct c10d__op *op, void *buf,
+                       struct gen_bufs *g)
+{
+    size_t esz = c10d_dtype_size(op->dtype), c = op->count, n = (size_t)group_size(h) * c;
+    size_t nh = (size_t)h->nhosts;
+    g->sends = buf;
+    g->recvs = (void **)(g->sends + nh);
+    g->scounts = (size_t *)(g->recvs + nh);
+    g->rcounts = g->scounts + nh;
+    g->a = (char *)buf + gen_lists_bytes(h);
+    g->b = g->a + (op->kind == C10D_OP_ALL_GATHER ? (size_t)h->nlocal * c : n) * esz;
+    g->c = g->b + n * esz;
+}
+
+/* Where rank r's block sits when blocks are in host order. */
+static size_t host_major(const struct c10d__tcp_hier *h, int r)
+{
+    return (size_t)(h->host_off[h->host_of[r]] + h->idx_in_host[r]);
+}
+
+/* all_gather: every host's blocks (host order) into the output (rank order). */
+static int unpack_blocks(const struct c10d__tcp_hier *h, const struct c10d__tcp_hier_phase *p)
+{
+    size_t bytes = p->per_rank * c10d_dtype_size(p->op.dtype);
+    for (int r = 0; r < group_size(h); r++)
+        memcpy((char *)p->to + (size_t)r * bytes, (const char *)p->from + host_major(h, r) * bytes,
+               bytes);
+    return 0;
+}
+
+/* reduce_scatter: the host's sum (rank order) into host order. */
+static int pack_blocks(const struct c10d__tcp_hier *h, const struct c10d__tcp_hier_phase *p)
+{
+    size_t bytes = p->per_rank * c10d_dtype_size(p->op.dtype);
+    for (int r = 0; r < group_size(h); r++)
+        memcpy((char *)p->to + host_major(h, r) * bytes, (const char *)p->from + (size_t)r * bytes,
+               bytes);
+    return 0;
+}
+
+/* reduce_scatter: the hosts' partial sums of this host's blocks, in host
+ * order, into the first. */
+static int reduce_partials(const struct c10d__tcp_hier *h, const struct c10d__tcp_hier_phase *p)
+{
+    size_t n = (size_t)h->nlocal * p->per_rank, bytes = n * c10d_dtype_size(p->op.dtype);
+    for (int k = 1; k < h->nhosts; k++)
+        C10D_CHECK(c10d__reduce(p->to, (const char *)p->from + (size_t)k * bytes, n, p->op.dtype,
+                                p->op.redop));
+    return 0;
+}
+
 static int needs_reduce_buf(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank)
 {
     return op->kind == C10D_OP_REDUCE && rank != op->root &&
@@ -132,9 +241,13 @@ size_t c10d__tcp_hier_buf_bytes(const struct c10d__tcp_hier *h, const struct c10
     size_t esz = c10d_dtype_size(op->dtype);
     if (needs_reduce_buf(h, op, rank))
         return op->count * esz;
+    if (h->local[0] != rank) /* only leaders keep anything */
+        return 0;
+    if (!h->blocked && (op->kind == C10D_OP_ALL_GATHER || op->kind == C10D_OP_REDUCE_SCATTER))
+        return gen_bytes(h, op);
     /* The host's sum of every block, then the host's blocks reduced over
      * every host. */
-    if (op->kind == C10D_OP_REDUCE_SCATTER && h->local[0] == rank)
+    if (op->kind == C10D_OP_REDUCE_SCATTER)
         return (size_t)(h->nhosts + 1) * (size_t)h->nlocal * op->count * esz;
     return 0;
 }
@@ -193,6 +306,94 @@ static void on_leaders(const struct c10d__tcp_hier *h, struct c10d__tcp_hier_pha
         p->op.root = h->host_of[p->op.root];
 }
 
+/* all_gather, any placement: gather the host's blocks at the leader (host
+ * order); the leaders exchange whole hosts; the leader unpacks them into the
+ * output and broadcasts it. */
+static int gen_all_gather(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
+                          const int *leaders, void *buf, struct c10d__tcp_hier_phase *ph)
+{
+    size_t esz = c10d_dtype_size(op->dtype), c = op->count;
+    int is_leader = leaders[h->host_of[rank]] == rank, n = 0;
+    struct gen_bufs g = {0};
+    if (is_leader)
+        gen_layout(h, op, buf, &g);
+    struct c10d__tcp_hier_phase *p = add(ph, &n, op, C10D_OP_GATHER);
+    p->op.send = op->send != NULL ? op->send : (char *)op->recv + (size_t)rank * c * esz;
+    p->op.recv = is_leader ? g.a : NULL;
+    on_shm(h, p, leaders[h->host_of[rank]]);
+    if (is_leader) {
+        for (int k = 0; k < h->nhosts; k++) {
+            g.sends[k] = g.a;
+            g.scounts[k] = (size_t)h->nlocal * c;
+            g.recvs[k] = g.b + (size_t)h->host_off[k] * c * esz;
+            g.rcounts[k] = (size_t)h->host_count[k] * c;
+        }
+        p = add(ph, &n, op, C10D_OP_ALL_TO_ALL);
+        p->op.send = p->op.recv = NULL;
+        p->op.sends = g.sends;
+        p->op.recvs = g.recvs;
+        p->op.send_counts = g.scounts;
+        p->op.recv_counts = g.rcounts;
+        on_leaders(h, p, rank, leaders);
+        p->after = unpack_blocks;
+        p->from = g.b;
+        p->to = op->recv;
+        p->per_rank = c;
+    }
+    p = add(ph, &n, op, C10D_OP_BROADCAST);
+    p->op.send = op->recv;
+    p->op.count = (size_t)group_size(h) * c;
+    on_shm(h, p, leaders[h->host_of[rank]]);
+    return n;
+}
+
+/* reduce_scatter, any placement: the host's sum at the leader, packed in
+ * host order; the leaders send each host its blocks; the leader reduces the
+ * hosts' partial sums of its own and scatters them. */
+static int gen_reduce_scatter(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
+                              const int *leaders, void *buf, c10d_reduce_op local_op,
+                              c10d_reduce_op leaders_op, struct c10d__tcp_hier_phase *ph)
+{
+    size_t esz = c10d_dtype_size(op->dtype), c = op->count;
+    int is_leader = leaders[h->host_of[rank]] == rank, n = 0;
+    struct gen_bufs g = {0};
+    if (is_leader)
+        gen_layout(h, op, buf, &g);
+    struct c10d__tcp_hier_phase *p = add(ph, &n, op, C10D_OP_REDUCE);
+    p->op.redop = local_op;
+    p->op.recv = is_leader ? g.a : NULL;
+    p->op.count = (size_t)group_size(h) * c;
+    on_shm(h, p, leaders[h->host_of[rank]]);
+    if (is_leader) {
+        p->after = pack_blocks;
+        p->from = g.a;
+        p->to = g.b;
+        p->per_rank = c;
+        for (int k = 0; k < h->nhosts; k++) {
+            g.sends[k] = g.b + (size_t)h->host_off[k] * c * esz;
+            g.scounts[k] = (size_t)h->host_count[k] * c;
+            g.recvs[k] = g.c + (size_t)k * h->nlocal * c * esz;
+            g.rcounts[k] = (size_t)h->nlocal * c;
+        }
+        p = add(ph, &n, op, C10D_OP_ALL_TO_ALL);
+        p->op.redop = leaders_op;
+        p->op.send = p->op.recv = NULL;
+        p->op.sends = g.sends;
+        p->op.recvs = g.recvs;
+        p->op.send_counts = g.scounts;
+        p->op.recv_counts = g.rcounts;
+        on_leaders(h, p, rank, leaders);
+        p->after = reduce_partials;
+        p->from = p->to = g.c;
+        p->per_rank = c;
+    }
+    p = add(ph, &n, op, C10D_OP_SCATTER);
+    p->op.send = is_leader ? g.c : NULL;
+    p->avg_after = op->redop == C10D_AVG;
+    on_shm(h, p, leaders[h->host_of[rank]]);
+    return n;
+}
+
 int c10d__tcp_hier_phases(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
                           int *leaders, void *buf, struct c10d__tcp_hier_phase *ph)
 {
@@ -246,6 +447,8 @@ int c10d__tcp_hier_phases(const struct c10d__tcp_hier *h, const struct c10d__op 
         }
         break;
     case C10D_OP_ALL_GATHER: {
+        if (!h->blocked)
+            return gen_all_gather(h, op, rank, leaders, buf, ph);
         /* Gather the host's blocks into their place at the leader; the
          * leaders all_gather whole hosts; each leader broadcasts the result. */
         size_t esz = c10d_dtype_size(op->dtype), c = op->count;
@@ -267,6 +470,8 @@ int c10d__tcp_hier_phases(const struct c10d__tcp_hier *h, const struct c10d__op 
         break;
     }
     case C10D_OP_REDUCE_SCATTER: {
+        if (!h->blocked)
+            return gen_reduce_scatter(h, op, rank, leaders, buf, local_op, leaders_op, ph);
         /* Sum every block over the host into the leader's buf; the leaders
          * reduce_scatter whole hosts into the rest of it; each leader
          * scatters its host's blocks. */

@@ -1,7 +1,7 @@
 /* Host-aware collectives: a group whose ranks sit on several hosts, some
- * with more than one, runs all_reduce, broadcast and reduce (and, where the
- * hosts hold equal, contiguous ranges of ranks, all_gather and
- * reduce_scatter) in phases:
+ * with more than one, runs all_reduce, broadcast, reduce, all_gather and
+ * reduce_scatter in phases (the last two where every host has two ranks or
+ * more):
  * shared memory among the ranks of each host, tcp among one leader per host
  * (docs/shm.md, "Across hosts"). Here: the host map drawn from every rank's
  * handshake note, and the phases one rank runs for one op. The backend runs
@@ -24,8 +24,14 @@ struct c10d__tcp_hier {
     int nlocal, local_idx;
     /* Every host holds the same number of ranks, in one contiguous range of
      * group ranks (launchers' block placement): a host's blocks of an
-     * all_gather or reduce_scatter are one range, the same size everywhere. */
+     * all_gather or reduce_scatter are one range, the same size everywhere,
+     * and need no packing around the leaders' step. */
     int blocked;
+    /* Any placement: host j's ranks in host-major order start at
+     * host_off[j] (host_count[j] of them); rank r is number idx_in_host[r]
+     * of its host. */
+    int *host_count, *host_off, *idx_in_host;
+    int min_local, max_local;  /* the fewest and most ranks on a host */
     struct c10d__shm_seg *seg; /* this host's; NULL while nlocal == 1 */
 };
 
@@ -38,6 +44,11 @@ struct c10d__tcp_hier_phase {
     int rank, size;
     const int *ranks;
     int avg_after; /* AVG: divide the result by the group's size once this step is done */
+    /* A local step once this one is done (packing blocks around the leaders'
+     * step of all_gather / reduce_scatter): 0 or < 0. */
+    int (*after)(const struct c10d__tcp_hier *h, const struct c10d__tcp_hier_phase *p);
+    void *from, *to; /* after's buffers */
+    size_t per_rank; /* after's: elements of one rank's block */
 };
 
 #define C10D_TCP_HIER_MAX_PHASES 3

@@ -450,6 +450,13 @@ static void coll_finished(struct c10d__tcp_coll *c, int status)
     }
     if (o->iph < o->nph) {
         const struct c10d__tcp_hier_phase *p = &o->ph[o->iph++];
+        if (p->after != NULL) {
+            int rc = p->after(&s->hier, p);
+            if (rc < 0) {
+                group_fail(s, rc, "%s", c10d_last_error());
+                return;
+            }
+        }
         if (p->avg_after) {
             int rc = c10d__reduce_finish(p->op.recv, p->op.count, p->op.dtype, C10D_AVG, s->size);
             if (rc < 0) {
@@ -1101,12 +1108,11 @@ static int hier_setup(struct tcp_state *s, const char *const *notes)
         return rc;
     if (s->rank == 0)
         C10D_INFO("shm",
-                  "group %s: %d hosts, several ranks on some: all_reduce, broadcast and reduce"
+                  "group %s: %d hosts, several ranks on some: all_reduce, broadcast, reduce"
                   "%s run on shared memory within each host and over tcp between one leader "
                   "per host (docs/shm.md)",
                   s->group_name, s->hier.nhosts,
-                  s->hier.blocked ? " (and all_gather, reduce_scatter: equal, contiguous hosts)"
-                                  : "");
+                  s->hier.min_local >= 2 ? ", all_gather, reduce_scatter" : "");
     if (s->hier.nlocal == 1) {
         s->hier_on = 1;
         return 0;
