@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -32,7 +33,8 @@ struct kv {
     char *keys[MAXKEYS];
     char *vals[MAXKEYS];
     size_t lens[MAXKEYS];
-    int fail_set; /* set() fails with C10D_EIO */
+    int fail_set;            /* set() fails with C10D_EIO */
+    atomic_int set_delay_ms; /* set() takes this long first */
     int destroyed;
 };
 
@@ -99,6 +101,9 @@ static int kv_set(void *ctx, const char *key, const void *v, size_t len)
     struct kv *kv = ctx;
     if (kv->fail_set)
         return C10D_EIO;
+    int delay = atomic_load(&kv->set_delay_ms);
+    if (delay > 0)
+        usleep((useconds_t)delay * 1000);
     LOCKED(kv, put(kv, key, v, len));
 }
 
@@ -465,6 +470,47 @@ static void test_barrier_leaves_no_keys(void **state)
     c10d_store_release(s);
 }
 
+static void *slow_set_thread(void *p)
+{
+    struct getter *g = p;
+    g->rc = c10d_store_set_sync(g->s, "slow", "x", 1);
+    return NULL;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* c10d_shutdown while a set sits in the user's function for longer than the
+ * shutdown waits: it returns, the waiting caller gets an error, and when the
+ * function comes back later the store goes on in order (its next set runs;
+ * under ASan: nothing leaks). */
+static void test_shutdown_with_op_in_user_function(void **state)
+{
+    (void)state;
+    static struct kv kv;
+    c10d_store *s = open_store(&kv, 1);
+    atomic_store(&kv.set_delay_ms, 3000);
+    struct getter g = {s, 1, ""};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, slow_set_thread, &g), 0);
+    usleep(200000); /* the set is in kv_set now */
+    double t0 = now_s();
+    c10d_shutdown();
+    double took = now_s() - t0;
+    pthread_join(th, NULL);
+    assert_true(g.rc < 0);
+    assert_true(took < 10.0); /* bounded (the grace is 2 s), not a hang */
+    atomic_store(&kv.set_delay_ms, 0);
+    usleep(3200000); /* the left-behind set returns, on a new engine */
+    assert_int_equal(c10d_store_set_sync(s, "after", "y", 1), 0);
+    expect_val(s, "after", "y");
+    c10d_store_release(s);
+}
+
 static int teardown(void **state)
 {
     (void)state;
@@ -480,6 +526,7 @@ int main(void)
         cmocka_unit_test(test_get_does_not_block_set),
         cmocka_unit_test(test_barrier_leaves_no_keys),
         cmocka_unit_test(test_process_group),
+        cmocka_unit_test(test_shutdown_with_op_in_user_function),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
 }

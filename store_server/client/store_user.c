@@ -21,6 +21,7 @@
 #include "engine/loop.h"
 #include "engine/offload.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,17 +53,51 @@ struct job {
     size_t len;
     c10d_store_bytes *items; /* MULTI_GET */
     size_t nitems;
+    struct job *out_prev, *out_next; /* on the list of jobs out (loop thread) */
+    unsigned gen;                    /* out_gen when it started */
 };
 
 /* Jobs on worker threads, over every user store (loop thread only). When
  * the engine stops with some still out, the stop is held until the last
  * comes back (its op then finishes as usual) or STOP_GRACE_MS passed (a user
- * function that blocks longer is left behind, with its op: c10d_shutdown
- * returns in bounded time). */
+ * function that blocks longer is left behind: c10d_shutdown returns in
+ * bounded time; if its result comes back later, on another engine, it only
+ * releases its op, whose work the stop failed). out_gen tells the jobs of
+ * the current round from those left behind. */
+static struct job *out_head;
 static int jobs_out;
+static unsigned out_gen;
 static int stop_hook_registered;
 static struct c10d__shutdown_hook stop_hook;
 static uv_timer_t *stop_grace; /* non-NULL while the stop is held */
+
+static void pump(struct user_store *us);
+
+/* A forked child has none of the parent's workers, loop or hook. */
+static void fork_child(void)
+{
+    out_head = NULL;
+    jobs_out = 0;
+    out_gen++;
+    stop_hook_registered = 0;
+    stop_grace = NULL;
+}
+
+static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
+}
+
+static void out_remove(struct job *j)
+{
+    if (j->out_prev)
+        j->out_prev->out_next = j->out_next;
+    else
+        out_head = j->out_next;
+    if (j->out_next)
+        j->out_next->out_prev = j->out_prev;
+    j->out_prev = j->out_next = NULL;
+}
 
 static void grace_closed(uv_handle_t *h)
 {
@@ -85,7 +120,16 @@ static void grace_over(uv_timer_t *timer)
               "user store: %d operation(s) still in the store's functions %d ms into the "
               "shutdown: left behind",
               jobs_out, STOP_GRACE_MS);
-    jobs_out = 0; /* their results are dropped: no loop to run them on */
+    while (out_head) {
+        struct job *j = out_head;
+        out_remove(j);
+        if (j->ordered) { /* its store's next ops are not held up by it */
+            j->us->serial_busy = 0;
+            pump(j->us); /* the stop has begun: they fail */
+        }
+    }
+    jobs_out = 0;
+    out_gen++;
     release_stop();
 }
 
@@ -105,8 +149,16 @@ static void on_engine_stop(struct c10d__shutdown_hook *hook)
     uv_timer_start(t, grace_over, STOP_GRACE_MS, 0);
 }
 
-static void job_started(void)
+static void job_started(struct job *j)
 {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, register_fork_handler);
+    j->gen = out_gen;
+    j->out_prev = NULL;
+    j->out_next = out_head;
+    if (out_head)
+        out_head->out_prev = j;
+    out_head = j;
     jobs_out++;
     if (!stop_hook_registered) {
         stop_hook.fn = on_engine_stop;
@@ -115,10 +167,16 @@ static void job_started(void)
     }
 }
 
-static void job_back(void)
+/* 1 if j is of the current round (and is off the list now), 0 if it was
+ * left behind at an earlier stop. */
+static int job_back(struct job *j)
 {
-    if (jobs_out > 0 && --jobs_out == 0)
+    if (j->gen != out_gen)
+        return 0;
+    out_remove(j);
+    if (--jobs_out == 0)
         release_stop();
+    return 1;
 }
 
 static int waits_for_keys(int cmd)
@@ -359,16 +417,21 @@ static void job_free(struct job *j)
     free(j);
 }
 
-static void pump(struct user_store *us);
-
 /* Loop thread: the result into the op, which finishes. */
 static void job_after(void *arg)
 {
     struct job *j = arg;
     struct user_store *us = j->us;
     struct c10d__store_op *op = j->op;
+    if (!job_back(j)) {
+        /* Left behind at a stop; the store has moved on (its order, its
+         * queue), and the op's work was failed then: release the op. */
+        c10d__store_op_finish(op, C10D_EABORTED, "user store %s: left behind at shutdown",
+                              us->name);
+        job_free(j);
+        return;
+    }
     c10d__store_ref(&us->base); /* the op's reference may be the last */
-    job_back();
     if (j->ordered)
         us->serial_busy = 0;
     int rc = j->status;
@@ -422,7 +485,7 @@ static void pump(struct user_store *us)
                                   c10d_last_error());
             continue;
         }
-        job_started();
+        job_started(j);
         if (j->ordered)
             us->serial_busy = 1;
     }
