@@ -194,6 +194,50 @@ static size_t a2a_offset(const struct c10d__tcp_coll *c, const size_t *counts, i
     return off;
 }
 
+static int ranges_meet(const char *a, size_t an, const char *b, size_t bn)
+{
+    return an > 0 && bn > 0 && a < b + bn && b < a + an;
+}
+
+/* Whether some send block overlaps some receive block. One buffer each:
+ * their blocks tile them, so the buffers meeting is the blocks meeting.
+ * Lists: every pair, once the lists' hulls meet. */
+static int a2a_overlaps(const struct c10d__tcp_coll *c)
+{
+    const struct c10d__op *op = c->op;
+    int p = c->size;
+    size_t st = 0, rt = 0;
+    for (int i = 0; i < p; i++) {
+        st += a2a_count(c, op->send_counts, i);
+        rt += a2a_count(c, op->recv_counts, i);
+    }
+    if (op->sends == NULL)
+        return ranges_meet(op->send, st * c->esz, op->recv, rt * c->esz);
+    const char *slo = NULL, *shi = NULL, *rlo = NULL, *rhi = NULL;
+    for (int i = 0; i < p; i++) {
+        size_t sb = a2a_count(c, op->send_counts, i) * c->esz;
+        size_t rb = a2a_count(c, op->recv_counts, i) * c->esz;
+        const char *s = op->sends[i], *r = op->recvs[i];
+        if (sb > 0 && (slo == NULL || s < slo))
+            slo = s;
+        if (sb > 0 && (shi == NULL || s + sb > shi))
+            shi = s + sb;
+        if (rb > 0 && (rlo == NULL || r < rlo))
+            rlo = r;
+        if (rb > 0 && (rhi == NULL || r + rb > rhi))
+            rhi = r + rb;
+    }
+    if (slo == NULL || rlo == NULL ||
+        !ranges_meet(slo, (size_t)(shi - slo), rlo, (size_t)(rhi - rlo)))
+        return 0;
+    for (int i = 0; i < p; i++)
+        for (int j = 0; j < p; j++)
+            if (ranges_meet(op->sends[i], a2a_count(c, op->send_counts, i) * c->esz, op->recvs[j],
+                            a2a_count(c, op->recv_counts, j) * c->esz))
+                return 1;
+    return 0;
+}
+
 static const char *a2a_send(const struct c10d__tcp_coll *c, int i)
 {
     const struct c10d__op *op = c->op;
@@ -236,16 +280,11 @@ int c10d__tcp_all_to_all(struct c10d__tcp_coll *c)
 {
     struct c10d__op *op = c->op;
     int p = c->size;
-    /* In place (send and receive memory overlap): work from a copy. */
-    int overlap = 0;
-    if (op->sends != NULL) {
-        for (int i = 0; i < p && !overlap; i++)
-            for (int j = 0; j < p && !overlap; j++)
-                overlap = op->sends[i] == op->recvs[j] && a2a_count(c, op->send_counts, i) > 0;
-    } else {
-        overlap = op->send == op->recv;
-    }
+    /* In place (some send block overlaps some receive block: every transfer
+     * is posted at once, so a receive may land before the send of those
+     * bytes went out): work from a copy. */
     c->tmp = NULL;
+    int overlap = a2a_overlaps(c);
     if (overlap) {
         size_t total = 0;
         for (int i = 0; i < p; i++)

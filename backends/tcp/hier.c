@@ -168,15 +168,22 @@ static size_t gen_lists_bytes(const struct c10d__tcp_hier *h)
     return (size_t)h->nhosts * (2 * sizeof(void *) + 2 * sizeof(size_t));
 }
 
+/* Sizes up to a few times an op's buffer: SIZE_MAX where they would not fit
+ * size_t, which malloc refuses (the op then fails with C10D_ENOMEM). */
+static size_t fits(unsigned __int128 bytes)
+{
+    return bytes > SIZE_MAX ? SIZE_MAX : (size_t)bytes;
+}
+
 static size_t gen_bytes(const struct c10d__tcp_hier *h, const struct c10d__op *op)
 {
-    size_t esz = c10d_dtype_size(op->dtype), c = op->count, n = (size_t)group_size(h) * c;
-    size_t local = (size_t)h->nlocal * c;
+    unsigned __int128 esz = c10d_dtype_size(op->dtype), c = op->count;
+    unsigned __int128 n = (unsigned)group_size(h) * c, local = (unsigned)h->nlocal * c;
     if (op->kind == C10D_OP_ALL_GATHER) /* a: the host's blocks; b: every host's */
-        return gen_lists_bytes(h) + (local + n) * esz;
+        return fits(gen_lists_bytes(h) + (local + n) * esz);
     /* a: the host's sum, rank order; b: the same, host order; c: the hosts'
      * partial sums of this host's blocks */
-    return gen_lists_bytes(h) + (2 * n + (size_t)h->nhosts * local) * esz;
+    return fits(gen_lists_bytes(h) + (2 * n + (unsigned)h->nhosts * local) * esz);
 }
 
 static void gen_layout(const struct c10d__tcp_hier *h, const struct c10d__op *op, void *buf,
@@ -248,7 +255,8 @@ size_t c10d__tcp_hier_buf_bytes(const struct c10d__tcp_hier *h, const struct c10
     /* The host's sum of every block, then the host's blocks reduced over
      * every host. */
     if (op->kind == C10D_OP_REDUCE_SCATTER)
-        return (size_t)(h->nhosts + 1) * (size_t)h->nlocal * op->count * esz;
+        return fits((unsigned __int128)(unsigned)(h->nhosts + 1) * (unsigned)h->nlocal * op->count *
+                    esz);
     return 0;
 }
 
