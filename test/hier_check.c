@@ -199,6 +199,12 @@ int main(void)
     po.timeout_ms = 60000;
     if (c10d_pg_init(&po, &pg) != 0) {
         fprintf(stderr, "init: %s\n", c10d_last_error());
+        /* In a mismatch run a fast rank's first all_reduce may fail the group
+         * before a slower one finished creating it: that rank learns of the
+         * mismatch at creation, which is as good. */
+        if (getenv("HIER_MISMATCH") != NULL &&
+            strstr(c10d_last_error(), "Detected mismatch") != NULL)
+            return 3;
         return 2;
     }
     rank = c10d_pg_rank(pg);

@@ -10,8 +10,8 @@
 #   5. mismatched calls, within a host (one rank's dtype) and between hosts (host B's): every
 #      rank fails naming the mismatch
 #   6. 6 ranks, 3 + 3 in contiguous ranges (ranks 0-2 on A, 3-5 on B): all_gather and
-#      reduce_scatter run host-aware too (as in case 1, where hosts interleave and differ in
-#      size); the checks pass, and the bytes that cross between the hosts for 10 of each at
+#      reduce_scatter run host-aware (as in cases 1 and 2: interleaved hosts of different
+#      sizes, a leader alone on its host); the checks pass, and the bytes that cross between the hosts for 10 of each at
 #      1 MiB per block are under 3/4 of what the same job moves flat (C10D_SHM=0 on one
 #      rank), with the hosts contiguous and interleaved
 # Root only (ip netns); exits 77 (skipped) otherwise.

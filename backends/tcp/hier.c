@@ -8,8 +8,8 @@
  * 1/L of the bytes a flat ring would put on its NIC, at the cost of the
  * leader's NIC carrying the host's share alone.
  *
- * all_gather and reduce_scatter too, where every host has two ranks or
- * more: a host's data crosses the network once, to each other leader,
+ * all_gather and reduce_scatter too: a host's data crosses the network
+ * once, to each other leader,
  * instead of once per rank of it (a flat ring sends every block through
  * every rank). Where every host holds an equal, contiguous range of ranks,
  * a host's blocks are one range of the buffer and the leaders run the
@@ -97,10 +97,9 @@ int c10d__tcp_hier_plan(struct c10d__tcp_hier *h, int rank, int size, const char
     }
     for (int r = 0; r < size; r++)
         h->idx_in_host[r] = h->host_count[h->host_of[r]]++;
-    h->min_local = h->max_local = h->host_count[0];
+    h->max_local = h->host_count[0];
     for (int j = 0; j < h->nhosts; j++) {
         h->host_off[j] = j == 0 ? 0 : h->host_off[j - 1] + h->host_count[j - 1];
-        h->min_local = h->host_count[j] < h->min_local ? h->host_count[j] : h->min_local;
         h->max_local = h->host_count[j] > h->max_local ? h->host_count[j] : h->max_local;
     }
     return 1;
@@ -116,10 +115,8 @@ int c10d__tcp_hier_supports(const struct c10d__tcp_hier *h, const struct c10d__o
     if (op->kind == C10D_OP_REDUCE_SCATTER &&
         (size_t)h->max_local * c10d_dtype_size(op->dtype) > C10D_SHM_SLOT_MIN)
         return 0;
-    /* A host with one rank would need its leader's own packing steps; such
-     * groups run these two flat. */
     if (op->kind == C10D_OP_ALL_GATHER || op->kind == C10D_OP_REDUCE_SCATTER)
-        return (h->blocked || h->min_local >= 2) && op->count > 0;
+        return op->count > 0;
     /* A small reduce is quicker flat: its two phases run one after the other,
      * where the binomial tree's two steps are all there is (bench/README.md,
      * "Across hosts"). Every rank draws the same answer from the same op. */
@@ -227,13 +224,16 @@ static int pack_blocks(const struct c10d__tcp_hier *h, const struct c10d__tcp_hi
 }
 
 /* reduce_scatter: the hosts' partial sums of this host's blocks, in host
- * order, into the first. */
+ * order, into the first; a leader alone on its host then has its result
+ * (into p->op.recv). */
 static int reduce_partials(const struct c10d__tcp_hier *h, const struct c10d__tcp_hier_phase *p)
 {
     size_t n = (size_t)h->nlocal * p->per_rank, bytes = n * c10d_dtype_size(p->op.dtype);
     for (int k = 1; k < h->nhosts; k++)
         C10D_CHECK(c10d__reduce(p->to, (const char *)p->from + (size_t)k * bytes, n, p->op.dtype,
                                 p->op.redop));
+    if (p->op.recv != NULL && bytes > 0)
+        memcpy(p->op.recv, p->to, bytes);
     return 0;
 }
 
@@ -271,6 +271,18 @@ static void *reduce_target(const struct c10d__tcp_hier *h, const struct c10d__op
 int c10d__tcp_hier_prepare(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
                            void *buf)
 {
+    if (h->nlocal == 1 && op->kind == C10D_OP_REDUCE_SCATTER) {
+        /* No host to sum over: its own input, in host order and scaled. */
+        struct gen_bufs g;
+        gen_layout(h, op, buf, &g);
+        struct c10d__tcp_hier_phase p = {.op = *op, .from = (void *)op->send, .to = g.b};
+        p.per_rank = op->count;
+        pack_blocks(h, &p);
+        return op->redop == C10D_PREMUL_SUM
+                   ? c10d__reduce_premul(g.b, (size_t)group_size(h) * op->count, op->dtype,
+                                         op->premul_factor)
+                   : 0;
+    }
     if (h->nlocal > 1 || (op->kind != C10D_OP_ALL_REDUCE && op->kind != C10D_OP_REDUCE))
         return 0;
     void *dst = reduce_target(h, op, rank, buf);
@@ -321,17 +333,21 @@ static int gen_all_gather(const struct c10d__tcp_hier *h, const struct c10d__op 
                           const int *leaders, void *buf, struct c10d__tcp_hier_phase *ph)
 {
     size_t esz = c10d_dtype_size(op->dtype), c = op->count;
-    int is_leader = leaders[h->host_of[rank]] == rank, n = 0;
+    int is_leader = leaders[h->host_of[rank]] == rank, n = 0, alone = h->nlocal == 1;
     struct gen_bufs g = {0};
     if (is_leader)
         gen_layout(h, op, buf, &g);
-    struct c10d__tcp_hier_phase *p = add(ph, &n, op, C10D_OP_GATHER);
-    p->op.send = op->send != NULL ? op->send : (char *)op->recv + (size_t)rank * c * esz;
-    p->op.recv = is_leader ? g.a : NULL;
-    on_shm(h, p, leaders[h->host_of[rank]]);
+    const char *mine = op->send != NULL ? op->send : (char *)op->recv + (size_t)rank * c * esz;
+    struct c10d__tcp_hier_phase *p;
+    if (!alone) {
+        p = add(ph, &n, op, C10D_OP_GATHER);
+        p->op.send = mine;
+        p->op.recv = is_leader ? g.a : NULL;
+        on_shm(h, p, leaders[h->host_of[rank]]);
+    }
     if (is_leader) {
         for (int k = 0; k < h->nhosts; k++) {
-            g.sends[k] = g.a;
+            g.sends[k] = alone ? mine : g.a;
             g.scounts[k] = (size_t)h->nlocal * c;
             g.recvs[k] = g.b + (size_t)h->host_off[k] * c * esz;
             g.rcounts[k] = (size_t)h->host_count[k] * c;
@@ -348,10 +364,12 @@ static int gen_all_gather(const struct c10d__tcp_hier *h, const struct c10d__op 
         p->to = op->recv;
         p->per_rank = c;
     }
-    p = add(ph, &n, op, C10D_OP_BROADCAST);
-    p->op.send = op->recv;
-    p->op.count = (size_t)group_size(h) * c;
-    on_shm(h, p, leaders[h->host_of[rank]]);
+    if (!alone) {
+        p = add(ph, &n, op, C10D_OP_BROADCAST);
+        p->op.send = op->recv;
+        p->op.count = (size_t)group_size(h) * c;
+        on_shm(h, p, leaders[h->host_of[rank]]);
+    }
     return n;
 }
 
@@ -363,20 +381,25 @@ static int gen_reduce_scatter(const struct c10d__tcp_hier *h, const struct c10d_
                               c10d_reduce_op leaders_op, struct c10d__tcp_hier_phase *ph)
 {
     size_t esz = c10d_dtype_size(op->dtype), c = op->count;
-    int is_leader = leaders[h->host_of[rank]] == rank, n = 0;
+    int is_leader = leaders[h->host_of[rank]] == rank, n = 0, alone = h->nlocal == 1;
     struct gen_bufs g = {0};
     if (is_leader)
         gen_layout(h, op, buf, &g);
-    struct c10d__tcp_hier_phase *p = add(ph, &n, op, C10D_OP_REDUCE);
-    p->op.redop = local_op;
-    p->op.recv = is_leader ? g.a : NULL;
-    p->op.count = (size_t)group_size(h) * c;
-    on_shm(h, p, leaders[h->host_of[rank]]);
+    struct c10d__tcp_hier_phase *p;
+    if (!alone) { /* alone, c10d__tcp_hier_prepare packed its input */
+        p = add(ph, &n, op, C10D_OP_REDUCE);
+        p->op.redop = local_op;
+        p->op.recv = is_leader ? g.a : NULL;
+        p->op.count = (size_t)group_size(h) * c;
+        on_shm(h, p, leaders[h->host_of[rank]]);
+        if (is_leader) {
+            p->after = pack_blocks;
+            p->from = g.a;
+            p->to = g.b;
+            p->per_rank = c;
+        }
+    }
     if (is_leader) {
-        p->after = pack_blocks;
-        p->from = g.a;
-        p->to = g.b;
-        p->per_rank = c;
         for (int k = 0; k < h->nhosts; k++) {
             g.sends[k] = g.b + (size_t)h->host_off[k] * c * esz;
             g.scounts[k] = (size_t)h->host_count[k] * c;
@@ -394,6 +417,12 @@ static int gen_reduce_scatter(const struct c10d__tcp_hier *h, const struct c10d_
         p->after = reduce_partials;
         p->from = p->to = g.c;
         p->per_rank = c;
+        if (alone) { /* the result is this rank's: straight into its output */
+            p->op.recv = op->recv;
+            p->op.count = c;
+            p->avg_after = op->redop == C10D_AVG;
+            return n;
+        }
     }
     p = add(ph, &n, op, C10D_OP_SCATTER);
     p->op.send = is_leader ? g.c : NULL;

@@ -1,7 +1,6 @@
 /* Host-aware collectives: a group whose ranks sit on several hosts, some
  * with more than one, runs all_reduce, broadcast, reduce, all_gather and
- * reduce_scatter in phases (the last two where every host has two ranks or
- * more):
+ * reduce_scatter in phases:
  * shared memory among the ranks of each host, tcp among one leader per host
  * (docs/shm.md, "Across hosts"). Here: the host map drawn from every rank's
  * handshake note, and the phases one rank runs for one op. The backend runs
@@ -31,7 +30,7 @@ struct c10d__tcp_hier {
      * host_off[j] (host_count[j] of them); rank r is number idx_in_host[r]
      * of its host. */
     int *host_count, *host_off, *idx_in_host;
-    int min_local, max_local;  /* the fewest and most ranks on a host */
+    int max_local;             /* the most ranks on a host */
     struct c10d__shm_seg *seg; /* this host's; NULL while nlocal == 1 */
 };
 

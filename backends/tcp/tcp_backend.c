@@ -1108,11 +1108,10 @@ static int hier_setup(struct tcp_state *s, const char *const *notes)
         return rc;
     if (s->rank == 0)
         C10D_INFO("shm",
-                  "group %s: %d hosts, several ranks on some: all_reduce, broadcast, reduce"
-                  "%s run on shared memory within each host and over tcp between one leader "
-                  "per host (docs/shm.md)",
-                  s->group_name, s->hier.nhosts,
-                  s->hier.min_local >= 2 ? ", all_gather, reduce_scatter" : "");
+                  "group %s: %d hosts, several ranks on some: all_reduce, broadcast, reduce, "
+                  "all_gather and reduce_scatter run on shared memory within each host and over "
+                  "tcp between one leader per host (docs/shm.md)",
+                  s->group_name, s->hier.nhosts);
     if (s->hier.nlocal == 1) {
         s->hier_on = 1;
         return 0;
