@@ -155,10 +155,11 @@ static void recv_finish(struct c10d__tcp_xfer *x, int from, size_t len)
 
 /* An RTS whose sender on this host offered its buffer (FLAG_CMA): copy the
  * bytes straight from its memory, one copy instead of two through the
- * kernel's socket buffers, then acknowledge, which completes the send. 1 if
- * done; 0 if the read was refused (another user's process, ptrace
- * restrictions, a seccomp filter): the receive then asks for the bytes as
- * usual, and this transport stops trying. */
+ * kernel's socket buffers, then acknowledge (the send completes) and wait
+ * for the sender's F_FIN (the receive completes). 1 if read; 0 if the read
+ * was refused (another user's process, ptrace restrictions, a seccomp
+ * filter): the receive then asks for the bytes as usual, and this transport
+ * stops trying. */
 static int cma_read(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x, int from,
                     const struct wire *w)
 {
