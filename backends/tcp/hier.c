@@ -326,6 +326,22 @@ static void on_leaders(const struct c10d__tcp_hier *h, struct c10d__tcp_hier_pha
         p->op.root = h->host_of[p->op.root];
 }
 
+/* The leaders' exchange of whole hosts: an all_to_all of g's lists. */
+static struct c10d__tcp_hier_phase *add_exchange(const struct c10d__tcp_hier *h,
+                                                 const struct c10d__op *op, int rank,
+                                                 const int *leaders, const struct gen_bufs *g,
+                                                 struct c10d__tcp_hier_phase *ph, int *n)
+{
+    struct c10d__tcp_hier_phase *p = add(ph, n, op, C10D_OP_ALL_TO_ALL);
+    p->op.send = p->op.recv = NULL;
+    p->op.sends = g->sends;
+    p->op.recvs = g->recvs;
+    p->op.send_counts = g->scounts;
+    p->op.recv_counts = g->rcounts;
+    on_leaders(h, p, rank, leaders);
+    return p;
+}
+
 /* all_gather, any placement: gather the host's blocks at the leader (host
  * order); the leaders exchange whole hosts; the leader unpacks them into the
  * output and broadcasts it. */
@@ -352,13 +368,7 @@ static int gen_all_gather(const struct c10d__tcp_hier *h, const struct c10d__op 
             g.recvs[k] = g.b + (size_t)h->host_off[k] * c * esz;
             g.rcounts[k] = (size_t)h->host_count[k] * c;
         }
-        p = add(ph, &n, op, C10D_OP_ALL_TO_ALL);
-        p->op.send = p->op.recv = NULL;
-        p->op.sends = g.sends;
-        p->op.recvs = g.recvs;
-        p->op.send_counts = g.scounts;
-        p->op.recv_counts = g.rcounts;
-        on_leaders(h, p, rank, leaders);
+        p = add_exchange(h, op, rank, leaders, &g, ph, &n);
         p->after = unpack_blocks;
         p->from = g.b;
         p->to = op->recv;
@@ -406,14 +416,8 @@ static int gen_reduce_scatter(const struct c10d__tcp_hier *h, const struct c10d_
             g.recvs[k] = g.c + (size_t)k * h->nlocal * c * esz;
             g.rcounts[k] = (size_t)h->nlocal * c;
         }
-        p = add(ph, &n, op, C10D_OP_ALL_TO_ALL);
+        p = add_exchange(h, op, rank, leaders, &g, ph, &n);
         p->op.redop = leaders_op;
-        p->op.send = p->op.recv = NULL;
-        p->op.sends = g.sends;
-        p->op.recvs = g.recvs;
-        p->op.send_counts = g.scounts;
-        p->op.recv_counts = g.rcounts;
-        on_leaders(h, p, rank, leaders);
         p->after = reduce_partials;
         p->from = p->to = g.c;
         p->per_rank = c;
