@@ -113,13 +113,8 @@ static int ask_generation(c10d_store *ns, int rank, uint64_t deadline, int64_t *
                           ticket, rank);
     if (rc < 0)
         return rc;
-    void *value = NULL;
-    size_t len = 0;
-    C10D_CHECK(c10d_store_get_sync(ns, answer, &value, &len));
     char text[32];
-    snprintf(text, sizeof text, "%.*s", (int)(len < sizeof text ? len : sizeof text - 1),
-             (const char *)value);
-    free(value);
+    C10D_CHECK(c10d__store_get_text_sync(ns, answer, text, sizeof text, NULL));
     char *end;
     long long g = strtoll(text, &end, 10);
     if (*end || g <= 0)

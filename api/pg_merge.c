@@ -37,13 +37,9 @@ static int read_size(c10d_store *st, int r, int *asked)
     C10D_CHECK(c10d_store_check_sync(st, keys, 1, &ready));
     if (!ready)
         return 0;
-    void *v = NULL;
     size_t len = 0;
-    C10D_CHECK(c10d_store_get_sync(st, key, &v, &len));
     char buf[24];
-    snprintf(buf, sizeof buf, "%.*s", (int)(len < sizeof buf ? len : sizeof buf - 1),
-             (const char *)v);
-    free(v);
+    C10D_CHECK(c10d__store_get_text_sync(st, key, buf, sizeof buf, &len));
     char *end = NULL;
     long n = strtol(buf, &end, 10);
     if (len == 0 || end == NULL || *end != '\0' || n <= 0 || n > 1 << 30)

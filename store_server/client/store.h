@@ -128,6 +128,10 @@ int c10d__store_op_run_sync(c10d_store *s, struct c10d__store_op *op, int64_t ti
  * cost a round trip. */
 int c10d__store_get_within_sync(c10d_store *s, const char *key, int64_t timeout_ms, void **value,
                                 size_t *len);
+/* c10d_store_get_sync of a short text value (a count, a generation): the
+ * value's first cap - 1 bytes into text, NUL-terminated; *len (if not NULL)
+ * gets the value's whole length. */
+int c10d__store_get_text_sync(c10d_store *s, const char *key, char *text, size_t cap, size_t *len);
 /* The library's own asynchronous store calls (group layer, backends): submits
  * `req` and calls cb on the loop thread once it finished, with the result in
  * c10d_store_work_result(work) during the call. cb may be NULL (fire and

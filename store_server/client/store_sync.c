@@ -7,6 +7,7 @@
 
 #include "engine/work.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -144,6 +145,18 @@ int c10d_store_get_sync(c10d_store *s, const char *key, void **value, size_t *le
 {
     c10d_store_request q = REQUEST(.op = C10D_STORE_OP_GET, .key = key);
     return run_data(s, &q, "get", value, len);
+}
+
+int c10d__store_get_text_sync(c10d_store *s, const char *key, char *text, size_t cap, size_t *len)
+{
+    void *v = NULL;
+    size_t n = 0;
+    C10D_CHECK(c10d_store_get_sync(s, key, &v, &n));
+    snprintf(text, cap, "%.*s", (int)(n < cap ? n : cap - 1), (const char *)v);
+    free(v);
+    if (len != NULL)
+        *len = n;
+    return 0;
 }
 
 int c10d__store_get_within_sync(c10d_store *s, const char *key, int64_t timeout_ms, void **value,
