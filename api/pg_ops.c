@@ -92,6 +92,45 @@ static void call_completion_hook(c10d_pg_completion_hook hook, void *arg, c10d_w
     hook(&info, arg);
 }
 
+struct deferred_hook {
+    c10d_pg_completion_hook hook;
+    void *arg;
+    c10d_work_info info;
+};
+
+static void deferred_hook_fn(void *arg)
+{
+    struct deferred_hook *d = arg;
+    d->hook(&d->info, d->arg);
+    free(d);
+}
+
+/* A success completed on the waiting thread (its op ran there, docs/engine.md):
+ * the user's hook still runs on the loop, as every user callback does. */
+static void defer_completion_hook(c10d_pg_completion_hook hook, void *arg, c10d_work *w, int status,
+                                  const struct c10d__pg_op *po)
+{
+    struct deferred_hook *d = calloc(1, sizeof *d);
+    if (d == NULL)
+        return; /* out of memory: this op goes unreported */
+    d->hook = hook;
+    d->arg = arg;
+    d->info = (c10d_work_info){
+        .op_type = po->next_in_list != NULL ? "COALESCED" : c10d__op_kind_name(po->op.kind),
+        .seq = po->op.seq,
+        .status = status,
+        .time_started_us = po->started_ns != 0 ? po->started_wall_us : wall_us(),
+        .time_finished_us = wall_us(),
+        .active_duration_ms =
+            po->started_ns != 0 ? (double)(c10d__now_ns() - po->started_ns) / 1e6 : 0,
+    };
+    (void)w;
+    if (c10d__engine_call(deferred_hook_fn, d) != 0)
+        free(d);
+}
+
+/* Runs anywhere on success (the bookkeeping below takes only the group's
+ * mutex, which no caller holds while waiting); failures run on the loop. */
 static void op_done(c10d_work *w, int status, void *arg)
 {
     struct c10d__pg_op *po = arg;
@@ -111,9 +150,11 @@ static void op_done(c10d_work *w, int status, void *arg)
     c10d_pg_completion_hook hook = po->internal ? NULL : pg->completion_hook;
     void *hook_arg = pg->completion_arg;
     uv_mutex_unlock(&pg->mutex);
-    if (hook != NULL)
+    if (hook != NULL && c10d__on_loop_thread())
         call_completion_hook(hook, hook_arg, w, status, po);
-    if (c10d__work_on_complete(w, op_final, po) != 0)
+    else if (hook != NULL)
+        defer_completion_hook(hook, hook_arg, w, status, po);
+    if (c10d__work_on_complete_anywhere(w, op_final, po) != 0)
         op_final(w, status, po);
 }
 
@@ -257,7 +298,8 @@ int c10d__pg_post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *opty
      * the deadline itself. */
     int own_deadline = b->vt != NULL && b->vt->timeout_from_start;
     c10d_work *w;
-    C10D_CHECK(c10d__work_create(&w, what, own_deadline ? 0 : timeout));
+    /* Armed once handed over: a backend may park the op for its waiter. */
+    C10D_CHECK(c10d__work_create_unarmed(&w, what, own_deadline ? 0 : timeout));
     for (struct c10d__pg_op *po = head; po != NULL; po = po->next_in_list) {
         po->op.seq = seq;
         po->op.timeout_ms = timeout;
@@ -267,7 +309,7 @@ int c10d__pg_post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *opty
     c10d__pg_fr_record(pg, head, head->next_in_list != NULL ? optype : NULL, seq, in, out, timeout);
     if (head->fr_id != 0)
         c10d__work_set_fr_id(w, head->fr_id);
-    int rc = c10d__work_on_complete(w, op_done, head);
+    int rc = c10d__work_on_complete_anywhere(w, op_done, head);
     if (rc != 0) {
         /* Nothing registered (out of memory): fail the work, free the op. */
         c10d__work_complete(w, rc, "%s", c10d_last_error());
@@ -285,6 +327,7 @@ int c10d__pg_post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *opty
     rc = hand_over(pg, head);
     if (rc != 0)
         return rc;
+    c10d__work_arm(w);
     /* Registered after the post: a work that already completed still calls
      * back (later, on the loop). Only during shutdown can this fail; the op
      * is then aborted and the call reports it without a callback. */

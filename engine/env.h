@@ -60,6 +60,12 @@
     X(P2P_IN_PLACE, "C10D_P2P_IN_PLACE", NULL, "1",                                                \
       "tcp backend: 1 lets a rank copy a large P2P message straight from the memory of a "         \
       "sender on this host (process_vm_readv, one copy); 0: through the socket")                   \
+    X(SHM_LANE, "C10D_SHM_LANE", NULL, "1",                                                        \
+      "shared-memory path: 1 lets the thread that waits on a small collective run it itself "      \
+      "(the caller's lane); 0: the loop runs every op")                                            \
+    X(SHM_LANE_SPIN_US, "C10D_SHM_LANE_SPIN_US", NULL, "1000",                                     \
+      "shared-memory path: how long a waiting thread runs its op in the caller's lane before it "  \
+      "hands the op to the loop and sleeps")                                                       \
     X(SHM_SLOT_BYTES, "C10D_SHM_SLOT_BYTES", NULL, "262144",                                       \
       "shared-memory path: bytes of each of a rank's two slots in the segment (an op "             \
       "runs in chunks of this size; rank 0's value counts)")                                       \

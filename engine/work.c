@@ -1,4 +1,9 @@
-/* Works. Reference counting keeps a work alive while anyone may still touch it:
+/* Works. Over 800 lines because a work's states (pending, parked for a
+ * waiter, done, callbacks drained on the loop or on the completing thread)
+ * share one mutex and one reference count, and splitting them would spread
+ * that invariant over files.
+ *
+ * Reference counting keeps a work alive while anyone may still touch it:
  * the creator's reference, one for the pending list (until completion), one for
  * a posted arm/drain task, one while its deadline timer is open. Whoever drops
  * the last one frees it, so a callback may release the work it is called for.
@@ -31,7 +36,13 @@
 struct work_callback {
     c10d_work_cb cb;
     void *arg;
+    int anywhere; /* may run on the thread that completes the work (c10d__work_on_complete_anywhere)
+                   */
 };
+
+/* Where a parked work's op is (c10d__work_park): waiting for a taker, run by
+ * a waiting thread, or handed to its producer's loop. */
+enum park_state { PARK_NONE, PARK_PARKED, PARK_CLAIMED, PARK_ADOPTED };
 
 enum timer_state { TIMER_NONE, TIMER_ARMED, TIMER_CLOSING };
 
@@ -87,6 +98,12 @@ struct c10d_work {
     float duration_ms;
     /* Its flight recorder entry (record id + 1; 0: none), completed with it. */
     _Atomic uint64_t fr_id;
+    /* A parked op (c10d__work_park): who runs it is decided once, by a
+     * compare-and-swap on park_state. */
+    atomic_int park_state;
+    const struct c10d__work_park *park;
+    void *park_arg;
+    int armed; /* the deadline was handed to the loop (guarded by mutex) */
     /* Loop thread only. */
     enum timer_state timer_state;
     uv_timer_t timer;
@@ -272,7 +289,49 @@ static int schedule_drain_locked(c10d_work *w, int *run_inline)
     return rc;
 }
 
-static int work_vcomplete(c10d_work *w, int status, const char *fmt, va_list ap)
+/* w->mutex held, w done: whether the callbacks may run on this thread (a
+ * success completed off the loop, every callback left one that may run
+ * anywhere, no deadline timer to close on the loop). The waiter is then let
+ * go without a turn of the loop. */
+static int runs_here_locked(const c10d_work *w)
+{
+    if (c10d__on_loop_thread() || w->drain_posted || w->timer_state != TIMER_NONE ||
+        w->next_callback == w->ncallbacks)
+        return 0;
+    for (size_t i = w->next_callback; i < w->ncallbacks; i++)
+        if (!w->callbacks[i].anywhere)
+            return 0;
+    return 1;
+}
+
+/* The completing thread runs the callbacks that may run anywhere; the first
+ * one that may not (added meanwhile) and the rest go to the loop. Holds the
+ * drain's reference, as work_drain does. */
+static void drain_here(c10d_work *w)
+{
+    uv_mutex_lock(&w->mutex);
+    while (w->next_callback < w->ncallbacks && w->callbacks[w->next_callback].anywhere) {
+        struct work_callback c = w->callbacks[w->next_callback++];
+        int status = w->status;
+        uv_mutex_unlock(&w->mutex);
+        c.cb(w, status, c.arg);
+        uv_mutex_lock(&w->mutex);
+    }
+    if (w->next_callback < w->ncallbacks && c10d__engine_post(&w->drain_task) == 0) {
+        uv_mutex_unlock(&w->mutex); /* the drain task owns the reference now */
+        return;
+    }
+    /* Everything ran (or posting closed: the engine's last sweep runs the
+     * rest, abort_one). */
+    w->drain_posted = 0;
+    int wake = w->next_callback == w->ncallbacks && settle_locked(w);
+    uv_mutex_unlock(&w->mutex);
+    if (wake)
+        futex_wake_all(&w->settled);
+    c10d_work_release(w);
+}
+
+static int work_vcomplete(c10d_work *w, int here_ok, int status, const char *fmt, va_list ap)
 {
     char *message = NULL;
     if (fmt != NULL && *fmt != '\0' && vasprintf(&message, fmt, ap) < 0)
@@ -291,8 +350,15 @@ static int work_vcomplete(c10d_work *w, int status, const char *fmt, va_list ap)
     uint64_t rid = atomic_load(&w->fr_id);
     if (rid != 0)
         c10d__fr_completed(rid, status);
-    int run_inline = 0;
-    int rc = schedule_drain_locked(w, &run_inline);
+    int run_inline = 0, rc = 0, here = 0;
+    if (here_ok && status == 0 && runs_here_locked(w)) {
+        /* The drain is ours: add_callback sees it as scheduled. */
+        c10d_work_retain(w);
+        w->drain_posted = 1;
+        here = 1;
+    } else {
+        rc = schedule_drain_locked(w, &run_inline);
+    }
     /* Posting refused (the engine is stopping) with callbacks to run: the
      * work stays on the pending list, where the engine's last sweep, on the
      * loop thread, finds it done and runs them (abort_one). */
@@ -314,6 +380,8 @@ static int work_vcomplete(c10d_work *w, int status, const char *fmt, va_list ap)
                    w->what);
     if (run_inline)
         work_drain(w);
+    if (here)
+        drain_here(w);
     if (status < 0)
         C10D_DEBUG("work", "'%s' failed: %s: %s", w->what, c10d_status_name(status),
                    message != NULL ? message : "");
@@ -326,9 +394,23 @@ int c10d__work_complete(c10d_work *w, int status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    int rc = work_vcomplete(w, status, fmt, ap);
+    int rc = work_vcomplete(w, 0, status, fmt, ap);
     va_end(ap);
     return rc;
+}
+
+static int complete_here(c10d_work *w, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = work_vcomplete(w, 1, 0, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int c10d__work_complete_here(c10d_work *w)
+{
+    return complete_here(w, NULL);
 }
 
 static int complete_plain(c10d_work *w, int status, const char *message)
@@ -394,6 +476,8 @@ static void abandon_created(c10d_work *w)
     c10d_work_release(w);
 }
 
+static int arm(c10d_work *w);
+
 int c10d_work_create(const char *what, int64_t timeout_ms, c10d_work **out)
 {
     int rc = c10d__work_create(out, what, timeout_ms);
@@ -403,6 +487,41 @@ int c10d_work_create(const char *what, int64_t timeout_ms, c10d_work **out)
 }
 
 int c10d__work_create(c10d_work **out, const char *what, int64_t timeout_ms)
+{
+    C10D_CHECK(c10d__work_create_unarmed(out, what, timeout_ms));
+    int rc = arm(*out);
+    if (rc != 0) {
+        abandon_created(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+/* Hands the deadline to the loop (once): 0, or the posting error. */
+static int arm(c10d_work *w)
+{
+    if (w->timeout_ms <= 0)
+        return 0;
+    uv_mutex_lock(&w->mutex);
+    int first = !w->armed && !w->done;
+    w->armed = 1;
+    uv_mutex_unlock(&w->mutex);
+    if (!first)
+        return 0;
+    c10d_work_retain(w);
+    int rc = c10d__engine_post(&w->arm_task);
+    if (rc != 0)
+        c10d_work_release(w); /* the arm task's */
+    return rc;
+}
+
+void c10d__work_arm(c10d_work *w)
+{
+    if (atomic_load(&w->park_state) == PARK_NONE)
+        arm(w); /* posting closed: the shutdown's sweep ends it instead */
+}
+
+int c10d__work_create_unarmed(c10d_work **out, const char *what, int64_t timeout_ms)
 {
     if (out == NULL)
         return c10d__fail(C10D_EINVAL, "c10d_work_create: out is NULL");
@@ -436,21 +555,66 @@ int c10d__work_create(c10d_work **out, const char *what, int64_t timeout_ms)
         abandon_created(w);
         return c10d__fail(C10D_EABORTED, "c10d_work_create: the engine is shutting down");
     }
-    if (timeout_ms > 0) {
-        c10d_work_retain(w);
-        int rc = c10d__engine_post(&w->arm_task);
-        if (rc != 0) {
-            c10d_work_release(w); /* the arm task's */
-            abandon_created(w);
-            return rc;
-        }
-    }
     *out = w;
     return 0;
 }
 
-static int add_callback(c10d_work *w, c10d_work_cb cb, void *arg)
+/* ------------------------------------------------------------- parking */
+
+int c10d__work_park(c10d_work *w, const struct c10d__work_park *park, void *arg)
 {
+    uv_mutex_lock(&w->mutex);
+    int awaited = 0;
+    for (size_t i = 0; i < w->ncallbacks; i++)
+        awaited |= !w->callbacks[i].anywhere;
+    if (!awaited) {
+        w->park = park;
+        w->park_arg = arg;
+        atomic_store(&w->park_state, PARK_PARKED);
+    }
+    uv_mutex_unlock(&w->mutex);
+    return awaited ? -1 : 0;
+}
+
+/* Claimed or taken: the loop has it from now on, deadline included. */
+static void adopted(c10d_work *w)
+{
+    atomic_store(&w->park_state, PARK_ADOPTED);
+    arm(w);
+}
+
+int c10d__work_unpark(c10d_work *w)
+{
+    int expected = PARK_PARKED;
+    if (!atomic_compare_exchange_strong(&w->park_state, &expected, PARK_ADOPTED))
+        return 0;
+    w->park->adopt(w->park_arg);
+    arm(w);
+    return 1;
+}
+
+/* A waiting thread takes a parked op and runs it here. */
+static void run_parked(c10d_work *w, uint64_t deadline_ns)
+{
+    int expected = PARK_PARKED;
+    if (atomic_load_explicit(&w->park_state, memory_order_relaxed) != PARK_PARKED ||
+        !atomic_compare_exchange_strong(&w->park_state, &expected, PARK_CLAIMED))
+        return;
+    /* It stops at the op's own deadline too: the loop's timer then fails
+     * it at once, in the watchdog's words. */
+    if (w->timeout_ms > 0) {
+        uint64_t own = ((uint64_t)w->created_ms + (uint64_t)w->timeout_ms) * 1000000u;
+        if (deadline_ns == 0 || own < deadline_ns)
+            deadline_ns = own;
+    }
+    if (w->park->run(w->park_arg, deadline_ns) == 0)
+        adopted(w);
+}
+
+static int add_callback(c10d_work *w, c10d_work_cb cb, void *arg, int anywhere)
+{
+    if (!anywhere) /* it is awaited on the loop: the loop runs it */
+        c10d__work_unpark(w);
     uv_mutex_lock(&w->mutex);
     if (w->ncallbacks == w->callbacks_cap) {
         size_t cap = w->callbacks_cap ? 2 * w->callbacks_cap : 2;
@@ -462,7 +626,7 @@ static int add_callback(c10d_work *w, c10d_work_cb cb, void *arg)
         w->callbacks = grown;
         w->callbacks_cap = cap;
     }
-    w->callbacks[w->ncallbacks++] = (struct work_callback){cb, arg};
+    w->callbacks[w->ncallbacks++] = (struct work_callback){cb, arg, anywhere};
     int rc = 0, run_inline = 0;
     if (w->done) {
         rc = schedule_drain_locked(w, &run_inline);
@@ -483,12 +647,17 @@ int c10d_work_on_complete(c10d_work *w, c10d_work_cb cb, void *arg)
     if (w == NULL || cb == NULL)
         return c10d__fail(C10D_EINVAL, "c10d_work_on_complete: %s is NULL",
                           w == NULL ? "work" : "callback");
-    return add_callback(w, cb, arg);
+    return add_callback(w, cb, arg, 0);
 }
 
 int c10d__work_on_complete(c10d_work *w, c10d_work_cb cb, void *arg)
 {
-    return add_callback(w, cb, arg);
+    return add_callback(w, cb, arg, 0);
+}
+
+int c10d__work_on_complete_anywhere(c10d_work *w, c10d_work_cb cb, void *arg)
+{
+    return add_callback(w, cb, arg, 1);
 }
 
 /* blocking: torch's blocking wait (the public call with a deadline under
@@ -506,6 +675,7 @@ static int work_wait(c10d_work *w, int64_t timeout_ms, int blocking)
     if (timeout_ms > MAX_WAIT_MS) /* beyond a century: no deadline (and no overflow) */
         timeout_ms = -1;
     uint64_t deadline = timeout_ms >= 0 ? c10d__now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
+    run_parked(w, deadline);
     int64_t spin_us = c10d__env_int(C10D_ENV_WAIT_SPIN_US);
     if (spin_us > 0) {
         /* Watch the work for a while before sleeping: an op that completes
@@ -601,6 +771,7 @@ int c10d_work_cancel(c10d_work *w)
 {
     if (w == NULL)
         return c10d__fail(C10D_EINVAL, "c10d_work_cancel: work is NULL");
+    c10d__work_unpark(w); /* polled: the loop runs it from now on */
     uv_mutex_lock(&w->mutex);
     int done = w->done, user = w->user_created;
     int (*fn)(c10d_work *, void *) = w->cancel;
@@ -624,6 +795,7 @@ int c10d_work_test(c10d_work *w)
 {
     if (w == NULL)
         return c10d__fail(C10D_EINVAL, "c10d_work_test: work is NULL");
+    c10d__work_unpark(w); /* polled: the loop runs it from now on */
     uv_mutex_lock(&w->mutex);
     int done = w->done;
     uv_mutex_unlock(&w->mutex);
@@ -634,6 +806,7 @@ int c10d_work_status(c10d_work *w)
 {
     if (w == NULL)
         return C10D_EINVAL;
+    c10d__work_unpark(w); /* polled: the loop runs it from now on */
     uv_mutex_lock(&w->mutex);
     int status = w->done ? w->status : C10D_PENDING;
     uv_mutex_unlock(&w->mutex);

@@ -17,6 +17,45 @@ int c10d__work_complete(c10d_work *work, int status, const char *fmt, ...) C10D_
  * them unless their producer set a cancel hook. */
 int c10d__work_create(c10d_work **out, const char *what, int64_t timeout_ms);
 
+/* As c10d__work_create, with the deadline not handed to the loop yet:
+ * c10d__work_arm does that (counting from creation), unless the work was
+ * parked meanwhile (whoever takes it from the park arms it). */
+int c10d__work_create_unarmed(c10d_work **out, const char *what, int64_t timeout_ms);
+void c10d__work_arm(c10d_work *w);
+/* As c10d__work_on_complete, for a callback that may also run on the thread
+ * that completes the work with success off the loop (so it takes no lock a
+ * waiter may hold, makes no uv call, calls no user code). When every callback
+ * of a work is such, that thread runs them and lets the waiters go: no turn
+ * of the loop. */
+int c10d__work_on_complete_anywhere(c10d_work *w, c10d_work_cb cb, void *arg);
+
+/* Completes the work with success on this thread, which is waiting for it
+ * and holds no lock: callbacks registered with c10d__work_on_complete_anywhere
+ * run here, and waiters go without a turn of the loop (any others run on the
+ * loop, as always). Not from a submit path: the group's mutex is held there. */
+int c10d__work_complete_here(c10d_work *w);
+
+/* Parking: a producer that can run its op on a waiting thread leaves it
+ * parked instead of handing it to the loop. One compare-and-swap decides who
+ * takes it, once: c10d_work_wait on another thread than the loop calls `run`
+ * there; anything else that awaits it from the loop (a callback, a poll with
+ * c10d_work_test or c10d_work_status, c10d_work_cancel, c10d__work_unpark)
+ * calls `adopt`. The deadline is armed when the loop takes the op; a waiter
+ * stops at it by itself. */
+struct c10d__work_park {
+    /* Runs the op on the waiting thread until it completed the work (1) or
+     * until deadline_ns (c10d__now_ns; 0: none) or the producer's own limit,
+     * then hands it to the loop as adopt does (0). */
+    int (*run)(void *arg, uint64_t deadline_ns);
+    /* Hands the op to the loop; any thread. */
+    void (*adopt)(void *arg);
+};
+/* 0, or -1 if a callback that runs on the loop awaits it already (its
+ * producer hands the op to the loop itself). */
+int c10d__work_park(c10d_work *w, const struct c10d__work_park *park, void *arg);
+/* Hands a parked work's op to the loop: 1 if this call did, 0 if it was not
+ * parked (never, run by a waiter, or taken already). */
+int c10d__work_unpark(c10d_work *w);
 /* As c10d_work_on_complete, for the library's own bookkeeping callbacks (the
  * same rules: the loop thread, in registration order, after completion). */
 int c10d__work_on_complete(c10d_work *w, c10d_work_cb cb, void *arg);

@@ -494,3 +494,26 @@ int c10d__shm_coll_progress(struct c10d__shm_coll *a, int *moved)
         }
     }
 }
+
+int c10d__shm_coll_one_chunk(const struct c10d__op *op, size_t slot_bytes, int nranks)
+{
+    if (counted(op))
+        return 0;
+    if (op->kind == C10D_OP_BARRIER)
+        return 1;
+    size_t esz = c10d_dtype_size(op->dtype);
+    size_t chunk = slot_bytes / esz / (spread(op->kind) ? (size_t)nranks : 1);
+    if (op->count > chunk)
+        return 0;
+    return op->kind != C10D_OP_ALL_REDUCE || op->count * esz <= C10D_SHM_SMALL_MAX;
+}
+
+int c10d__shm_coll_arrived(const struct c10d__shm_coll *a)
+{
+    return a->phase != PH_WRITE;
+}
+
+int c10d__shm_coll_done(const struct c10d__shm_coll *a)
+{
+    return a->phase == PH_DONE;
+}

@@ -4,15 +4,19 @@
 
 #include "engine/error.h"
 #include "engine/log.h"
+#include "engine/loop.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -340,17 +344,55 @@ void c10d__shm_awake(struct c10d__shm_seg *seg)
  * it blocks wakes it as well). A full pipe already wakes it (EAGAIN); a
  * doorbell whose reader is gone (EPIPE: the loop thread blocks SIGPIPE) or
  * any other error falls back to the tcp ring. */
+/* A thread of the caller's (the waiter's lane, docs/engine.md) does not
+ * block SIGPIPE as the loop thread does: a closed doorbell must not end the
+ * process, so the signal is blocked around the write and a pending one it
+ * raised is taken back. Only a rank that sleeps is rung: never per op. */
+static ssize_t bell_write(int fd)
+{
+    static const char one = 1;
+    if (c10d__on_loop_thread())
+        return write(fd, &one, 1);
+    sigset_t pipe_set, old;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+    ssize_t n = write(fd, &one, 1);
+    int err = errno;
+    if (n < 0 && err == EPIPE && !sigismember(&old, SIGPIPE)) {
+        const struct timespec zero = {0, 0};
+        sigtimedwait(&pipe_set, NULL, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    errno = err;
+    return n;
+}
+
 static int bell_ring(struct c10d__shm_seg *seg, int r)
 {
     int fd = bell_of(seg, r);
     if (fd < 0)
         return -1;
-    static const char one = 1;
-    if (write(fd, &one, 1) == 1 || errno == EAGAIN) {
+    if (bell_write(fd) == 1 || errno == EAGAIN) {
         atomic_fetch_add_explicit(&rung_by_bell, 1, memory_order_relaxed);
         return 0;
     }
     return -1;
+}
+
+int c10d__shm_bells_all(struct c10d__shm_seg *seg)
+{
+    for (int r = 0; r < seg->nranks; r++) {
+        if (r == seg->rank)
+            continue;
+        /* Not published yet: asked again later, not given up for good. */
+        if (seg->peer_bell[r] == -2 &&
+            atomic_load_explicit(&seg->ctl[r].bell, memory_order_acquire) == 0)
+            return 0;
+        if (bell_of(seg, r) < 0)
+            return 0;
+    }
+    return 1;
 }
 
 void c10d__shm_wake_sleepers(struct c10d__shm_seg *seg, void (*ring)(void *arg, int r), void *arg)

@@ -101,6 +101,8 @@ void c10d__shm_sleepy(struct c10d__shm_seg *seg);
  * a peer ring a rank that may have left the group since). */
 void c10d__shm_awake(struct c10d__shm_seg *seg);
 void c10d__shm_wake_sleepers(struct c10d__shm_seg *seg, void (*ring)(void *arg, int r), void *arg);
+/* 1 if every peer's doorbell opens here (none has to be rung over tcp). */
+int c10d__shm_bells_all(struct c10d__shm_seg *seg);
 /* The read end of this rank's doorbell (its loop polls it; it does not own
  * it), or -1 if it has none. */
 int c10d__shm_bell_fd(const struct c10d__shm_seg *seg);

@@ -20,6 +20,7 @@
 
 #include "coll.h"
 #include "hier.h"
+#include "lane.h"
 #include "rails.h"
 #include "transport.h"
 
@@ -99,7 +100,15 @@ struct tcp_state {
     struct c10d__tcp_transport *t;
     struct c10d__tcp_tuning tune;
     int refs;             /* the owner's, each registered work callback, a posted advance */
-    atomic_int submitted; /* ops tcp_submit posted whose task has not run */
+    atomic_int submitted; /* ops tcp_submit took whose task has not run, or still in the lane */
+    /* The state's last holder frees it: the loop, or a thread that ran the
+     * lane's op after the loop let go (free_pending). */
+    uv_mutex_t life_mutex;
+    int free_pending;
+    /* Small collectives the waiting thread runs (lane.h). */
+    struct c10d__tcp_lane lane;
+    struct c10d__task kick_task;
+    atomic_int kick_posted;
     int destroyed;
     int poisoned;
     int poison_status;
@@ -229,15 +238,39 @@ static void state_free(struct tcp_state *s)
     free(s->scratch);
     free(s->lost_ranks);
     free(s->group_name);
+    c10d__tcp_lane_destroy(&s->lane);
+    uv_mutex_destroy(&s->life_mutex);
     free(s);
 }
 
-/* Freed once no reference is left and no submitted op still waits for its
- * task (tcp_submit counts those atomically: it runs on callers' threads). */
+/* Loop, once no reference is left: freed now if no submitted op still
+ * waits for its task or runs in the lane (tcp_submit and the lane count those
+ * on callers' threads), else by the last of them (submitted_done). */
+static void state_last_ref(struct tcp_state *s)
+{
+    uv_mutex_lock(&s->life_mutex);
+    int now = atomic_load(&s->submitted) == 0;
+    if (!now)
+        s->free_pending = 1;
+    uv_mutex_unlock(&s->life_mutex);
+    if (now)
+        state_free(s);
+}
+
+/* Any thread: a submitted op's task ran, or the lane's op completed. */
+static void submitted_done(struct tcp_state *s)
+{
+    uv_mutex_lock(&s->life_mutex);
+    int last = atomic_fetch_sub(&s->submitted, 1) == 1 && s->free_pending;
+    uv_mutex_unlock(&s->life_mutex);
+    if (last)
+        state_free(s); /* no uv handle left: its bells closed with state_destroy */
+}
+
 static void state_unref(struct tcp_state *s)
 {
-    if (--s->refs == 0 && atomic_load(&s->submitted) == 0)
-        state_free(s);
+    if (--s->refs == 0)
+        state_last_ref(s);
 }
 
 static void start_next(struct tcp_state *s);
@@ -320,6 +353,8 @@ static void op_complete(struct tcp_state *s, struct tcp_op *o, int status, const
     o->coll.failed = 1;
     self_forget(s, o);
     unlink_op(s, o);
+    if (!o->p2p)
+        c10d__tcp_lane_loop_done(&s->lane);
     if (status == 0)
         c10d__work_complete(o->work, 0, NULL);
     else
@@ -361,7 +396,8 @@ static void group_fail(struct tcp_state *s, int status, const char *fmt, ...)
         op_complete(s, s->queue_head, status, s->poison_msg);
     while (s->p2p_ops != NULL)
         op_complete(s, s->p2p_ops, status, s->poison_msg);
-    if (s->hier_pending) { /* failed while waiting for the host's segment */
+    c10d__tcp_lane_unpark(&s->lane); /* it fails on the loop */
+    if (s->hier_pending) {           /* failed while waiting for the host's segment */
         s->hier_pending = 0;
         c10d__fail(status, "%s", s->poison_msg);
         connect_finished(s, status);
@@ -407,6 +443,8 @@ static void on_work_done(c10d_work *work, int status, void *arg)
         found->completed = 1;
         found->coll.failed = 1;
         unlink_op(s, found);
+        if (!found->p2p)
+            c10d__tcp_lane_loop_done(&s->lane);
         /* The deadline's own text: torch's watchdog words for a user's op
          * (SeqNum, NumelIn/Out as the group counts them), the internal op's
          * own name for the group's helpers (monitored_barrier). */
@@ -532,6 +570,8 @@ static void shm_done(struct c10d__poll_item *item)
     op_unref(o);
 }
 
+static int shm_poll(struct tcp_op *o);
+
 /* Runs `op` on `seg` as far as it can now; the poller takes it from there. */
 static int shm_coll(struct tcp_op *o, struct c10d__shm_seg *seg, const struct c10d__op *op)
 {
@@ -545,6 +585,14 @@ static int shm_coll(struct tcp_op *o, struct c10d__shm_seg *seg, const struct c1
                               c10d__op_kind_name(op->kind), copy_bytes);
         c10d__shm_coll_set_copy(&o->shm, copy);
     }
+    return shm_poll(o);
+}
+
+/* Polls o->shm, started, until done: here as far as it goes, then on the
+ * loop's poller. */
+static int shm_poll(struct tcp_op *o)
+{
+    struct c10d__tcp_coll *c = &o->coll;
     o->poll.ready = shm_ready;
     o->poll.done = shm_done;
     o->refs++;
@@ -691,7 +739,8 @@ started:
 
 static void start_next(struct tcp_state *s)
 {
-    while (s->active == NULL && s->queue_head != NULL && !s->poisoned) {
+    while (s->active == NULL && s->queue_head != NULL && !s->poisoned &&
+           !c10d__tcp_lane_held(&s->lane)) {
         struct tcp_op *o = s->queue_head;
         list_remove(&s->queue_head, &s->queue_tail, o);
         s->active = o;
@@ -828,21 +877,55 @@ static int tcp_check(const struct c10d__op *op)
     return 0;
 }
 
+static int is_p2p_kind(enum c10d__op_kind k)
+{
+    return k == C10D_OP_SEND || k == C10D_OP_RECV;
+}
+
+/* The lane's op, handed over where it stands: it runs first (the lane held
+ * back every collective the loop got meanwhile), polled from its state. */
+static void run_taken(struct tcp_state *s, struct tcp_op *o, const struct c10d__shm_coll *taken)
+{
+    struct c10d__tcp_coll *c = &o->coll;
+    o->cur = o->head;
+    c->t = c10d__tcp_rails_pick(s->rails, o->head->seq);
+    c->op = o->head;
+    c->rank = s->rank;
+    c->size = s->size;
+    c->esz = c10d_dtype_size(o->head->dtype);
+    c->finished = coll_finished;
+    c10d__fp_of(o->head, s->size, &c->fp);
+    s->active = o;
+    o->linked = 1;
+    o->shm = *taken;
+    if (shm_poll(o) < 0 && !o->completed)
+        group_fail(s, C10D_EABORTED, "%s", c10d_last_error());
+}
+
 static void tcp_run(void *state, struct c10d__op *op)
 {
     struct tcp_state *s = state;
     free_dead(s); /* never called from inside an op's own frames */
+    int coll = !is_p2p_kind(op->kind);
+    struct c10d__shm_coll taken;
+    int from_lane = coll && c10d__tcp_lane_taken(&s->lane, op, &taken);
     if (s->poisoned || s->destroyed) {
         c10d__work_complete(op->work, s->poisoned ? s->poison_status : C10D_EABORTED,
                             "tcp %s seq %llu (group %s, rank %d): the group failed earlier: %s",
                             c10d__op_kind_name(op->kind), (unsigned long long)op->seq,
                             s->group_name, s->rank, s->poisoned ? s->poison_msg : "destroyed");
+        if (coll)
+            c10d__tcp_lane_loop_done(&s->lane);
         return;
     }
     struct tcp_op *o = calloc(1, sizeof *o);
     if (o == NULL) {
         c10d__work_complete(op->work, C10D_ENOMEM, "tcp %s seq %llu: out of memory",
                             c10d__op_kind_name(op->kind), (unsigned long long)op->seq);
+        if (coll)
+            c10d__tcp_lane_loop_done(&s->lane);
+        if (from_lane) /* its slot is written, the peers went on: the group cannot */
+            group_fail(s, C10D_ENOMEM, "tcp: out of memory");
         return;
     }
     o->s = s;
@@ -862,6 +945,10 @@ static void tcp_run(void *state, struct c10d__op *op)
         run_p2p(s, o);
         return;
     }
+    if (from_lane) {
+        run_taken(s, o, &taken);
+        return;
+    }
     list_append(&s->queue_head, &s->queue_tail, o);
     o->linked = 1;
     start_next(s);
@@ -872,8 +959,41 @@ static void run_task(struct c10d__task *t)
     struct c10d__op *op = (struct c10d__op *)((char *)t - offsetof(struct c10d__op, task));
     struct tcp_state *s = op->state;
     tcp_run(s, op);
-    if (atomic_fetch_sub(&s->submitted, 1) == 1 && s->refs == 0)
-        state_free(s);
+    submitted_done(s);
+}
+
+/* The lane let go while collectives waited (lane.h): start them. */
+static void kick_fn(struct c10d__task *t)
+{
+    struct tcp_state *s = (struct tcp_state *)((char *)t - offsetof(struct tcp_state, kick_task));
+    atomic_store(&s->kick_posted, 0);
+    if (!s->destroyed)
+        start_next(s);
+    submitted_done(s);
+}
+
+static void lane_kick(void *owner)
+{
+    struct tcp_state *s = owner;
+    if (atomic_exchange(&s->kick_posted, 1))
+        return;
+    atomic_fetch_add(&s->submitted, 1); /* keeps the state until it ran */
+    s->kick_task.fn = kick_fn;
+    if (c10d__engine_post(&s->kick_task) != 0) {
+        atomic_store(&s->kick_posted, 0);
+        submitted_done(s);
+    }
+}
+
+static int lane_to_loop(void *owner, struct c10d__op *op)
+{
+    (void)owner;
+    return c10d__engine_post(&op->task); /* its submitted count goes with it */
+}
+
+static void lane_done(void *owner)
+{
+    submitted_done(owner);
 }
 
 /* The caller's thread: only posts. The group submits nothing after it asked
@@ -885,9 +1005,16 @@ static int tcp_submit(void *state, struct c10d__op *op)
     op->state = s;
     op->task.fn = run_task;
     atomic_fetch_add(&s->submitted, 1);
+    int coll = !is_p2p_kind(op->kind);
+    if (coll && c10d__tcp_lane_try(&s->lane, op))
+        return 0;
+    if (coll)
+        c10d__tcp_lane_loop_add(&s->lane);
     int rc = c10d__engine_post(&op->task);
     if (rc != 0) {
-        atomic_fetch_sub(&s->submitted, 1);
+        if (coll)
+            c10d__tcp_lane_loop_done(&s->lane);
+        submitted_done(s);
         return c10d__fail(rc, "tcp %s seq %llu: the engine is shutting down",
                           c10d__op_kind_name(op->kind), (unsigned long long)op->seq);
     }
@@ -910,6 +1037,7 @@ static void state_destroy(struct tcp_state *s)
     if (!s->poisoned && (s->active != NULL || s->queue_head != NULL || s->p2p_ops != NULL))
         group_fail(s, C10D_EABORTED, "the group was destroyed with operations pending");
     s->destroyed = 1;
+    c10d__tcp_lane_unpark(&s->lane);
     close_bells(s);
     if (s->rails != NULL)
         c10d__tcp_rails_free(s->rails);
@@ -959,6 +1087,13 @@ int c10d__tcp_open(const struct c10d__backend_config *cfg, void **state, const c
     s->group_name = strdup(cfg->group_name != NULL ? cfg->group_name : "0");
     s->timeout_ms = cfg->timeout_ms;
     s->refs = 1;
+    uv_mutex_init(&s->life_mutex);
+    c10d__tcp_lane_init(&s->lane);
+    s->lane.failed = &s->failed_status;
+    s->lane.owner = s;
+    s->lane.to_loop = lane_to_loop;
+    s->lane.kick = lane_kick;
+    s->lane.done = lane_done;
     int64_t v;
     v = c10d__env_int(C10D_ENV_TCP_RD_MAX);
     s->tune.rd_max = v > 0 ? (size_t)v : 0;
@@ -1027,6 +1162,8 @@ static int choose_shm(struct tcp_state *s, const char *const *notes)
     }
     if (rc > 0)
         s->shm_bell = c10d__shm_bell_listen(s->shm);
+    if (rc > 0)
+        s->lane.seg = s->shm; /* before the group's first op: set up on creation */
     if (rc > 0 && s->rank == 0)
         C10D_INFO("shm",
                   "group %s: every rank is on this host: collectives run on shared memory "

@@ -1,0 +1,224 @@
+/* The caller's lane (lane.h). Who touches what: the lane's holder alone
+ * reads and writes `op` and `coll` (the submitter until it parks the op, then
+ * the one thread that takes it from its work, then the loop); the work's
+ * park decides that taker once. */
+#include "lane.h"
+
+#include "backends/fingerprint.h"
+#include "engine/env.h"
+#include "engine/error.h"
+#include "engine/loop.h"
+#include "engine/work.h"
+
+#include <sched.h>
+
+#define LANE_HELD  0x80000000u
+#define LANE_COUNT 0x7fffffffu
+
+/* Before yielding between looks: a peer a few microseconds behind costs no
+ * system call. */
+#define SPIN_BEFORE_YIELD_NS 20000u
+
+/* Tests: ops completed by their waiting thread, ops handed to the loop. */
+static atomic_uint_fast64_t ran_here, handed;
+
+void c10d__tcp_lane_counts(uint64_t *here, uint64_t *to_loop)
+{
+    *here = atomic_load(&ran_here);
+    *to_loop = atomic_load(&handed);
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+void c10d__tcp_lane_init(struct c10d__tcp_lane *l)
+{
+    uv_mutex_init(&l->mutex);
+    atomic_init(&l->word, 0);
+    atomic_init(&l->op, NULL);
+    l->on = c10d__env_bool(C10D_ENV_SHM_LANE);
+    l->spin_us = c10d__env_int(C10D_ENV_SHM_LANE_SPIN_US);
+}
+
+void c10d__tcp_lane_destroy(struct c10d__tcp_lane *l)
+{
+    uv_mutex_destroy(&l->mutex);
+}
+
+static c10d_work *take_parked(struct c10d__tcp_lane *l)
+{
+    uv_mutex_lock(&l->mutex);
+    c10d_work *w = l->parked;
+    l->parked = NULL;
+    uv_mutex_unlock(&l->mutex);
+    return w;
+}
+
+/* The holder lets go of an op that will not reach the loop (posting closed):
+ * it fails here. */
+static void fail_here(struct c10d__tcp_lane *l, struct c10d__op *op)
+{
+    atomic_store(&l->op, NULL);
+    atomic_fetch_and(&l->word, ~LANE_HELD);
+    c10d__work_complete(op->work, C10D_EABORTED, "tcp %s seq %llu: the engine is shutting down",
+                        c10d__op_kind_name(op->kind), (unsigned long long)op->seq);
+    l->done(l->owner);
+}
+
+/* The holder hands the op, where it stands, to the loop. */
+static void hand_to_loop(struct c10d__tcp_lane *l)
+{
+    struct c10d__op *op = atomic_load(&l->op);
+    atomic_fetch_add_explicit(&handed, 1, memory_order_relaxed);
+    if (l->to_loop(l->owner, op) != 0)
+        fail_here(l, op);
+}
+
+static void ring_none(void *arg, int r)
+{
+    /* Every doorbell opened before the op took the lane; one that fails now
+     * belongs to a rank whose loop is gone, and its group fails over tcp. */
+    (void)arg;
+    (void)r;
+}
+
+static int lane_run(void *arg, uint64_t deadline_ns)
+{
+    struct c10d__tcp_lane *l = arg;
+    c10d_work *w = take_parked(l);
+    uint64_t start = c10d__now_ns();
+    uint64_t spin_end = start + (uint64_t)(l->spin_us > 0 ? l->spin_us : 0) * 1000u;
+    int rc;
+    for (unsigned n = 1;; n++) {
+        int moved;
+        rc = c10d__shm_coll_progress(&l->coll, &moved);
+        if (rc != 0)
+            break;
+        if ((n & 63) == 0) {
+            uint64_t now = c10d__now_ns();
+            /* A failure, the deadline, a shutdown that ended the work, or
+             * the spin limit: the loop takes it from here. */
+            if (now >= spin_end || (deadline_ns != 0 && now >= deadline_ns) ||
+                atomic_load_explicit(l->failed, memory_order_acquire) != 0 || c10d_work_test(w))
+                break;
+            if (now - start > SPIN_BEFORE_YIELD_NS)
+                sched_yield();
+        }
+        cpu_relax();
+    }
+    if (rc != 1) {
+        hand_to_loop(l); /* a mismatch fails the group there, as for any shm op */
+        c10d_work_release(w);
+        return 0;
+    }
+    /* The lane goes first (collectives the loop got meanwhile may start),
+     * then the work (its callbacks may end the group), then the state. */
+    atomic_store(&l->op, NULL);
+    if (atomic_fetch_and(&l->word, ~LANE_HELD) & LANE_COUNT)
+        l->kick(l->owner);
+    atomic_fetch_add_explicit(&ran_here, 1, memory_order_relaxed);
+    c10d__work_complete_here(w);
+    l->done(l->owner);
+    c10d_work_release(w);
+    return 1;
+}
+
+static void lane_adopt(void *arg)
+{
+    struct c10d__tcp_lane *l = arg;
+    c10d_work *w = take_parked(l);
+    hand_to_loop(l);
+    c10d_work_release(w);
+}
+
+static const struct c10d__work_park lane_park = {lane_run, lane_adopt};
+
+int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
+{
+    struct c10d__shm_seg *seg = l->seg;
+    if (seg == NULL || !l->on || op->next != NULL || c10d__on_loop_thread() ||
+        atomic_load_explicit(l->failed, memory_order_acquire) != 0 ||
+        !c10d__shm_coll_supports(op, seg->slot_bytes, seg->nranks) ||
+        !c10d__shm_coll_one_chunk(op, seg->slot_bytes, seg->nranks))
+        return 0;
+    unsigned idle = 0;
+    if (!atomic_compare_exchange_strong(&l->word, &idle, LANE_HELD))
+        return 0;
+    /* A rank whose loop sleeps is rung through its doorbell only: the tcp
+     * ring belongs to the loop. */
+    if (!l->bells && !(l->bells = c10d__shm_bells_all(seg))) {
+        atomic_fetch_and(&l->word, ~LANE_HELD);
+        return 0;
+    }
+    atomic_store(&l->op, op);
+    struct c10d__fp fp;
+    c10d__fp_of(op, seg->nranks, &fp);
+    c10d__shm_announce(seg, op->seq, 0, &fp);
+    c10d__shm_coll_start(&l->coll, seg, op, 0, &fp);
+    c10d__shm_awake(seg);
+    int moved;
+    int rc = c10d__shm_coll_progress(&l->coll, &moved);
+    if (moved)
+        c10d__shm_wake_sleepers(seg, ring_none, NULL);
+    if (rc < 0 || !c10d__shm_coll_arrived(&l->coll)) {
+        /* Not written (a peer is behind) or refused: the loop runs it. */
+        hand_to_loop(l);
+        return 1;
+    }
+    /* Done or not, the work completes on the waiter's thread or the loop:
+     * never here, under the group's mutex its callbacks take. */
+    c10d_work_retain(op->work);
+    uv_mutex_lock(&l->mutex);
+    l->parked = op->work;
+    uv_mutex_unlock(&l->mutex);
+    if (c10d__work_park(op->work, &lane_park, l) != 0) { /* a callback awaits it on the loop */
+        c10d_work_release(take_parked(l));
+        hand_to_loop(l);
+    }
+    return 1;
+}
+
+void c10d__tcp_lane_unpark(struct c10d__tcp_lane *l)
+{
+    uv_mutex_lock(&l->mutex);
+    c10d_work *w = l->parked;
+    if (w != NULL)
+        c10d_work_retain(w);
+    uv_mutex_unlock(&l->mutex);
+    if (w != NULL) {
+        c10d__work_unpark(w);
+        c10d_work_release(w);
+    }
+}
+
+void c10d__tcp_lane_loop_add(struct c10d__tcp_lane *l)
+{
+    if (atomic_load(&l->word) & LANE_HELD)
+        c10d__tcp_lane_unpark(l); /* it goes first */
+    atomic_fetch_add(&l->word, 1);
+}
+
+void c10d__tcp_lane_loop_done(struct c10d__tcp_lane *l)
+{
+    atomic_fetch_sub(&l->word, 1);
+}
+
+int c10d__tcp_lane_held(struct c10d__tcp_lane *l)
+{
+    return (atomic_load(&l->word) & LANE_HELD) != 0;
+}
+
+int c10d__tcp_lane_taken(struct c10d__tcp_lane *l, const struct c10d__op *op,
+                         struct c10d__shm_coll *coll)
+{
+    if (atomic_load_explicit(&l->op, memory_order_relaxed) != op)
+        return 0;
+    *coll = l->coll;
+    atomic_store(&l->op, NULL);
+    atomic_fetch_add(&l->word, 1u - LANE_HELD); /* counted, and the lane free */
+    return 1;
+}

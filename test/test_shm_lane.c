@@ -1,0 +1,184 @@
+/* The caller's lane (backends/tcp/lane.h): small collectives on shared
+ * memory that the waiting thread runs itself. Real ranks (processes), the
+ * public API; every way a parked op can leave the lane is taken once:
+ * its waiter, a callback, polling, a later op of the group, the deadline. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "backends/tcp/lane.h"
+#include "c10d.h"
+#include "mp_harness.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static atomic_int callbacks_run;
+
+static void count_cb(c10d_work *w, int status, void *arg)
+{
+    (void)w;
+    (void)arg;
+    if (status == 0)
+        atomic_fetch_add(&callbacks_run, 1);
+}
+
+static int sum_ok(const int32_t *v, size_t n, int nranks, int base)
+{
+    for (size_t i = 0; i < n; i++)
+        if (v[i] != (int32_t)(nranks * (base + (int)i)) + nranks * (nranks - 1) / 2)
+            return 0;
+    return 1;
+}
+
+static void fill(int32_t *v, size_t n, int rank, int base)
+{
+    for (size_t i = 0; i < n; i++)
+        v[i] = base + (int)i + rank;
+}
+
+static int lane_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    setenv("C10D_SHM", "1", 1);
+    setenv("C10D_SHM_LANE", "1", 1);
+    c10d_pg_opts po = {0};
+    po.timeout_ms = 60000;
+    c10d_pg *pg = NULL;
+    MP_CHECK(c10d_pg_init(&po, &pg) == 0, "init: %s", c10d_last_error());
+    MP_CHECK(strcmp(c10d_pg_host_path(pg), "shm") == 0, "path %s", c10d_pg_host_path(pg));
+    int32_t v[64];
+    uint64_t here0, loop0, here1, loop1;
+    c10d__tcp_lane_counts(&here0, &loop0);
+
+    /* 1. Blocking: the waiter runs them. */
+    for (int k = 0; k < 200; k++) {
+        fill(v, 64, rank, k);
+        MP_CHECK(c10d_all_reduce_sync(pg, v, v, 64, C10D_INT32, C10D_SUM) == 0, "sync: %s",
+                 c10d_last_error());
+        MP_CHECK(sum_ok(v, 64, n, k), "sync %d: wrong sum", k);
+    }
+    c10d__tcp_lane_counts(&here1, &loop1);
+    MP_CHECK(here1 > here0, "no op completed in the lane");
+    fprintf(stderr, "rank %d: %llu of 200 in the lane, %llu handed to the loop\n", rank,
+            (unsigned long long)(here1 - here0), (unsigned long long)(loop1 - loop0));
+
+    /* 2. Several in flight, waited in reverse: each later op hands the one
+     * parked before it to the loop, which keeps their order. */
+    int32_t a[3][64];
+    c10d_work *w[3];
+    for (int k = 0; k < 3; k++) {
+        fill(a[k], 64, rank, 100 + k);
+        MP_CHECK(c10d_all_reduce(pg, a[k], a[k], 64, C10D_INT32, C10D_SUM, NULL, &w[k]) == 0,
+                 "post %d", k);
+    }
+    for (int k = 2; k >= 0; k--) {
+        MP_CHECK(c10d_work_wait(w[k], 30000) == 0, "wait %d: %s", k, c10d_last_error());
+        c10d_work_release(w[k]);
+    }
+    for (int k = 0; k < 3; k++)
+        MP_CHECK(sum_ok(a[k], 64, n, 100 + k), "in flight %d: wrong sum", k);
+
+    /* 3. A callback added after submit: the loop runs the op; the wait
+     * returns after the callback ran. */
+    c10d_work *cw;
+    fill(v, 64, rank, 7);
+    MP_CHECK(c10d_all_reduce(pg, v, v, 64, C10D_INT32, C10D_SUM, NULL, &cw) == 0, "post");
+    MP_CHECK(c10d_work_on_complete(cw, count_cb, NULL) == 0, "on_complete");
+    MP_CHECK(c10d_work_wait(cw, 30000) == 0, "wait: %s", c10d_last_error());
+    MP_CHECK(atomic_load(&callbacks_run) == 1, "callback ran %d times before the wait returned",
+             atomic_load(&callbacks_run));
+    MP_CHECK(sum_ok(v, 64, n, 7), "callback op: wrong sum");
+    c10d_work_release(cw);
+
+    /* 4. Polled, never waited: it completes all the same. */
+    fill(v, 64, rank, 9);
+    MP_CHECK(c10d_all_reduce(pg, v, v, 64, C10D_INT32, C10D_SUM, NULL, &cw) == 0, "post");
+    for (int i = 0; i < 30000 && c10d_work_test(cw) == 0; i++)
+        usleep(1000);
+    MP_CHECK(c10d_work_status(cw) == 0, "polled op: status %d", c10d_work_status(cw));
+    MP_CHECK(sum_ok(v, 64, n, 9), "polled op: wrong sum");
+    c10d_work_release(cw);
+
+    /* 5. A rank that issued its op and then blocks on something else (here
+     * the store, until every other rank finished the same op) holds nobody
+     * up: its slot was written at submit. */
+    c10d_store *store;
+    MP_CHECK(c10d_pg_store(pg, &store) == 0, "store");
+    fill(v, 64, rank, 11);
+    MP_CHECK(c10d_all_reduce(pg, v, v, 64, C10D_INT32, C10D_SUM, NULL, &cw) == 0, "post");
+    if (rank == 0) {
+        for (int r = 1; r < n; r++) {
+            char key[32];
+            snprintf(key, sizeof key, "lane_done_%d", r);
+            const char *keys[1] = {key};
+            MP_CHECK(c10d_store_wait_sync(store, keys, 1, 30000) == 0, "store wait: %s",
+                     c10d_last_error());
+        }
+    } else {
+        MP_CHECK(c10d_work_wait(cw, 30000) == 0, "wait: %s", c10d_last_error());
+        char key[32];
+        snprintf(key, sizeof key, "lane_done_%d", rank);
+        MP_CHECK(c10d_store_set_sync(store, key, "1", 1) == 0, "set");
+    }
+    MP_CHECK(c10d_work_wait(cw, 30000) == 0, "wait: %s", c10d_last_error());
+    MP_CHECK(sum_ok(v, 64, n, 11), "store op: wrong sum");
+    c10d_work_release(cw);
+    c10d_store_release(store);
+
+    /* 6. A peer that never comes: the waiter stops at the op's deadline
+     * with the watchdog's words, and the group fails. */
+    if (rank == 0) {
+        c10d_op_opts o = {0};
+        o.timeout_ms = 300;
+        MP_CHECK(c10d_all_reduce(pg, v, v, 64, C10D_INT32, C10D_SUM, &o, &cw) == 0, "post");
+        int rc = c10d_work_wait(cw, 30000);
+        MP_CHECK(rc == C10D_ETIMEDOUT, "wait: %d (%s)", rc, c10d_last_error());
+        MP_CHECK(strstr(c10d_work_message(cw), "Watchdog caught collective operation timeout"),
+                 "message: %s", c10d_work_message(cw));
+        c10d_work_release(cw);
+    } else {
+        usleep(1000 * 1000);
+    }
+    c10d_pg_destroy(pg);
+    c10d_shutdown();
+    return 0;
+}
+
+static void run(int nranks)
+{
+    struct mp_opts o = {0};
+    o.nranks = nranks;
+    o.timeout_s = 120;
+    o.kill_on_failure = 1;
+    struct mp_result res;
+    int rc = mp_run(&o, lane_main, NULL, &res);
+    assert_false(res.timed_out);
+    assert_int_equal(rc, 0);
+}
+
+static void test_lane_2_ranks(void **st)
+{
+    (void)st;
+    run(2);
+}
+
+static void test_lane_3_ranks(void **st)
+{
+    (void)st;
+    run(3);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lane_2_ranks),
+        cmocka_unit_test(test_lane_3_ranks),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
