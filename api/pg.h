@@ -67,6 +67,10 @@ struct c10d_pg {
     uint64_t coll_seq, p2p_seq;
     uint64_t detail_round; /* C10D_DEBUG=DETAIL checks made, rejected calls included */
     size_t pending;        /* ops whose work has not completed */
+    /* The last collective's work (a reference): it may be parked for a
+     * waiter (docs/engine.md, "The caller's lane"); closing the group hands
+     * it to the loop before waiting for the ops to drain. */
+    c10d_work *last_coll;
     int first_status;
     char *first_error;
     /* Set when the group ended without a destroy or abort of its own (the

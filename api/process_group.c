@@ -11,6 +11,7 @@
 #include "api/torch_env.h"
 #include "engine/env.h"
 #include "engine/error.h"
+#include "engine/work.h"
 #include "engine/log.h"
 #include "engine/loop.h"
 #include "engine/opts.h"
@@ -146,6 +147,9 @@ static void pg_close(c10d_pg *pg, int graceful, const char *reason)
         return;
     }
     int drained = 1;
+    /* A parked collective nobody waits for would hold the drain up. */
+    if (pg->last_coll != NULL)
+        c10d__work_unpark(pg->last_coll);
     if (graceful) {
         uint64_t deadline = c10d__now_ns() + (uint64_t)pg->timeout_ms * 1000000u;
         while (pg->pending > 0) {

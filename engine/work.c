@@ -104,6 +104,9 @@ struct c10d_work {
     const struct c10d__work_park *park;
     void *park_arg;
     int armed; /* the deadline was handed to the loop (guarded by mutex) */
+    /* Completed by someone else while a waiter ran its op: the callbacks
+     * (which free the op) wait until that waiter let go of it. */
+    int drain_deferred;
     /* Loop thread only. */
     enum timer_state timer_state;
     uv_timer_t timer;
@@ -215,7 +218,12 @@ void c10d_work_retain(c10d_work *w)
 
 void c10d_work_release(c10d_work *w)
 {
-    if (w != NULL && atomic_fetch_sub_explicit(&w->refs, 1, memory_order_acq_rel) == 1)
+    if (w == NULL)
+        return;
+    /* A handle let go of without a wait: nobody will run its op here. */
+    if (atomic_load_explicit(&w->park_state, memory_order_relaxed) == PARK_PARKED)
+        c10d__work_unpark(w);
+    if (atomic_fetch_sub_explicit(&w->refs, 1, memory_order_acq_rel) == 1)
         work_free(w);
 }
 
@@ -307,7 +315,7 @@ static int runs_here_locked(const c10d_work *w)
 /* The completing thread runs the callbacks that may run anywhere; the first
  * one that may not (added meanwhile) and the rest go to the loop. Holds the
  * drain's reference, as work_drain does. */
-static void drain_here(c10d_work *w)
+static int drain_here(c10d_work *w)
 {
     uv_mutex_lock(&w->mutex);
     while (w->next_callback < w->ncallbacks && w->callbacks[w->next_callback].anywhere) {
@@ -319,16 +327,18 @@ static void drain_here(c10d_work *w)
     }
     if (w->next_callback < w->ncallbacks && c10d__engine_post(&w->drain_task) == 0) {
         uv_mutex_unlock(&w->mutex); /* the drain task owns the reference now */
-        return;
+        return 0;
     }
-    /* Everything ran (or posting closed: the engine's last sweep runs the
-     * rest, abort_one). */
+    /* Everything ran, or posting closed: then the work stays pending, and the
+     * engine's last sweep runs the rest (abort_one). */
     w->drain_posted = 0;
-    int wake = w->next_callback == w->ncallbacks && settle_locked(w);
+    int orphaned = w->next_callback < w->ncallbacks;
+    int wake = !orphaned && settle_locked(w);
     uv_mutex_unlock(&w->mutex);
     if (wake)
         futex_wake_all(&w->settled);
     c10d_work_release(w);
+    return orphaned;
 }
 
 static int work_vcomplete(c10d_work *w, int here_ok, int status, const char *fmt, va_list ap)
@@ -336,6 +346,9 @@ static int work_vcomplete(c10d_work *w, int here_ok, int status, const char *fmt
     char *message = NULL;
     if (fmt != NULL && *fmt != '\0' && vasprintf(&message, fmt, ap) < 0)
         message = NULL;
+    /* A parked op goes to its loop first: its task is posted before the
+     * callbacks that free it. */
+    c10d__work_unpark(w);
     uv_mutex_lock(&w->mutex);
     if (w->done) {
         uv_mutex_unlock(&w->mutex);
@@ -351,7 +364,9 @@ static int work_vcomplete(c10d_work *w, int here_ok, int status, const char *fmt
     if (rid != 0)
         c10d__fr_completed(rid, status);
     int run_inline = 0, rc = 0, here = 0;
-    if (here_ok && status == 0 && runs_here_locked(w)) {
+    if (!here_ok && atomic_load(&w->park_state) == PARK_CLAIMED) {
+        w->drain_deferred = 1; /* run_parked schedules it once the waiter let go */
+    } else if (here_ok && status == 0 && runs_here_locked(w)) {
         /* The drain is ours: add_callback sees it as scheduled. */
         c10d_work_retain(w);
         w->drain_posted = 1;
@@ -381,7 +396,7 @@ static int work_vcomplete(c10d_work *w, int here_ok, int status, const char *fmt
     if (run_inline)
         work_drain(w);
     if (here)
-        drain_here(w);
+        orphaned = drain_here(w);
     if (status < 0)
         C10D_DEBUG("work", "'%s' failed: %s: %s", w->what, c10d_status_name(status),
                    message != NULL ? message : "");
@@ -609,12 +624,20 @@ static void run_parked(c10d_work *w, uint64_t deadline_ns)
     }
     if (w->park->run(w->park_arg, deadline_ns) == 0)
         adopted(w);
+    else
+        atomic_store(&w->park_state, PARK_ADOPTED); /* done with it */
+    uv_mutex_lock(&w->mutex);
+    int deferred = w->drain_deferred, run_inline = 0;
+    w->drain_deferred = 0;
+    if (deferred && schedule_drain_locked(w, &run_inline) != 0)
+        deferred = 0; /* posting closed: it stays pending for the last sweep */
+    uv_mutex_unlock(&w->mutex);
+    if (run_inline)
+        work_drain(w);
 }
 
 static int add_callback(c10d_work *w, c10d_work_cb cb, void *arg, int anywhere)
 {
-    if (!anywhere) /* it is awaited on the loop: the loop runs it */
-        c10d__work_unpark(w);
     uv_mutex_lock(&w->mutex);
     if (w->ncallbacks == w->callbacks_cap) {
         size_t cap = w->callbacks_cap ? 2 * w->callbacks_cap : 2;
@@ -639,6 +662,8 @@ static int add_callback(c10d_work *w, c10d_work_cb cb, void *arg, int anywhere)
     uv_mutex_unlock(&w->mutex);
     if (run_inline)
         work_drain(w);
+    if (!anywhere) /* it is awaited on the loop: the loop runs it */
+        c10d__work_unpark(w);
     return rc;
 }
 

@@ -105,6 +105,16 @@ static int lane_main(int rank, int n, void *arg)
     MP_CHECK(sum_ok(v, 64, n, 9), "polled op: wrong sum");
     c10d_work_release(cw);
 
+    /* 4b. A handle let go of without a wait: the op still completes (its
+     * output appears), nothing later of the group needed. */
+    static int32_t lone[64];
+    fill(lone, 64, rank, 13);
+    MP_CHECK(c10d_all_reduce(pg, lone, lone, 64, C10D_INT32, C10D_SUM, NULL, &cw) == 0, "post");
+    c10d_work_release(cw);
+    for (int i = 0; i < 10000 && !sum_ok((const int32_t *)lone, 64, n, 13); i++)
+        usleep(1000);
+    MP_CHECK(sum_ok(lone, 64, n, 13), "released op never completed");
+
     /* 5. A rank that issued its op and then blocks on something else (here
      * the store, until every other rank finished the same op) holds nobody
      * up: its slot was written at submit. */

@@ -178,7 +178,12 @@ int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
     if (c10d__work_park(op->work, &lane_park, l) != 0) { /* a callback awaits it on the loop */
         c10d_work_release(take_parked(l));
         hand_to_loop(l);
+        return 1;
     }
+    /* The group failed meanwhile: its unpark may have found nothing parked
+     * yet (it stores `failed` before it looks, under the same mutex). */
+    if (atomic_load(l->failed) != 0)
+        c10d__work_unpark(op->work);
     return 1;
 }
 

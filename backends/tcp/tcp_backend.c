@@ -443,8 +443,7 @@ static void on_work_done(c10d_work *work, int status, void *arg)
         found->completed = 1;
         found->coll.failed = 1;
         unlink_op(s, found);
-        if (!found->p2p)
-            c10d__tcp_lane_loop_done(&s->lane);
+        int counted = !found->p2p;
         /* The deadline's own text: torch's watchdog words for a user's op
          * (SeqNum, NumelIn/Out as the group counts them), the internal op's
          * own name for the group's helpers (monitored_barrier). */
@@ -455,6 +454,9 @@ static void on_work_done(c10d_work *work, int status, void *arg)
                        "%s seq %llu was completed outside the backend (%s): %s",
                        c10d__op_kind_name(found->head->kind), (unsigned long long)found->head->seq,
                        c10d_status_name(status), c10d_work_message(work));
+        /* After the failure is published: an op taking the lane now sees it. */
+        if (counted)
+            c10d__tcp_lane_loop_done(&s->lane);
         schedule_advance(s);
     }
     op_unref(found);
