@@ -71,6 +71,7 @@ struct c10d_pg {
      * waiter (docs/engine.md, "The caller's lane"); closing the group hands
      * it to the loop before waiting for the ops to drain. */
     c10d_work *last_coll;
+    char *what_prefix; /* "[PG name (desc) Rank r] Work(SeqNum=": every op's name starts so */
     int first_status;
     char *first_error;
     /* Set when the group ended without a destroy or abort of its own (the

@@ -125,6 +125,7 @@ static void pg_free(c10d_pg *pg)
     }
     c10d__pg_op_free(pg->coal_head);
     c10d_work_release(pg->last_coll);
+    free(pg->what_prefix);
     free(pg->global_ranks);
     free(pg->name);
     free(pg->desc);

@@ -222,14 +222,54 @@ static void poison_from_caller(c10d_pg *pg, int status, const char *message)
 
 /* ------------------------------------------------------------ submission */
 
-static void describe(const c10d_pg *pg, const char *optype, uint64_t seq, size_t in, size_t out,
+/* Appends what fits of `str` at *at (len: the buffer's size), keeping it
+ * terminated. */
+static void put_str(char *buf, size_t len, size_t *at, const char *str)
+{
+    while (*str != '\0' && *at + 1 < len)
+        buf[(*at)++] = *str++;
+    buf[*at] = '\0';
+}
+
+static void put_u64(char *buf, size_t len, size_t *at, unsigned long long v)
+{
+    char digits[24];
+    int n = 0;
+    do
+        digits[n++] = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    while (n > 0 && *at + 1 < len)
+        buf[(*at)++] = digits[--n];
+    buf[*at] = '\0';
+}
+
+/* torch's name of an op, "[PG 0 (default_pg) Rank 1] Work(SeqNum=.., OpType=..,
+ * NumelIn=.., NumelOut=.., Timeout(ms)=..)", built by hand: it is made for
+ * every op, and printf's machinery was a tenth of a small op's time. The
+ * group's part is made once (pg->mutex held). */
+static void describe(c10d_pg *pg, const char *optype, uint64_t seq, size_t in, size_t out,
                      int64_t timeout_ms, char *buf, size_t len)
 {
-    snprintf(buf, len,
-             "[PG %s (%s) Rank %d] Work(SeqNum=%llu, OpType=%s, NumelIn=%zu, NumelOut=%zu, "
-             "Timeout(ms)=%lld)",
-             pg->name, pg->desc, pg->rank, (unsigned long long)seq, optype, in, out,
-             (long long)timeout_ms);
+    if (pg->what_prefix == NULL && asprintf(&pg->what_prefix, "[PG %s (%s) Rank %d] Work(SeqNum=",
+                                            pg->name, pg->desc, pg->rank) < 0)
+        pg->what_prefix = NULL;
+    size_t at = 0;
+    buf[0] = '\0';
+    put_str(buf, len, &at, pg->what_prefix != NULL ? pg->what_prefix : "[PG] Work(SeqNum=");
+    put_u64(buf, len, &at, (unsigned long long)seq);
+    put_str(buf, len, &at, ", OpType=");
+    put_str(buf, len, &at, optype);
+    put_str(buf, len, &at, ", NumelIn=");
+    put_u64(buf, len, &at, (unsigned long long)in);
+    put_str(buf, len, &at, ", NumelOut=");
+    put_u64(buf, len, &at, (unsigned long long)out);
+    put_str(buf, len, &at, ", Timeout(ms)=");
+    if (timeout_ms < 0) {
+        put_str(buf, len, &at, "-");
+        timeout_ms = -timeout_ms;
+    }
+    put_u64(buf, len, &at, (unsigned long long)timeout_ms);
+    put_str(buf, len, &at, ")");
 }
 
 /* A backend that failed by itself (a lost peer, a transport error) before
