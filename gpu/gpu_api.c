@@ -165,7 +165,7 @@ static void load_cuda(void)
             used += (size_t)n;
     }
     snprintf(cuda_error, sizeof cuda_error,
-             "the CUDA runtime could not be loaded (%s); set C10D_CUDART_LIBRARY to "
+             "the CUDA runtime could not be loaded (%.600s); set C10D_CUDART_LIBRARY to "
              "libcudart.so's path",
              passed);
 }

@@ -4,7 +4,7 @@
 #   scripts/test.sh            both builds
 #   scripts/test.sh normal     only the normal build
 #   scripts/test.sh asan       only the sanitizer build
-#   scripts/test.sh tsan       the engine tests under ThreadSanitizer
+#   scripts/test.sh tsan       the engine tests (and the caller's lane) under ThreadSanitizer
 #
 # The two builds see different machines. The normal one hides the CUDA
 # toolkit (C10D_CUDA_ROOT points nowhere, nvcc is not used): the library,
@@ -46,6 +46,6 @@ fi
 if [ "$which" = tsan ]; then
     echo "== ThreadSanitizer build (engine tests) =="
     cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DC10D_SANITIZE=thread >/dev/null
-    cmake --build build-tsan -j"$jobs" --target test_work test_work_compose test_loop test_wait_lock test_engine_handoff test_backend_contract
-    (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R 'test_(work|work_compose|loop|wait_lock|engine_handoff|backend_contract)$')
+    cmake --build build-tsan -j"$jobs" --target test_work test_work_compose test_loop test_wait_lock test_engine_handoff test_backend_contract test_shm_lane
+    (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R 'test_(work|work_compose|loop|wait_lock|engine_handoff|backend_contract|shm_lane)$')
 fi

@@ -10,6 +10,7 @@
 
 #include "backends/tcp/lane.h"
 #include "c10d.h"
+#include "engine/work.h"
 #include "mp_harness.h"
 
 #include <stdatomic.h>
@@ -107,11 +108,13 @@ static int lane_main(int rank, int n, void *arg)
 
     /* 4b. A handle let go of without a wait: the op still completes (its
      * output appears), nothing later of the group needed. */
-    static int32_t lone[64];
+    int32_t lone[64];
     fill(lone, 64, rank, 13);
+    size_t pending0 = c10d__work_pending_count();
     MP_CHECK(c10d_all_reduce(pg, lone, lone, 64, C10D_INT32, C10D_SUM, NULL, &cw) == 0, "post");
     c10d_work_release(cw);
-    for (int i = 0; i < 10000 && !sum_ok((const int32_t *)lone, 64, n, 13); i++)
+    /* The pending list's lock orders the op's writes before this read. */
+    for (int i = 0; i < 10000 && c10d__work_pending_count() > pending0; i++)
         usleep(1000);
     MP_CHECK(sum_ok(lone, 64, n, 13), "released op never completed");
 
