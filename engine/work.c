@@ -103,7 +103,7 @@ struct c10d_work {
     atomic_int park_state;
     const struct c10d__work_park *park;
     void *park_arg;
-    int armed; /* the deadline was handed to the loop (guarded by mutex) */
+    atomic_int armed; /* the deadline was handed to the loop */
     /* Completed by someone else while a waiter ran its op: the callbacks
      * (which free the op) wait until that waiter let go of it. */
     int drain_deferred;
@@ -515,13 +515,8 @@ int c10d__work_create(c10d_work **out, const char *what, int64_t timeout_ms)
 /* Hands the deadline to the loop (once): 0, or the posting error. */
 static int arm(c10d_work *w)
 {
-    if (w->timeout_ms <= 0)
-        return 0;
-    uv_mutex_lock(&w->mutex);
-    int first = !w->armed && !w->done;
-    w->armed = 1;
-    uv_mutex_unlock(&w->mutex);
-    if (!first)
+    /* Once; one that completed meanwhile is let go by the arm task. */
+    if (w->timeout_ms <= 0 || atomic_exchange(&w->armed, 1))
         return 0;
     c10d_work_retain(w);
     int rc = c10d__engine_post(&w->arm_task);
@@ -601,7 +596,8 @@ static void adopted(c10d_work *w)
 int c10d__work_unpark(c10d_work *w)
 {
     int expected = PARK_PARKED;
-    if (!atomic_compare_exchange_strong(&w->park_state, &expected, PARK_ADOPTED))
+    if (atomic_load_explicit(&w->park_state, memory_order_relaxed) != PARK_PARKED ||
+        !atomic_compare_exchange_strong(&w->park_state, &expected, PARK_ADOPTED))
         return 0;
     w->park->adopt(w->park_arg);
     arm(w);
