@@ -5,6 +5,7 @@
 #include "pg.h"
 
 #include "engine/error.h"
+#include "engine/work.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -124,7 +125,7 @@ static void pg_free(c10d_pg *pg)
         c10d__pg_store_release(pg->base_store);
     }
     c10d__pg_op_free(pg->coal_head);
-    c10d_work_release(pg->last_coll);
+    c10d__work_drop(pg->last_coll);
     free(pg->what_prefix);
     free(pg->global_ranks);
     free(pg->name);

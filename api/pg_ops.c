@@ -372,7 +372,7 @@ int c10d__pg_post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *opty
         c10d_work_retain(w);
         c10d_work *prev = pg->last_coll;
         pg->last_coll = w;
-        c10d_work_release(prev);
+        c10d__work_drop(prev); /* under the group's mutex: never an unpark here */
     }
     /* Registered after the post: a work that already completed still calls
      * back (later, on the loop). Only during shutdown can this fail; the op

@@ -141,15 +141,22 @@ void c10d__pg_set_backend_name(c10d_pg *pg, const struct c10d__backend_vtable *v
  * ops, abort fails them. The handle stays valid until its last unref. */
 static void pg_close(c10d_pg *pg, int graceful, const char *reason)
 {
+    /* A parked collective nobody waits for would hold the drain up: it goes
+     * to the loop first (outside the group's mutex, which its completion
+     * may take). */
+    uv_mutex_lock(&pg->mutex);
+    c10d_work *last = pg->last_coll;
+    c10d_work_retain(last);
+    uv_mutex_unlock(&pg->mutex);
+    if (last != NULL)
+        c10d__work_unpark(last);
+    c10d__work_drop(last);
     uv_mutex_lock(&pg->mutex);
     if (pg->state == C10D_PG_CLOSED) {
         uv_mutex_unlock(&pg->mutex);
         return;
     }
     int drained = 1;
-    /* A parked collective nobody waits for would hold the drain up. */
-    if (pg->last_coll != NULL)
-        c10d__work_unpark(pg->last_coll);
     if (graceful) {
         uint64_t deadline = c10d__now_ns() + (uint64_t)pg->timeout_ms * 1000000u;
         while (pg->pending > 0) {

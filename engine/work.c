@@ -216,6 +216,12 @@ void c10d_work_retain(c10d_work *w)
         atomic_fetch_add_explicit(&w->refs, 1, memory_order_relaxed);
 }
 
+void c10d__work_drop(c10d_work *w)
+{
+    if (w != NULL && atomic_fetch_sub_explicit(&w->refs, 1, memory_order_acq_rel) == 1)
+        work_free(w);
+}
+
 void c10d_work_release(c10d_work *w)
 {
     if (w == NULL)
@@ -303,8 +309,8 @@ static int schedule_drain_locked(c10d_work *w, int *run_inline)
  * go without a turn of the loop. */
 static int runs_here_locked(const c10d_work *w)
 {
-    if (c10d__on_loop_thread() || w->drain_posted || w->timer_state != TIMER_NONE ||
-        w->next_callback == w->ncallbacks)
+    if (c10d__on_loop_thread() || w->drain_posted || w->drain_deferred ||
+        w->timer_state != TIMER_NONE || w->next_callback == w->ncallbacks)
         return 0;
     for (size_t i = w->next_callback; i < w->ncallbacks; i++)
         if (!w->callbacks[i].anywhere)
@@ -596,7 +602,10 @@ static void adopted(c10d_work *w)
 int c10d__work_unpark(c10d_work *w)
 {
     int expected = PARK_PARKED;
-    if (atomic_load_explicit(&w->park_state, memory_order_relaxed) != PARK_PARKED ||
+    /* Sequentially consistent load: the lane's producer stores the park
+     * state and then loads its group's failure, and a failing group stores
+     * that and then comes here. */
+    if (atomic_load(&w->park_state) != PARK_PARKED ||
         !atomic_compare_exchange_strong(&w->park_state, &expected, PARK_ADOPTED))
         return 0;
     w->park->adopt(w->park_arg);
@@ -625,8 +634,15 @@ static void run_parked(c10d_work *w, uint64_t deadline_ns)
     uv_mutex_lock(&w->mutex);
     int deferred = w->drain_deferred, run_inline = 0;
     w->drain_deferred = 0;
-    if (deferred && schedule_drain_locked(w, &run_inline) != 0)
-        deferred = 0; /* posting closed: it stays pending for the last sweep */
+    if (deferred && schedule_drain_locked(w, &run_inline) != 0) {
+        /* Posting closed (the engine stops) and the work already left the
+         * pending list: nobody else will run them, so this thread does, as
+         * the engine's last sweep would have (no timer was armed: the loop
+         * never took the op). */
+        c10d_work_retain(w);
+        w->drain_posted = 1;
+        run_inline = 1;
+    }
     uv_mutex_unlock(&w->mutex);
     if (run_inline)
         work_drain(w);
@@ -647,7 +663,9 @@ static int add_callback(c10d_work *w, c10d_work_cb cb, void *arg, int anywhere)
     }
     w->callbacks[w->ncallbacks++] = (struct work_callback){cb, arg, anywhere};
     int rc = 0, run_inline = 0;
-    if (w->done) {
+    if (w->done && w->drain_deferred) {
+        atomic_store(&w->settled, 0); /* run_parked's drain runs it too */
+    } else if (w->done) {
         rc = schedule_drain_locked(w, &run_inline);
         if (rc != 0)
             w->ncallbacks--; /* a failed call never calls back; settled stays as it was */
@@ -898,7 +916,9 @@ static void abort_one(c10d_work *w, int status, const char *message)
     if (complete_plain(w, status, message))
         return;
     uv_mutex_lock(&w->mutex);
-    int orphan = w->done && !w->drain_posted && w->next_callback < w->ncallbacks;
+    /* Not while a waiter still runs its op: run_parked drains it after. */
+    int orphan =
+        w->done && !w->drain_posted && !w->drain_deferred && w->next_callback < w->ncallbacks;
     if (orphan) {
         c10d_work_retain(w); /* the drain's */
         w->drain_posted = 1;

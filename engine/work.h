@@ -35,6 +35,10 @@ int c10d__work_on_complete_anywhere(c10d_work *w, c10d_work_cb cb, void *arg);
  * loop, as always). Not from a submit path: the group's mutex is held there. */
 int c10d__work_complete_here(c10d_work *w);
 
+/* As c10d_work_release, for a reference the library keeps for itself (a
+ * group's last collective): dropping it hands nothing to the loop. */
+void c10d__work_drop(c10d_work *w);
+
 /* Parking: a producer that can run its op on a waiting thread leaves it
  * parked instead of handing it to the loop. One compare-and-swap decides who
  * takes it, once: c10d_work_wait on another thread than the loop calls `run`

@@ -379,7 +379,9 @@ static void group_fail(struct tcp_state *s, int status, const char *fmt, ...)
     s->poison_status = status;
     if (s->rails != NULL && (s->lost_ranks = malloc((size_t)s->size * sizeof(int))) != NULL)
         s->nlost = c10d__tcp_rails_lost_ranks(s->rails, s->lost_ranks, s->size);
-    atomic_store_explicit(&s->failed_status, status, memory_order_release);
+    /* Sequentially consistent: an op parking in the lane stores its park
+     * state and then loads this; the unpark below does the opposite. */
+    atomic_store(&s->failed_status, status);
     C10D_WARN("tcp", "group %s rank %d failed: %s", s->group_name, s->rank, s->poison_msg);
     if (s->rails != NULL)
         c10d__tcp_rails_fail(s->rails, status, s->poison_msg);
