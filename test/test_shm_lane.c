@@ -13,10 +13,12 @@
 #include "engine/work.h"
 #include "mp_harness.h"
 
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static atomic_int callbacks_run;
@@ -163,6 +165,58 @@ static int lane_main(int rank, int n, void *arg)
     return 0;
 }
 
+/* A peer killed while this rank's waiter polls the segment in the lane:
+ * the waiter sees the group fail (the tcp connection is the liveness
+ * signal) and the wait returns an error within the transport's bound. */
+static int killed_main(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    setenv("C10D_SHM", "1", 1);
+    setenv("C10D_SHM_LANE_SPIN_US", "60000000", 1); /* stay in the lane throughout */
+    c10d_pg_opts po = {0};
+    po.timeout_ms = 60000;
+    c10d_pg *pg = NULL;
+    MP_CHECK(c10d_pg_init(&po, &pg) == 0, "init: %s", c10d_last_error());
+    int32_t v[16] = {0};
+    for (int k = 0; k < 20; k++)
+        MP_CHECK(c10d_all_reduce_sync(pg, v, v, 16, C10D_INT32, C10D_SUM) == 0, "warm-up: %s",
+                 c10d_last_error());
+    if (rank == 1) {
+        usleep(300 * 1000);
+        raise(SIGKILL);
+    }
+    uint64_t here0, loop0, here1, loop1;
+    c10d__tcp_lane_counts(&here0, &loop0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = c10d_all_reduce_sync(pg, v, v, 16, C10D_INT32, C10D_SUM);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    c10d__tcp_lane_counts(&here1, &loop1);
+    MP_CHECK(rc < 0, "the op succeeded without its peer");
+    MP_CHECK(s < 10, "the error took %.1f s", s);
+    MP_CHECK(loop1 == loop0 + 1 && here1 == here0, "not waited in the lane (%llu to the loop)",
+             (unsigned long long)(loop1 - loop0));
+    fprintf(stderr, "rank 0: %s after %.2f s: %s\n", c10d_status_name(rc), s, c10d_last_error());
+    c10d_pg_abort(pg, "test over");
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_peer_killed_in_the_lane(void **st)
+{
+    (void)st;
+    struct mp_opts o = {0};
+    o.nranks = 2;
+    o.timeout_s = 60;
+    struct mp_result res;
+    mp_run(&o, killed_main, NULL, &res);
+    assert_false(res.timed_out);
+    assert_int_equal(res.codes[0], 0);
+    assert_int_equal(res.codes[1], 128 + SIGKILL);
+}
+
 static void run(int nranks)
 {
     struct mp_opts o = {0};
@@ -192,6 +246,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lane_2_ranks),
         cmocka_unit_test(test_lane_3_ranks),
+        cmocka_unit_test(test_peer_killed_in_the_lane),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
