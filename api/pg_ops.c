@@ -385,6 +385,9 @@ int c10d__pg_post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *opty
     if (work != NULL) {
         c10d_work_retain(w);
         *work = w;
+    } else {
+        /* Nobody can wait for it: a parked op goes to the loop at once. */
+        c10d__work_unpark(w);
     }
     /* Else the creator's reference is the group's, dropped in op_done. */
     return 0;

@@ -120,6 +120,16 @@ static int lane_main(int rank, int n, void *arg)
         usleep(1000);
     MP_CHECK(sum_ok(lone, 64, n, 13), "released op never completed");
 
+    /* 4c. No handle asked for: it completes by itself all the same. */
+    int32_t nowork[64];
+    fill(nowork, 64, rank, 17);
+    pending0 = c10d__work_pending_count();
+    MP_CHECK(c10d_all_reduce(pg, nowork, nowork, 64, C10D_INT32, C10D_SUM, NULL, NULL) == 0,
+             "post");
+    for (int i = 0; i < 10000 && c10d__work_pending_count() > pending0; i++)
+        usleep(1000);
+    MP_CHECK(sum_ok(nowork, 64, n, 17), "an op without a handle never completed");
+
     /* 5. A rank that issued its op and then blocks on something else (here
      * the store, until every other rank finished the same op) holds nobody
      * up: its slot was written at submit. */
