@@ -439,12 +439,15 @@ static void test_process_group(void **state)
 struct barrier_arg {
     c10d_store *store;
     int rc;
+    char msg[600];
 };
 
 static void *barrier_thread(void *p)
 {
     struct barrier_arg *a = p;
     a->rc = c10d_store_barrier(a->store, "all", 3, 10000);
+    if (a->rc != 0)
+        snprintf(a->msg, sizeof a->msg, "%s", c10d_last_error());
     return NULL;
 }
 
@@ -457,11 +460,13 @@ static void test_barrier_leaves_no_keys(void **state)
     struct barrier_arg args[3];
     pthread_t th[3];
     for (int i = 0; i < 3; i++) {
-        args[i] = (struct barrier_arg){s, -1};
+        args[i] = (struct barrier_arg){s, -1, ""};
         assert_int_equal(pthread_create(&th[i], NULL, barrier_thread, &args[i]), 0);
     }
     for (int i = 0; i < 3; i++) {
         pthread_join(th[i], NULL);
+        if (args[i].rc != 0)
+            fprintf(stderr, "barrier %d: %s\n", i, args[i].msg);
         assert_int_equal(args[i].rc, 0);
     }
     int64_t n = -1;
