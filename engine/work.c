@@ -227,10 +227,8 @@ void c10d_work_release(c10d_work *w)
     if (w == NULL)
         return;
     /* A handle let go of without a wait: nobody will run its op here. */
-    if (atomic_load_explicit(&w->park_state, memory_order_relaxed) == PARK_PARKED)
-        c10d__work_unpark(w);
-    if (atomic_fetch_sub_explicit(&w->refs, 1, memory_order_acq_rel) == 1)
-        work_free(w);
+    c10d__work_unpark(w);
+    c10d__work_drop(w);
 }
 
 static void timer_closed(uv_handle_t *h)
@@ -420,6 +418,7 @@ int c10d__work_complete(c10d_work *w, int status, const char *fmt, ...)
     return rc;
 }
 
+/* A varargs frame only to hand work_vcomplete an (empty) va_list. */
 static int complete_here(c10d_work *w, const char *fmt, ...)
 {
     va_list ap;

@@ -62,6 +62,13 @@ int c10d__shm_coll_supports(const struct c10d__op *op, size_t slot_bytes, int nr
     }
 }
 
+/* Elements of a (non-counted) op's chunk in slots of slot_bytes. */
+static size_t chunk_elems_of(const struct c10d__op *op, size_t esz, size_t slot_bytes, int nranks)
+{
+    size_t n = slot_bytes / esz;
+    return spread(op->kind) ? n / (size_t)nranks : n;
+}
+
 void c10d__shm_coll_start(struct c10d__shm_coll *a, struct c10d__shm_seg *seg,
                           const struct c10d__op *op, uint32_t member, const struct c10d__fp *fp)
 {
@@ -71,9 +78,7 @@ void c10d__shm_coll_start(struct c10d__shm_coll *a, struct c10d__shm_seg *seg,
     a->member = member;
     a->fp = *fp;
     a->esz = op->kind == C10D_OP_BARRIER ? 1 : c10d_dtype_size(op->dtype);
-    a->chunk_elems = seg->slot_bytes / a->esz;
-    if (spread(op->kind))
-        a->chunk_elems /= (size_t)seg->nranks;
+    a->chunk_elems = chunk_elems_of(op, a->esz, seg->slot_bytes, seg->nranks);
     a->block_elems = op->count;
     /* all_to_all learns its length (the largest count of any pair) from the
      * first chunk's headers, so every rank runs that chunk. */
@@ -502,8 +507,7 @@ int c10d__shm_coll_one_chunk(const struct c10d__op *op, size_t slot_bytes, int n
     if (op->kind == C10D_OP_BARRIER)
         return 1;
     size_t esz = c10d_dtype_size(op->dtype);
-    size_t chunk = slot_bytes / esz / (spread(op->kind) ? (size_t)nranks : 1);
-    if (op->count > chunk)
+    if (op->count > chunk_elems_of(op, esz, slot_bytes, nranks))
         return 0;
     return op->kind != C10D_OP_ALL_REDUCE || op->count * esz <= C10D_SHM_SMALL_MAX;
 }

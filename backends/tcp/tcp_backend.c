@@ -936,7 +936,7 @@ static void tcp_run(void *state, struct c10d__op *op)
     o->head = op;
     o->work = op->work;
     o->start_ms = c10d__now_ms();
-    o->p2p = op->kind == C10D_OP_SEND || op->kind == C10D_OP_RECV;
+    o->p2p = !coll;
     /* The lists' reference and the callback's, both taken before the
      * callback is registered: at shutdown it may run inside this call. */
     o->refs = 2;
