@@ -315,6 +315,35 @@ static void v_read(struct c10d__shm_coll *a)
 
 /* ---------------------------------------------------------- chunks */
 
+/* An all_reduce chunk too large for every rank to reduce whole: rank r
+ * reduces slice r for everyone. */
+static int sliced(const struct c10d__shm_coll *a)
+{
+    return a->op->kind == C10D_OP_ALL_REDUCE && chunk_count(a) * a->esz > C10D_SHM_SMALL_MAX;
+}
+
+static void slice_of(const struct c10d__shm_coll *a, int r, size_t *lo, size_t *cnt)
+{
+    size_t n = chunk_count(a), p = (size_t)a->seg->nranks;
+    *lo = n * (size_t)r / p;
+    *cnt = n * (size_t)(r + 1) / p - *lo;
+}
+
+/* dst = src (n elements), premultiplied for PREMUL_SUM: a rank's own
+ * contribution to a reduction as the others will read it. */
+static int copy_scaled(const struct c10d__shm_coll *a, char *dst, const char *src, size_t n)
+{
+    const struct c10d__op *op = a->op;
+    if (n == 0)
+        return 0;
+    if (dst != src)
+        memcpy(dst, src, n * a->esz);
+    if (op->redop == C10D_PREMUL_SUM &&
+        (op->kind == C10D_OP_ALL_REDUCE || op->kind == C10D_OP_REDUCE))
+        return c10d__reduce_premul(dst, n, op->dtype, op->premul_factor);
+    return 0;
+}
+
 static int write_slot(struct c10d__shm_coll *a)
 {
     struct c10d__shm_seg *seg = a->seg;
@@ -337,10 +366,15 @@ static int write_slot(struct c10d__shm_coll *a)
             c10d__reduce_premul(slot, n * (size_t)seg->nranks, op->dtype, op->premul_factor));
     const char *src = spread(op->kind) ? NULL : source_of(a);
     if (src != NULL && n > 0) {
-        memcpy(slot, src + a->done_elems * a->esz, n * a->esz);
-        if (op->redop == C10D_PREMUL_SUM &&
-            (op->kind == C10D_OP_ALL_REDUCE || op->kind == C10D_OP_REDUCE))
-            C10D_CHECK(c10d__reduce_premul(slot, n, op->dtype, op->premul_factor));
+        /* A sliced chunk's own slice is read by nobody but this rank, which
+         * takes it from its input when it reduces: copy the rest. */
+        size_t lo = 0, cnt = 0;
+        if (sliced(a))
+            slice_of(a, seg->rank, &lo, &cnt);
+        src += a->done_elems * a->esz;
+        C10D_CHECK(copy_scaled(a, slot, src, lo));
+        C10D_CHECK(
+            copy_scaled(a, slot + (lo + cnt) * a->esz, src + (lo + cnt) * a->esz, n - lo - cnt));
     }
     struct c10d__shm_stamp *st = &seg->ctl[seg->rank].stamp[a->gen & 1];
     st->gen = a->gen;
@@ -413,36 +447,50 @@ static int read_chunk(struct c10d__shm_coll *a)
     }
 }
 
-static void slice_of(const struct c10d__shm_coll *a, int r, size_t *lo, size_t *cnt)
-{
-    size_t n = chunk_count(a), p = (size_t)a->seg->nranks;
-    *lo = n * (size_t)r / p;
-    *cnt = n * (size_t)(r + 1) / p - *lo;
-}
+/* Bytes of a slice reduced at a time: the block of the output stays in L1
+ * from its first operand to its copy into the slot. */
+#define SLICE_BLOCK (8 * 1024)
 
-/* Large chunks: this rank's slice of every slot, reduced into its own slot. */
+/* Large chunks: this rank's slice, its own input (premultiplied) then every
+ * peer's slot in rank order, reduced straight into its output and copied
+ * into its own slot for the peers. Block by block, so each byte of the
+ * result is written to memory twice and read from it never: the output
+ * and the slot, where reducing in the slot and copying it out read it
+ * again. */
 static int reduce_slice(struct c10d__shm_coll *a)
 {
     struct c10d__shm_seg *seg = a->seg;
     const struct c10d__op *op = a->op;
     size_t lo, cnt;
     slice_of(a, seg->rank, &lo, &cnt);
-    char *dst = c10d__shm_slot(seg, seg->rank, a->gen) + lo * a->esz;
-    for (int r = 0; r < seg->nranks; r++)
-        if (r != seg->rank)
-            C10D_CHECK(c10d__reduce(dst, c10d__shm_slot(seg, r, a->gen) + lo * a->esz, cnt,
-                                    op->dtype, op->redop));
-    C10D_CHECK(c10d__reduce_finish(dst, cnt, op->dtype, op->redop, seg->nranks));
+    size_t at = (a->done_elems + lo) * a->esz, step = SLICE_BLOCK / a->esz;
+    char *out = (char *)op->recv + at;
+    const char *in = (const char *)op->send + at;
+    char *mine = c10d__shm_slot(seg, seg->rank, a->gen) + lo * a->esz;
+    for (size_t i = 0; i < cnt; i += step) {
+        size_t m = cnt - i < step ? cnt - i : step, off = i * a->esz;
+        C10D_CHECK(copy_scaled(a, out + off, in + off, m));
+        for (int r = 0; r < seg->nranks; r++)
+            if (r != seg->rank)
+                C10D_CHECK(c10d__reduce(out + off,
+                                        c10d__shm_slot(seg, r, a->gen) + lo * a->esz + off, m,
+                                        op->dtype, op->redop));
+        C10D_CHECK(c10d__reduce_finish(out + off, m, op->dtype, op->redop, seg->nranks));
+        memcpy(mine + off, out + off, m * a->esz);
+    }
     atomic_store_explicit(&seg->ctl[seg->rank].reduced, a->gen, memory_order_release);
     return 0;
 }
 
+/* The peers' reduced slices; this rank's own is in its output already. */
 static void gather_slices(struct c10d__shm_coll *a)
 {
     const struct c10d__shm_seg *seg = a->seg;
     char *out = (char *)a->op->recv + a->done_elems * a->esz;
     for (int r = 0; r < seg->nranks; r++) {
         size_t lo, cnt;
+        if (r == seg->rank)
+            continue;
         slice_of(a, r, &lo, &cnt);
         memcpy(out + lo * a->esz, c10d__shm_slot(seg, r, a->gen) + lo * a->esz, cnt * a->esz);
     }
@@ -478,8 +526,7 @@ int c10d__shm_coll_progress(struct c10d__shm_coll *a, int *moved)
                 return check_waited(a);
             C10D_CHECK(check_stamps(a));
             *moved = 1;
-            if (a->op->kind != C10D_OP_ALL_REDUCE ||
-                chunk_count(a) * a->esz <= C10D_SHM_SMALL_MAX) {
+            if (!sliced(a)) {
                 C10D_CHECK(read_chunk(a));
                 next_chunk(a);
             } else {
