@@ -123,6 +123,17 @@ static int check_waited(const struct c10d__shm_coll *a)
     return 0;
 }
 
+/* A wait that found a peer behind. Looking at its announcement on every
+ * such call would read the line that peer is about to write, on each turn
+ * of a spinning waiter, and slow the very peer it waits for: where the
+ * caller polls tightly (look_every > 1), look at every look_every-th. */
+static int waited(struct c10d__shm_coll *a)
+{
+    if (a->look_every > 1 && ++a->waits % a->look_every != 0)
+        return 0;
+    return check_waited(a);
+}
+
 static int check_stamps(struct c10d__shm_coll *a)
 {
     const struct c10d__shm_seg *seg = a->seg;
@@ -516,14 +527,14 @@ int c10d__shm_coll_progress(struct c10d__shm_coll *a, int *moved)
         case PH_WRITE:
             /* Our slot for this chunk was last read two chunks ago. */
             if (!all_at(seg, 0, a->gen - 1))
-                return check_waited(a);
+                return waited(a);
             C10D_CHECK(write_slot(a));
             a->phase = PH_REDUCE;
             *moved = 1;
             break;
         case PH_REDUCE:
             if (!all_at(seg, 0, a->gen))
-                return check_waited(a);
+                return waited(a);
             C10D_CHECK(check_stamps(a));
             *moved = 1;
             if (!sliced(a)) {
@@ -536,7 +547,7 @@ int c10d__shm_coll_progress(struct c10d__shm_coll *a, int *moved)
             break;
         case PH_GATHER:
             if (!all_at(seg, 1, a->gen))
-                return check_waited(a);
+                return waited(a);
             gather_slices(a);
             *moved = 1;
             next_chunk(a);

@@ -51,6 +51,10 @@ struct c10d__shm_coll {
     int phase;
     int counted;      /* all_to_all: block_elems is learnt at chunk 0 */
     const char *copy; /* all_to_all's input, when it overlaps its output */
+    /* While a peer is behind, look whether it announced another collective
+     * on every look_every-th call that finds it so (0 or 1: every one);
+     * the caller's to set after start. */
+    unsigned look_every, waits;
 };
 
 /* Whether `op` runs on a segment with slots of `slot_bytes` for `nranks`

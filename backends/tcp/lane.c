@@ -37,6 +37,10 @@ static long usable_cpus(void)
     return online > 0 ? online : 1;
 }
 
+/* The waiter polls its peers' `arrive` on every turn, their announcements
+ * (a peer that runs another collective) on every this many. */
+#define LOOK_EVERY 64u
+
 /* Tests: ops completed by their waiting thread, ops handed to the loop. */
 static atomic_uint_fast64_t ran_here, handed;
 
@@ -181,6 +185,7 @@ int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
     c10d__fp_of(op, seg->nranks, &fp);
     c10d__shm_announce(seg, op->seq, 0, &fp);
     c10d__shm_coll_start(&l->coll, seg, op, 0, &fp);
+    l->coll.look_every = LOOK_EVERY;
     c10d__shm_awake(seg);
     int moved;
     int rc = c10d__shm_coll_progress(&l->coll, &moved);
@@ -245,6 +250,7 @@ int c10d__tcp_lane_taken(struct c10d__tcp_lane *l, const struct c10d__op *op,
     if (atomic_load_explicit(&l->op, memory_order_relaxed) != op)
         return 0;
     *coll = l->coll;
+    coll->look_every = 0; /* the loop may sleep between looks: every one counts */
     atomic_store(&l->op, NULL);
     atomic_fetch_add(&l->word, 1u - LANE_HELD); /* counted, and the lane free */
     return 1;
