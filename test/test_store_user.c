@@ -59,6 +59,7 @@ static int put(struct kv *kv, const char *key, const void *v, size_t len)
     }
     kv->vals[i] = malloc(len + 1);
     memcpy(kv->vals[i], v, len);
+    ((char *)kv->vals[i])[len] = '\0'; /* add_locked parses it as a C string */
     kv->lens[i] = len;
     pthread_cond_broadcast(&kv->cv);
     return 0;
@@ -68,6 +69,7 @@ static char *copy(struct kv *kv, long i, size_t *len)
 {
     char *c = malloc(kv->lens[i] + 1);
     memcpy(c, kv->vals[i], kv->lens[i]);
+    c[kv->lens[i]] = '\0';
     *len = kv->lens[i];
     return c;
 }
