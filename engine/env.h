@@ -66,6 +66,9 @@
     X(SHM_LANE_SPIN_US, "C10D_SHM_LANE_SPIN_US", NULL, "1000",                                     \
       "shared-memory path: how long a waiting thread runs its op in the caller's lane before it "  \
       "hands the op to the loop and sleeps")                                                       \
+    X(SHM_P2P, "C10D_SHM_P2P", NULL, "1",                                                          \
+      "shared-memory path: 1 sends this rank's P2P frames to ranks of its segment through a "      \
+      "ring in the segment; 0: through the socket")                                                \
     X(SHM_SLOT_BYTES, "C10D_SHM_SLOT_BYTES", NULL, "262144",                                       \
       "shared-memory path: bytes of each of a rank's two slots in the segment (an op "             \
       "runs in chunks of this size; rank 0's value counts)")                                       \

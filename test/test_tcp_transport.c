@@ -2,6 +2,7 @@
  * loopback (fork; addresses exchanged over pipes). */
 #include "tcp_harness.h"
 
+#include <string.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 
@@ -473,6 +474,50 @@ static void test_p2p_in_place(void **state)
     assert_int_equal(rc, 0);
 }
 
+/* Frames between ranks of one segment go through its rings (docs/shm.md,
+ * "P2P"): small messages and their acknowledgements, and with
+ * C10D_P2P_IN_PLACE=0 a 3 MiB payload streamed through a 128 KiB ring (the
+ * writer waits for room, the reader wakes it); with C10D_LOOP_SPIN_US=0
+ * every wait sleeps, so every frame needs a wake through a doorbell. With
+ * C10D_SHM_P2P=0 nothing goes through them. arg: 1 if rings are on. */
+static int rings_body(struct h_ctx *h, void *arg)
+{
+    int on = (int)(uintptr_t)arg;
+    int rc = p2p_body(h, (void *)(uintptr_t)(3u << 18)); /* 3 MiB of int32 */
+    if (rc != 0)
+        return rc;
+    uint64_t bytes = c10d__tcp_ring_bytes(h->state);
+    if (on)
+        H_CHECK(h, bytes >= (3u << 20), "%llu bytes through the rings, want >= 3 MiB",
+                (unsigned long long)bytes);
+    else
+        H_CHECK(h, bytes == 0, "%llu bytes through the rings with C10D_SHM_P2P=0",
+                (unsigned long long)bytes);
+    return 0;
+}
+
+static void test_p2p_rings(void **state)
+{
+    (void)state;
+    int st[8];
+    /* The suite's second run (test_tcp_transport_sockets) turns them off. */
+    const char *was = getenv("C10D_SHM_P2P");
+    uintptr_t on = was == NULL || strcmp(was, "0") != 0;
+    setenv("C10D_P2P_IN_PLACE", "0", 1);
+    setenv("C10D_LOOP_SPIN_US", "0", 1);
+    int rc1 = h_spawn(3, rings_body, (void *)on, 60, 30000, 0, st);
+    unsetenv("C10D_LOOP_SPIN_US");
+    int rc2 = h_spawn(2, rings_body, (void *)on, 60, 30000, 0, st);
+    setenv("C10D_SHM_P2P", "0", 1);
+    int rc3 = h_spawn(2, rings_body, (void *)(uintptr_t)0, 60, 30000, 0, st);
+    if (on)
+        unsetenv("C10D_SHM_P2P");
+    unsetenv("C10D_P2P_IN_PLACE");
+    assert_int_equal(rc1, 0);
+    assert_int_equal(rc2, 0);
+    assert_int_equal(rc3, 0);
+}
+
 static void test_lazy(void **state)
 {
     (void)state;
@@ -490,7 +535,7 @@ int main(void)
         cmocka_unit_test(test_flood),        cmocka_unit_test(test_tags_and_any_source),
         cmocka_unit_test(test_oversize),     cmocka_unit_test(test_peer_killed),
         cmocka_unit_test(test_peer_stalled), cmocka_unit_test(test_abort),
-        cmocka_unit_test(test_lazy),
+        cmocka_unit_test(test_lazy),         cmocka_unit_test(test_p2p_rings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,7 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define SEG_MAGIC   0x63313064736d3031ull /* "c10dsm01" */
+#define SEG_MAGIC   0x63313064736d3032ull /* "c10dsm02" */
 #define HEADER_SIZE 4096
 
 struct seg_header {
@@ -65,12 +65,22 @@ void c10d__shm_host_id(char *buf, size_t cap)
              (unsigned long long)pidns.st_ino, (unsigned long long)netns.st_ino, host);
 }
 
+/* Whether a segment for nranks has a ring per ordered pair of ranks. */
+static int has_rings(int nranks)
+{
+    return nranks >= 2 && nranks <= C10D_SHM_RING_MAX_RANKS;
+}
+
 static size_t seg_bytes(int nranks, size_t slot_bytes, size_t *ctl_off, size_t *data_off)
 {
     size_t ctl = (size_t)nranks * sizeof(struct c10d__shm_ctl);
     *ctl_off = HEADER_SIZE;
     *data_off = HEADER_SIZE + ((ctl + 4095) & ~(size_t)4095);
-    return *data_off + (size_t)nranks * 2 * slot_bytes;
+    size_t bytes = *data_off + (size_t)nranks * 2 * slot_bytes;
+    bytes = (bytes + 4095) & ~(size_t)4095;
+    if (has_rings(nranks)) /* pages are only made where a ring is used */
+        bytes += (size_t)nranks * (size_t)nranks * C10D_SHM_RING_SIZE;
+    return bytes;
 }
 
 static int map_it(int fd, int nranks, int rank, size_t slot_bytes, struct c10d__shm_seg **out)
@@ -103,8 +113,22 @@ static int map_it(int fd, int nranks, int rank, size_t slot_bytes, struct c10d__
     seg->slot_bytes = slot_bytes;
     seg->ctl = (struct c10d__shm_ctl *)((char *)base + ctl_off);
     seg->data = (char *)base + data_off;
+    if (has_rings(nranks)) {
+        size_t rings_off = (data_off + (size_t)nranks * 2 * slot_bytes + 4095) & ~(size_t)4095;
+        seg->rings = (char *)base + rings_off;
+    }
     *out = seg;
     return 0;
+}
+
+struct c10d__shm_ring *c10d__shm_ring_of(const struct c10d__shm_seg *seg, int from, int to)
+{
+    if (seg->rings == NULL || from == to || from < 0 || to < 0 || from >= seg->nranks ||
+        to >= seg->nranks)
+        return NULL;
+    return (struct c10d__shm_ring *)(seg->rings +
+                                     ((size_t)from * (size_t)seg->nranks + (size_t)to) *
+                                         C10D_SHM_RING_SIZE);
 }
 
 /* Each "cannot" of the doorbells is said once per process, at DEBUG: the tcp
@@ -393,6 +417,14 @@ int c10d__shm_bells_all(struct c10d__shm_seg *seg)
             return 0;
     }
     return 1;
+}
+
+void c10d__shm_wake(struct c10d__shm_seg *seg, int r, void (*ring)(void *arg, int r), void *arg)
+{
+    if (bell_ring(seg, r) < 0) {
+        atomic_fetch_add_explicit(&rung_by_ring, 1, memory_order_relaxed);
+        ring(arg, r);
+    }
 }
 
 void c10d__shm_wake_sleepers(struct c10d__shm_seg *seg, void (*ring)(void *arg, int r), void *arg)

@@ -8,13 +8,16 @@
  * Layout: a header page (magic, nonce, ranks, slot size), then a control
  * block per rank (its counters, each on its own cache lines), then each
  * rank's two data slots (double buffering: a rank fills one while its peers
- * still read the other). docs/shm.md has the protocol that uses them.
+ * still read the other), then (up to C10D_SHM_RING_MAX_RANKS ranks) a byte
+ * ring per ordered pair of ranks for the tcp transport's frames (ring.h).
+ * docs/shm.md has the protocol that uses them.
  *
  * Any thread; a segment is used by one thread at a time (the loop's). */
 #ifndef C10D_BACKENDS_SHM_SEGMENT_H
 #define C10D_BACKENDS_SHM_SEGMENT_H
 
 #include "backends/fingerprint.h"
+#include "ring.h"
 
 #include <stdatomic.h>
 #include <stddef.h>
@@ -61,7 +64,13 @@ struct c10d__shm_seg {
     uint64_t gen;         /* chunks run so far: the same count on every rank */
     int bell_rd, bell_wr; /* this rank's doorbell pipe (-1: none, peers use tcp) */
     int *peer_bell;       /* per rank: its doorbell opened here, -2 not yet, -1 cannot */
+    char *rings;          /* a ring per ordered pair (ring.h), NULL: none */
 };
+
+/* Segments for up to this many ranks carry a byte ring per ordered pair of
+ * ranks (ring.h): 32 x 32 x 128 KiB of address space at most, the pages
+ * made only as rings are used. */
+#define C10D_SHM_RING_MAX_RANKS 32
 
 /* This process's host identity for the shm path, or "" when it has none:
  * equal ids (same boot, user, pid and network namespace, host name) can map
@@ -109,6 +118,11 @@ int c10d__shm_bell_fd(const struct c10d__shm_seg *seg);
 /* Nothing polls this rank's doorbell: its peers ring it over tcp (those that
  * opened it already are not told; call it before any op runs). */
 void c10d__shm_bell_withdraw(struct c10d__shm_seg *seg);
+/* Wakes rank r's loop now: its doorbell, or ring(arg, r) where it has none. */
+void c10d__shm_wake(struct c10d__shm_seg *seg, int r, void (*ring)(void *arg, int r), void *arg);
+/* The ring rank `from` writes and rank `to` reads, NULL if the segment has
+ * none (too many ranks). */
+struct c10d__shm_ring *c10d__shm_ring_of(const struct c10d__shm_seg *seg, int from, int to);
 /* Tests: rings through doorbells and through ring() since the process began. */
 void c10d__shm_bell_counts(uint64_t *bells, uint64_t *fallbacks);
 

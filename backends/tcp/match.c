@@ -584,6 +584,7 @@ void c10d__tcp_handle_frame(struct conn *c, const struct wire *w)
         c10d__engine_busy(); /* the peer moved on shared memory: poll it */
         return;
     case F_BYE:
+        c10d__tcp_ring_drain(t, pe); /* what it wrote there before it left */
         c->bye = 1;
         pe->gone = 1;
         return;

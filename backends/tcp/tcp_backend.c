@@ -539,6 +539,29 @@ static void ring_local_peer(void *arg, int r)
         c10d__tcp_transport_ring(s->t, s->hier.local[r]);
 }
 
+/* The transport's rings (docs/shm.md, "P2P"): a rank whose ring says it
+ * sleeps or waits for room is woken through its doorbell. */
+static void wake_ring_peer(void *arg, int r)
+{
+    struct tcp_state *s = arg;
+    if (s->shm != NULL)
+        c10d__shm_wake(s->shm, r, ring_peer, s);
+}
+
+/* Frames between ranks of the group's segment go through its rings: every
+ * rank reads them; C10D_SHM_P2P=0 keeps this rank writing to the sockets
+ * (its peers still read what the others write). Rail 0 alone: a ring has
+ * one writer. */
+static void use_rings(struct tcp_state *s)
+{
+    int write = c10d__env_bool(C10D_ENV_SHM_P2P);
+    for (int r = 0; r < s->size; r++)
+        if (r != s->rank)
+            c10d__tcp_transport_set_ring(s->t, r,
+                                         write ? c10d__shm_ring_of(s->shm, s->rank, r) : NULL,
+                                         c10d__shm_ring_of(s->shm, r, s->rank), wake_ring_peer, s);
+}
+
 static int shm_ready(struct c10d__poll_item *item)
 {
     struct tcp_op *o = (struct tcp_op *)((char *)item - offsetof(struct tcp_op, poll));
@@ -1168,6 +1191,8 @@ static int choose_shm(struct tcp_state *s, const char *const *notes)
         s->shm_bell = c10d__shm_bell_listen(s->shm);
     if (rc > 0)
         s->lane.seg = s->shm; /* before the group's first op: set up on creation */
+    if (rc > 0)
+        use_rings(s);
     if (rc > 0 && s->rank == 0)
         C10D_INFO("shm",
                   "group %s: every rank is on this host: collectives run on shared memory "
@@ -1293,6 +1318,12 @@ uint64_t c10d__tcp_bytes_in_place(void *state)
     for (int k = 0; k < c10d__tcp_rails_count(s->rails); k++)
         n += c10d__tcp_transport_bytes_in_place(rails[k]);
     return n;
+}
+
+uint64_t c10d__tcp_ring_bytes(void *state)
+{
+    struct tcp_state *s = state;
+    return s->t != NULL ? c10d__tcp_transport_ring_bytes(s->t) : 0;
 }
 
 /* The ranks the shared-memory decision found on this host (all, or the

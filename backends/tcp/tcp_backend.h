@@ -21,5 +21,8 @@ int c10d__tcp_connect(void *state, const char *const *addrs, void (*done)(void *
 /* Bytes of P2P messages this rank copied straight from a sender's memory
  * (docs/shm.md, "P2P"), over every rail. Any thread. */
 uint64_t c10d__tcp_bytes_in_place(void *state);
+/* Bytes this rank wrote to its peers through the segment's rings instead of
+ * the sockets (docs/shm.md, "P2P"). Any thread. */
+uint64_t c10d__tcp_ring_bytes(void *state);
 
 #endif

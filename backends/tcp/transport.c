@@ -121,6 +121,45 @@ void c10d__tcp_transport_ring(struct c10d__tcp_transport *t, int r)
     c10d__tcp_xfer_put(t, x);
 }
 
+static void on_ring_poll(uv_prepare_t *h)
+{
+    struct c10d__tcp_transport *t = h->data;
+    if (!t->failed && c10d__tcp_rings_poll(t, c10d__engine_will_sleep()))
+        c10d__engine_busy();
+}
+
+void c10d__tcp_transport_set_ring(struct c10d__tcp_transport *t, int r, struct c10d__shm_ring *out,
+                                  struct c10d__shm_ring *in, void (*wake)(void *arg, int r),
+                                  void *arg)
+{
+    if (t->failed || r < 0 || r >= t->cfg.size || r == t->cfg.rank || in == NULL)
+        return;
+    struct peer *pe = &t->peers[r];
+    if (pe->ring_conn == NULL) {
+        if ((pe->ring_conn = calloc(1, sizeof *pe->ring_conn)) == NULL)
+            return; /* its frames keep coming through the socket */
+        pe->ring_conn->t = t;
+        pe->ring_conn->rank = r;
+        pe->ring_conn->state = C_READY;
+    }
+    pe->ring_in = in;
+    pe->ring_out = out;
+    t->ring_wake = wake;
+    t->ring_wake_arg = arg;
+    if (!t->ring_poll_open && uv_prepare_init(t->loop, &t->ring_poll) == 0) {
+        t->ring_poll.data = t;
+        t->ring_poll_open = 1;
+        t->handles++;
+        uv_prepare_start(&t->ring_poll, on_ring_poll);
+    }
+}
+
+uint64_t c10d__tcp_transport_ring_bytes(const struct c10d__tcp_transport *t)
+{
+    return atomic_load_explicit(&((struct c10d__tcp_transport *)t)->ring_bytes,
+                                memory_order_relaxed);
+}
+
 void c10d__tcp_transport_set_local(struct c10d__tcp_transport *t, int r)
 {
     if (r >= 0 && r < t->cfg.size && r != t->cfg.rank)
@@ -295,6 +334,10 @@ static void close_all_handles(struct c10d__tcp_transport *t)
     if (t->pending_open) {
         t->pending_open = 0;
         uv_close((uv_handle_t *)&t->pending, on_handle_closed);
+    }
+    if (t->ring_poll_open) {
+        t->ring_poll_open = 0;
+        uv_close((uv_handle_t *)&t->ring_poll, on_handle_closed);
     }
 }
 

@@ -17,6 +17,7 @@
 #include <uv.h>
 
 struct c10d__tcp_transport;
+struct c10d__shm_ring;
 
 /* One send or receive. Obtain with c10d__tcp_xfer_get, fill the public part,
  * post; `done` runs once it completed (possibly inside the posting call when
@@ -108,6 +109,20 @@ void c10d__tcp_transport_set_local(struct c10d__tcp_transport *t, int r);
 void c10d__tcp_transport_read_in_place(struct c10d__tcp_transport *t, int on);
 /* Bytes of P2P messages this rank read in place so far (any thread). */
 uint64_t c10d__tcp_transport_bytes_in_place(const struct c10d__tcp_transport *t);
+
+/* Rank r shares a segment with this rank (docs/shm.md, "P2P"): every frame
+ * it sends through `in` is read from there (polled before every turn of the
+ * loop), and with `out` every frame to it but the wake-up, the goodbye and
+ * the abort (which stay on the socket, the liveness signal) goes through
+ * `out` instead of the socket; NULL: the socket. wake(arg, r) wakes rank
+ * r's loop (its doorbell) once a ring says it sleeps or waits for room.
+ * Loop thread, after the handshakes and before any op; at most one
+ * transport may use a given ring. */
+void c10d__tcp_transport_set_ring(struct c10d__tcp_transport *t, int r, struct c10d__shm_ring *out,
+                                  struct c10d__shm_ring *in, void (*wake)(void *arg, int r),
+                                  void *arg);
+/* Bytes this rank wrote to rings so far (any thread). */
+uint64_t c10d__tcp_transport_ring_bytes(const struct c10d__tcp_transport *t);
 
 /* The note rank r's handshake carried ("" before it met this rank, or if it
  * had none). */

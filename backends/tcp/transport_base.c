@@ -83,6 +83,12 @@ void c10d__tcp_free_memory(struct c10d__tcp_transport *t)
         }
         if (t->addrs != NULL)
             free(t->addrs[r]);
+        for (struct ring_write *w = t->peers[r].rw_head; w != NULL;) {
+            struct ring_write *next = w->next;
+            free(w);
+            w = next;
+        }
+        free(t->peers[r].ring_conn);
     }
     for (struct unexp *u = t->unexp_pool; u != NULL;) {
         struct unexp *next = u->next;

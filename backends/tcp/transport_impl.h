@@ -7,6 +7,7 @@
 #define C10D_BACKENDS_TCP_TRANSPORT_IMPL_H
 
 #include "backends/backend.h"
+#include "backends/shm/ring.h"
 #include "transport.h"
 
 #include "engine/error.h"
@@ -83,6 +84,15 @@ struct unexp {
 
 struct conn;
 
+/* A frame of a ring peer that did not fit its ring yet: its bytes from
+ * `off` on go when the reader has made room (wire.c). */
+struct ring_write {
+    struct ring_write *next;
+    struct c10d__tcp_xfer *x;
+    int which;
+    size_t off;
+};
+
 struct peer {
     int rank;
     struct conn *conn;       /* ready connection */
@@ -104,6 +114,13 @@ struct peer {
     size_t eager_out;       /* P2P eager bytes sent, not yet acknowledged */
     int local;              /* same host, pid namespace and user (c10d__tcp_transport_set_local) */
     char note[C10D_TCP_NOTE_MAX + 1]; /* what its handshake carried */
+    /* A rank sharing a segment with this one (c10d__tcp_transport_set_ring):
+     * frames to it go through ring_out (when set), frames from it come
+     * from ring_in too, parsed by ring_conn, which keeps its own place in
+     * that stream as a socket's connection does in its own. */
+    struct c10d__shm_ring *ring_out, *ring_in;
+    struct conn *ring_conn;
+    struct ring_write *rw_head, *rw_tail;
 };
 
 struct conn {
@@ -203,6 +220,12 @@ struct c10d__tcp_transport {
      * needs it, as in gloo. */
     int nmet;
     int ready_called;
+    /* Rings (docs/shm.md, "P2P"): polled before the loop's every turn. */
+    uv_prepare_t ring_poll;
+    int ring_poll_open;
+    void (*ring_wake)(void *arg, int rank);
+    void *ring_wake_arg;
+    _Atomic uint64_t ring_bytes; /* written to rings (read from any thread) */
 };
 
 /* Helpers small and hot enough that every part gets its own inlined copy. */
@@ -246,6 +269,13 @@ void c10d__tcp_send_cts(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
 void c10d__tcp_send_data(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x, uint64_t cap);
 void c10d__tcp_send_ack(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x);
 void c10d__tcp_send_fin(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x);
+/* The rings: writes waiting for room go out, and every ring peer's bytes
+ * are read; with may_sleep (the loop's turn ends in epoll) each reader says
+ * so first and reads once more. Returns whether anything moved. */
+int c10d__tcp_rings_poll(struct c10d__tcp_transport *t, int may_sleep);
+/* What rank pe sent through its ring so far is read (before a goodbye on
+ * its socket, which may overtake it, is taken as its last word). */
+void c10d__tcp_ring_drain(struct c10d__tcp_transport *t, struct peer *pe);
 void c10d__tcp_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 void c10d__tcp_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 

@@ -19,6 +19,7 @@
 #include "engine/loop.h"
 
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define DIRECT_MIN (16 * 1024)
@@ -26,6 +27,19 @@
 #define MAX_IOV    17
 
 /* ----------------------------------------------------------- writing */
+
+/* A write that was queued (x->writes counted it) went out whole. */
+static void xfer_written_ok(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x, int which)
+{
+    x->writes--;
+    if (x->released || t->failed) {
+        if (x->released && x->writes == 0)
+            c10d__tcp_pool_push(t, x);
+        return;
+    }
+    if (which == W_DATA && !x->await_ack)
+        x->done(x);
+}
 
 static void xfer_written(uv_write_t *req, int status, int which)
 {
@@ -54,11 +68,109 @@ static void on_data_written(uv_write_t *req, int status)
     xfer_written(req, status, W_DATA);
 }
 
+/* ------------------------------------------------------------ rings */
+
+/* A frame's bytes, header then payload, as the socket would carry them. */
+static size_t frame_len(const struct c10d__tcp_xfer *x, int which)
+{
+    return HDR_LEN + (which == W_DATA ? x->len : 0);
+}
+
+static const unsigned char *frame_hdr(const struct c10d__tcp_xfer *x, int which)
+{
+    return which == W_CTL ? x->ctl_hdr : x->data_hdr;
+}
+
+/* Writes what fits of x's frame from byte `off` on; returns where it got. */
+static size_t ring_put_from(struct c10d__tcp_transport *t, struct peer *pe,
+                            struct c10d__tcp_xfer *x, int which, size_t off)
+{
+    size_t before = off;
+    if (off < HDR_LEN)
+        off += c10d__shm_ring_put(pe->ring_out, frame_hdr(x, which) + off, HDR_LEN - off);
+    while (off >= HDR_LEN && off < frame_len(x, which)) {
+        size_t n = c10d__shm_ring_put(pe->ring_out, (const char *)x->buf + (off - HDR_LEN),
+                                      frame_len(x, which) - off);
+        if (n == 0)
+            break;
+        off += n;
+    }
+    if (off > before) {
+        atomic_fetch_add_explicit(&t->ring_bytes, off - before, memory_order_relaxed);
+        if (c10d__shm_ring_reader_to_wake(pe->ring_out))
+            t->ring_wake(t->ring_wake_arg, pe->rank);
+    }
+    return off;
+}
+
+/* Writes of pe that waited for room, in order, as far as the room goes;
+ * then, if some still wait, tells the reader (it wakes this rank). */
+static int ring_flush(struct c10d__tcp_transport *t, struct peer *pe)
+{
+    int moved = 0;
+    for (;;) {
+        while (pe->rw_head != NULL && !t->failed) {
+            struct ring_write *w = pe->rw_head;
+            size_t off = ring_put_from(t, pe, w->x, w->which, w->off);
+            moved |= off != w->off;
+            w->off = off;
+            if (off < frame_len(w->x, w->which))
+                break;
+            pe->rw_head = w->next;
+            if (pe->rw_head == NULL)
+                pe->rw_tail = NULL;
+            struct c10d__tcp_xfer *x = w->x;
+            int which = w->which;
+            free(w);
+            xfer_written_ok(t, x, which);
+        }
+        if (pe->rw_head == NULL || t->failed || !c10d__shm_ring_writer_wait(pe->ring_out))
+            return moved;
+    }
+}
+
+/* The frame goes after any that wait for room; all of it now if it fits,
+ * and then a send is done within this call, as after a complete
+ * uv_try_write. */
+static void ring_write(struct c10d__tcp_transport *t, struct peer *pe, struct c10d__tcp_xfer *x,
+                       int which)
+{
+    size_t off = 0;
+    if (pe->rw_head == NULL) {
+        off = ring_put_from(t, pe, x, which, 0);
+        if (off == frame_len(x, which)) {
+            if (which == W_DATA && !x->await_ack)
+                x->done(x);
+            return;
+        }
+    }
+    struct ring_write *w = malloc(sizeof *w);
+    if (w == NULL) {
+        c10d__tcp_error(t, C10D_ENOMEM, "tcp: out of memory queueing a frame for rank %d",
+                        pe->rank);
+        return;
+    }
+    *w = (struct ring_write){NULL, x, which, off};
+    x->writes++;
+    if (pe->rw_tail != NULL)
+        pe->rw_tail->next = w;
+    else
+        pe->rw_head = w;
+    pe->rw_tail = w;
+    if (pe->rw_head == w)
+        ring_flush(t, pe);
+}
+
 void c10d__tcp_peer_write(struct c10d__tcp_transport *t, struct peer *pe, struct c10d__tcp_xfer *x,
                           int which)
 {
     if (t->failed)
         return;
+    /* The wake-up rings a loop that may not read its rings yet; the socket. */
+    if (pe->ring_out != NULL && frame_hdr(x, which)[0] != F_WAKE) {
+        ring_write(t, pe, x, which);
+        return;
+    }
     if (pe->conn == NULL && pe->lost)
         return; /* the transport is about to fail */
     if (pe->conn == NULL && pe->gone) {
@@ -239,6 +351,48 @@ static void parse(struct conn *c, const char *p, size_t n)
         if (c->remaining == 0)
             t->up->body_done(c);
     }
+}
+
+void c10d__tcp_ring_drain(struct c10d__tcp_transport *t, struct peer *pe)
+{
+    if (pe->ring_in == NULL || pe->ring_conn == NULL)
+        return;
+    const char *p;
+    size_t n, took = 0;
+    while (!t->failed && (n = c10d__shm_ring_peek(pe->ring_in, &p)) > 0) {
+        parse(pe->ring_conn, p, n);
+        c10d__shm_ring_take(pe->ring_in, n);
+        took += n;
+    }
+    if (took > 0 && c10d__shm_ring_writer_to_wake(pe->ring_in))
+        t->ring_wake(t->ring_wake_arg, pe->rank);
+}
+
+int c10d__tcp_rings_poll(struct c10d__tcp_transport *t, int may_sleep)
+{
+    int moved = 0;
+    for (int r = 0; r < t->cfg.size && !t->failed; r++) {
+        struct peer *pe = &t->peers[r];
+        if (pe->ring_in == NULL)
+            continue;
+        if (pe->rw_head != NULL)
+            moved |= ring_flush(t, pe);
+        /* Before a sleep the flag goes up last, then one more look: bytes
+         * written before the writer could see it are read here, the others
+         * come with a wake. */
+        const char *p;
+        for (int said = !may_sleep; !t->failed;) {
+            if (c10d__shm_ring_peek(pe->ring_in, &p) > 0) {
+                c10d__tcp_ring_drain(t, pe);
+                moved = 1;
+            } else if (said || !c10d__shm_ring_reader_sleep(pe->ring_in)) {
+                break;
+            } else {
+                said = 1;
+            }
+        }
+    }
+    return moved;
 }
 
 void c10d__tcp_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
