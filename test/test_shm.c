@@ -181,6 +181,63 @@ static void test_doorbell(void **st)
     assert_int_equal(count_fds(), fds0);
 }
 
+/* The P2P rings (ring.h), both ends mapped here: bytes in order across the
+ * wrap, a full ring takes what fits, and each flag handshake answers once. */
+static void test_ring(void **st)
+{
+    (void)st;
+    struct c10d__shm_seg *a, *b;
+    char ref[C10D_SHM_REF_MAX];
+    assert_int_equal(c10d__shm_create(3, 4096, &a, ref, sizeof ref), 0);
+    assert_int_equal(c10d__shm_attach(ref, 3, 1, &b), 0);
+    assert_null(c10d__shm_ring_of(a, 0, 0));
+    struct c10d__shm_ring *w = c10d__shm_ring_of(a, 0, 1), *r = c10d__shm_ring_of(b, 0, 1);
+    assert_non_null(w);
+    assert_true(c10d__shm_ring_of(a, 1, 0) != w && c10d__shm_ring_of(a, 0, 2) != w);
+    assert_false(c10d__shm_ring_reader_is_open(w));
+    c10d__shm_ring_open_reader(r);
+    assert_true(c10d__shm_ring_reader_is_open(w));
+
+    static unsigned char out[C10D_SHM_RING_BYTES + 1000], in[sizeof out];
+    for (size_t i = 0; i < sizeof out; i++)
+        out[i] = (unsigned char)(i * 7 + 3);
+    const char *p;
+    assert_int_equal(c10d__shm_ring_peek(r, &p), 0);
+    /* Fill to the brim: what does not fit is refused, and the writer that
+     * says it waits is told the ring is still full. */
+    size_t put = c10d__shm_ring_put(w, out, sizeof out);
+    assert_int_equal(put, C10D_SHM_RING_BYTES);
+    assert_int_equal(c10d__shm_ring_put(w, out + put, 1), 0);
+    assert_false(c10d__shm_ring_writer_wait(w));
+    /* The reader takes some: the waiting writer is to be woken, once. */
+    size_t got = 0, n = c10d__shm_ring_peek(r, &p);
+    assert_true(n > 0);
+    memcpy(in, p, 1000);
+    c10d__shm_ring_take(r, 1000);
+    got = 1000;
+    assert_true(c10d__shm_ring_writer_to_wake(r));
+    assert_false(c10d__shm_ring_writer_to_wake(r));
+    /* The rest goes in across the end of the ring and comes out in order. */
+    assert_int_equal(c10d__shm_ring_put(w, out + put, sizeof out - put), sizeof out - put);
+    while ((n = c10d__shm_ring_peek(r, &p)) > 0) {
+        memcpy(in + got, p, n);
+        c10d__shm_ring_take(r, n);
+        got += n;
+    }
+    assert_int_equal(got, sizeof out);
+    assert_memory_equal(in, out, sizeof out);
+    /* A sleeping reader: nothing there, so it sleeps; a write wakes it once. */
+    assert_false(c10d__shm_ring_reader_sleep(r));
+    assert_false(c10d__shm_ring_writer_wait(w) == 0); /* room: the writer goes on */
+    assert_int_equal(c10d__shm_ring_put(w, "x", 1), 1);
+    assert_true(c10d__shm_ring_reader_to_wake(w));
+    assert_false(c10d__shm_ring_reader_to_wake(w));
+    /* Bytes already there when the reader looks before sleeping: it reads. */
+    assert_true(c10d__shm_ring_reader_sleep(r));
+    c10d__shm_free(b);
+    c10d__shm_free(a);
+}
+
 /* Two ranks in one process, stepped by hand: one waits for the other. */
 static void test_state_machine(void **st)
 {
@@ -688,6 +745,7 @@ int main(void)
         cmocka_unit_test(test_decide),
         cmocka_unit_test(test_attach_errors),
         cmocka_unit_test(test_doorbell),
+        cmocka_unit_test(test_ring),
         cmocka_unit_test(test_state_machine),
         cmocka_unit_test(test_rooted_and_exchange_ops),
         cmocka_unit_test(test_uneven_all_to_all),

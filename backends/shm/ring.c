@@ -48,6 +48,16 @@ int c10d__shm_ring_writer_wait(struct c10d__shm_ring *r)
     return head - atomic_load_explicit(&r->tail, memory_order_acquire) < C10D_SHM_RING_BYTES;
 }
 
+void c10d__shm_ring_open_reader(struct c10d__shm_ring *r)
+{
+    atomic_store_explicit(&r->reader_open, 1, memory_order_release);
+}
+
+int c10d__shm_ring_reader_is_open(struct c10d__shm_ring *r)
+{
+    return atomic_load_explicit(&r->reader_open, memory_order_acquire) != 0;
+}
+
 size_t c10d__shm_ring_peek(struct c10d__shm_ring *r, const char **p)
 {
     uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);

@@ -32,7 +32,8 @@ struct c10d__shm_ring {
     char pad0[128 - sizeof(uint64_t) - sizeof(uint32_t)];
     _Atomic uint64_t tail;          /* the reader's */
     _Atomic uint32_t reader_sleeps; /* the reader's loop sleeps: wake it after writing */
-    char pad1[128 - sizeof(uint64_t) - sizeof(uint32_t)];
+    _Atomic uint32_t reader_open;   /* the reader reads this ring */
+    char pad1[128 - sizeof(uint64_t) - 2 * sizeof(uint32_t)];
     /* C10D_SHM_RING_BYTES of data follow */
 };
 
@@ -47,6 +48,12 @@ int c10d__shm_ring_reader_to_wake(struct c10d__shm_ring *r);
 /* Writer, with bytes that did not fit: says so, then 1 if room appeared
  * meanwhile (write again now), 0 if the reader will wake it. */
 int c10d__shm_ring_writer_wait(struct c10d__shm_ring *r);
+
+/* Reader: from now on it reads this ring (a writer that sees this may
+ * switch to it; one that does not keeps its socket). */
+void c10d__shm_ring_open_reader(struct c10d__shm_ring *r);
+/* Writer: whether the reader said it reads the ring. */
+int c10d__shm_ring_reader_is_open(struct c10d__shm_ring *r);
 
 /* Reader: the readable bytes that lie in one piece from the tail (0: none). */
 size_t c10d__shm_ring_peek(struct c10d__shm_ring *r, const char **p);

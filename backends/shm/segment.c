@@ -103,7 +103,7 @@ static int map_it(int fd, int nranks, int rank, size_t slot_bytes, struct c10d__
         return c10d__fail(C10D_ENOMEM, "shm: out of memory");
     }
     for (int r = 0; r < nranks; r++)
-        seg->peer_bell[r] = -2;
+        atomic_init(&seg->peer_bell[r], -2);
     seg->bell_rd = seg->bell_wr = -1;
     seg->base = base;
     seg->map_bytes = bytes;
@@ -192,13 +192,9 @@ void c10d__shm_bell_withdraw(struct c10d__shm_seg *seg)
     atomic_store_explicit(&seg->ctl[seg->rank].bell, 0, memory_order_relaxed);
 }
 
-/* Rank r's doorbell, opened on first use: its descriptor, or -1 (ring over
- * tcp; so for good once it failed). */
-static int bell_of(struct c10d__shm_seg *seg, int r)
+/* Opens rank r's doorbell: its descriptor, or -1 (ring over tcp). */
+static int bell_open(const struct c10d__shm_seg *seg, int r)
 {
-    if (seg->peer_bell[r] != -2)
-        return seg->peer_bell[r];
-    seg->peer_bell[r] = -1;
     const struct c10d__shm_ctl *c = &seg->ctl[r];
     uint64_t b = atomic_load_explicit(&c->bell, memory_order_acquire);
     uint64_t ino = atomic_load_explicit(&c->bell_ino, memory_order_relaxed);
@@ -219,7 +215,24 @@ static int bell_of(struct c10d__shm_seg *seg, int r)
         close(fd);
         return -1;
     }
-    return seg->peer_bell[r] = fd;
+    return fd;
+}
+
+/* Rank r's doorbell, opened on first use (so -1 for good once that failed).
+ * The loop (P2P rings) and a caller's lane may race here: the first answer
+ * stays, the other closes what it opened. */
+static int bell_of(struct c10d__shm_seg *seg, int r)
+{
+    int known = atomic_load_explicit(&seg->peer_bell[r], memory_order_acquire);
+    if (known != -2)
+        return known;
+    int fd = bell_open(seg, r);
+    if (!atomic_compare_exchange_strong(&seg->peer_bell[r], &known, fd)) {
+        if (fd >= 0)
+            close(fd);
+        return known;
+    }
+    return fd;
 }
 
 int c10d__shm_create(int nranks, size_t slot_bytes, struct c10d__shm_seg **out, char *ref,
@@ -410,7 +423,7 @@ int c10d__shm_bells_all(struct c10d__shm_seg *seg)
         if (r == seg->rank)
             continue;
         /* Not published yet: asked again later, not given up for good. */
-        if (seg->peer_bell[r] == -2 &&
+        if (atomic_load_explicit(&seg->peer_bell[r], memory_order_acquire) == -2 &&
             atomic_load_explicit(&seg->ctl[r].bell, memory_order_acquire) == 0)
             return 0;
         if (bell_of(seg, r) < 0)

@@ -12,7 +12,8 @@
  * ring per ordered pair of ranks for the tcp transport's frames (ring.h).
  * docs/shm.md has the protocol that uses them.
  *
- * Any thread; a segment is used by one thread at a time (the loop's). */
+ * Any thread; a segment is used by one thread at a time (the loop's), but
+ * for its doorbells, which the loop and a caller's lane may ring at once. */
 #ifndef C10D_BACKENDS_SHM_SEGMENT_H
 #define C10D_BACKENDS_SHM_SEGMENT_H
 
@@ -63,8 +64,10 @@ struct c10d__shm_seg {
     char *data;
     uint64_t gen;         /* chunks run so far: the same count on every rank */
     int bell_rd, bell_wr; /* this rank's doorbell pipe (-1: none, peers use tcp) */
-    int *peer_bell;       /* per rank: its doorbell opened here, -2 not yet, -1 cannot */
-    char *rings;          /* a ring per ordered pair (ring.h), NULL: none */
+    /* Per rank: its doorbell opened here, -2 not yet, -1 cannot. Atomic: the
+     * loop (P2P rings) and a caller's lane may both open one. */
+    _Atomic int *peer_bell;
+    char *rings; /* a ring per ordered pair (ring.h), NULL: none */
 };
 
 /* Segments for up to this many ranks carry a byte ring per ordered pair of

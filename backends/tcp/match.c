@@ -583,6 +583,16 @@ void c10d__tcp_handle_frame(struct conn *c, const struct wire *w)
     case F_WAKE:
         c10d__engine_busy(); /* the peer moved on shared memory: poll it */
         return;
+    case F_RING:
+        if (pe->ring_in == NULL) {
+            c10d__tcp_error(t, C10D_EPROTO,
+                            "tcp: rank %d writes to a shared-memory ring this rank does not read",
+                            c->rank);
+            return;
+        }
+        pe->ring_started = 1; /* every earlier frame came on the socket */
+        c10d__engine_busy();
+        return;
     case F_BYE:
         c10d__tcp_ring_drain(t, pe); /* what it wrote there before it left */
         c->bye = 1;

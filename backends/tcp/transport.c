@@ -121,11 +121,23 @@ void c10d__tcp_transport_ring(struct c10d__tcp_transport *t, int r)
     c10d__tcp_xfer_put(t, x);
 }
 
+static void on_ring_more(uv_idle_t *h)
+{
+    (void)h; /* being active is the point: the loop's next turn does not block */
+}
+
 static void on_ring_poll(uv_prepare_t *h)
 {
     struct c10d__tcp_transport *t = h->data;
-    if (!t->failed && c10d__tcp_rings_poll(t, c10d__engine_will_sleep()))
+    int got = t->failed ? 0 : c10d__tcp_rings_poll(t, c10d__engine_will_sleep());
+    if (got != 0)
         c10d__engine_busy();
+    if (t->ring_poll_open) {
+        if (got & C10D__RINGS_MORE)
+            uv_idle_start(&t->ring_more, on_ring_more);
+        else
+            uv_idle_stop(&t->ring_more);
+    }
 }
 
 void c10d__tcp_transport_set_ring(struct c10d__tcp_transport *t, int r, struct c10d__shm_ring *out,
@@ -144,12 +156,15 @@ void c10d__tcp_transport_set_ring(struct c10d__tcp_transport *t, int r, struct c
     }
     pe->ring_in = in;
     pe->ring_out = out;
+    c10d__shm_ring_open_reader(in);
     t->ring_wake = wake;
     t->ring_wake_arg = arg;
-    if (!t->ring_poll_open && uv_prepare_init(t->loop, &t->ring_poll) == 0) {
-        t->ring_poll.data = t;
+    if (!t->ring_poll_open) {
+        uv_prepare_init(t->loop, &t->ring_poll);
+        uv_idle_init(t->loop, &t->ring_more);
+        t->ring_poll.data = t->ring_more.data = t;
         t->ring_poll_open = 1;
-        t->handles++;
+        t->handles += 2;
         uv_prepare_start(&t->ring_poll, on_ring_poll);
     }
 }
@@ -310,7 +325,8 @@ static void ready_fail(struct c10d__tcp_transport *t, int status, const char *me
 static void tell_idle_peers(struct c10d__tcp_transport *t, uv_buf_t *bufs, unsigned nbufs)
 {
     for (struct conn *c = t->conns; c != NULL; c = c->all_next)
-        if (c->state == C_READY && uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) == 0)
+        if (c->state == C_READY && uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) == 0 &&
+            (c->rank < 0 || t->peers[c->rank].rw_head == NULL))
             uv_try_write((uv_stream_t *)&c->tcp, bufs, nbufs);
 }
 
@@ -338,6 +354,7 @@ static void close_all_handles(struct c10d__tcp_transport *t)
     if (t->ring_poll_open) {
         t->ring_poll_open = 0;
         uv_close((uv_handle_t *)&t->ring_poll, on_handle_closed);
+        uv_close((uv_handle_t *)&t->ring_more, on_handle_closed);
     }
 }
 
@@ -366,6 +383,7 @@ void c10d__tcp_transport_fail(struct c10d__tcp_transport *t, int status, const c
 /* A clean goodbye: peers that still run ops among themselves carry on. */
 static void transport_close_quietly(struct c10d__tcp_transport *t)
 {
+    c10d__tcp_rings_flush(t); /* a peer with frames still waiting gets no goodbye */
     unsigned char hdr[HDR_LEN];
     c10d__tcp_wire_encode(hdr, F_BYE, 0, 0, 0, 0, 0, NULL);
     uv_buf_t b = uv_buf_init((char *)hdr, HDR_LEN);

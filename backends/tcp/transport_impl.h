@@ -32,7 +32,7 @@
 #define STAGING_LEN      (256 * 1024)
 #define ABORT_MSG_MAX    1000
 
-enum frame_type { F_EAGER = 1, F_RTS, F_CTS, F_DATA, F_ABORT, F_BYE, F_ACK, F_WAKE, F_FIN };
+enum frame_type { F_EAGER = 1, F_RTS, F_CTS, F_DATA, F_ABORT, F_BYE, F_ACK, F_WAKE, F_FIN, F_RING };
 /* FLAG_CMA: a P2P RTS whose sender offers its buffer in place; its fp
  * carries the sender's pid (root) and the buffer's address (count). The
  * receiver reads it and acknowledges (F_ACK); the sender, if its send is
@@ -121,6 +121,11 @@ struct peer {
     struct c10d__shm_ring *ring_out, *ring_in;
     struct conn *ring_conn;
     struct ring_write *rw_head, *rw_tail;
+    /* The switch, once per direction: the writer, once the reader opened
+     * the ring, says F_RING on the socket and writes to the ring from then
+     * on (ring_on); the reader reads the ring only once that F_RING came
+     * (ring_started), after every frame the socket carried before it. */
+    int ring_on, ring_started;
 };
 
 struct conn {
@@ -222,6 +227,7 @@ struct c10d__tcp_transport {
     int ready_called;
     /* Rings (docs/shm.md, "P2P"): polled before the loop's every turn. */
     uv_prepare_t ring_poll;
+    uv_idle_t ring_more; /* active while a ring has bytes left: no sleep */
     int ring_poll_open;
     void (*ring_wake)(void *arg, int rank);
     void *ring_wake_arg;
@@ -271,11 +277,17 @@ void c10d__tcp_send_ack(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
 void c10d__tcp_send_fin(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x);
 /* The rings: writes waiting for room go out, and every ring peer's bytes
  * are read; with may_sleep (the loop's turn ends in epoll) each reader says
- * so first and reads once more. Returns whether anything moved. */
+ * so first and reads once more. Returns C10D__RINGS_MOVED if anything moved,
+ * with C10D__RINGS_MORE if bytes are left for the next turn (which must not
+ * sleep). */
+enum { C10D__RINGS_MOVED = 1, C10D__RINGS_MORE = 2 };
 int c10d__tcp_rings_poll(struct c10d__tcp_transport *t, int may_sleep);
 /* What rank pe sent through its ring so far is read (before a goodbye on
  * its socket, which may overtake it, is taken as its last word). */
 void c10d__tcp_ring_drain(struct c10d__tcp_transport *t, struct peer *pe);
+/* Writes what waits for room, as far as the rings allow, without waiting
+ * (before a goodbye). */
+void c10d__tcp_rings_flush(struct c10d__tcp_transport *t);
 void c10d__tcp_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 void c10d__tcp_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 

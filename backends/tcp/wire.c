@@ -108,7 +108,7 @@ static size_t ring_put_from(struct c10d__tcp_transport *t, struct peer *pe,
 static int ring_flush(struct c10d__tcp_transport *t, struct peer *pe)
 {
     int moved = 0;
-    for (;;) {
+    for (int tries = 0;; tries++) {
         while (pe->rw_head != NULL && !t->failed) {
             struct ring_write *w = pe->rw_head;
             size_t off = ring_put_from(t, pe, w->x, w->which, w->off);
@@ -124,7 +124,10 @@ static int ring_flush(struct c10d__tcp_transport *t, struct peer *pe)
             free(w);
             xfer_written_ok(t, x, which);
         }
-        if (pe->rw_head == NULL || t->failed || !c10d__shm_ring_writer_wait(pe->ring_out))
+        /* Room that appears while this rank looks is taken a few times over;
+         * then the next turn goes on (the flag is up: a reader wakes it). */
+        if (pe->rw_head == NULL || t->failed || !c10d__shm_ring_writer_wait(pe->ring_out) ||
+            tries == 4)
             return moved;
     }
 }
@@ -161,15 +164,40 @@ static void ring_write(struct c10d__tcp_transport *t, struct peer *pe, struct c1
         ring_flush(t, pe);
 }
 
+/* The reader opened the ring: F_RING on the socket, behind whatever the
+ * socket carries already, and the ring from now on. */
+static void ring_switch(struct c10d__tcp_transport *t, struct peer *pe)
+{
+    struct c10d__tcp_xfer *x = c10d__tcp_xfer_get(t);
+    if (x == NULL)
+        return; /* the socket, for now */
+    c10d__tcp_wire_encode(x->ctl_hdr, F_RING, 0, 0, 0, 0, 0, NULL);
+    c10d__tcp_peer_write(t, pe, x, W_CTL);
+    c10d__tcp_xfer_put(t, x);
+    pe->ring_on = !t->failed;
+}
+
 void c10d__tcp_peer_write(struct c10d__tcp_transport *t, struct peer *pe, struct c10d__tcp_xfer *x,
                           int which)
 {
     if (t->failed)
         return;
-    /* The wake-up rings a loop that may not read its rings yet; the socket. */
-    if (pe->ring_out != NULL && frame_hdr(x, which)[0] != F_WAKE) {
-        ring_write(t, pe, x, which);
-        return;
+    int type = frame_hdr(x, which)[0];
+    /* The wake-up and the switch itself are about the socket's stream. */
+    if (pe->ring_out != NULL && type != F_WAKE && type != F_RING) {
+        if (pe->lost)
+            return; /* the transport is about to fail */
+        if (pe->gone) {
+            c10d__tcp_error(t, C10D_ECLOSED, "tcp: rank %d has left the group (it destroyed it)",
+                            pe->rank);
+            return;
+        }
+        if (!pe->ring_on && pe->conn != NULL && c10d__shm_ring_reader_is_open(pe->ring_out))
+            ring_switch(t, pe);
+        if (pe->ring_on) {
+            ring_write(t, pe, x, which);
+            return;
+        }
     }
     if (pe->conn == NULL && pe->lost)
         return; /* the transport is about to fail */
@@ -353,19 +381,35 @@ static void parse(struct conn *c, const char *p, size_t n)
     }
 }
 
-void c10d__tcp_ring_drain(struct c10d__tcp_transport *t, struct peer *pe)
+/* Reads pe's ring, up to `budget` bytes; returns how many. A writer waiting
+ * for room is woken after each piece, so that it refills while the rest is
+ * read. */
+static size_t ring_read(struct c10d__tcp_transport *t, struct peer *pe, size_t budget)
 {
-    if (pe->ring_in == NULL || pe->ring_conn == NULL)
-        return;
+    if (pe->ring_conn == NULL || !pe->ring_started)
+        return 0;
     const char *p;
     size_t n, took = 0;
-    while (!t->failed && (n = c10d__shm_ring_peek(pe->ring_in, &p)) > 0) {
+    while (!t->failed && took < budget && (n = c10d__shm_ring_peek(pe->ring_in, &p)) > 0) {
         parse(pe->ring_conn, p, n);
         c10d__shm_ring_take(pe->ring_in, n);
         took += n;
+        if (c10d__shm_ring_writer_to_wake(pe->ring_in))
+            t->ring_wake(t->ring_wake_arg, pe->rank);
     }
-    if (took > 0 && c10d__shm_ring_writer_to_wake(pe->ring_in))
-        t->ring_wake(t->ring_wake_arg, pe->rank);
+    return took;
+}
+
+void c10d__tcp_ring_drain(struct c10d__tcp_transport *t, struct peer *pe)
+{
+    ring_read(t, pe, SIZE_MAX);
+}
+
+void c10d__tcp_rings_flush(struct c10d__tcp_transport *t)
+{
+    for (int r = 0; r < t->cfg.size && !t->failed; r++)
+        if (t->peers[r].rw_head != NULL)
+            ring_flush(t, &t->peers[r]);
 }
 
 int c10d__tcp_rings_poll(struct c10d__tcp_transport *t, int may_sleep)
@@ -376,19 +420,27 @@ int c10d__tcp_rings_poll(struct c10d__tcp_transport *t, int may_sleep)
         if (pe->ring_in == NULL)
             continue;
         if (pe->rw_head != NULL)
-            moved |= ring_flush(t, pe);
+            moved |= ring_flush(t, pe) ? C10D__RINGS_MOVED : 0;
+        if (!pe->ring_started)
+            continue;
         /* Before a sleep the flag goes up last, then one more look: bytes
          * written before the writer could see it are read here, the others
-         * come with a wake. */
+         * come with a wake. A turn reads a ring's worth at most, so timers
+         * and sockets are served between (the loop then polls again at
+         * once). */
         const char *p;
+        size_t budget = C10D_SHM_RING_BYTES;
         for (int said = !may_sleep; !t->failed;) {
-            if (c10d__shm_ring_peek(pe->ring_in, &p) > 0) {
-                c10d__tcp_ring_drain(t, pe);
-                moved = 1;
-            } else if (said || !c10d__shm_ring_reader_sleep(pe->ring_in)) {
+            if (c10d__shm_ring_peek(pe->ring_in, &p) == 0) {
+                if (said || !c10d__shm_ring_reader_sleep(pe->ring_in))
+                    break;
+                said = 1;
+            } else if (budget == 0) {
+                moved |= C10D__RINGS_MORE;
                 break;
             } else {
-                said = 1;
+                budget -= ring_read(t, pe, budget);
+                moved |= C10D__RINGS_MOVED;
             }
         }
     }
