@@ -330,7 +330,9 @@ static void v_read(struct c10d__shm_coll *a)
  * reduces slice r for everyone. */
 static int sliced(const struct c10d__shm_coll *a)
 {
-    return a->op->kind == C10D_OP_ALL_REDUCE && chunk_count(a) * a->esz > C10D_SHM_SMALL_MAX;
+    return a->op->kind == C10D_OP_ALL_REDUCE &&
+           !c10d__shm_small_chunk(chunk_count(a) * a->esz, a->seg->nranks,
+                                  a->block_elems <= a->chunk_elems);
 }
 
 static void slice_of(const struct c10d__shm_coll *a, int r, size_t *lo, size_t *cnt)
@@ -558,6 +560,11 @@ int c10d__shm_coll_progress(struct c10d__shm_coll *a, int *moved)
     }
 }
 
+int c10d__shm_small_chunk(size_t bytes, int nranks, int only)
+{
+    return bytes <= C10D_SHM_SMALL_MAX || (only && bytes * (size_t)nranks <= C10D_SHM_SMALL_SUM);
+}
+
 int c10d__shm_coll_one_chunk(const struct c10d__op *op, size_t slot_bytes, int nranks)
 {
     if (counted(op))
@@ -567,7 +574,7 @@ int c10d__shm_coll_one_chunk(const struct c10d__op *op, size_t slot_bytes, int n
     size_t esz = c10d_dtype_size(op->dtype);
     if (op->count > chunk_elems_of(op, esz, slot_bytes, nranks))
         return 0;
-    return op->kind != C10D_OP_ALL_REDUCE || op->count * esz <= C10D_SHM_SMALL_MAX;
+    return op->kind != C10D_OP_ALL_REDUCE || c10d__shm_small_chunk(op->count * esz, nranks, 1);
 }
 
 int c10d__shm_coll_arrived(const struct c10d__shm_coll *a)

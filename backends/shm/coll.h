@@ -37,8 +37,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Chunks up to this many bytes are reduced whole by every rank. */
+/* all_reduce chunks up to this many bytes are reduced whole by every rank
+ * (reading every slot); larger ones by slices, one per rank, which reads
+ * less but costs a second round of flags. An op that is one chunk in all
+ * is reduced whole while its bytes times the ranks stay within
+ * C10D_SHM_SMALL_SUM (256 KiB on 2 ranks, 128 KiB on 4): then it runs in
+ * the caller's lane, whose saved hand-off outweighs the extra reads. */
 #define C10D_SHM_SMALL_MAX (16 * 1024)
+#define C10D_SHM_SMALL_SUM (512 * 1024)
+
+/* Whether an all_reduce chunk of `bytes` on `nranks` is reduced whole; `only`:
+ * it is the op's only chunk. */
+int c10d__shm_small_chunk(size_t bytes, int nranks, int only);
 
 struct c10d__shm_coll {
     struct c10d__shm_seg *seg;
