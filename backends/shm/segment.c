@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -83,6 +84,21 @@ static size_t seg_bytes(int nranks, size_t slot_bytes, size_t *ctl_off, size_t *
     return bytes;
 }
 
+/* The CPUs this process's ranks share: those it may run on where that is a
+ * subset (a container's cpuset), else the machine's; a process bound to one
+ * CPU says nothing about its peers, so the machine's count stands. */
+static long usable_cpus(void)
+{
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        long mine = CPU_COUNT(&set);
+        if (mine > 1 && (online < 1 || mine < online))
+            return mine;
+    }
+    return online > 0 ? online : 1;
+}
+
 static int map_it(int fd, int nranks, int rank, size_t slot_bytes, struct c10d__shm_seg **out)
 {
     size_t ctl_off, data_off;
@@ -111,6 +127,7 @@ static int map_it(int fd, int nranks, int rank, size_t slot_bytes, struct c10d__
     seg->nranks = nranks;
     seg->rank = rank;
     seg->slot_bytes = slot_bytes;
+    seg->crowded = nranks > usable_cpus();
     seg->ctl = (struct c10d__shm_ctl *)((char *)base + ctl_off);
     seg->data = (char *)base + data_off;
     if (has_rings(nranks)) {

@@ -68,6 +68,10 @@ struct c10d__shm_seg {
      * loop (P2P rings) and a caller's lane may both open one. */
     _Atomic int *peer_bell;
     char *rings; /* a ring per ordered pair (ring.h), NULL: none */
+    /* Its ranks outnumber the CPUs they can share (those this process may
+     * run on where that is a subset, as in a container's cpuset, else the
+     * machine's): a waiter in the caller's lane yields between looks. */
+    int crowded;
 };
 
 /* Segments for up to this many ranks carry a byte ring per ordered pair of

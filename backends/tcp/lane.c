@@ -11,7 +11,6 @@
 #include "engine/work.h"
 
 #include <sched.h>
-#include <unistd.h>
 
 #define LANE_HELD  0x80000000u
 #define LANE_COUNT 0x7fffffffu
@@ -21,21 +20,6 @@
  * peer this rank waits for may be waiting for this very CPU, and spinning
  * first made 4 ranks on 2 CPUs 4-6x slower (docs/engine.md). */
 #define SPIN_BEFORE_YIELD_NS 20000u
-
-/* The CPUs this process's ranks share: those it may run on where that is a
- * subset (a container's cpuset), else the machine's; a process bound to one
- * CPU says nothing about its peers, so the machine's count stands. */
-static long usable_cpus(void)
-{
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) {
-        long mine = CPU_COUNT(&set);
-        if (mine > 1 && (online < 1 || mine < online))
-            return mine;
-    }
-    return online > 0 ? online : 1;
-}
 
 /* The waiter polls its peers' `arrive` on every turn, their announcements
  * (a peer that runs another collective) on every this many. */
@@ -64,7 +48,6 @@ void c10d__tcp_lane_init(struct c10d__tcp_lane *l)
     atomic_init(&l->op, NULL);
     l->on = c10d__env_bool(C10D_ENV_SHM_LANE);
     l->spin_us = c10d__env_int(C10D_ENV_SHM_LANE_SPIN_US);
-    l->crowded = -1;
 }
 
 void c10d__tcp_lane_destroy(struct c10d__tcp_lane *l)
@@ -115,14 +98,15 @@ static int lane_run(void *arg, uint64_t deadline_ns)
     c10d_work *w = take_parked(l);
     uint64_t start = c10d__now_ns();
     uint64_t spin_end = start + (uint64_t)(l->spin_us > 0 ? l->spin_us : 0) * 1000u;
-    uint64_t spin_free = l->crowded ? 0 : SPIN_BEFORE_YIELD_NS;
+    int crowded = l->seg->crowded;
+    uint64_t spin_free = crowded ? 0 : SPIN_BEFORE_YIELD_NS;
     int rc;
     for (unsigned n = 1;; n++) {
         int moved;
         rc = c10d__shm_coll_progress(&l->coll, &moved);
         if (rc != 0)
             break;
-        if (l->crowded || (n & 63) == 0) {
+        if (crowded || (n & 63) == 0) {
             uint64_t now = c10d__now_ns();
             /* A failure, the deadline, a shutdown that ended the work, or
              * the spin limit: the loop takes it from here. */
@@ -178,8 +162,6 @@ int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
         atomic_fetch_and(&l->word, ~LANE_HELD);
         return 0;
     }
-    if (l->crowded < 0)
-        l->crowded = seg->nranks > usable_cpus();
     atomic_store(&l->op, op);
     struct c10d__fp fp;
     c10d__fp_of(op, seg->nranks, &fp);

@@ -29,7 +29,6 @@ struct c10d__tcp_lane {
     int on;                    /* C10D_SHM_LANE */
     int bells;                 /* every peer's doorbell opens (checked until it does) */
     int64_t spin_us;
-    int crowded; /* the segment's ranks outnumber the CPUs: yield at once; -1 unknown */
     atomic_uint word;
     /* The op in the lane: its holder's alone (the submitter, then the
      * waiter, then the loop once it took it). */
