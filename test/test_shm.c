@@ -623,8 +623,14 @@ static int job_main(int rank, int n, void *arg)
     const char *path_want = j->opt_out_rank >= 0 ? "tcp" : "shm";
     MP_CHECK(path != NULL && strcmp(path, path_want) == 0, "path %s, want %s", path ? path : "NULL",
              path_want);
-    /* Sizes around the slot and the small/large switch, odd counts. */
-    static const size_t counts[] = {1, 3, 1023, 1024, 1025, 4097, 70001, 1 << 20};
+    /* Sizes around the slot and the small/large switch, odd counts: with the
+     * default slot (32768 int64), 16384 is one chunk reduced whole on up to
+     * 4 ranks, 20000 one chunk reduced whole on 3 but by slices on 4, 32768
+     * a full slot by slices from 3 ranks on, 33768 two chunks whose second
+     * (8000 bytes) is reduced whole; 24676 = 3 x 8192 + 100 the same with
+     * 64 KiB slots. */
+    static const size_t counts[] = {1,     3,     1023,  1024,  1025,  4097,   16384,
+                                    20000, 24676, 32768, 33768, 70001, 1 << 20};
     for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
         size_t c = counts[k];
         int64_t *x = malloc(c * sizeof *x);
@@ -717,6 +723,13 @@ static void test_large_chunks_4_ranks(void **st)
     run_job(&j, 4);
 }
 
+static void test_default_slots_4_ranks(void **st)
+{
+    (void)st;
+    struct job j = {NULL, -1, 0, 0}; /* one chunk by slices (20000), or whole (16384) */
+    run_job(&j, 4);
+}
+
 static void test_one_rank_opts_out(void **st)
 {
     (void)st;
@@ -751,6 +764,7 @@ int main(void)
         cmocka_unit_test(test_uneven_all_to_all),
         cmocka_unit_test(test_small_slots_3_ranks),
         cmocka_unit_test(test_large_chunks_4_ranks),
+        cmocka_unit_test(test_default_slots_4_ranks),
         cmocka_unit_test(test_one_rank_opts_out),
         cmocka_unit_test(test_sleeping_ranks_3),
         cmocka_unit_test(test_every_rank_killed),

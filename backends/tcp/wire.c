@@ -174,7 +174,7 @@ static void ring_switch(struct c10d__tcp_transport *t, struct peer *pe)
     c10d__tcp_wire_encode(x->ctl_hdr, F_RING, 0, 0, 0, 0, 0, NULL);
     c10d__tcp_peer_write(t, pe, x, W_CTL);
     c10d__tcp_xfer_put(t, x);
-    pe->ring_on = !t->failed;
+    pe->ring_on = !t->failed && pe->conn != NULL; /* else that write lost the peer */
 }
 
 void c10d__tcp_peer_write(struct c10d__tcp_transport *t, struct peer *pe, struct c10d__tcp_xfer *x,
@@ -186,8 +186,8 @@ void c10d__tcp_peer_write(struct c10d__tcp_transport *t, struct peer *pe, struct
     /* The wake-up and the switch itself are about the socket's stream. */
     if (pe->ring_out != NULL && type != F_WAKE && type != F_RING) {
         if (pe->lost)
-            return; /* the transport is about to fail */
-        if (pe->gone) {
+            return;                         /* the transport is about to fail */
+        if (pe->gone && pe->conn == NULL) { /* as on the socket, below */
             c10d__tcp_error(t, C10D_ECLOSED, "tcp: rank %d has left the group (it destroyed it)",
                             pe->rank);
             return;
@@ -391,6 +391,8 @@ static size_t ring_read(struct c10d__tcp_transport *t, struct peer *pe, size_t b
     const char *p;
     size_t n, took = 0;
     while (!t->failed && took < budget && (n = c10d__shm_ring_peek(pe->ring_in, &p)) > 0) {
+        if (n > budget - took)
+            n = budget - took; /* the parser keeps its place in a frame cut here */
         parse(pe->ring_conn, p, n);
         c10d__shm_ring_take(pe->ring_in, n);
         took += n;
@@ -439,7 +441,7 @@ int c10d__tcp_rings_poll(struct c10d__tcp_transport *t, int may_sleep)
                 moved |= C10D__RINGS_MORE;
                 break;
             } else {
-                budget -= ring_read(t, pe, budget);
+                budget -= ring_read(t, pe, budget); /* never more than budget */
                 moved |= C10D__RINGS_MOVED;
             }
         }
