@@ -192,6 +192,28 @@ static void check_reduce_scatter(c10d_pg *pg, c10d_dtype dt, c10d_reduce_op op, 
     free(out);
 }
 
+/* P2P, each rank to the rank `step` after it: pairs within a host (through
+ * that host's segment's rings) and across hosts (the sockets) alike. */
+static void check_p2p(c10d_pg *pg, size_t n, int step)
+{
+    int to = (rank + step) % world, from = (rank + world - step % world) % world;
+    int64_t *out = malloc(n * sizeof *out), *in = calloc(n, sizeof *in);
+    for (size_t i = 0; i < n; i++)
+        out[i] = (int64_t)rank * 1000003 + (int64_t)i;
+    c10d_p2p_op ops[2] = {{C10D_P2P_SEND, out, n, C10D_INT64, to, step},
+                          {C10D_P2P_RECV, in, n, C10D_INT64, from, step}};
+    c10d_work *w = NULL;
+    int rc = waited(c10d_batch_isend_irecv(pg, ops, 2, NULL, &w), &w);
+    CHECK(rc == 0, "p2p %zu to %d from %d: %s", n, to, from, c10d_last_error());
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        if (in[i] != (int64_t)from * 1000003 + (int64_t)i) {
+            CHECK(0, "p2p %zu from %d: element %zu wrong", n, from, i);
+            break;
+        }
+    free(out);
+    free(in);
+}
+
 int main(void)
 {
     c10d_pg *pg = NULL;
@@ -272,6 +294,8 @@ int main(void)
         check_reduce_scatter(pg, C10D_FLOAT64, C10D_AVG, sizes[s]);
         check_reduce_scatter(pg, C10D_INT64, C10D_MAX, sizes[s]);
         check_reduce_scatter(pg, C10D_FLOAT64, C10D_PREMUL_SUM, sizes[s]);
+        check_p2p(pg, sizes[s], 1);
+        check_p2p(pg, sizes[s], 2);
     }
     if (!loop)
         CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());

@@ -562,6 +562,25 @@ static void use_rings(struct tcp_state *s)
                                          c10d__shm_ring_of(s->shm, r, s->rank), wake_ring_peer, s);
 }
 
+/* The same on a host's segment of a group that spans hosts: its ranks are
+ * numbered by their place on the host there. */
+static void wake_hier_peer(void *arg, int r)
+{
+    struct tcp_state *s = arg;
+    if (s->hier.seg != NULL)
+        c10d__shm_wake(s->hier.seg, s->hier.idx_in_host[r], ring_local_peer, s);
+}
+
+static void hier_use_rings(struct tcp_state *s)
+{
+    int write = c10d__env_bool(C10D_ENV_SHM_P2P), me = s->hier.local_idx;
+    for (int i = 0; i < s->hier.nlocal; i++)
+        if (i != me)
+            c10d__tcp_transport_set_ring(s->t, s->hier.local[i],
+                                         write ? c10d__shm_ring_of(s->hier.seg, me, i) : NULL,
+                                         c10d__shm_ring_of(s->hier.seg, i, me), wake_hier_peer, s);
+}
+
 static int shm_ready(struct c10d__poll_item *item)
 {
     struct tcp_op *o = (struct tcp_op *)((char *)item - offsetof(struct tcp_op, poll));
@@ -1260,8 +1279,10 @@ static void hier_ref_received(struct c10d__tcp_xfer *x)
         rc = c10d__fail(rc, "tcp: group %s, rank %d: mapping this host's shared segment: %s",
                         s->group_name, s->rank, c10d_last_error());
     s->hier_on = rc == 0;
-    if (rc == 0)
+    if (rc == 0) {
         s->hier_bell = c10d__shm_bell_listen(s->hier.seg);
+        hier_use_rings(s);
+    }
     s->hier_pending = 0;
     connect_finished(s, rc);
 }
@@ -1307,6 +1328,7 @@ static int hier_setup(struct tcp_state *s, const char *const *notes)
                           s->group_name, s->rank, why);
     s->hier_on = 1;
     s->hier_bell = c10d__shm_bell_listen(s->hier.seg);
+    hier_use_rings(s);
     return 0;
 }
 

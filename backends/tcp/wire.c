@@ -16,6 +16,7 @@
  * frame belongs to is decided in match.c. */
 #include "transport_impl.h"
 
+#include "engine/log.h"
 #include "engine/loop.h"
 
 #include <limits.h>
@@ -175,6 +176,9 @@ static void ring_switch(struct c10d__tcp_transport *t, struct peer *pe)
     c10d__tcp_peer_write(t, pe, x, W_CTL);
     c10d__tcp_xfer_put(t, x);
     pe->ring_on = !t->failed && pe->conn != NULL; /* else that write lost the peer */
+    if (pe->ring_on)
+        C10D_DEBUG("tcp", "rank %d: frames to rank %d go through their shared-memory ring",
+                   t->cfg.rank, pe->rank);
 }
 
 void c10d__tcp_peer_write(struct c10d__tcp_transport *t, struct peer *pe, struct c10d__tcp_xfer *x,
