@@ -275,6 +275,49 @@ static void test_peer_killed(void **state)
     }
 }
 
+/* A 64 MiB P2P message streaming through the rings (C10D_P2P_IN_PLACE=0),
+ * its sender (arg 1) or its receiver (arg 0) killed mid-stream: the other
+ * rank's op fails naming it, not waiting on a ring nobody fills or reads. */
+static int kill_p2p_body(struct h_ctx *h, void *arg)
+{
+    int sender = (int)(uintptr_t)arg;
+    float *buf = malloc(BIG_ELEMS * sizeof(float));
+    for (size_t i = 0; i < BIG_ELEMS; i++)
+        buf[i] = 1.0f;
+    struct c10d__op op =
+        h_op_init(h->rank == sender ? C10D_OP_SEND : C10D_OP_RECV, BIG_ELEMS, C10D_FLOAT32);
+    if (h->rank == sender)
+        op.send = buf;
+    else
+        op.recv = buf;
+    op.peer = 1 - h->rank;
+    c10d_work *w = h_submit(h, &op);
+    if (h->rank == 1) {
+        usleep(3000); /* mid-stream */
+        raise(SIGKILL);
+    }
+    int rc = c10d_work_wait(w, -1);
+    const char *msg = c10d_work_message(w);
+    H_CHECK(h, rc == C10D_ECLOSED, "expected C10D_ECLOSED, got %s: %s", c10d_status_name(rc), msg);
+    H_CHECK(h, strstr(msg, "rank 1") != NULL, "the message does not name rank 1: %s", msg);
+    c10d_work_release(w);
+    free(buf);
+    return 0;
+}
+
+static void test_peer_killed_p2p(void **state)
+{
+    (void)state;
+    int st[8];
+    setenv("C10D_P2P_IN_PLACE", "0", 1);
+    for (int sender = 0; sender <= 1; sender++) {
+        int rc = h_spawn(2, kill_p2p_body, (void *)(uintptr_t)sender, 120, 600000, 1u << 1, st);
+        assert_int_equal(rc, 0);
+        assert_true(WIFSIGNALED(st[1]));
+    }
+    unsetenv("C10D_P2P_IN_PLACE");
+}
+
 static int stall_body(struct h_ctx *h, void *arg)
 {
     (void)arg;
@@ -531,11 +574,17 @@ static void test_lazy(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_p2p),          cmocka_unit_test(test_p2p_in_place),
-        cmocka_unit_test(test_flood),        cmocka_unit_test(test_tags_and_any_source),
-        cmocka_unit_test(test_oversize),     cmocka_unit_test(test_peer_killed),
-        cmocka_unit_test(test_peer_stalled), cmocka_unit_test(test_abort),
-        cmocka_unit_test(test_lazy),         cmocka_unit_test(test_p2p_rings),
+        cmocka_unit_test(test_p2p),
+        cmocka_unit_test(test_p2p_in_place),
+        cmocka_unit_test(test_flood),
+        cmocka_unit_test(test_tags_and_any_source),
+        cmocka_unit_test(test_oversize),
+        cmocka_unit_test(test_peer_killed),
+        cmocka_unit_test(test_peer_stalled),
+        cmocka_unit_test(test_abort),
+        cmocka_unit_test(test_lazy),
+        cmocka_unit_test(test_p2p_rings),
+        cmocka_unit_test(test_peer_killed_p2p),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
