@@ -105,7 +105,9 @@ static size_t ring_put_from(struct c10d__tcp_transport *t, struct peer *pe,
 }
 
 /* Writes of pe that waited for room, in order, as far as the room goes;
- * then, if some still wait, tells the reader (it wakes this rank). */
+ * then, if some still wait, tells the reader (it wakes this rank).
+ * Returns C10D__RINGS_MOVED if it wrote, with C10D__RINGS_MORE if it
+ * stopped while there was room (the next turn goes on at once). */
 static int ring_flush(struct c10d__tcp_transport *t, struct peer *pe)
 {
     int moved = 0;
@@ -113,7 +115,7 @@ static int ring_flush(struct c10d__tcp_transport *t, struct peer *pe)
         while (pe->rw_head != NULL && !t->failed) {
             struct ring_write *w = pe->rw_head;
             size_t off = ring_put_from(t, pe, w->x, w->which, w->off);
-            moved |= off != w->off;
+            moved |= off != w->off ? C10D__RINGS_MOVED : 0;
             w->off = off;
             if (off < frame_len(w->x, w->which))
                 break;
@@ -127,9 +129,10 @@ static int ring_flush(struct c10d__tcp_transport *t, struct peer *pe)
         }
         /* Room that appears while this rank looks is taken a few times over;
          * then the next turn goes on (the flag is up: a reader wakes it). */
-        if (pe->rw_head == NULL || t->failed || !c10d__shm_ring_writer_wait(pe->ring_out) ||
-            tries == 4)
+        if (pe->rw_head == NULL || t->failed || !c10d__shm_ring_writer_wait(pe->ring_out))
             return moved;
+        if (tries == 4)
+            return moved | C10D__RINGS_MORE;
     }
 }
 
@@ -426,7 +429,7 @@ int c10d__tcp_rings_poll(struct c10d__tcp_transport *t, int may_sleep)
         if (pe->ring_in == NULL)
             continue;
         if (pe->rw_head != NULL)
-            moved |= ring_flush(t, pe) ? C10D__RINGS_MOVED : 0;
+            moved |= ring_flush(t, pe);
         if (!pe->ring_started)
             continue;
         /* Before a sleep the flag goes up last, then one more look: bytes
