@@ -700,6 +700,20 @@ int c10d__work_on_complete_anywhere(c10d_work *w, c10d_work_cb cb, void *arg)
 
 /* blocking: torch's blocking wait (the public call with a deadline under
  * C10D_BLOCKING_WAIT=1): a wait that times out fails the work. */
+/* C10D_WAIT_SPIN_US, read again only after the environment was (a lookup
+ * per wait took the environment's mutex and parsed the text, on every op). */
+static int64_t wait_spin_us(void)
+{
+    static _Atomic unsigned seen;
+    static _Atomic int64_t value;
+    unsigned gen = c10d__env_generation();
+    if (atomic_load_explicit(&seen, memory_order_acquire) != gen) {
+        atomic_store_explicit(&value, c10d__env_int(C10D_ENV_WAIT_SPIN_US), memory_order_relaxed);
+        atomic_store_explicit(&seen, gen, memory_order_release);
+    }
+    return atomic_load_explicit(&value, memory_order_relaxed);
+}
+
 static int work_wait(c10d_work *w, int64_t timeout_ms, int blocking)
 {
     if (w == NULL)
@@ -714,7 +728,7 @@ static int work_wait(c10d_work *w, int64_t timeout_ms, int blocking)
         timeout_ms = -1;
     uint64_t deadline = timeout_ms >= 0 ? c10d__now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
     run_parked(w, deadline);
-    int64_t spin_us = c10d__env_int(C10D_ENV_WAIT_SPIN_US);
+    int64_t spin_us = wait_spin_us();
     if (spin_us > 0) {
         /* Watch the work for a while before sleeping: an op that completes
          * within microseconds then costs no futex wake-up. The CPU is yielded
