@@ -226,8 +226,11 @@ static void poison_from_caller(c10d_pg *pg, int status, const char *message)
  * terminated. */
 static void put_str(char *buf, size_t len, size_t *at, const char *str)
 {
-    while (*str != '\0' && *at + 1 < len)
-        buf[(*at)++] = *str++;
+    size_t n = strlen(str), room = len - 1 - *at; /* *at < len always */
+    if (n > room)
+        n = room;
+    memcpy(buf + *at, str, n); /* a byte loop here was half of describe's time */
+    *at += n;
     buf[*at] = '\0';
 }
 
