@@ -242,6 +242,23 @@ static void test_oversize(void **state)
 
 #define BIG_ELEMS ((size_t)16 << 20) /* 64 MiB of float32 */
 
+/* Submits op; rank 1 then dies with SIGKILL 3 ms in (mid-transfer), and the
+ * others' op must fail as closed, naming rank 1. */
+static int submit_and_kill_rank1(struct h_ctx *h, struct c10d__op *op)
+{
+    c10d_work *w = h_submit(h, op);
+    if (h->rank == 1) {
+        usleep(3000);
+        raise(SIGKILL);
+    }
+    int rc = c10d_work_wait(w, -1);
+    const char *msg = c10d_work_message(w);
+    H_CHECK(h, rc == C10D_ECLOSED, "expected C10D_ECLOSED, got %s: %s", c10d_status_name(rc), msg);
+    H_CHECK(h, strstr(msg, "rank 1") != NULL, "the message does not name rank 1: %s", msg);
+    c10d_work_release(w);
+    return 0;
+}
+
 static int kill_body(struct h_ctx *h, void *arg)
 {
     (void)arg;
@@ -251,18 +268,9 @@ static int kill_body(struct h_ctx *h, void *arg)
     struct c10d__op op = h_op_init(C10D_OP_ALL_REDUCE, BIG_ELEMS, C10D_FLOAT32);
     op.send = op.recv = buf;
     op.redop = C10D_SUM;
-    c10d_work *w = h_submit(h, &op);
-    if (h->rank == 1) {
-        usleep(3000); /* mid-transfer */
-        raise(SIGKILL);
-    }
-    int rc = c10d_work_wait(w, -1);
-    const char *msg = c10d_work_message(w);
-    H_CHECK(h, rc == C10D_ECLOSED, "expected C10D_ECLOSED, got %s: %s", c10d_status_name(rc), msg);
-    H_CHECK(h, strstr(msg, "rank 1") != NULL, "the message does not name rank 1: %s", msg);
-    c10d_work_release(w);
+    int rc = submit_and_kill_rank1(h, &op);
     free(buf);
-    return 0;
+    return rc;
 }
 
 static void test_peer_killed(void **state)
@@ -291,18 +299,9 @@ static int kill_p2p_body(struct h_ctx *h, void *arg)
     else
         op.recv = buf;
     op.peer = 1 - h->rank;
-    c10d_work *w = h_submit(h, &op);
-    if (h->rank == 1) {
-        usleep(3000); /* mid-stream */
-        raise(SIGKILL);
-    }
-    int rc = c10d_work_wait(w, -1);
-    const char *msg = c10d_work_message(w);
-    H_CHECK(h, rc == C10D_ECLOSED, "expected C10D_ECLOSED, got %s: %s", c10d_status_name(rc), msg);
-    H_CHECK(h, strstr(msg, "rank 1") != NULL, "the message does not name rank 1: %s", msg);
-    c10d_work_release(w);
+    int rc = submit_and_kill_rank1(h, &op);
     free(buf);
-    return 0;
+    return rc;
 }
 
 static void test_peer_killed_p2p(void **state)
