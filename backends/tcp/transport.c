@@ -148,8 +148,12 @@ void c10d__tcp_transport_set_ring(struct c10d__tcp_transport *t, int r, struct c
         return;
     struct peer *pe = &t->peers[r];
     if (pe->ring_conn == NULL) {
-        if ((pe->ring_conn = calloc(1, sizeof *pe->ring_conn)) == NULL)
+        if (t->ring_peers == NULL &&
+            (t->ring_peers = malloc((size_t)t->cfg.size * sizeof *t->ring_peers)) == NULL)
             return; /* its frames keep coming through the socket */
+        if ((pe->ring_conn = calloc(1, sizeof *pe->ring_conn)) == NULL)
+            return;
+        t->ring_peers[t->nring_peers++] = r;
         pe->ring_conn->t = t;
         pe->ring_conn->rank = r;
         pe->ring_conn->state = C_READY;

@@ -97,6 +97,7 @@ void c10d__tcp_free_memory(struct c10d__tcp_transport *t)
         u = next;
     }
     free(t->addrs);
+    free(t->ring_peers);
     free(t->peers);
     free(t);
 }

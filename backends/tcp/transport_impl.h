@@ -229,6 +229,9 @@ struct c10d__tcp_transport {
     uv_prepare_t ring_poll;
     uv_idle_t ring_more; /* active while a ring has bytes left: no sleep */
     int ring_poll_open;
+    /* The peers with rings, polled on every turn: a host's few ranks in a
+     * group that may span many hosts. */
+    int *ring_peers, nring_peers;
     void (*ring_wake)(void *arg, int rank);
     void *ring_wake_arg;
     _Atomic uint64_t ring_bytes; /* written to rings (read from any thread) */

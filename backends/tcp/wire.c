@@ -416,18 +416,16 @@ void c10d__tcp_ring_drain(struct c10d__tcp_transport *t, struct peer *pe)
 
 void c10d__tcp_rings_flush(struct c10d__tcp_transport *t)
 {
-    for (int r = 0; r < t->cfg.size && !t->failed; r++)
-        if (t->peers[r].rw_head != NULL)
-            ring_flush(t, &t->peers[r]);
+    for (int i = 0; i < t->nring_peers && !t->failed; i++)
+        if (t->peers[t->ring_peers[i]].rw_head != NULL)
+            ring_flush(t, &t->peers[t->ring_peers[i]]);
 }
 
 int c10d__tcp_rings_poll(struct c10d__tcp_transport *t, int may_sleep)
 {
     int moved = 0;
-    for (int r = 0; r < t->cfg.size && !t->failed; r++) {
-        struct peer *pe = &t->peers[r];
-        if (pe->ring_in == NULL)
-            continue;
+    for (int i = 0; i < t->nring_peers && !t->failed; i++) {
+        struct peer *pe = &t->peers[t->ring_peers[i]];
         if (pe->rw_head != NULL)
             moved |= ring_flush(t, pe);
         if (!pe->ring_started)
