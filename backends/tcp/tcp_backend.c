@@ -548,20 +548,6 @@ static void wake_ring_peer(void *arg, int r)
         c10d__shm_wake(s->shm, r, ring_peer, s);
 }
 
-/* Frames between ranks of the group's segment go through its rings: every
- * rank reads them; C10D_SHM_P2P=0 keeps this rank writing to the sockets
- * (its peers still read what the others write). Rail 0 alone: a ring has
- * one writer. */
-static void use_rings(struct tcp_state *s)
-{
-    int write = c10d__env_bool(C10D_ENV_SHM_P2P);
-    for (int r = 0; r < s->size; r++)
-        if (r != s->rank)
-            c10d__tcp_transport_set_ring(s->t, r,
-                                         write ? c10d__shm_ring_of(s->shm, s->rank, r) : NULL,
-                                         c10d__shm_ring_of(s->shm, r, s->rank), wake_ring_peer, s);
-}
-
 /* The same on a host's segment of a group that spans hosts: its ranks are
  * numbered by their place on the host there. */
 static void wake_hier_peer(void *arg, int r)
@@ -571,14 +557,20 @@ static void wake_hier_peer(void *arg, int r)
         c10d__shm_wake(s->hier.seg, s->hier.idx_in_host[r], ring_local_peer, s);
 }
 
-static void hier_use_rings(struct tcp_state *s)
+/* Frames between the ranks of a segment go through its rings: `members`
+ * are their group ranks in the segment's order (NULL: the same numbers),
+ * `me` this rank's place. Every rank reads them; C10D_SHM_P2P=0 keeps this
+ * rank writing to the sockets (its peers still read what the others
+ * write). Rail 0 alone: a ring has one writer. */
+static void use_rings(struct tcp_state *s, struct c10d__shm_seg *seg, const int *members, int me,
+                      void (*wake)(void *arg, int r))
 {
-    int write = c10d__env_bool(C10D_ENV_SHM_P2P), me = s->hier.local_idx;
-    for (int i = 0; i < s->hier.nlocal; i++)
+    int write = c10d__env_bool(C10D_ENV_SHM_P2P);
+    for (int i = 0; i < seg->nranks; i++)
         if (i != me)
-            c10d__tcp_transport_set_ring(s->t, s->hier.local[i],
-                                         write ? c10d__shm_ring_of(s->hier.seg, me, i) : NULL,
-                                         c10d__shm_ring_of(s->hier.seg, i, me), wake_hier_peer, s);
+            c10d__tcp_transport_set_ring(s->t, members != NULL ? members[i] : i,
+                                         write ? c10d__shm_ring_of(seg, me, i) : NULL,
+                                         c10d__shm_ring_of(seg, i, me), wake, s);
 }
 
 static int shm_ready(struct c10d__poll_item *item)
@@ -1211,7 +1203,7 @@ static int choose_shm(struct tcp_state *s, const char *const *notes)
     if (rc > 0)
         s->lane.seg = s->shm; /* before the group's first op: set up on creation */
     if (rc > 0)
-        use_rings(s);
+        use_rings(s, s->shm, NULL, s->rank, wake_ring_peer);
     if (rc > 0 && s->rank == 0)
         C10D_INFO("shm",
                   "group %s: every rank is on this host: collectives run on shared memory "
@@ -1281,7 +1273,7 @@ static void hier_ref_received(struct c10d__tcp_xfer *x)
     s->hier_on = rc == 0;
     if (rc == 0) {
         s->hier_bell = c10d__shm_bell_listen(s->hier.seg);
-        hier_use_rings(s);
+        use_rings(s, s->hier.seg, s->hier.local, s->hier.local_idx, wake_hier_peer);
     }
     s->hier_pending = 0;
     connect_finished(s, rc);
@@ -1328,7 +1320,7 @@ static int hier_setup(struct tcp_state *s, const char *const *notes)
                           s->group_name, s->rank, why);
     s->hier_on = 1;
     s->hier_bell = c10d__shm_bell_listen(s->hier.seg);
-    hier_use_rings(s);
+    use_rings(s, s->hier.seg, s->hier.local, s->hier.local_idx, wake_hier_peer);
     return 0;
 }
 
