@@ -16,7 +16,18 @@
  * group's own all_gather / reduce_scatter over whole hosts; elsewhere the
  * leader packs its host's blocks in host order and the leaders exchange
  * them with an all_to_all of lists. all_to_all, gather and scatter stay
- * flat. */
+ * flat.
+ *
+ * A large all_reduce, where every host holds L ranks, runs by slices
+ * instead of through one leader: a reduce_scatter within the host leaves
+ * rank i of each host with slice i of its host's sum; the ranks i of all
+ * hosts all_reduce that slice over tcp, L such groups at once; an
+ * all_gather within the host puts the slices together. The same bytes
+ * cross between the hosts, but in L streams from L ranks (their NICs where
+ * ranks are bound to different ones), and the leader's work (reducing,
+ * copying, the tcp stack) is split L ways. A count that L does not divide
+ * leaves a remainder of under L elements: the last rank of each host sums
+ * it within the host and carries it with its slice, which it adjoins. */
 #include "hier.h"
 
 #include "backends/shm/path.h"
@@ -46,6 +57,7 @@ void c10d__tcp_hier_free(struct c10d__tcp_hier *h)
     free(h->host_count);
     free(h->host_off);
     free(h->idx_in_host);
+    free(h->slice_peers);
     c10d__shm_free(h->seg);
     memset(h, 0, sizeof *h);
 }
@@ -102,7 +114,27 @@ int c10d__tcp_hier_plan(struct c10d__tcp_hier *h, int rank, int size, const char
         h->host_off[j] = j == 0 ? 0 : h->host_off[j - 1] + h->host_count[j - 1];
         h->max_local = h->host_count[j] > h->max_local ? h->host_count[j] : h->max_local;
     }
+    int uniform = 1;
+    for (int j = 0; j < h->nhosts; j++)
+        uniform = uniform && h->host_count[j] == h->nlocal;
+    if (uniform && h->nlocal > 1) {
+        h->slice_peers = malloc((size_t)h->nhosts * sizeof *h->slice_peers);
+        if (h->slice_peers == NULL) {
+            c10d__tcp_hier_free(h);
+            return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
+        }
+        for (int r = 0; r < size; r++)
+            if (h->idx_in_host[r] == h->local_idx)
+                h->slice_peers[h->host_of[r]] = r;
+    }
     return 1;
+}
+
+int c10d__tcp_hier_by_slices(const struct c10d__tcp_hier *h, const struct c10d__op *op)
+{
+    return h->slice_peers != NULL && op->kind == C10D_OP_ALL_REDUCE &&
+           op->count >= (size_t)h->nlocal &&
+           op->count * c10d_dtype_size(op->dtype) >= C10D_TCP_HIER_SLICE_MIN;
 }
 
 int c10d__tcp_hier_supports(const struct c10d__tcp_hier *h, const struct c10d__op *op)
@@ -435,6 +467,51 @@ static int gen_reduce_scatter(const struct c10d__tcp_hier *h, const struct c10d_
     return n;
 }
 
+/* all_reduce by slices (the top of this file): rank i of a host takes
+ * slice i of b = count / L elements; the last one also the remainder. */
+static int slice_all_reduce(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
+                            c10d_reduce_op local_op, c10d_reduce_op leaders_op,
+                            struct c10d__tcp_hier_phase *ph)
+{
+    size_t esz = c10d_dtype_size(op->dtype), L = (size_t)h->nlocal, b = op->count / L;
+    size_t whole = b * L, rest = op->count - whole;
+    int last = h->local[h->nlocal - 1], is_last = rank == last, n = 0;
+    char *slice = (char *)op->recv + (size_t)h->local_idx * b * esz;
+    char *tail = (char *)op->recv + whole * esz;
+    struct c10d__tcp_hier_phase *p = add(ph, &n, op, C10D_OP_REDUCE_SCATTER);
+    p->op.redop = local_op;
+    p->op.recv = slice;
+    p->op.count = b;
+    on_shm(h, p, h->local[0]);
+    if (rest > 0) { /* the remainder's host sum, at the last rank, after its slice */
+        p = add(ph, &n, op, C10D_OP_REDUCE);
+        p->op.redop = local_op;
+        p->op.send = (const char *)op->send + whole * esz;
+        p->op.recv = tail;
+        p->op.count = rest;
+        on_shm(h, p, last);
+    }
+    p = add(ph, &n, op, C10D_OP_ALL_REDUCE);
+    p->op.redop = leaders_op;
+    p->op.send = p->op.recv = slice;
+    p->op.count = is_last ? b + rest : b;
+    p->avg_after = op->redop == C10D_AVG;
+    p->rank = h->host_of[rank];
+    p->size = h->nhosts;
+    p->ranks = h->slice_peers;
+    p = add(ph, &n, op, C10D_OP_ALL_GATHER);
+    p->op.send = slice;
+    p->op.count = b;
+    on_shm(h, p, h->local[0]);
+    if (rest > 0) {
+        p = add(ph, &n, op, C10D_OP_BROADCAST);
+        p->op.send = p->op.recv = tail;
+        p->op.count = rest;
+        on_shm(h, p, last);
+    }
+    return n;
+}
+
 int c10d__tcp_hier_phases(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
                           int *leaders, void *buf, struct c10d__tcp_hier_phase *ph)
 {
@@ -452,6 +529,9 @@ int c10d__tcp_hier_phases(const struct c10d__tcp_hier *h, const struct c10d__op 
     void *target = reduce_target(h, op, rank, buf);
     switch (op->kind) {
     case C10D_OP_ALL_REDUCE:
+        if (c10d__tcp_hier_by_slices(h, op))
+            return slice_all_reduce(h, op, rank, local_op, leaders_op, ph);
+        /* fall through */
     case C10D_OP_REDUCE:
         if (!alone) {
             p = add(ph, &n, op, C10D_OP_REDUCE);

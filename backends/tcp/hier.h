@@ -2,7 +2,8 @@
  * with more than one, runs all_reduce, broadcast, reduce, all_gather and
  * reduce_scatter in phases:
  * shared memory among the ranks of each host, tcp among one leader per host
- * (docs/shm.md, "Across hosts"). Here: the host map drawn from every rank's
+ * (a large all_reduce: among the ranks of each slice; docs/shm.md, "Across
+ * hosts"). Here: the host map drawn from every rank's
  * handshake note, and the phases one rank runs for one op. The backend runs
  * them (tcp_backend.c) and makes the per-host segment at creation.
  *
@@ -32,6 +33,10 @@ struct c10d__tcp_hier {
     int *host_count, *host_off, *idx_in_host;
     int max_local;             /* the most ranks on a host */
     struct c10d__shm_seg *seg; /* this host's; NULL while nlocal == 1 */
+    /* Where every host holds the same number of ranks, more than one: host
+     * j -> its rank of this rank's index there, the ranks that carry this
+     * rank's slice of a large all_reduce between the hosts. NULL elsewhere. */
+    int *slice_peers;
 };
 
 /* One step of a host-aware op: an op on the host's segment, or an op among
@@ -50,7 +55,7 @@ struct c10d__tcp_hier_phase {
     size_t per_rank; /* after's: elements of one rank's block */
 };
 
-#define C10D_TCP_HIER_MAX_PHASES 3
+#define C10D_TCP_HIER_MAX_PHASES 5
 
 /* From every rank's note (path.h's: "<host id>" or "<host id>,<segment>"):
  * 1 if the group spans hosts and some host has several ranks (the map is
@@ -62,6 +67,14 @@ void c10d__tcp_hier_free(struct c10d__tcp_hier *h);
 
 /* A reduce runs in phases from this many bytes; below, flat. */
 #define C10D_TCP_HIER_REDUCE_MIN (8 * 1024)
+
+/* An all_reduce of this many bytes or more, where every host holds the same
+ * number of ranks, runs by slices: every rank of a host carries its slice
+ * between the hosts, not the host's leader alone (hier.c). */
+#define C10D_TCP_HIER_SLICE_MIN (256 * 1024)
+
+/* Whether `op` runs by slices (every rank draws the same answer). */
+int c10d__tcp_hier_by_slices(const struct c10d__tcp_hier *h, const struct c10d__op *op);
 
 /* Whether `op` runs in phases (its kind, form, size, and for all_gather and
  * reduce_scatter the placement). */
