@@ -236,7 +236,9 @@ int main(void)
     CHECK(want == NULL || (path != NULL && strcmp(path, want) == 0), "host path %s, want %s",
           path ? path : "(none)", want);
     /* HIER_MISMATCH="r1,r2,...": those ranks call the first all_reduce with
-     * another dtype; every rank must fail naming the mismatch (exit 3). */
+     * another dtype; every rank must fail naming the mismatch (exit 3).
+     * HIER_MISMATCH_COUNT: its elements (4; from 65536, by slices where the
+     * hosts hold equal numbers of ranks). */
     const char *mm = getenv("HIER_MISMATCH");
     if (mm != NULL) {
         char me[16];
@@ -244,10 +246,15 @@ int main(void)
         int odd = 0;
         for (const char *p = mm; *p != '\0'; p += strcspn(p, ","), p += *p == ',')
             odd |= strncmp(p, me, strcspn(p, ",")) == 0 && strcspn(p, ",") == strlen(me);
-        float x[4] = {1, 2, 3, 4};
+        const char *mc = getenv("HIER_MISMATCH_COUNT");
+        size_t count = mc != NULL ? strtoul(mc, NULL, 10) : 4;
+        float *x = calloc(count, sizeof *x);
+        CHECK(x != NULL, "out of memory");
         c10d_work *w = NULL;
         int rc = waited(
-            c10d_all_reduce(pg, x, x, 4, odd ? C10D_INT32 : C10D_FLOAT32, C10D_SUM, NULL, &w), &w);
+            c10d_all_reduce(pg, x, x, count, odd ? C10D_INT32 : C10D_FLOAT32, C10D_SUM, NULL, &w),
+            &w);
+        free(x);
         fprintf(stderr, "rank %d (mismatch run, %s): %s: %s\n", rank, odd ? "int32" : "float32",
                 c10d_status_name(rc), rc ? c10d_last_error() : "");
         int named = rc != 0 && strstr(c10d_last_error(), "Detected mismatch") != NULL;

@@ -9,7 +9,8 @@
 #   4. a rank of host B killed mid-run: every other rank fails within the bound, none hangs
 #   5. mismatched calls, within a host (one rank's dtype) and between hosts (host B's): every
 #      rank fails naming the mismatch
-#   6. 4 ranks, 2 + 2 interleaved (abab): large all_reduces run by slices, remainders too
+#   6. 4 ranks, 2 + 2 interleaved (abab): large all_reduces run by slices, remainders too; a
+#      mismatch by slices fails every rank naming it
 #   7. 6 ranks, 3 + 3 in contiguous ranges (ranks 0-2 on A, 3-5 on B): all_gather and
 #      reduce_scatter run host-aware (as in cases 1 and 2: interleaved hosts of different
 #      sizes, a leader alone on its host); the checks pass, and the bytes that cross between the hosts for 10 of each at
@@ -177,6 +178,10 @@ for r in 0 1 2 3; do
         fail "slices: rank $r never all_reduced by slices"
     fi
 done
+# A mismatch by slices (rank 3's dtype, 100000 elements): every rank fails naming it.
+job mmslices abab HIER_MISMATCH=3 HIER_MISMATCH_COUNT=100000
+wait_job
+expect_all mmslices 4 3
 
 # ---------------------------------------------------- 7. equal, contiguous hosts
 job blocked aaabbb HIER_EXPECT_PATH=shm+tcp

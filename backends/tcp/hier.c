@@ -132,9 +132,12 @@ int c10d__tcp_hier_plan(struct c10d__tcp_hier *h, int rank, int size, const char
 
 int c10d__tcp_hier_by_slices(const struct c10d__tcp_hier *h, const struct c10d__op *op)
 {
+    /* The reduce_scatter within the host: a chunk of the smallest slot
+     * holds an element of every local rank's block. */
+    size_t esz = c10d_dtype_size(op->dtype);
     return h->slice_peers != NULL && op->kind == C10D_OP_ALL_REDUCE &&
-           op->count >= (size_t)h->nlocal &&
-           op->count * c10d_dtype_size(op->dtype) >= C10D_TCP_HIER_SLICE_MIN;
+           op->count >= (size_t)h->nlocal && op->count * esz >= C10D_TCP_HIER_SLICE_MIN &&
+           (size_t)h->nlocal * esz <= C10D_SHM_SLOT_MIN;
 }
 
 int c10d__tcp_hier_supports(const struct c10d__tcp_hier *h, const struct c10d__op *op)

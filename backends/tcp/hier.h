@@ -40,8 +40,8 @@ struct c10d__tcp_hier {
 };
 
 /* One step of a host-aware op: an op on the host's segment, or an op among
- * the leaders over tcp (`ranks`: the leaders' group ranks, `rank`: this
- * rank's index among them). */
+ * the leaders, or a slice's ranks, over tcp (`ranks`: their group ranks,
+ * one per host, `rank`: this rank's index among them). */
 struct c10d__tcp_hier_phase {
     int on_shm;
     struct c10d__op op; /* what this step runs: the op's buffers, its root among the step's ranks */
