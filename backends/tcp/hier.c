@@ -135,8 +135,7 @@ int c10d__tcp_hier_by_slices(const struct c10d__tcp_hier *h, const struct c10d__
     /* The reduce_scatter within the host: a chunk of the smallest slot
      * holds an element of every local rank's block. */
     size_t esz = c10d_dtype_size(op->dtype);
-    return h->slice_peers != NULL &&
-           (op->kind == C10D_OP_ALL_REDUCE || op->kind == C10D_OP_BROADCAST) &&
+    return h->slice_peers != NULL && op->kind == C10D_OP_ALL_REDUCE &&
            op->count >= (size_t)h->nlocal && op->count * esz >= C10D_TCP_HIER_SLICE_MIN &&
            (size_t)h->nlocal * esz <= C10D_SHM_SLOT_MIN;
 }
@@ -516,54 +515,6 @@ static int slice_all_reduce(const struct c10d__tcp_hier *h, const struct c10d__o
     return n;
 }
 
-/* broadcast by slices: the root scatters the slices over its host (and
- * hands the remainder to every rank there); rank i of the root's host
- * broadcasts slice i to the ranks i of the other hosts; each host
- * all_gathers the slices (the others then take the remainder from their
- * last rank, which had it with its slice). */
-static int slice_broadcast(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
-                           struct c10d__tcp_hier_phase *ph)
-{
-    size_t esz = c10d_dtype_size(op->dtype), L = (size_t)h->nlocal, b = op->count / L;
-    size_t whole = b * L, rest = op->count - whole;
-    int root_host = h->host_of[op->root], at_root = h->host_of[rank] == root_host;
-    int last = h->local[h->nlocal - 1], n = 0;
-    char *slice = (char *)op->recv + (size_t)h->local_idx * b * esz;
-    char *tail = (char *)op->recv + whole * esz;
-    struct c10d__tcp_hier_phase *p;
-    if (at_root) {
-        p = add(ph, &n, op, C10D_OP_SCATTER);
-        p->op.recv = slice;
-        p->op.count = b;
-        on_shm(h, p, op->root);
-        if (rest > 0) {
-            p = add(ph, &n, op, C10D_OP_BROADCAST);
-            p->op.send = rank == op->root ? (const char *)op->send + whole * esz : tail;
-            p->op.recv = tail;
-            p->op.count = rest;
-            on_shm(h, p, op->root);
-        }
-    }
-    p = add(ph, &n, op, C10D_OP_BROADCAST);
-    p->op.send = p->op.recv = slice;
-    p->op.count = rank == last ? b + rest : b;
-    p->op.root = root_host;
-    p->rank = h->host_of[rank];
-    p->size = h->nhosts;
-    p->ranks = h->slice_peers;
-    p = add(ph, &n, op, C10D_OP_ALL_GATHER);
-    p->op.send = slice;
-    p->op.count = b;
-    on_shm(h, p, h->local[0]);
-    if (rest > 0 && !at_root) {
-        p = add(ph, &n, op, C10D_OP_BROADCAST);
-        p->op.send = p->op.recv = tail;
-        p->op.count = rest;
-        on_shm(h, p, last);
-    }
-    return n;
-}
-
 int c10d__tcp_hier_phases(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
                           int *leaders, void *buf, struct c10d__tcp_hier_phase *ph)
 {
@@ -607,8 +558,6 @@ int c10d__tcp_hier_phases(const struct c10d__tcp_hier *h, const struct c10d__op 
         }
         break;
     case C10D_OP_BROADCAST:
-        if (c10d__tcp_hier_by_slices(h, op))
-            return slice_broadcast(h, op, rank, ph);
         if (is_leader) {
             p = add(ph, &n, op, C10D_OP_BROADCAST);
             if (rank != op->root)
