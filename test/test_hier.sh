@@ -9,8 +9,8 @@
 #   4. a rank of host B killed mid-run: every other rank fails within the bound, none hangs
 #   5. mismatched calls, within a host (one rank's dtype) and between hosts (host B's): every
 #      rank fails naming the mismatch
-#   6. 4 ranks, 2 + 2 interleaved (abab): large all_reduces run by slices, remainders too; a
-#      mismatch by slices fails every rank naming it
+#   6. 4 ranks, 2 + 2 interleaved (abab): large all_reduces and reduces (every root) run by
+#      slices, remainders too; a mismatch by slices fails every rank naming it
 #   7. 6 ranks, 3 + 3 in contiguous ranges (ranks 0-2 on A, 3-5 on B): all_gather and
 #      reduce_scatter run host-aware (as in cases 1 and 2: interleaved hosts of different
 #      sizes, a leader alone on its host); the checks pass, and the bytes that cross between the hosts for 10 of each at
@@ -166,17 +166,19 @@ for case in "3:within" "1,3:between"; do
 done
 
 # ---------------------------------------------------- 6. equal hosts, interleaved: by slices
-# Every large all_reduce runs by slices (each rank carries its slice between the hosts),
-# which the DEBUG log says on every rank.
+# Every large all_reduce and reduce (every root) runs by slices (each rank carries its slice
+# between the hosts), which the DEBUG log says on every rank.
 job slices abab HIER_EXPECT_PATH=shm+tcp C10D_LOG_LEVEL=DEBUG
 wait_job
 expect_all slices 4 0
 for r in 0 1 2 3; do
-    if grep -q 'by slices, 2 ranks per host' "$T/slices.$r.err"; then
-        pass "slices: rank $r all_reduced by slices"
-    else
-        fail "slices: rank $r never all_reduced by slices"
-    fi
+    for kind in ALLREDUCE REDUCE; do
+        if grep -q "rank [0-9]*: $kind seq [0-9]* by slices, 2 ranks per host" "$T/slices.$r.err"; then
+            pass "slices: rank $r ran $kind by slices"
+        else
+            fail "slices: rank $r never ran $kind by slices"
+        fi
+    done
 done
 # A mismatch by slices (rank 3's dtype, 100000 elements): every rank fails naming it.
 job mmslices abab HIER_MISMATCH=3 HIER_MISMATCH_COUNT=100000

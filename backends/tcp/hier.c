@@ -135,7 +135,8 @@ int c10d__tcp_hier_by_slices(const struct c10d__tcp_hier *h, const struct c10d__
     /* The reduce_scatter within the host: a chunk of the smallest slot
      * holds an element of every local rank's block. */
     size_t esz = c10d_dtype_size(op->dtype);
-    return h->slice_peers != NULL && op->kind == C10D_OP_ALL_REDUCE &&
+    return h->slice_peers != NULL &&
+           (op->kind == C10D_OP_ALL_REDUCE || op->kind == C10D_OP_REDUCE) &&
            op->count >= (size_t)h->nlocal && op->count * esz >= C10D_TCP_HIER_SLICE_MIN &&
            (size_t)h->nlocal * esz <= C10D_SHM_SLOT_MIN;
 }
@@ -281,6 +282,8 @@ static int needs_reduce_buf(const struct c10d__tcp_hier *h, const struct c10d__o
 size_t c10d__tcp_hier_buf_bytes(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank)
 {
     size_t esz = c10d_dtype_size(op->dtype);
+    if (op->kind == C10D_OP_REDUCE && c10d__tcp_hier_by_slices(h, op)) /* a slice and the rest */
+        return rank == op->root ? 0 : (op->count / (size_t)h->nlocal + (size_t)h->nlocal) * esz;
     if (needs_reduce_buf(h, op, rank))
         return op->count * esz;
     if (h->local[0] != rank) /* only leaders keep anything */
@@ -515,6 +518,58 @@ static int slice_all_reduce(const struct c10d__tcp_hier *h, const struct c10d__o
     return n;
 }
 
+/* reduce by slices: as all_reduce's first steps, with the slices reduced
+ * over tcp into the root's host only, whose ranks then gather them into
+ * the root. A rank other than the root keeps its slice (and the
+ * remainder, if the host's last) in buf. */
+static int slice_reduce(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
+                        void *buf, c10d_reduce_op local_op, c10d_reduce_op leaders_op,
+                        struct c10d__tcp_hier_phase *ph)
+{
+    size_t esz = c10d_dtype_size(op->dtype), L = (size_t)h->nlocal, b = op->count / L;
+    size_t whole = b * L, rest = op->count - whole;
+    int last = h->local[h->nlocal - 1], is_root = rank == op->root, n = 0;
+    int root_host = h->host_of[op->root], at_root = h->host_of[rank] == root_host;
+    char *slice = is_root ? (char *)op->recv + (size_t)h->local_idx * b * esz : buf;
+    struct c10d__tcp_hier_phase *p = add(ph, &n, op, C10D_OP_REDUCE_SCATTER);
+    p->op.redop = local_op;
+    p->op.recv = slice;
+    p->op.count = b;
+    on_shm(h, p, h->local[0]);
+    if (rest > 0) { /* the remainder's host sum, after the last rank's slice */
+        p = add(ph, &n, op, C10D_OP_REDUCE);
+        p->op.redop = local_op;
+        p->op.send = (const char *)op->send + whole * esz;
+        p->op.recv = rank == last ? slice + b * esz : NULL;
+        p->op.count = rest;
+        on_shm(h, p, last);
+    }
+    p = add(ph, &n, op, C10D_OP_REDUCE);
+    p->op.redop = leaders_op;
+    p->op.send = p->op.recv = slice;
+    p->op.count = rank == last ? b + rest : b;
+    p->op.root = root_host;
+    p->avg_after = op->redop == C10D_AVG && at_root;
+    p->rank = h->host_of[rank];
+    p->size = h->nhosts;
+    p->ranks = h->slice_peers;
+    if (!at_root)
+        return n;
+    p = add(ph, &n, op, C10D_OP_GATHER);
+    p->op.send = slice;
+    p->op.recv = is_root ? op->recv : NULL;
+    p->op.count = b;
+    on_shm(h, p, op->root);
+    if (rest > 0) { /* the last rank's remainder into the root's output */
+        p = add(ph, &n, op, C10D_OP_BROADCAST);
+        p->op.send = rank == last ? slice + b * esz : NULL;
+        p->op.recv = is_root ? (char *)op->recv + whole * esz : NULL;
+        p->op.count = rest;
+        on_shm(h, p, last);
+    }
+    return n;
+}
+
 int c10d__tcp_hier_phases(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
                           int *leaders, void *buf, struct c10d__tcp_hier_phase *ph)
 {
@@ -532,10 +587,11 @@ int c10d__tcp_hier_phases(const struct c10d__tcp_hier *h, const struct c10d__op 
     void *target = reduce_target(h, op, rank, buf);
     switch (op->kind) {
     case C10D_OP_ALL_REDUCE:
-        if (c10d__tcp_hier_by_slices(h, op))
-            return slice_all_reduce(h, op, rank, local_op, leaders_op, ph);
-        /* fall through */
     case C10D_OP_REDUCE:
+        if (c10d__tcp_hier_by_slices(h, op))
+            return op->kind == C10D_OP_REDUCE
+                       ? slice_reduce(h, op, rank, buf, local_op, leaders_op, ph)
+                       : slice_all_reduce(h, op, rank, local_op, leaders_op, ph);
         if (!alone) {
             p = add(ph, &n, op, C10D_OP_REDUCE);
             p->op.redop = local_op;

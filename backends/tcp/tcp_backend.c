@@ -716,8 +716,9 @@ static int hier_start(struct tcp_op *o)
     if (n < 0)
         return n;
     if (c10d__tcp_hier_by_slices(&s->hier, op))
-        C10D_DEBUG("tcp", "group %s rank %d: all_reduce seq %llu by slices, %d ranks per host",
-                   s->group_name, s->rank, (unsigned long long)op->seq, s->hier.nlocal);
+        C10D_DEBUG("tcp", "group %s rank %d: %s seq %llu by slices, %d ranks per host",
+                   s->group_name, s->rank, c10d__op_kind_name(op->kind),
+                   (unsigned long long)op->seq, s->hier.nlocal);
     o->nph = n;
     o->iph = 0;
     if (n == 0) { /* a leader alone on its host, of a group with nothing to do */
