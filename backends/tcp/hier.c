@@ -27,7 +27,10 @@
  * ranks are bound to different ones), and the leader's work (reducing,
  * copying, the tcp stack) is split L ways. A count that L does not divide
  * leaves a remainder of under L elements: the last rank of each host sums
- * it within the host and carries it with its slice, which it adjoins. */
+ * it within the host and carries it with its slice, which it adjoins. A
+ * large reduce runs the same way into the root's host, whose ranks then
+ * gather the slices into the root. A broadcast by slices was measured
+ * slower (its leader has no reduction to split): it keeps one leader. */
 #include "hier.h"
 
 #include "backends/shm/path.h"

@@ -2,8 +2,8 @@
  * with more than one, runs all_reduce, broadcast, reduce, all_gather and
  * reduce_scatter in phases:
  * shared memory among the ranks of each host, tcp among one leader per host
- * (a large all_reduce: among the ranks of each slice; docs/shm.md, "Across
- * hosts"). Here: the host map drawn from every rank's
+ * (a large all_reduce or reduce: among the ranks of each slice; docs/shm.md,
+ * "Across hosts"). Here: the host map drawn from every rank's
  * handshake note, and the phases one rank runs for one op. The backend runs
  * them (tcp_backend.c) and makes the per-host segment at creation.
  *
@@ -68,9 +68,9 @@ void c10d__tcp_hier_free(struct c10d__tcp_hier *h);
 /* A reduce runs in phases from this many bytes; below, flat. */
 #define C10D_TCP_HIER_REDUCE_MIN (8 * 1024)
 
-/* An all_reduce of this many bytes or more, where every host holds the same
- * number of ranks, runs by slices: every rank of a host carries its slice
- * between the hosts, not the host's leader alone (hier.c). */
+/* An all_reduce or reduce of this many bytes or more, where every host holds
+ * the same number of ranks, runs by slices: every rank of a host carries its
+ * slice between the hosts, not the host's leader alone (hier.c). */
 #define C10D_TCP_HIER_SLICE_MIN (256 * 1024)
 
 /* Whether `op` runs by slices (every rank draws the same answer). */
