@@ -119,21 +119,26 @@ static void check_broadcast(c10d_pg *pg, size_t n, int root, int in_place)
     free(a);
 }
 
-static void check_reduce(c10d_pg *pg, size_t n, int root, c10d_reduce_op op)
+/* reduce; in place: the root reduces into its input, the others pass no
+ * output at all. */
+static void check_reduce(c10d_pg *pg, size_t n, int root, c10d_reduce_op op, int in_place)
 {
-    float *a = malloc(n * 4 + 4), *b = malloc(n * 4 + 4);
+    float *a = malloc(n * 4 + 4), *b = in_place ? (rank == root ? a : NULL) : malloc(n * 4 + 4);
     fill(a, C10D_FLOAT32, n, rank);
+    c10d_op_opts o = C10D_OP_OPTS_INIT;
+    o.premul_factor = 0.5;
     c10d_work *w = NULL;
-    int rc = waited(c10d_reduce(pg, a, b, n, C10D_FLOAT32, op, root, NULL, &w), &w);
+    int rc = waited(c10d_reduce(pg, a, b, n, C10D_FLOAT32, op, root, &o, &w), &w);
     CHECK(rc == 0, "reduce root %d n %zu: %s", root, n, c10d_last_error());
     for (size_t i = 0; rc == 0 && rank == root && i < n; i++)
         if (!close_to(b[i], expect_reduced(op, i))) {
-            CHECK(0, "reduce op %d root %d n %zu: [%zu] = %g, want %g", (int)op, root, n, i, b[i],
-                  expect_reduced(op, i));
+            CHECK(0, "reduce op %d root %d n %zu%s: [%zu] = %g, want %g", (int)op, root, n,
+                  in_place ? " in place" : "", i, b[i], expect_reduced(op, i));
             break;
         }
+    if (!in_place)
+        free(b);
     free(a);
-    free(b);
 }
 
 /* all_gather, in place (send NULL: this rank's block of recv) or not. */
@@ -294,7 +299,8 @@ int main(void)
         check_all_reduce(pg, C10D_FLOAT64, C10D_PREMUL_SUM, sizes[s], 1);
         for (int root = 0; root < world; root++) {
             check_broadcast(pg, sizes[s], root, root & 1);
-            check_reduce(pg, sizes[s], root, root & 1 ? C10D_AVG : C10D_SUM);
+            check_reduce(pg, sizes[s], root, root & 1 ? C10D_AVG : C10D_SUM, 0);
+            check_reduce(pg, sizes[s], root, root & 1 ? C10D_PREMUL_SUM : C10D_MAX, 1);
         }
         /* Host-aware where the hosts hold equal ranges of ranks, flat
          * otherwise: the same answers either way. */
