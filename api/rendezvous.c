@@ -60,17 +60,26 @@ static void on_drained(void *arg, size_t left)
     c10d__engine_release_stop();
 }
 
+/* After a failure, at most this long: a peer that is still reading what
+ * the failed creation published (the peers' addresses, which tell it why
+ * they disagree) gets its own precise error instead of a closed store,
+ * while a stopped or cut-off peer holds the exit this long, not the whole
+ * C10D_STORE_LINGER_MS. */
+#define FAILED_LINGER_MS 500
+
 /* Other ranks may still need the store when this one is done (a rank that
  * connects lazily reads a peer's address on first use): each server keeps
- * serving until its last client left, C10D_STORE_LINGER_MS at most. This
- * process's own clients closed in their hooks. After a failed op nobody
- * waits: a stopped or cut-off peer would hold the exit for the whole time. */
+ * serving until its last client left, C10D_STORE_LINGER_MS at most, and
+ * FAILED_LINGER_MS at most once a group failed. This process's own clients
+ * closed in their hooks. */
 static void stop_hosted(struct c10d__shutdown_hook *hook)
 {
     (void)hook;
     hosted_hook_registered = 0;
     /* Read and reset: a later job in this process starts clean. */
-    int64_t linger = atomic_exchange(&skip_linger, 0) ? 0 : c10d__env_int(C10D_ENV_STORE_LINGER_MS);
+    int64_t linger = c10d__env_int(C10D_ENV_STORE_LINGER_MS);
+    if (atomic_exchange(&skip_linger, 0) && linger > FAILED_LINGER_MS)
+        linger = FAILED_LINGER_MS;
     while (hosted_list) {
         struct hosted *h = hosted_list;
         hosted_list = h->next;

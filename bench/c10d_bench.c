@@ -613,6 +613,9 @@ int main(int argc, char **argv)
     if (rc != 0) {
         fprintf(stderr, "c10d-bench: init failed: %s: %s\n", c10d_status_name(rc),
                 c10d_last_error());
+        /* A peer may still be reading what this rank published from the
+         * store it hosts: shutdown lets it finish (docs/store_client.md). */
+        c10d_shutdown();
         return 1;
     }
     r.pg = pg;
@@ -628,12 +631,14 @@ int main(int argc, char **argv)
             fprintf(stderr, "c10d-bench: %s\n",
                     o.root >= r.n ? "root out of range" : "sendrecv needs at least 2 ranks");
         c10d_pg_destroy(pg);
+        c10d_shutdown();
         return 2;
     }
     if (is_reduction(o.op) && c10d_reduce_op_check(o.redop, o.dtype) != 0) {
         if (r.rank == 0)
             fprintf(stderr, "c10d-bench: %s\n", c10d_last_error());
         c10d_pg_destroy(pg);
+        c10d_shutdown();
         return 2;
     }
     size_t cap = o.max_bytes + (size_t)r.n * r.esize;
