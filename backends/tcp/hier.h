@@ -35,7 +35,8 @@ struct c10d__tcp_hier {
     struct c10d__shm_seg *seg; /* this host's; NULL while nlocal == 1 */
     /* Where every host holds the same number of ranks, more than one: host
      * j -> its rank of this rank's index there, the ranks that carry this
-     * rank's slice of a large all_reduce between the hosts. NULL elsewhere. */
+     * rank's slice of a large all_reduce or reduce between the hosts. NULL
+     * elsewhere. */
     int *slice_peers;
 };
 
