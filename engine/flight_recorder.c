@@ -215,12 +215,11 @@ void c10d__fr_started(uint64_t rid)
 {
     if (rid == 0)
         return;
-    uint64_t now = wall_ns();
     uv_mutex_lock(&fr_mutex);
     struct fr_entry *e = entry_locked(rid);
     if (e != NULL && e->state == FR_SCHEDULED && !e->retired) {
         e->state = FR_STARTED;
-        e->t_started = now;
+        e->t_started = e->t_created; /* the header says why no clock is read */
     }
     uv_mutex_unlock(&fr_mutex);
 }
