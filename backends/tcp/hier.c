@@ -476,6 +476,31 @@ static int gen_reduce_scatter(const struct c10d__tcp_hier *h, const struct c10d_
     return n;
 }
 
+/* The first steps of an op by slices: slice i of the host's sum (b =
+ * count / L elements) into rank i's `slice`, and the remainder's host sum
+ * right after the last rank's. Returns the phases added. */
+static int add_host_sums(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
+                         char *slice, c10d_reduce_op local_op, struct c10d__tcp_hier_phase *ph)
+{
+    size_t esz = c10d_dtype_size(op->dtype), L = (size_t)h->nlocal, b = op->count / L;
+    size_t whole = b * L, rest = op->count - whole;
+    int last = h->local[h->nlocal - 1], n = 0;
+    struct c10d__tcp_hier_phase *p = add(ph, &n, op, C10D_OP_REDUCE_SCATTER);
+    p->op.redop = local_op;
+    p->op.recv = slice;
+    p->op.count = b;
+    on_shm(h, p, h->local[0]);
+    if (rest > 0) {
+        p = add(ph, &n, op, C10D_OP_REDUCE);
+        p->op.redop = local_op;
+        p->op.send = (const char *)op->send + whole * esz;
+        p->op.recv = rank == last ? slice + b * esz : NULL;
+        p->op.count = rest;
+        on_shm(h, p, last);
+    }
+    return n;
+}
+
 /* all_reduce by slices (the top of this file): rank i of a host takes
  * slice i of b = count / L elements; the last one also the remainder. */
 static int slice_all_reduce(const struct c10d__tcp_hier *h, const struct c10d__op *op, int rank,
@@ -484,23 +509,11 @@ static int slice_all_reduce(const struct c10d__tcp_hier *h, const struct c10d__o
 {
     size_t esz = c10d_dtype_size(op->dtype), L = (size_t)h->nlocal, b = op->count / L;
     size_t whole = b * L, rest = op->count - whole;
-    int last = h->local[h->nlocal - 1], is_last = rank == last, n = 0;
+    int last = h->local[h->nlocal - 1], is_last = rank == last;
     char *slice = (char *)op->recv + (size_t)h->local_idx * b * esz;
     char *tail = (char *)op->recv + whole * esz;
-    struct c10d__tcp_hier_phase *p = add(ph, &n, op, C10D_OP_REDUCE_SCATTER);
-    p->op.redop = local_op;
-    p->op.recv = slice;
-    p->op.count = b;
-    on_shm(h, p, h->local[0]);
-    if (rest > 0) { /* the remainder's host sum, at the last rank, after its slice */
-        p = add(ph, &n, op, C10D_OP_REDUCE);
-        p->op.redop = local_op;
-        p->op.send = (const char *)op->send + whole * esz;
-        p->op.recv = tail;
-        p->op.count = rest;
-        on_shm(h, p, last);
-    }
-    p = add(ph, &n, op, C10D_OP_ALL_REDUCE);
+    int n = add_host_sums(h, op, rank, slice, local_op, ph);
+    struct c10d__tcp_hier_phase *p = add(ph, &n, op, C10D_OP_ALL_REDUCE);
     p->op.redop = leaders_op;
     p->op.send = p->op.recv = slice;
     p->op.count = is_last ? b + rest : b;
@@ -531,23 +544,11 @@ static int slice_reduce(const struct c10d__tcp_hier *h, const struct c10d__op *o
 {
     size_t esz = c10d_dtype_size(op->dtype), L = (size_t)h->nlocal, b = op->count / L;
     size_t whole = b * L, rest = op->count - whole;
-    int last = h->local[h->nlocal - 1], is_root = rank == op->root, n = 0;
+    int last = h->local[h->nlocal - 1], is_root = rank == op->root;
     int root_host = h->host_of[op->root], at_root = h->host_of[rank] == root_host;
     char *slice = is_root ? (char *)op->recv + (size_t)h->local_idx * b * esz : buf;
-    struct c10d__tcp_hier_phase *p = add(ph, &n, op, C10D_OP_REDUCE_SCATTER);
-    p->op.redop = local_op;
-    p->op.recv = slice;
-    p->op.count = b;
-    on_shm(h, p, h->local[0]);
-    if (rest > 0) { /* the remainder's host sum, after the last rank's slice */
-        p = add(ph, &n, op, C10D_OP_REDUCE);
-        p->op.redop = local_op;
-        p->op.send = (const char *)op->send + whole * esz;
-        p->op.recv = rank == last ? slice + b * esz : NULL;
-        p->op.count = rest;
-        on_shm(h, p, last);
-    }
-    p = add(ph, &n, op, C10D_OP_REDUCE);
+    int n = add_host_sums(h, op, rank, slice, local_op, ph);
+    struct c10d__tcp_hier_phase *p = add(ph, &n, op, C10D_OP_REDUCE);
     p->op.redop = leaders_op;
     p->op.send = p->op.recv = slice;
     p->op.count = rank == last ? b + rest : b;
