@@ -33,10 +33,12 @@ enum bench_op {
     B_REDUCE,
     B_ALL_TO_ALL,
     B_SENDRECV,
+    B_PINGPONG,
     B_NOPS
 };
-static const char *const op_names[B_NOPS] = {
-    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "sendrecv"};
+static const char *const op_names[B_NOPS] = {"all_reduce", "all_gather", "reduce_scatter",
+                                             "broadcast",  "reduce",     "all_to_all",
+                                             "sendrecv",   "pingpong"};
 
 struct opts {
     enum bench_op op;
@@ -57,7 +59,8 @@ static void usage(FILE *f)
             "                  [-n ITERS] [-w WARMUP] [-c 0|1] [-z 0|1] [--backend tcp|nccl]\n"
             "                  [--device cpu|cuda]\n"
             "  -o  all_reduce (default), all_gather, reduce_scatter, broadcast, reduce,\n"
-            "      all_to_all, sendrecv\n"
+            "      all_to_all, sendrecv, pingpong (ranks 2k and 2k+1: a send, then the\n"
+            "      answer back; one op's time is the round trip)\n"
             "  -d  dtype (float32 default; float64 float16 bfloat16 int8 uint8 int32 int64 bool)\n"
             "  -r  reduce op (sum default; avg prod min max band bor bxor premul_sum)\n"
             "  -b, -e  smallest / largest size in bytes, K/M/G suffixes (default 4 .. 64M)\n"
@@ -354,6 +357,21 @@ static int issue(struct run *r, c10d_work **w)
         };
         return c10d_batch_isend_irecv(r->pg, ops, 2, &r->op_opts, w);
     }
+    case B_PINGPONG: {
+        /* Single blocking ops, as osu_latency: the even rank serves first. */
+        int peer = r->rank ^ 1;
+        c10d_work *first = NULL;
+        int rc = r->rank % 2 == 0
+                     ? c10d_send(r->pg, r->send, r->count, o->dtype, peer, 0, &r->op_opts, &first)
+                     : c10d_recv(r->pg, r->recv, r->count, o->dtype, peer, 0, &r->op_opts, &first);
+        if (rc == 0)
+            rc = c10d_work_wait_release(first);
+        if (rc != 0)
+            return rc;
+        return r->rank % 2 == 0
+                   ? c10d_recv(r->pg, r->recv, r->count, o->dtype, peer, 0, &r->op_opts, w)
+                   : c10d_send(r->pg, r->send, r->count, o->dtype, peer, 0, &r->op_opts, w);
+    }
     default:
         return C10D_EINVAL;
     }
@@ -412,6 +430,11 @@ static long check_outputs(struct run *r)
             for (size_t i = 0; i < r->block; i++)
                 wrong += data_load(r->hrecv, (size_t)p * r->block + i, o->dtype) !=
                          data_value(p, (size_t)r->rank * r->block + i, o->dtype, o->redop);
+        break;
+    case B_PINGPONG:
+        for (size_t i = 0; i < r->count; i++)
+            wrong +=
+                data_load(r->hrecv, i, o->dtype) != data_value(r->rank ^ 1, i, o->dtype, o->redop);
         break;
     case B_SENDRECV: {
         int from = (r->rank + r->n - 1) % r->n;
@@ -626,10 +649,12 @@ int main(int argc, char **argv)
     r.book_opts = r.op_opts;
     r.op_opts.premul_factor = o.redop == C10D_PREMUL_SUM ? 0.5 : 0;
     int exit_code = 0;
-    if (o.root >= r.n || (o.op == B_SENDRECV && r.n < 2)) {
+    if (o.root >= r.n || (o.op == B_SENDRECV && r.n < 2) || (o.op == B_PINGPONG && r.n % 2 != 0)) {
         if (r.rank == 0)
             fprintf(stderr, "c10d-bench: %s\n",
-                    o.root >= r.n ? "root out of range" : "sendrecv needs at least 2 ranks");
+                    o.root >= r.n        ? "root out of range"
+                    : o.op == B_SENDRECV ? "sendrecv needs at least 2 ranks"
+                                         : "pingpong needs an even number of ranks");
         c10d_pg_destroy(pg);
         c10d_shutdown();
         return 2;

@@ -5,11 +5,14 @@
 # and with the group on tcp alone (C10D_SHM=0), against Open MPI's
 # MPI_Sendrecv over shared memory (btl vader) and over tcp.
 #   bench/p2p_compare.sh [BUILD_DIR] [RANKS]         (default: build 2)
+# OP=pingpong: ranks 2k and 2k+1 trade single blocking sends and receives
+# instead (c10d-bench -o pingpong, MPI_Send/MPI_Recv; a round trip per op).
 # Prints time per exchange (us) side by side, with c10d's ratio to vader.
 set -eu
 cd "$(dirname "$0")/.."
 build=${1:-build}
 n=${2:-2}
+op=${OP:-sendrecv}
 scripts/install-deps.sh bench
 run=$build/tools/c10drun/c10drun
 bench=$build/bench/c10d-bench
@@ -29,7 +32,7 @@ c10d_sweep() { # env... -> "size time" lines
         it=$((64 * 1024 * 1024 / size / 4))
         [ $it -lt 5 ] && it=5
         [ $it -gt 2000 ] && it=2000
-        env "$@" "$run" -n "$n" --bind-to "$bind" --no-prefix "$bench" -o sendrecv -b "$size" \
+        env "$@" "$run" -n "$n" --bind-to "$bind" --no-prefix "$bench" -o "$op" -b "$size" \
             -e "$size" -n "$it" -w $((it / 10 + 2)) -z 1 -c 0 |
             awk '$1 ~ /^[0-9]+$/ && NF >= 9 {print $1, $6; fflush()}'
         size=$((size * 16))
@@ -44,7 +47,7 @@ c10d_sweep C10D_SHM=0 | tee "$tmp/tcp"
 for btl in vader tcp; do
     echo "== Open MPI, btl $btl =="
     mpirun --allow-run-as-root --oversubscribe --bind-to "$bind" -np "$n" --mca pml ob1 \
-        --mca btl "$btl,self" "$tmp/mpi_sendrecv" $min $max 16 | tee "$tmp/mpi_$btl"
+        --mca btl "$btl,self" "$tmp/mpi_sendrecv" $min $max 16 "$op" | tee "$tmp/mpi_$btl"
 done
 /usr/bin/python3 - "$tmp" "$n" <<'PY'
 import sys
