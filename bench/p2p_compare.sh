@@ -49,9 +49,9 @@ for btl in vader tcp; do
     mpirun --allow-run-as-root --oversubscribe --bind-to "$bind" -np "$n" --mca pml ob1 \
         --mca btl "$btl,self" "$tmp/mpi_sendrecv" $min $max 16 "$op" | tee "$tmp/mpi_$btl"
 done
-/usr/bin/python3 - "$tmp" "$n" <<'PY'
+/usr/bin/python3 - "$tmp" "$n" "$op" <<'PY'
 import sys
-tmp, n = sys.argv[1], sys.argv[2]
+tmp, n, op = sys.argv[1], sys.argv[2], sys.argv[3]
 def load(name):
     rows = {}
     for line in open("%s/%s" % (tmp, name)):
@@ -62,7 +62,7 @@ def load(name):
 cols = [("rings", "c10d rings"), ("sockets", "c10d socket"), ("tcp", "c10d tcp"),
         ("mpi_vader", "mpi vader"), ("mpi_tcp", "mpi tcp")]
 rows = {k: load(k) for k, _ in cols}
-print("\nsendrecv, %s ranks, time per exchange (us); last column: c10d rings / vader" % n)
+print("\n%s, %s ranks, time per exchange (us); last column: c10d rings / vader" % (op, n))
 print("%10s | " % "size" + " ".join("%12s" % name for _, name in cols) + " | rings/vader")
 for size in sorted(rows["rings"]):
     t = [rows[k].get(size, 0.0) for k, _ in cols]
