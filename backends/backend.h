@@ -152,6 +152,10 @@ struct c10d__backend_vtable {
     /* Optional; asked once the state is created, before any op: how data
      * moves between the group's ranks ("shm", "tcp"). */
     const char *(*path)(void *state);
+    /* Optional; any thread, while the state is valid: every op parked for
+     * its waiter (engine/work.h) goes to the loop, where it completes by
+     * itself; a graceful destroy waits for ops nobody waits on. */
+    void (*unpark)(void *state);
     /* Frees the state, after abort or once idle; same rules for done. */
     void (*destroy)(void *state, c10d__backend_done_fn done, void *arg);
     /* printf format of the key (under the backend's store, one per rank) where

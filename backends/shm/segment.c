@@ -66,7 +66,8 @@ void c10d__shm_host_id(char *buf, size_t cap)
              (unsigned long long)pidns.st_ino, (unsigned long long)netns.st_ino, host);
 }
 
-/* Whether a segment for nranks has a ring per ordered pair of ranks. */
+/* Whether a segment for nranks has a ring and a mailbox per ordered pair of
+ * ranks. */
 static int has_rings(int nranks)
 {
     return nranks >= 2 && nranks <= C10D_SHM_RING_MAX_RANKS;
@@ -79,8 +80,8 @@ static size_t seg_bytes(int nranks, size_t slot_bytes, size_t *ctl_off, size_t *
     *data_off = HEADER_SIZE + ((ctl + 4095) & ~(size_t)4095);
     size_t bytes = *data_off + (size_t)nranks * 2 * slot_bytes;
     bytes = (bytes + 4095) & ~(size_t)4095;
-    if (has_rings(nranks)) /* pages are only made where a ring is used */
-        bytes += (size_t)nranks * (size_t)nranks * C10D_SHM_RING_SIZE;
+    if (has_rings(nranks)) /* pages are only made where a ring or mailbox is used */
+        bytes += (size_t)nranks * (size_t)nranks * (C10D_SHM_RING_SIZE + C10D_SHM_MAILBOX_SIZE);
     return bytes;
 }
 
@@ -133,19 +134,30 @@ static int map_it(int fd, int nranks, int rank, size_t slot_bytes, struct c10d__
     if (has_rings(nranks)) {
         size_t rings_off = (data_off + (size_t)nranks * 2 * slot_bytes + 4095) & ~(size_t)4095;
         seg->rings = (char *)base + rings_off;
+        seg->mailboxes = seg->rings + (size_t)nranks * (size_t)nranks * C10D_SHM_RING_SIZE;
     }
     *out = seg;
     return 0;
 }
 
-struct c10d__shm_ring *c10d__shm_ring_of(const struct c10d__shm_seg *seg, int from, int to)
+/* The element of a per-ordered-pair array (`size` bytes each) that `from`
+ * writes and `to` reads, NULL if there is none. */
+static void *pair_of(const struct c10d__shm_seg *seg, char *base, size_t size, int from, int to)
 {
-    if (seg->rings == NULL || from == to || from < 0 || to < 0 || from >= seg->nranks ||
+    if (base == NULL || from == to || from < 0 || to < 0 || from >= seg->nranks ||
         to >= seg->nranks)
         return NULL;
-    return (struct c10d__shm_ring *)(seg->rings +
-                                     ((size_t)from * (size_t)seg->nranks + (size_t)to) *
-                                         C10D_SHM_RING_SIZE);
+    return base + ((size_t)from * (size_t)seg->nranks + (size_t)to) * size;
+}
+
+struct c10d__shm_ring *c10d__shm_ring_of(const struct c10d__shm_seg *seg, int from, int to)
+{
+    return pair_of(seg, seg->rings, C10D_SHM_RING_SIZE, from, to);
+}
+
+struct c10d__shm_mailbox *c10d__shm_mailbox_of(const struct c10d__shm_seg *seg, int from, int to)
+{
+    return pair_of(seg, seg->mailboxes, C10D_SHM_MAILBOX_SIZE, from, to);
 }
 
 /* Each "cannot" of the doorbells is said once per process, at DEBUG: the tcp

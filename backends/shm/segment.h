@@ -9,7 +9,8 @@
  * block per rank (its counters, each on its own cache lines), then each
  * rank's two data slots (double buffering: a rank fills one while its peers
  * still read the other), then (up to C10D_SHM_RING_MAX_RANKS ranks) a byte
- * ring per ordered pair of ranks for the tcp transport's frames (ring.h).
+ * ring per ordered pair of ranks for the tcp transport's frames (ring.h) and
+ * a mailbox per ordered pair for small P2P messages (mailbox.h).
  * docs/shm.md has the protocol that uses them.
  *
  * Any thread; a segment is used by one thread at a time (the loop's), but
@@ -18,6 +19,7 @@
 #define C10D_BACKENDS_SHM_SEGMENT_H
 
 #include "backends/fingerprint.h"
+#include "mailbox.h"
 #include "ring.h"
 
 #include <stdatomic.h>
@@ -67,7 +69,8 @@ struct c10d__shm_seg {
     /* Per rank: its doorbell opened here, -2 not yet, -1 cannot. Atomic: the
      * loop (P2P rings) and a caller's lane may both open one. */
     _Atomic int *peer_bell;
-    char *rings; /* a ring per ordered pair (ring.h), NULL: none */
+    char *rings;     /* a ring per ordered pair (ring.h), NULL: none */
+    char *mailboxes; /* a mailbox per ordered pair (mailbox.h), with the rings */
     /* Its ranks outnumber the CPUs they can share (those this process may
      * run on where that is a subset, as in a container's cpuset, else the
      * machine's): a waiter in the caller's lane yields between looks. */
@@ -130,6 +133,9 @@ void c10d__shm_wake(struct c10d__shm_seg *seg, int r, void (*ring)(void *arg, in
 /* The ring rank `from` writes and rank `to` reads, NULL if the segment has
  * none (too many ranks). */
 struct c10d__shm_ring *c10d__shm_ring_of(const struct c10d__shm_seg *seg, int from, int to);
+/* The mailbox rank `from` fills and rank `to` posts, NULL if the segment
+ * has none (as for rings). */
+struct c10d__shm_mailbox *c10d__shm_mailbox_of(const struct c10d__shm_seg *seg, int from, int to);
 /* Tests: rings through doorbells and through ring() since the process began. */
 void c10d__shm_bell_counts(uint64_t *bells, uint64_t *fallbacks);
 

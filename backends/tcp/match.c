@@ -85,6 +85,7 @@ static struct unexp *unexp_new(struct c10d__tcp_transport *t, const struct wire 
     u->order = t->next_order++;
     u->complete = 0;
     u->claimed = NULL;
+    u->mb_gen = 0;
     return u;
 }
 
@@ -100,11 +101,24 @@ static void unexp_free(struct c10d__tcp_transport *t, struct unexp *u)
     t->unexp_pool = u;
 }
 
+static int unexp_is_p2p(const struct unexp *u)
+{
+    return (u->w.type == F_EAGER || u->w.type == F_RTS) && (u->w.flags & FLAG_P2P);
+}
+
 /* Every unexpected message is linked and unlinked here, so t->unexp_n
- * counts them (a start with none queued skips looking through them). */
+ * counts them (a start with none queued skips looking through them), and a
+ * P2P one is counted for its peer and told to the caller's lane, which
+ * takes back a receive it posted in a mailbox (p2p_lane.c): this message
+ * comes first. */
 static void unexp_append(struct c10d__tcp_transport *t, struct peer *pe, struct unexp *u)
 {
     t->unexp_n++;
+    if (unexp_is_p2p(u)) {
+        atomic_fetch_add(&pe->p2p_waiting, 1);
+        if (t->p2p_unexpected != NULL)
+            t->p2p_unexpected(t->p2p_unexpected_arg, pe->rank);
+    }
     if (pe->unexp_tail != NULL)
         pe->unexp_tail->next = u;
     else
@@ -122,6 +136,8 @@ static void unexp_unlink(struct c10d__tcp_transport *t, struct peer *pe, struct 
     if (*pp == NULL)
         return;
     t->unexp_n--;
+    if (unexp_is_p2p(u))
+        atomic_fetch_sub(&pe->p2p_waiting, 1);
     *pp = u->next;
     if (pe->unexp_tail == u)
         pe->unexp_tail = prev;
@@ -269,6 +285,13 @@ static void recv_p2p(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
     int best_rank = -1;
     int lo = x->peer == C10D_ANY_SOURCE ? 0 : x->peer;
     int hi = x->peer == C10D_ANY_SOURCE ? t->cfg.size : x->peer + 1;
+    /* A message deposited in a mailbox was sent before any frame still to
+     * come from its sender: it is among those this receive may match. */
+    for (int i = 0; i < t->nring_peers; i++) {
+        int r = t->ring_peers[i];
+        if (r >= lo && r < hi && c10d__tcp_mailbox_drain(t, &t->peers[r]) < 0)
+            return;
+    }
     for (int r = lo; r < hi; r++) {
         if (r == t->cfg.rank)
             continue;
@@ -293,6 +316,7 @@ static void recv_p2p(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
         x->peer_sub = best->w.sub;
         x->source = best_rank;
         x->ack_needed = 1;
+        x->mb_gen = best->mb_gen;
         if (!best->complete) {
             best->claimed = x; /* still arriving: finished by c10d__tcp_body_done */
             return;
@@ -450,6 +474,57 @@ void c10d__tcp_body_done(struct conn *c)
     }
 }
 
+int c10d__tcp_mailbox_drain(struct c10d__tcp_transport *t, struct peer *pe)
+{
+    uint64_t gen, tag;
+    size_t len;
+    const char *data;
+    if (pe->mb_in == NULL || t->failed || !c10d__shm_mb_claim(pe->mb_in, &gen, &tag, &len, &data))
+        return 0;
+    /* As its F_EAGER frame would be (c10d__tcp_handle_frame), answered in
+     * the mailbox instead of with an F_ACK. */
+    struct c10d__tcp_xfer *a = xlist_find_tag(&pe->p2p_recvs, tag);
+    struct c10d__tcp_xfer *b = xlist_find_tag(&t->any_recvs, tag);
+    struct c10d__tcp_xfer *x = a != NULL && (b == NULL || a->order < b->order) ? a : b;
+    if (x != NULL) {
+        if (len > x->len) {
+            mismatch(t, x, pe->rank, len, x->len);
+            return -1;
+        }
+        xlist_remove(x == a ? &pe->p2p_recvs : &t->any_recvs, x);
+        if (c10d__tcp_work_gone(x)) {
+            /* Timed out: its buffer is its owner's again, and the message
+             * stays unmatched (the sender's send fails with the group, never
+             * an OK for bytes nobody kept). */
+            recv_finish(x, pe->rank, 0);
+            return 1;
+        }
+        if (len > 0)
+            memcpy(x->buf, data, len);
+        c10d__shm_mb_matched(pe->mb_in, gen);
+        recv_finish(x, pe->rank, len);
+        return 1;
+    }
+    struct wire w = {0};
+    w.type = F_EAGER;
+    w.kind = C10D_OP_SEND;
+    w.flags = FLAG_P2P;
+    w.tag = tag;
+    w.len = len;
+    struct unexp *u = unexp_new(t, &w, len);
+    if (u == NULL) {
+        c10d__tcp_error(t, C10D_ENOMEM, "tcp: out of memory buffering %zu bytes from rank %d", len,
+                        pe->rank);
+        return -1;
+    }
+    if (len > 0)
+        memcpy(u->data, data, len);
+    u->complete = 1;
+    u->mb_gen = gen;
+    unexp_append(t, pe, u);
+    return 1;
+}
+
 void c10d__tcp_handle_frame(struct conn *c, const struct wire *w)
 {
     struct c10d__tcp_transport *t = c->t;
@@ -458,6 +533,9 @@ void c10d__tcp_handle_frame(struct conn *c, const struct wire *w)
     struct c10d__tcp_xfer *x;
     if (!p2p && (w->type == F_EAGER || w->type == F_RTS || w->type == F_CTS) &&
         c10d__tcp_fp_check(t, c->rank, w) < 0)
+        return;
+    /* Its sender deposited that one before it sent this frame. */
+    if (p2p && (w->type == F_EAGER || w->type == F_RTS) && c10d__tcp_mailbox_drain(t, pe) < 0)
         return;
     switch (w->type) {
     case F_EAGER:

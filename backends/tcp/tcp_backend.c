@@ -21,6 +21,7 @@
 #include "coll.h"
 #include "hier.h"
 #include "lane.h"
+#include "p2p_lane.h"
 #include "rails.h"
 #include "transport.h"
 
@@ -107,6 +108,8 @@ struct tcp_state {
     int free_pending;
     /* Small collectives the waiting thread runs (lane.h). */
     struct c10d__tcp_lane lane;
+    /* Small P2P ops between ranks of one segment (p2p_lane.h). */
+    struct c10d__tcp_p2p_lane p2p;
     struct c10d__task kick_task;
     atomic_int kick_posted;
     int destroyed;
@@ -239,6 +242,7 @@ static void state_free(struct tcp_state *s)
     free(s->lost_ranks);
     free(s->group_name);
     c10d__tcp_lane_destroy(&s->lane);
+    c10d__tcp_p2p_lane_destroy(&s->p2p);
     uv_mutex_destroy(&s->life_mutex);
     free(s);
 }
@@ -399,7 +403,8 @@ static void group_fail(struct tcp_state *s, int status, const char *fmt, ...)
     while (s->p2p_ops != NULL)
         op_complete(s, s->p2p_ops, status, s->poison_msg);
     c10d__tcp_lane_unpark(&s->lane); /* it fails on the loop */
-    if (s->hier_pending) {           /* failed while waiting for the host's segment */
+    c10d__tcp_p2p_lane_unpark(&s->p2p);
+    if (s->hier_pending) { /* failed while waiting for the host's segment */
         s->hier_pending = 0;
         c10d__fail(status, "%s", s->poison_msg);
         connect_finished(s, status);
@@ -1027,6 +1032,16 @@ static void lane_kick(void *owner)
     }
 }
 
+/* Loop: a P2P send the lane deposited lost its work before its receiver
+ * took it (its deadline): as for any op completed outside (on_work_done). */
+static void p2p_lost(void *owner, c10d_work *w, int status)
+{
+    struct tcp_state *s = owner;
+    if (!s->destroyed)
+        group_fail(s, status == C10D_ETIMEDOUT ? status : C10D_EABORTED, "%s",
+                   c10d_work_message(w));
+}
+
 static int lane_to_loop(void *owner, struct c10d__op *op)
 {
     (void)owner;
@@ -1036,6 +1051,12 @@ static int lane_to_loop(void *owner, struct c10d__op *op)
 static void lane_done(void *owner)
 {
     submitted_done(owner);
+}
+
+static void lane_hold(void *owner)
+{
+    struct tcp_state *s = owner;
+    atomic_fetch_add(&s->submitted, 1);
 }
 
 /* The caller's thread: only posts. The group submits nothing after it asked
@@ -1048,11 +1069,11 @@ static int tcp_submit(void *state, struct c10d__op *op)
     op->task.fn = run_task;
     atomic_fetch_add(&s->submitted, 1);
     int coll = !is_p2p_kind(op->kind);
-    if (coll && c10d__tcp_lane_try(&s->lane, op))
+    if (coll ? c10d__tcp_lane_try(&s->lane, op) : c10d__tcp_p2p_lane_try(&s->p2p, op))
         return 0;
     if (coll)
         c10d__tcp_lane_loop_add(&s->lane);
-    int rc = c10d__engine_post(&op->task);
+    int rc = coll ? c10d__engine_post(&op->task) : c10d__tcp_p2p_lane_post(&s->p2p, op);
     if (rc != 0) {
         if (coll)
             c10d__tcp_lane_loop_done(&s->lane);
@@ -1080,12 +1101,19 @@ static void state_destroy(struct tcp_state *s)
         group_fail(s, C10D_EABORTED, "the group was destroyed with operations pending");
     s->destroyed = 1;
     c10d__tcp_lane_unpark(&s->lane);
+    c10d__tcp_p2p_lane_end(&s->p2p);
     close_bells(s);
     if (s->rails != NULL)
         c10d__tcp_rails_free(s->rails);
     s->rails = NULL;
     s->t = NULL;
     state_unref(s);
+}
+
+static void tcp_unpark(void *state)
+{
+    struct tcp_state *s = state;
+    c10d__tcp_p2p_lane_unpark(&s->p2p);
 }
 
 static void tcp_destroy(void *state, c10d__backend_done_fn done, void *arg)
@@ -1131,6 +1159,14 @@ int c10d__tcp_open(const struct c10d__backend_config *cfg, void **state, const c
     s->refs = 1;
     uv_mutex_init(&s->life_mutex);
     c10d__tcp_lane_init(&s->lane);
+    c10d__tcp_p2p_lane_init(&s->p2p);
+    s->p2p.failed = &s->failed_status;
+    s->p2p.owner = s;
+    s->p2p.to_loop = lane_to_loop;
+    s->p2p.done = lane_done;
+    s->p2p.hold = lane_hold;
+    s->p2p.failure = tcp_failure;
+    s->p2p.lost = p2p_lost;
     s->lane.failed = &s->failed_status;
     s->lane.owner = s;
     s->lane.to_loop = lane_to_loop;
@@ -1208,6 +1244,10 @@ static int choose_shm(struct tcp_state *s, const char *const *notes)
         s->lane.seg = s->shm; /* before the group's first op: set up on creation */
     if (rc > 0)
         use_rings(s, s->shm, NULL, s->rank, wake_ring_peer);
+    /* One transport carries P2P to every peer (rings are rail 0's alone);
+     * without memory for its table the lane is off, nothing else. */
+    if (rc > 0 && c10d__tcp_rails_count(s->rails) == 1)
+        (void)c10d__tcp_p2p_lane_start(&s->p2p, s->shm, s->t);
     if (rc > 0 && s->rank == 0)
         C10D_INFO("shm",
                   "group %s: every rank is on this host: collectives run on shared memory "
@@ -1638,6 +1678,7 @@ const struct c10d__backend_vtable c10d__tcp_backend = {
     .failure = tcp_failure,
     .failed_ranks = tcp_failed_ranks,
     .path = tcp_path,
+    .unpark = tcp_unpark,
     .destroy = tcp_destroy,
     .published_key_fmt = ADDR_KEY_FMT,
 };

@@ -46,6 +46,7 @@ static const struct c10d__tcp_up floors = {
     .hello_bytes = c10d__tcp_hello_bytes,
     .frame = c10d__tcp_handle_frame,
     .body_done = c10d__tcp_body_done,
+    .mailbox = c10d__tcp_mailbox_drain,
 };
 
 int c10d__tcp_transport_new(const struct c10d__tcp_transport_config *cfg,
@@ -171,6 +172,28 @@ void c10d__tcp_transport_set_ring(struct c10d__tcp_transport *t, int r, struct c
         t->handles += 2;
         uv_prepare_start(&t->ring_poll, on_ring_poll);
     }
+}
+
+void c10d__tcp_transport_on_p2p_unexpected(struct c10d__tcp_transport *t,
+                                           void (*fn)(void *arg, int r), void *arg)
+{
+    t->p2p_unexpected = fn;
+    t->p2p_unexpected_arg = arg;
+}
+
+unsigned c10d__tcp_transport_p2p_waiting(struct c10d__tcp_transport *t, int r)
+{
+    return atomic_load(&t->peers[r].p2p_waiting);
+}
+
+void c10d__tcp_transport_set_mailbox(struct c10d__tcp_transport *t, int r,
+                                     struct c10d__shm_mailbox *in)
+{
+    if (r < 0 || r >= t->cfg.size || r == t->cfg.rank || t->peers[r].ring_conn == NULL ||
+        in == NULL)
+        return;
+    t->peers[r].mb_in = in;
+    atomic_store_explicit(&in->reader, 1, memory_order_release); /* r may deposit from now on */
 }
 
 uint64_t c10d__tcp_transport_ring_bytes(const struct c10d__tcp_transport *t)

@@ -18,6 +18,7 @@
 
 struct c10d__tcp_transport;
 struct c10d__shm_ring;
+struct c10d__shm_mailbox;
 
 /* One send or receive. Obtain with c10d__tcp_xfer_get, fill the public part,
  * post; `done` runs once it completed (possibly inside the posting call when
@@ -52,6 +53,7 @@ struct c10d__tcp_xfer {
     int out_which;     /* the write waiting for the connection */
     uint32_t peer_sub; /* P2P: the sender's message id */
     uint64_t order;    /* P2P receives: posting order */
+    uint64_t mb_gen;   /* P2P receive matched to a mailbox message: its gen (0: none) */
     uv_write_t ctl_req, data_req;
     unsigned char ctl_hdr[40], data_hdr[40]; /* HDR_LEN */
 };
@@ -121,6 +123,21 @@ uint64_t c10d__tcp_transport_bytes_in_place(const struct c10d__tcp_transport *t)
 void c10d__tcp_transport_set_ring(struct c10d__tcp_transport *t, int r, struct c10d__shm_ring *out,
                                   struct c10d__shm_ring *in, void (*wake)(void *arg, int r),
                                   void *arg);
+/* P2P in the caller's lane (p2p_lane.h): fn(arg, r) runs on the loop each
+ * time a P2P message from rank r finds no posted receive (it waits in r's
+ * unexpected queue); c10d__tcp_transport_p2p_waiting counts the messages
+ * from r waiting so (any thread). Loop thread, before any op. */
+void c10d__tcp_transport_on_p2p_unexpected(struct c10d__tcp_transport *t,
+                                           void (*fn)(void *arg, int r), void *arg);
+unsigned c10d__tcp_transport_p2p_waiting(struct c10d__tcp_transport *t, int r);
+/* Rank r deposits P2P messages for this rank in `in` (p2p_lane.h): the loop
+ * matches one there, in order with r's frames, before a later frame of r's
+ * and before a receive posted here could match a later one, and while
+ * receives are posted here, on every turn (its writer wakes a sleeping loop
+ * through their ring's flag). Loop thread, after c10d__tcp_transport_set_ring
+ * for r. */
+void c10d__tcp_transport_set_mailbox(struct c10d__tcp_transport *t, int r,
+                                     struct c10d__shm_mailbox *in);
 /* Bytes this rank wrote to rings so far (any thread). */
 uint64_t c10d__tcp_transport_ring_bytes(const struct c10d__tcp_transport *t);
 

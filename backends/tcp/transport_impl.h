@@ -7,6 +7,7 @@
 #define C10D_BACKENDS_TCP_TRANSPORT_IMPL_H
 
 #include "backends/backend.h"
+#include "backends/shm/mailbox.h"
 #include "backends/shm/ring.h"
 #include "transport.h"
 
@@ -80,6 +81,7 @@ struct unexp {
     size_t cap;
     int complete;
     struct c10d__tcp_xfer *claimed;
+    uint64_t mb_gen; /* from the peer's mailbox: acknowledged there (0: a frame) */
 };
 
 struct conn;
@@ -126,6 +128,9 @@ struct peer {
      * on (ring_on); the reader reads the ring only once that F_RING came
      * (ring_started), after every frame the socket carried before it. */
     int ring_on, ring_started;
+    struct c10d__shm_mailbox *mb_in; /* its P2P deposits (c10d__tcp_transport_set_mailbox) */
+    /* P2P messages from it in unexp_head (read by a caller's lane). */
+    _Atomic unsigned p2p_waiting;
 };
 
 struct conn {
@@ -173,6 +178,9 @@ struct c10d__tcp_up {
     /* wire -> match: a frame's header arrived; the body it asked for is in */
     void (*frame)(struct conn *c, const struct wire *w);
     void (*body_done)(struct conn *c);
+    /* wire -> match: a peer's deposit, while receives are posted
+     * (c10d__tcp_mailbox_drain) */
+    int (*mailbox)(struct c10d__tcp_transport *t, struct peer *pe);
 };
 
 struct c10d__tcp_transport {
@@ -235,6 +243,9 @@ struct c10d__tcp_transport {
     void (*ring_wake)(void *arg, int rank);
     void *ring_wake_arg;
     _Atomic uint64_t ring_bytes; /* written to rings (read from any thread) */
+    /* c10d__tcp_transport_on_p2p_unexpected */
+    void (*p2p_unexpected)(void *arg, int rank);
+    void *p2p_unexpected_arg;
 };
 
 /* Helpers small and hot enough that every part gets its own inlined copy. */
@@ -277,6 +288,9 @@ void c10d__tcp_peer_flush(struct c10d__tcp_transport *t, struct peer *pe);
 void c10d__tcp_send_cts(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x);
 void c10d__tcp_send_data(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x, uint64_t cap);
 void c10d__tcp_send_ack(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x);
+/* Matches (or queues as unexpected) a P2P message pe deposited in its
+ * mailbox: 1 if there was one, 0 if not, -1 if the transport failed. */
+int c10d__tcp_mailbox_drain(struct c10d__tcp_transport *t, struct peer *pe);
 void c10d__tcp_send_fin(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x);
 /* The rings: writes waiting for room go out, and every ring peer's bytes
  * are read; with may_sleep (the loop's turn ends in epoll) each reader says

@@ -333,6 +333,11 @@ void c10d__tcp_send_data(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x
 
 void c10d__tcp_send_ack(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
 {
+    if (x->mb_gen != 0) { /* the message came through the mailbox: so does its answer */
+        c10d__shm_mb_matched(t->peers[x->source].mb_in, x->mb_gen);
+        x->mb_gen = 0;
+        return;
+    }
     c10d__tcp_wire_encode(x->ctl_hdr, F_ACK, x->kind, FLAG_P2P, x->peer_sub, x->tag, x->received,
                           NULL);
     c10d__tcp_peer_write(t, &t->peers[x->source], x, W_CTL);
@@ -421,6 +426,21 @@ void c10d__tcp_rings_flush(struct c10d__tcp_transport *t)
             ring_flush(t, &t->peers[t->ring_peers[i]]);
 }
 
+/* Deposits in the peers' mailboxes (mailbox.h) that receives posted here may
+ * meet: matched now; before a sleep the flag goes up, then one more look,
+ * and a later deposit wakes the loop. */
+static int mailbox_poll(struct c10d__tcp_transport *t, struct peer *pe, int may_sleep)
+{
+    if (pe->mb_in == NULL || (pe->p2p_recvs.head == NULL && t->any_recvs.head == NULL))
+        return 0;
+    int got = t->up->mailbox(t, pe);
+    if (got == 0 && may_sleep) {
+        c10d__shm_mb_loop_sleeps(pe->mb_in);
+        got = t->up->mailbox(t, pe);
+    }
+    return got > 0 ? C10D__RINGS_MOVED : 0;
+}
+
 int c10d__tcp_rings_poll(struct c10d__tcp_transport *t, int may_sleep)
 {
     int moved = 0;
@@ -428,6 +448,7 @@ int c10d__tcp_rings_poll(struct c10d__tcp_transport *t, int may_sleep)
         struct peer *pe = &t->peers[t->ring_peers[i]];
         if (pe->rw_head != NULL)
             moved |= ring_flush(t, pe);
+        moved |= mailbox_poll(t, pe, may_sleep);
         if (!pe->ring_started)
             continue;
         /* Before a sleep the flag goes up last, then one more look: bytes

@@ -1,0 +1,94 @@
+/* P2P in the caller's lane: a small send or receive between two ranks of
+ * one host's segment carried by the callers' threads through the pair's
+ * mailbox (backends/shm/mailbox.h), not by their loops (docs/shm.md, "P2P in
+ * the caller's lane").
+ *
+ * - A send fills its receiver's posted receive (done: matched and
+ *   delivered), or deposits the message in the mailbox; then its work
+ *   completes once the receiver matched it, seen by the send's waiter (or,
+ *   handed over, the loop's poller).
+ * - A receive takes a deposited message of its tag (done), or posts itself
+ *   in the mailbox and parks on its work: its waiter polls for the sender's
+ *   fill and completes it on its own thread.
+ * - Everything else takes the tcp path (the transport's frames through the
+ *   rings), and the receiver's loop matches a deposited message that the
+ *   tcp path must see first (match.c: before a later frame of that sender,
+ *   before a receive posted there).
+ *
+ * Matching order holds across both paths because each side uses the
+ * mailbox only when none of the group's P2P ops is on its loop: a sender's
+ * loop sends are all matched (a send completes only then), and a receiver's
+ * earlier receives are all done. A message of the sender's that reaches the
+ * receiver's loop while a receive is posted in the mailbox (sent before the
+ * post was seen) takes the post back and hands the receive to the loop,
+ * where it matches that message; so does the caller's next receive that
+ * could otherwise overtake it. Whoever takes a post back (one CAS against
+ * the sender's fill) hands its receive to the loop, under the lane's mutex,
+ * before any later op of the caller is posted. */
+#ifndef C10D_BACKENDS_TCP_P2P_LANE_H
+#define C10D_BACKENDS_TCP_P2P_LANE_H
+
+#include "backends/backend.h"
+#include "backends/shm/segment.h"
+#include "transport.h"
+
+#include <stdatomic.h>
+#include <uv.h>
+
+struct p2p_lane_recv;
+struct p2p_lane_op;
+
+struct c10d__tcp_p2p_lane {
+    struct c10d__shm_seg *seg;     /* NULL: no lane; its ranks are the group's */
+    struct c10d__tcp_transport *t; /* the one transport P2P takes to a peer */
+    int on;                        /* C10D_SHM_LANE and C10D_SHM_P2P */
+    int bells;                     /* every peer's doorbell opens here */
+    int64_t spin_us;
+    atomic_int broken;   /* counting failed once: no lane any more */
+    atomic_int loop_ops; /* the group's P2P ops on the loop, not completed */
+    atomic_int owed;     /* `done` calls owed (p2p_lane.c, settle) */
+    uv_mutex_t mutex;
+    struct p2p_lane_recv **posted; /* per peer: its receive posted in the mailbox */
+    struct p2p_lane_op *ops;       /* sends and taken receives whose works are pending */
+    struct c10d__task *failing;    /* ops of `owed` that fail in settle (op->task.next) */
+    /* The owner's (tcp_backend.c). */
+    const atomic_int *failed;
+    void *owner;
+    /* Posts op (its task) to the loop, which runs it as if just submitted,
+     * and counts it done there: 0, or < 0 if posting is closed. */
+    int (*to_loop)(void *owner, struct c10d__op *op);
+    /* An op that took the lane, or a count of an op on the loop, no longer
+     * needs its owner; `hold` takes one more such need. */
+    void (*done)(void *owner);
+    void (*hold)(void *owner);
+    /* Loop: the group's failure (status, message), 0 if none. */
+    int (*failure)(void *owner, char *msg, size_t n);
+    /* Loop: a send's work ended before its receiver matched it (its
+     * deadline): the group fails, as for any op completed outside. */
+    void (*lost)(void *owner, c10d_work *w, int status);
+};
+
+void c10d__tcp_p2p_lane_init(struct c10d__tcp_p2p_lane *l);
+/* Loop thread, before the group's first op: the lane runs on seg (whose
+ * ranks are the group's) with transport t, which matches deposited messages
+ * on the loop (c10d__tcp_transport_set_mailbox). */
+int c10d__tcp_p2p_lane_start(struct c10d__tcp_p2p_lane *l, struct c10d__shm_seg *seg,
+                             struct c10d__tcp_transport *t);
+void c10d__tcp_p2p_lane_destroy(struct c10d__tcp_p2p_lane *l);
+/* Caller's thread, under the group's mutex: 1 if the lane took the P2P op
+ * (its work completes on its waiter or the loop), 0 if the caller posts it
+ * with c10d__tcp_p2p_lane_post. */
+int c10d__tcp_p2p_lane_try(struct c10d__tcp_p2p_lane *l, struct c10d__op *op);
+/* A P2P op for the loop: counted, and the posted receives it could
+ * overtake go first; returns to_loop's answer. */
+int c10d__tcp_p2p_lane_post(struct c10d__tcp_p2p_lane *l, struct c10d__op *op);
+/* Any thread: every parked op goes to the loop (the group fails or ends). */
+void c10d__tcp_p2p_lane_unpark(struct c10d__tcp_p2p_lane *l);
+/* Loop, as the group ends: unpark, and a deposit still waiting for its
+ * match on the loop's poller completes now. */
+void c10d__tcp_p2p_lane_end(struct c10d__tcp_p2p_lane *l);
+
+/* Tests: sends and receives the lane carried since the process began. */
+void c10d__tcp_p2p_lane_counts(uint64_t *sends, uint64_t *recvs);
+
+#endif
