@@ -1,9 +1,11 @@
 #!/bin/sh
 # P2P between ranks of one host, in one go: c10d-bench -o sendrecv (every
-# rank sends to the next and receives from the previous, blocking) through
-# the segment's rings (the default), through the sockets (C10D_SHM_P2P=0),
-# and with the group on tcp alone (C10D_SHM=0), against Open MPI's
-# MPI_Sendrecv over shared memory (btl vader) and over tcp.
+# rank sends to the next and receives from the previous, blocking) on the
+# shared-memory path (the default: mailboxes in the caller's lane for
+# single small ops, the segment's rings otherwise), on the rings alone
+# (C10D_SHM_LANE=0), through the sockets (C10D_SHM_P2P=0), and with the
+# group on tcp alone (C10D_SHM=0), against Open MPI's MPI_Sendrecv over
+# shared memory (btl vader) and over tcp.
 #   bench/p2p_compare.sh [BUILD_DIR] [RANKS]         (default: build 2)
 # OP=pingpong: ranks 2k and 2k+1 trade single blocking sends and receives
 # instead (c10d-bench -o pingpong, MPI_Send/MPI_Recv; a round trip per op).
@@ -38,8 +40,10 @@ c10d_sweep() { # env... -> "size time" lines
         size=$((size * 16))
     done
 }
-echo "== c10d, rings (default) =="
-c10d_sweep C10D_SHM_P2P=1 | tee "$tmp/rings"
+echo "== c10d, shared memory (default) =="
+c10d_sweep C10D_SHM_P2P=1 | tee "$tmp/shm"
+echo "== c10d, rings alone (C10D_SHM_LANE=0) =="
+c10d_sweep C10D_SHM_LANE=0 | tee "$tmp/rings"
 echo "== c10d, sockets (C10D_SHM_P2P=0) =="
 c10d_sweep C10D_SHM_P2P=0 | tee "$tmp/sockets"
 echo "== c10d, tcp only (C10D_SHM=0) =="
@@ -59,13 +63,13 @@ def load(name):
         if len(f) >= 2 and f[0].isdigit():
             rows[int(f[0])] = float(f[1])
     return rows
-cols = [("rings", "c10d rings"), ("sockets", "c10d socket"), ("tcp", "c10d tcp"),
-        ("mpi_vader", "mpi vader"), ("mpi_tcp", "mpi tcp")]
+cols = [("shm", "c10d shm"), ("rings", "c10d rings"), ("sockets", "c10d socket"),
+        ("tcp", "c10d tcp"), ("mpi_vader", "mpi vader"), ("mpi_tcp", "mpi tcp")]
 rows = {k: load(k) for k, _ in cols}
-print("\n%s, %s ranks, time per exchange (us); last column: c10d rings / vader" % (op, n))
-print("%10s | " % "size" + " ".join("%12s" % name for _, name in cols) + " | rings/vader")
-for size in sorted(rows["rings"]):
+print("\n%s, %s ranks, time per exchange (us); last column: c10d shm / vader" % (op, n))
+print("%10s | " % "size" + " ".join("%12s" % name for _, name in cols) + " | shm/vader")
+for size in sorted(rows["shm"]):
     t = [rows[k].get(size, 0.0) for k, _ in cols]
-    r = "%.2fx" % (t[0] / t[3]) if t[0] and t[3] else "n/a"
+    r = "%.2fx" % (t[0] / t[4]) if t[0] and t[4] else "n/a"
     print("%10d | " % size + " ".join("%12.1f" % v for v in t) + " | %s" % r)
 PY
