@@ -175,6 +175,10 @@ int c10d__pg_shrink_backends(c10d_pg *pg, const struct c10d__backend_vtable *vts
  * subgroup takes part in each such split with no color. */
 int c10d__pg_split_out(c10d_pg *parent);
 void c10d__pg_close_backends(c10d_pg *pg, int abort, int status, const char *reason);
+/* Every open backend hands the ops it parked for their waiters to the loop
+ * (backend.h, `unpark`), on the loop, where a backend's state is freed too;
+ * posted ahead of any close that follows. */
+void c10d__pg_unpark_backends(c10d_pg *pg);
 
 /* process_group.c: a group's start and end, shared with pg_subgroups.c. */
 void c10d__pg_registry_once(void);

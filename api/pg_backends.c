@@ -393,6 +393,24 @@ static void close_bound_fired(uv_timer_t *t)
     close_finish(cc);
 }
 
+static void unpark_on_loop(void *arg)
+{
+    c10d_pg *pg = arg;
+    for (int d = 0; d < C10D__PG_NDEV; d++) {
+        struct c10d__pg_backend *b = &pg->backends[d];
+        if (b->state != NULL && b->vt->unpark != NULL)
+            b->vt->unpark(b->state);
+    }
+    c10d__pg_unref(pg);
+}
+
+void c10d__pg_unpark_backends(c10d_pg *pg)
+{
+    c10d__pg_ref(pg);
+    if (c10d__engine_call(unpark_on_loop, pg) != 0)
+        c10d__pg_unref(pg); /* the engine ends: its shutdown fails what is parked */
+}
+
 /* Loop thread: abort (when asked) and destroy every backend of the group,
  * each possibly asynchronous, bounded by a timer. Ops whose run task comes
  * later see aborted_on_loop and fail without the backend. */

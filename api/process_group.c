@@ -152,9 +152,7 @@ static void pg_close(c10d_pg *pg, int graceful, const char *reason)
         c10d__work_unpark(last);
     c10d__work_drop(last);
     /* So do P2P ops parked in a backend (the caller's lane for P2P). */
-    for (int d = 0; d < C10D__PG_NDEV; d++)
-        if (pg->backends[d].state != NULL && pg->backends[d].vt->unpark != NULL)
-            pg->backends[d].vt->unpark(pg->backends[d].state);
+    c10d__pg_unpark_backends(pg);
     uv_mutex_lock(&pg->mutex);
     if (pg->state == C10D_PG_CLOSED) {
         uv_mutex_unlock(&pg->mutex);

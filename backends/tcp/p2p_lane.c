@@ -35,8 +35,7 @@ struct p2p_lane_op {
     struct c10d__shm_mailbox *mb;
     uint64_t gen;
     int deposited;                   /* a send waiting for its receiver to match it */
-    atomic_int polled;               /* on the loop's poller (op_adopt) */
-    int cancelled;                   /* (mutex) c10d__tcp_p2p_lane_end took it off */
+    int polled;                      /* (mutex) on the loop's poller (op_adopt) */
     int unparked;                    /* (mutex) c10d__tcp_p2p_lane_unpark took it */
     struct p2p_lane_op *next, *prev; /* (mutex) on `ops` */
     struct c10d__task task;          /* completes the work on the loop */
@@ -261,13 +260,22 @@ static void op_adopt(void *arg)
 {
     struct p2p_lane_op *o = arg;
     if (o->deposited) {
+        struct c10d__tcp_p2p_lane *l = o->l;
         o->poll.ready = poll_ready;
         o->poll.done = poll_done;
-        atomic_store(&o->polled, 1);
-        if (c10d__poll_push(&o->polls, &o->poll) == 0)
+        /* Under the mutex: the group's end (c10d__tcp_p2p_lane_end) takes
+         * what is on the poller off it, and after it nothing goes there. */
+        uv_mutex_lock(&l->mutex);
+        int pushed = !l->ended && c10d__poll_push(&o->polls, &o->poll) == 0;
+        o->polled = pushed;
+        uv_mutex_unlock(&l->mutex);
+        if (pushed)
             return;
-        atomic_store(&o->polled, 0);
-        c10d__work_complete(o->work, C10D_EABORTED, "tcp send: the engine is shutting down");
+        if (op_sent(o))
+            c10d__work_complete(o->work, 0, NULL);
+        else
+            c10d__work_complete(o->work, C10D_EABORTED,
+                                "tcp send: the group ended before its receiver took it");
         op_finish(o);
         return;
     }
@@ -427,11 +435,15 @@ static void recv_adopt(void *arg)
 {
     struct p2p_lane_recv *rec = arg;
     struct c10d__tcp_p2p_lane *l = rec->l;
+    /* Any thread: once the op is the loop's, its counts may go there and the
+     * group may end; this call holds the owner until it let go of the lane. */
+    l->hold(l->owner);
     uv_mutex_lock(&l->mutex);
     int gone = rec->handed || to_loop_locked(rec);
     uv_mutex_unlock(&l->mutex);
     if (gone)
         recv_free(rec);
+    atomic_fetch_add(&l->owed, 1);
     settle(l);
 }
 
@@ -629,16 +641,15 @@ void c10d__tcp_p2p_lane_end(struct c10d__tcp_p2p_lane *l)
     for (;;) {
         struct p2p_lane_op *o = NULL;
         uv_mutex_lock(&l->mutex);
+        l->ended = 1;
         for (struct p2p_lane_op *x = l->ops; x != NULL && o == NULL; x = x->next)
-            if (atomic_load(&x->polled) && !x->cancelled) {
-                x->cancelled = 1;
+            if (x->polled && c10d__poll_cancel(&x->polls) != NULL)
                 o = x;
-            }
+            else
+                x->polled = 0; /* its poll_done finishes it, or did */
         uv_mutex_unlock(&l->mutex);
         if (o == NULL)
             break;
-        if (c10d__poll_cancel(&o->polls) == NULL)
-            continue; /* its poll_done finishes it */
         if (op_sent(o))
             c10d__work_complete(o->work, 0, NULL);
         else

@@ -51,6 +51,7 @@ struct c10d__tcp_p2p_lane {
     struct p2p_lane_recv **posted; /* per peer: its receive posted in the mailbox */
     struct p2p_lane_op *ops;       /* sends and taken receives whose works are pending */
     struct c10d__task *failing;    /* ops of `owed` that fail in settle (op->task.next) */
+    int ended;                     /* (mutex) c10d__tcp_p2p_lane_end ran: no more polling */
     /* The owner's (tcp_backend.c). */
     const atomic_int *failed;
     void *owner;

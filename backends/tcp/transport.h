@@ -133,9 +133,9 @@ unsigned c10d__tcp_transport_p2p_waiting(struct c10d__tcp_transport *t, int r);
 /* Rank r deposits P2P messages for this rank in `in` (p2p_lane.h): the loop
  * matches one there, in order with r's frames, before a later frame of r's
  * and before a receive posted here could match a later one, and while
- * receives are posted here, on every turn (its writer wakes a sleeping loop
- * through their ring's flag). Loop thread, after c10d__tcp_transport_set_ring
- * for r. */
+ * receives are posted here, on every turn (a depositor wakes it when it sleeps
+ * with receives posted: the mailbox's loop_waits). Loop thread, after
+ * c10d__tcp_transport_set_ring for r. */
 void c10d__tcp_transport_set_mailbox(struct c10d__tcp_transport *t, int r,
                                      struct c10d__shm_mailbox *in);
 /* Bytes this rank wrote to rings so far (any thread). */
