@@ -4,6 +4,8 @@
  * park decides that taker once. */
 #include "lane.h"
 
+#include "cpu_relax.h"
+
 #include "backends/fingerprint.h"
 #include "engine/env.h"
 #include "engine/error.h"
@@ -32,13 +34,6 @@ void c10d__tcp_lane_counts(uint64_t *here, uint64_t *to_loop)
 {
     *here = atomic_load(&ran_here);
     *to_loop = atomic_load(&handed);
-}
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
 }
 
 void c10d__tcp_lane_init(struct c10d__tcp_lane *l)

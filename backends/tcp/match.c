@@ -287,10 +287,13 @@ static void recv_p2p(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
     int hi = x->peer == C10D_ANY_SOURCE ? t->cfg.size : x->peer + 1;
     /* A message deposited in a mailbox was sent before any frame still to
      * come from its sender: it is among those this receive may match. */
-    for (int i = 0; i < t->nring_peers; i++) {
-        int r = t->ring_peers[i];
-        if (r >= lo && r < hi && c10d__tcp_mailbox_drain(t, &t->peers[r]) < 0)
+    if (x->peer != C10D_ANY_SOURCE) {
+        if (c10d__tcp_mailbox_drain(t, &t->peers[x->peer]) < 0)
             return;
+    } else {
+        for (int i = 0; i < t->nring_peers; i++)
+            if (c10d__tcp_mailbox_drain(t, &t->peers[t->ring_peers[i]]) < 0)
+                return;
     }
     for (int r = lo; r < hi; r++) {
         if (r == t->cfg.rank)

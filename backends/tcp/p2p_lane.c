@@ -6,6 +6,8 @@
  * one frees the record. */
 #include "p2p_lane.h"
 
+#include "cpu_relax.h"
+
 #include "engine/env.h"
 #include "engine/error.h"
 #include "engine/loop.h"
@@ -49,13 +51,6 @@ void c10d__tcp_p2p_lane_counts(uint64_t *sends, uint64_t *recvs)
 {
     *sends = atomic_load(&sent_here);
     *recvs = atomic_load(&received_here);
-}
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
 }
 
 void c10d__tcp_p2p_lane_init(struct c10d__tcp_p2p_lane *l)
@@ -256,6 +251,18 @@ static void poll_done(struct c10d__poll_item *it)
     op_finish(o);
 }
 
+/* A deposit the loop's poller does not watch (the group ended): delivered or
+ * not, its send ends now. */
+static void op_end_unwatched(struct p2p_lane_op *o)
+{
+    if (op_sent(o))
+        c10d__work_complete(o->work, 0, NULL);
+    else
+        c10d__work_complete(o->work, C10D_EABORTED,
+                            "tcp send: the group ended before its receiver took it");
+    op_finish(o);
+}
+
 static void op_adopt(void *arg)
 {
     struct p2p_lane_op *o = arg;
@@ -271,12 +278,7 @@ static void op_adopt(void *arg)
         uv_mutex_unlock(&l->mutex);
         if (pushed)
             return;
-        if (op_sent(o))
-            c10d__work_complete(o->work, 0, NULL);
-        else
-            c10d__work_complete(o->work, C10D_EABORTED,
-                                "tcp send: the group ended before its receiver took it");
-        op_finish(o);
+        op_end_unwatched(o);
         return;
     }
     o->task.fn = op_task;
@@ -650,11 +652,6 @@ void c10d__tcp_p2p_lane_end(struct c10d__tcp_p2p_lane *l)
         uv_mutex_unlock(&l->mutex);
         if (o == NULL)
             break;
-        if (op_sent(o))
-            c10d__work_complete(o->work, 0, NULL);
-        else
-            c10d__work_complete(o->work, C10D_EABORTED,
-                                "tcp send: the group ended before its receiver took it");
-        op_finish(o);
+        op_end_unwatched(o);
     }
 }
