@@ -301,8 +301,10 @@ static void recv_p2p(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
         if (x->peer == C10D_ANY_SOURCE && t->cfg.lazy && t->peers[r].conn == NULL)
             c10d__tcp_peer_connect(t, r);
         for (struct unexp *u = t->peers[r].unexp_head; u != NULL; u = u->next) {
+            /* One still arriving that an earlier receive claimed is that
+             * receive's: this one takes the next. */
             if ((u->w.type == F_RTS || u->w.type == F_EAGER) && (u->w.flags & FLAG_P2P) &&
-                u->w.tag == x->tag) {
+                u->w.tag == x->tag && u->claimed == NULL) {
                 if (best == NULL || u->order < best->order) {
                     best = u;
                     best_rank = r;
