@@ -560,25 +560,33 @@ static int try_recv(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
 
 /* ------------------------------------------------------------- entries */
 
-int c10d__tcp_p2p_lane_try(struct c10d__tcp_p2p_lane *l, struct c10d__op *op)
+int c10d__tcp_p2p_lane_open(struct c10d__tcp_p2p_lane *l)
 {
-    struct c10d__shm_seg *seg = l->seg;
-    if (seg == NULL || op->next != NULL || op->peer < 0 || op->peer >= seg->nranks ||
-        op->peer == seg->rank || c10d__on_loop_thread() || atomic_load(&l->broken) != 0 ||
+    if (l->seg == NULL || c10d__on_loop_thread() || atomic_load(&l->broken) != 0 ||
         atomic_load_explicit(l->failed, memory_order_acquire) != 0 ||
         atomic_load(&l->loop_ops) != 0)
         return 0;
-    size_t bytes = op->count * c10d_dtype_size(op->dtype);
-    if (bytes > C10D_SHM_MAILBOX_BYTES)
-        return 0;
     /* Doorbells only: the tcp wake-up belongs to the loop. */
-    if (!l->bells && !(l->bells = c10d__shm_bells_all(seg)))
-        return 0;
-    if (op->kind == C10D_OP_SEND)
-        return try_send(l, op, bytes);
-    if (op->kind == C10D_OP_RECV)
-        return try_recv(l, op, bytes);
-    return 0;
+    return l->bells || (l->bells = c10d__shm_bells_all(l->seg));
+}
+
+int c10d__tcp_p2p_lane_fits(const struct c10d__tcp_p2p_lane *l, const struct c10d__op *op)
+{
+    return (op->kind == C10D_OP_SEND || op->kind == C10D_OP_RECV) && op->peer >= 0 &&
+           op->peer < l->seg->nranks && op->peer != l->seg->rank &&
+           op->count * c10d_dtype_size(op->dtype) <= C10D_SHM_MAILBOX_BYTES;
+}
+
+int c10d__tcp_p2p_lane_try_one(struct c10d__tcp_p2p_lane *l, struct c10d__op *op)
+{
+    size_t bytes = op->count * c10d_dtype_size(op->dtype);
+    return op->kind == C10D_OP_SEND ? try_send(l, op, bytes) : try_recv(l, op, bytes);
+}
+
+int c10d__tcp_p2p_lane_try(struct c10d__tcp_p2p_lane *l, struct c10d__op *op)
+{
+    return op->next == NULL && c10d__tcp_p2p_lane_open(l) && c10d__tcp_p2p_lane_fits(l, op) &&
+           c10d__tcp_p2p_lane_try_one(l, op);
 }
 
 int c10d__tcp_p2p_lane_post(struct c10d__tcp_p2p_lane *l, struct c10d__op *op)

@@ -76,10 +76,25 @@ void c10d__tcp_p2p_lane_init(struct c10d__tcp_p2p_lane *l);
 int c10d__tcp_p2p_lane_start(struct c10d__tcp_p2p_lane *l, struct c10d__shm_seg *seg,
                              struct c10d__tcp_transport *t);
 void c10d__tcp_p2p_lane_destroy(struct c10d__tcp_p2p_lane *l);
-/* Caller's thread, under the group's mutex: 1 if the lane took the P2P op
- * (its work completes on its waiter or the loop), 0 if the caller posts it
- * with c10d__tcp_p2p_lane_post. */
+/* Caller's thread, under the group's mutex: 1 if the lane took the single
+ * P2P op (its work completes on its waiter or the loop), 0 if the caller
+ * posts it with c10d__tcp_p2p_lane_post. A batch: c10d__tcp_p2p_lane_try_batch. */
 int c10d__tcp_p2p_lane_try(struct c10d__tcp_p2p_lane *l, struct c10d__op *op);
+
+/* The parts of c10d__tcp_p2p_lane_try a batch (p2p_lane_batch.c) takes
+ * member by member, under the group's mutex. open: whether the lane may take
+ * an op now; fits: whether it could take this one (a send or receive of at
+ * most a mailbox to another rank of the segment); try_one: takes a single op
+ * that fits (op->next NULL), as c10d__tcp_p2p_lane_try. */
+int c10d__tcp_p2p_lane_open(struct c10d__tcp_p2p_lane *l);
+int c10d__tcp_p2p_lane_fits(const struct c10d__tcp_p2p_lane *l, const struct c10d__op *op);
+int c10d__tcp_p2p_lane_try_one(struct c10d__tcp_p2p_lane *l, struct c10d__op *op);
+/* As c10d__tcp_p2p_lane_try, for a batch (op->next set): its members go through the lane
+ * one by one, each with a work of its own, until one does not fit or is
+ * refused; that one and the rest go to the loop as one batch. The batch's
+ * work completes once every part did, with the first failure. 1 if the lane
+ * took at least the first member, 0 if the caller posts the whole batch. */
+int c10d__tcp_p2p_lane_try_batch(struct c10d__tcp_p2p_lane *l, struct c10d__op *head);
 /* A P2P op for the loop: counted, and the posted receives it could
  * overtake go first; returns to_loop's answer. */
 int c10d__tcp_p2p_lane_post(struct c10d__tcp_p2p_lane *l, struct c10d__op *op);

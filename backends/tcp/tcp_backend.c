@@ -1069,7 +1069,9 @@ static int tcp_submit(void *state, struct c10d__op *op)
     op->task.fn = run_task;
     atomic_fetch_add(&s->submitted, 1);
     int coll = !is_p2p_kind(op->kind);
-    if (coll ? c10d__tcp_lane_try(&s->lane, op) : c10d__tcp_p2p_lane_try(&s->p2p, op))
+    if (coll               ? c10d__tcp_lane_try(&s->lane, op)
+        : op->next != NULL ? c10d__tcp_p2p_lane_try_batch(&s->p2p, op)
+                           : c10d__tcp_p2p_lane_try(&s->p2p, op))
         return 0;
     if (coll)
         c10d__tcp_lane_loop_add(&s->lane);

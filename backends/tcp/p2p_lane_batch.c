@@ -1,0 +1,220 @@
+/* A batch of P2P ops in the caller's lane (p2p_lane.h). Each member the lane
+ * takes runs exactly as a single op would, under a work of its own (a
+ * part); the first member it does not take and the rest go to the loop as
+ * one batch, under one more part. The batch's own work is parked: its waiter
+ * waits for the parts in turn (each one's own waiter, so a receive collects
+ * its message on this thread), and anything else that awaits it hands every
+ * part to the loop. It completes once every part did, with the first
+ * failure.
+ *
+ * Matching order holds because the members are taken in the batch's order,
+ * as single ops called one after the other would be: what goes to the loop
+ * after the lane is the order single ops already keep (the receiver's loop
+ * matches a deposit before a later frame of its sender, and a receive posted
+ * to the loop takes the mailbox's posts back first). */
+#include "p2p_lane.h"
+
+#include "engine/error.h"
+#include "engine/loop.h"
+#include "engine/work.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+struct p2p_lane_batch {
+    c10d_work *work; /* the batch's (a reference) */
+    /* Parts not completed, plus one while the batch is set up: whoever takes
+     * it to 0 completes the batch's work. */
+    atomic_int left;
+    /* One for that completion, one for the park (its waiter, or its adopt,
+     * which also comes when the work completes still parked). */
+    atomic_int refs;
+    atomic_int completed;
+    atomic_int status;  /* the first part that failed: its status, */
+    char msg[512];      /* and its message, written by whoever set status */
+    int abandoned;      /* set up failed: the caller posts the batch itself */
+    int nparts;         /* parts in use */
+    c10d_work *parts[]; /* references */
+};
+
+/* The batch whose waiter runs on this thread (batch_run). */
+static _Thread_local struct p2p_lane_batch *running_here;
+
+static void batch_unref(struct p2p_lane_batch *b)
+{
+    if (atomic_fetch_sub(&b->refs, 1) != 1)
+        return;
+    for (int i = 0; i < b->nparts; i++)
+        c10d_work_release(b->parts[i]);
+    c10d_work_release(b->work);
+    free(b);
+}
+
+static void batch_finish(struct p2p_lane_batch *b)
+{
+    int status = atomic_load(&b->status);
+    atomic_store(&b->completed, 1);
+    if (b->abandoned)
+        ;
+    else if (status != 0)
+        c10d__work_complete(b->work, status, "%s", b->msg);
+    else if (running_here == b) /* its waiter, inside its wait for the last part */
+        c10d__work_complete_here(b->work);
+    else
+        c10d__work_complete(b->work, 0, NULL);
+    batch_unref(b);
+}
+
+static void let_go(struct p2p_lane_batch *b)
+{
+    if (atomic_fetch_sub(&b->left, 1) == 1)
+        batch_finish(b);
+}
+
+/* Anywhere: a part completed. */
+static void part_done(c10d_work *w, int status, void *arg)
+{
+    struct p2p_lane_batch *b = arg;
+    int none = 0;
+    if (status != 0 && atomic_compare_exchange_strong(&b->status, &none, status))
+        snprintf(b->msg, sizeof b->msg, "%s", c10d_work_message(w));
+    let_go(b);
+}
+
+static int batch_run(void *arg, uint64_t deadline_ns)
+{
+    struct p2p_lane_batch *b = arg;
+    running_here = b;
+    int i = 0;
+    for (; i < b->nparts; i++) {
+        int64_t ms = -1;
+        if (deadline_ns != 0) {
+            uint64_t now = c10d__now_ns();
+            ms = now >= deadline_ns ? 0 : (int64_t)((deadline_ns - now + 999999u) / 1000000u);
+        }
+        (void)c10d__work_wait(b->parts[i], ms);
+        if (!c10d_work_test(b->parts[i]))
+            break; /* the deadline */
+    }
+    running_here = NULL;
+    int done = atomic_load(&b->completed);
+    if (!done) /* the loop finishes them, and the batch */
+        for (; i < b->nparts; i++)
+            c10d__work_unpark(b->parts[i]);
+    batch_unref(b);
+    return done;
+}
+
+static void batch_adopt(void *arg)
+{
+    struct p2p_lane_batch *b = arg;
+    for (int i = 0; i < b->nparts; i++)
+        c10d__work_unpark(b->parts[i]);
+    batch_unref(b);
+}
+
+static const struct c10d__work_park batch_park = {batch_run, batch_adopt};
+
+/* A part that is not needed after all: it completes at once (its part_done
+ * counts it) and goes. */
+static void part_drop(c10d_work *w)
+{
+    c10d__work_complete(w, 0, NULL);
+    c10d_work_release(w);
+}
+
+int c10d__tcp_p2p_lane_try_batch(struct c10d__tcp_p2p_lane *l, struct c10d__op *head)
+{
+    if (!c10d__tcp_p2p_lane_open(l) || !c10d__tcp_p2p_lane_fits(l, head))
+        return 0;
+    int n = 0;
+    for (const struct c10d__op *op = head; op != NULL; op = op->next)
+        n++;
+    /* A part per member at most: the lane takes one segment's pairs. */
+    if (n > C10D_SHM_RING_MAX_RANKS * 2 + 1)
+        return 0;
+    struct p2p_lane_batch *b = calloc(1, sizeof *b + (size_t)n * sizeof *b->parts);
+    if (b == NULL)
+        return 0;
+    c10d_work *whole = head->work;
+    c10d_work_retain(b->work = whole);
+    atomic_init(&b->left, n + 1);
+    atomic_init(&b->refs, 2);
+    atomic_init(&b->completed, 0);
+    atomic_init(&b->status, 0);
+    /* Every part before anything moves: nothing can fail half-way. */
+    int made = 0;
+    while (made < n) {
+        c10d_work *w;
+        if (c10d__work_create_unarmed(&w, "tcp batch part", 0) != 0)
+            break;
+        if (c10d__work_on_complete_anywhere(w, part_done, b) != 0) {
+            c10d__work_complete(w, 0, NULL);
+            c10d_work_release(w);
+            break;
+        }
+        b->parts[made++] = w;
+    }
+    if (made < n) {
+        b->abandoned = 1;
+        for (int i = 0; i < made; i++)
+            part_drop(b->parts[i]);
+        for (int i = made; i <= n; i++) /* the parts never made, and the setup */
+            let_go(b);
+        batch_unref(b); /* never parked */
+        return 0;
+    }
+    /* Any member may go to the loop on its own (a posted receive taken
+     * back), as the head would. */
+    for (struct c10d__op *m = head->next; m != NULL; m = m->next) {
+        m->task.fn = head->task.fn;
+        m->state = head->state;
+    }
+    int i = 0;
+    struct c10d__op *op = head, *rest = NULL;
+    while (op != NULL) {
+        struct c10d__op *next = op->next;
+        if (i > 0 && (!c10d__tcp_p2p_lane_open(l) || !c10d__tcp_p2p_lane_fits(l, op))) {
+            rest = op;
+            break;
+        }
+        op->work = b->parts[i];
+        op->next = NULL;
+        if (!c10d__tcp_p2p_lane_try_one(l, op)) {
+            op->next = next;
+            op->work = whole;
+            rest = op;
+            break;
+        }
+        if (next != NULL)
+            l->hold(l->owner); /* the next part's, in the lane or on the loop */
+        i++;
+        op = next;
+    }
+    if (i == 0) { /* nothing moved: the caller posts the batch as it came */
+        b->abandoned = 1;
+        for (int j = 0; j < n; j++)
+            part_drop(b->parts[j]);
+        let_go(b);
+        batch_unref(b); /* never parked */
+        return 0;
+    }
+    b->nparts = i + (rest != NULL);
+    for (int j = b->nparts; j < n; j++)
+        part_drop(b->parts[j]);
+    if (rest != NULL) {
+        c10d_work *w = b->parts[i];
+        for (struct c10d__op *m = rest; m != NULL; m = m->next)
+            m->work = w;
+        if (c10d__tcp_p2p_lane_post(l, rest) != 0) {
+            c10d__work_complete(w, C10D_EABORTED, "tcp %s seq %llu: the engine is shutting down",
+                                c10d__op_kind_name(rest->kind), (unsigned long long)rest->seq);
+            l->done(l->owner);
+        }
+    }
+    if (c10d__work_park(whole, &batch_park, b) != 0)
+        batch_adopt(b); /* a callback awaits it on the loop */
+    let_go(b);          /* parked first: a completion finds it there */
+    return 1;
+}

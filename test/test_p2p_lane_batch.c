@@ -1,0 +1,441 @@
+/* Batches of P2P ops in the caller's lane (backends/tcp/p2p_lane.h,
+ * c10d__tcp_p2p_lane_try_batch): real ranks, the public API. The sendrecv
+ * pattern waited, polled and called back; batches whose members split
+ * between the lane and the loop (sizes past the mailbox, a second message to
+ * one peer, members to this very rank) matched in order with single ops of
+ * the same tag; the deadline; a mismatch; a peer killed mid-batch; batches
+ * nobody waited for when the group ends. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "backends/tcp/p2p_lane.h"
+#include "c10d.h"
+#include "mp_harness.h"
+
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAXB (40 * 1024)
+
+static atomic_int callbacks;
+
+static void count_cb(c10d_work *w, int status, void *arg)
+{
+    (void)w;
+    (void)arg;
+    if (status == 0)
+        atomic_fetch_add(&callbacks, 1);
+}
+
+static void fill(unsigned char *b, size_t n, int from, int k)
+{
+    for (size_t i = 0; i < n; i++)
+        b[i] = (unsigned char)(k * 31 + from * 7 + (int)i);
+}
+
+static int good(const unsigned char *b, size_t n, int from, int k)
+{
+    for (size_t i = 0; i < n; i++)
+        if (b[i] != (unsigned char)(k * 31 + from * 7 + (int)i))
+            return 0;
+    return 1;
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static c10d_pg *init(int64_t timeout_ms)
+{
+    setenv("C10D_SHM", "1", 1);
+    c10d_pg_opts po = {0};
+    po.timeout_ms = timeout_ms;
+    c10d_pg *pg = NULL;
+    if (c10d_pg_init(&po, &pg) != 0) {
+        fprintf(stderr, "init: %s\n", c10d_last_error());
+        return NULL;
+    }
+    return pg;
+}
+
+static c10d_p2p_op op(c10d_p2p_kind kind, void *b, size_t n, int peer, int tag)
+{
+    c10d_p2p_op o = {kind, b, n, C10D_UINT8, peer, tag};
+    return o;
+}
+
+static int batch(c10d_pg *pg, const c10d_p2p_op *ops, int n, const c10d_op_opts *oo, c10d_work **w)
+{
+    return c10d_batch_isend_irecv(pg, ops, n, oo, w);
+}
+
+/* Waits for w three ways (how % 3): a wait, a poll, a callback. */
+static int finish(c10d_work *w, int how)
+{
+    if (how % 3 == 1) {
+        double t0 = now_s();
+        while (!c10d_work_test(w) && now_s() - t0 < 30)
+            usleep(20);
+    } else if (how % 3 == 2) {
+        atomic_store(&callbacks, 0);
+        if (c10d_work_on_complete(w, count_cb, NULL) != 0)
+            return -100;
+    }
+    int rc = c10d_work_wait(w, -1);
+    if (rc == 0 && how % 3 == 2 && atomic_load(&callbacks) != 1)
+        rc = -101;
+    c10d_work_release(w);
+    return rc;
+}
+
+/* Sizes around the mailbox's limit (16 KiB): the mixed batches' members. */
+static size_t size_of(int k)
+{
+    static const size_t sizes[] = {4, 16 * 1024, 0, 40000, 64, 16 * 1024 + 1, 1000, 3, 9000};
+    return sizes[k % 9];
+}
+
+/* arg: 0 with the lane, 1 on the rings alone (C10D_SHM_LANE=0). */
+static int pattern_main(int rank, int n, void *arg)
+{
+    int lane = arg == NULL || *(int *)arg == 0;
+    if (!lane)
+        setenv("C10D_SHM_LANE", "0", 1);
+    c10d_pg *pg = init(60000);
+    MP_CHECK(pg != NULL, "no group");
+    MP_CHECK(strcmp(c10d_pg_host_path(pg), "shm") == 0, "path %s", c10d_pg_host_path(pg));
+    static unsigned char out[8][MAXB], in[8][MAXB];
+    int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    uint64_t s0, r0, s1, r1;
+    c10d__tcp_p2p_lane_counts(&s0, &r0);
+
+    /* 1. The sendrecv pattern (a send to the next rank, a receive from the
+     * previous), either order, waited, polled and called back. */
+    for (int k = 0; k < 600; k++) {
+        size_t len = k % 7 == 0 ? 16 * 1024 : k % 7 == 1 ? 0 : (size_t)(4 + k % 300);
+        fill(out[0], len, rank, k);
+        memset(in[0], 0xee, len);
+        c10d_p2p_op s = op(C10D_P2P_SEND, out[0], len, next, 3);
+        c10d_p2p_op r = op(C10D_P2P_RECV, in[0], len, prev, 3);
+        c10d_p2p_op ops[2] = {k % 2 ? r : s, k % 2 ? s : r};
+        c10d_work *w = NULL;
+        MP_CHECK(batch(pg, ops, 2, NULL, &w) == 0, "batch: %s", c10d_last_error());
+        int rc = finish(w, k / 2);
+        MP_CHECK(rc == 0, "sendrecv %d: %d %s", k, rc, c10d_last_error());
+        MP_CHECK(good(in[0], len, prev, k), "sendrecv %d: wrong bytes", k);
+    }
+    c10d__tcp_p2p_lane_counts(&s1, &r1);
+    fprintf(stderr, "rank %d: sendrecv: %llu sends and %llu receives in the lane\n", rank,
+            (unsigned long long)(s1 - s0), (unsigned long long)(r1 - r0));
+    MP_CHECK(!lane || (s1 - s0 >= 300 && r1 - r0 >= 100), "the lane carried too few batches");
+    MP_CHECK(lane || (s1 == s0 && r1 == r0), "the lane is off, yet it carried messages");
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+
+    /* 2. One tag, singles and batches mixed, sizes on both sides of the
+     * mailbox's limit: to the next rank a single, a batch of three (the
+     * second to the same peer finds the mailbox taken), a single; from the
+     * previous a batch of two, a single, a batch of two. Every message
+     * meets its receive in order. */
+    for (int k = 0; k < 60; k++) {
+        size_t sz[5];
+        for (int j = 0; j < 5; j++) {
+            sz[j] = size_of(k + 2 * j);
+            fill(out[j], sz[j], rank, k * 5 + j);
+            memset(in[j], 0xee, sz[j]);
+        }
+        c10d_work *ws[3], *wr[3];
+        c10d_p2p_op b3[3] = {op(C10D_P2P_SEND, out[1], sz[1], next, 9),
+                             op(C10D_P2P_SEND, out[2], sz[2], next, 9),
+                             op(C10D_P2P_SEND, out[3], sz[3], next, 9)};
+        c10d_p2p_op ra[2] = {op(C10D_P2P_RECV, in[0], sz[0], prev, 9),
+                             op(C10D_P2P_RECV, in[1], sz[1], prev, 9)};
+        c10d_p2p_op rb[2] = {op(C10D_P2P_RECV, in[3], sz[3], prev, 9),
+                             op(C10D_P2P_RECV, in[4], sz[4], prev, 9)};
+        if (rank % 2) { /* receives first on odd ranks: posted before the sends */
+            MP_CHECK(batch(pg, ra, 2, NULL, &wr[0]) == 0, "batch: %s", c10d_last_error());
+            MP_CHECK(c10d_recv(pg, in[2], sz[2], C10D_UINT8, prev, 9, NULL, &wr[1]) == 0,
+                     "irecv: %s", c10d_last_error());
+            MP_CHECK(batch(pg, rb, 2, NULL, &wr[2]) == 0, "batch: %s", c10d_last_error());
+        }
+        MP_CHECK(c10d_send(pg, out[0], sz[0], C10D_UINT8, next, 9, NULL, &ws[0]) == 0, "isend: %s",
+                 c10d_last_error());
+        MP_CHECK(batch(pg, b3, 3, NULL, &ws[1]) == 0, "batch: %s", c10d_last_error());
+        MP_CHECK(c10d_send(pg, out[4], sz[4], C10D_UINT8, next, 9, NULL, &ws[2]) == 0, "isend: %s",
+                 c10d_last_error());
+        if (rank % 2 == 0) {
+            if (k % 3 == 0)
+                usleep(300); /* some deposits wait for their receives */
+            MP_CHECK(batch(pg, ra, 2, NULL, &wr[0]) == 0, "batch: %s", c10d_last_error());
+            MP_CHECK(c10d_recv(pg, in[2], sz[2], C10D_UINT8, prev, 9, NULL, &wr[1]) == 0,
+                     "irecv: %s", c10d_last_error());
+            MP_CHECK(batch(pg, rb, 2, NULL, &wr[2]) == 0, "batch: %s", c10d_last_error());
+        }
+        for (int j = 2; j >= 0; j--) /* waited last to first */
+            MP_CHECK(finish(wr[j], k + j) == 0, "mixed %d: receive %d: %s", k, j,
+                     c10d_last_error());
+        for (int j = 0; j < 5; j++)
+            MP_CHECK(good(in[j], sz[j], prev, k * 5 + j), "mixed %d: message %d out of order", k,
+                     j);
+        for (int j = 0; j < 3; j++)
+            MP_CHECK(finish(ws[j], k) == 0, "mixed %d: send %d: %s", k, j, c10d_last_error());
+    }
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+
+    /* 3. Members to this very rank, first and in the middle: the loop pairs
+     * them, the rest still meet their peers. */
+    for (int k = 0; k < 40; k++) {
+        fill(out[0], 32, rank, k);
+        fill(out[1], 48, rank, 100 + k);
+        memset(in[0], 0, 32);
+        memset(in[1], 0, 48);
+        c10d_p2p_op mid[4] = {
+            op(C10D_P2P_SEND, out[0], 32, next, 5), op(C10D_P2P_SEND, out[1], 48, rank, 6),
+            op(C10D_P2P_RECV, in[1], 48, rank, 6), op(C10D_P2P_RECV, in[0], 32, prev, 5)};
+        c10d_p2p_op first[4] = {mid[1], mid[0], mid[3], mid[2]};
+        c10d_work *w = NULL;
+        MP_CHECK(batch(pg, k % 2 ? first : mid, 4, NULL, &w) == 0, "batch: %s", c10d_last_error());
+        MP_CHECK(finish(w, k) == 0, "self %d: %s", k, c10d_last_error());
+        MP_CHECK(good(in[0], 32, prev, k) && good(in[1], 48, rank, 100 + k), "self %d: wrong bytes",
+                 k);
+    }
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    c10d_pg_destroy(pg);
+    c10d_shutdown();
+    return 0;
+}
+
+/* A batch whose receive nobody fills: its deadline fails it on time. */
+static int timeout_main(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    setenv("C10D_SHM_LANE_SPIN_US", "60000000", 1);
+    c10d_pg *pg = init(60000);
+    MP_CHECK(pg != NULL, "no group");
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    if (rank == 0) {
+        unsigned char a[16] = {0}, b[16];
+        c10d_op_opts oo = {0};
+        oo.timeout_ms = 500;
+        c10d_p2p_op ops[2] = {op(C10D_P2P_SEND, a, 16, 1, 1), op(C10D_P2P_RECV, b, 16, 1, 2)};
+        c10d_work *w = NULL;
+        MP_CHECK(batch(pg, ops, 2, &oo, &w) == 0, "batch: %s", c10d_last_error());
+        double t0 = now_s();
+        int rc = c10d_work_wait(w, -1);
+        double s = now_s() - t0;
+        MP_CHECK(rc == C10D_ETIMEDOUT, "got %s: %s", c10d_status_name(rc), c10d_last_error());
+        MP_CHECK(s >= 0.3 && s < 10, "the deadline fired after %.2f s", s);
+        fprintf(stderr, "rank 0: timed out after %.2f s: %s\n", s, c10d_work_message(w));
+        c10d_work_release(w);
+    } else {
+        sleep(3); /* an abort would end rank 0's batch before its deadline */
+    }
+    c10d_pg_abort(pg, "test over");
+    c10d_shutdown();
+    return 0;
+}
+
+/* A send larger than the receive posted for it, each in a batch: an error
+ * on both ranks, naming the sizes, never a truncated success. */
+static int mismatch_main(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    c10d_pg *pg = init(20000);
+    MP_CHECK(pg != NULL, "no group");
+    unsigned char b[64] = {0}, c[4] = {0};
+    c10d_p2p_op zero[2] = {op(C10D_P2P_SEND, b, 64, 1, 0), op(C10D_P2P_RECV, c, 4, 1, 1)};
+    c10d_p2p_op one[2] = {op(C10D_P2P_RECV, b, 16, 0, 0), op(C10D_P2P_SEND, c, 4, 0, 1)};
+    c10d_work *w = NULL;
+    MP_CHECK(batch(pg, rank == 0 ? zero : one, 2, NULL, &w) == 0, "batch: %s", c10d_last_error());
+    int rc = c10d_work_wait(w, -1);
+    MP_CHECK(rc != 0, "a 64-byte send into a 16-byte receive succeeded");
+    fprintf(stderr, "rank %d: %s: %s\n", rank, c10d_status_name(rc), c10d_work_message(w));
+    MP_CHECK(rank == 0 || strstr(c10d_work_message(w), "64") != NULL, "no size named: %s",
+             c10d_work_message(w));
+    c10d_work_release(w);
+    c10d_pg_abort(pg, "test over");
+    c10d_shutdown();
+    return 0;
+}
+
+/* The peer killed while this rank waits on a batch in the lane: an error
+ * within seconds. */
+static int killed_main(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    setenv("C10D_SHM_LANE_SPIN_US", "60000000", 1);
+    c10d_pg *pg = init(60000);
+    MP_CHECK(pg != NULL, "no group");
+    unsigned char a[16] = {0}, b[16];
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    if (rank == 1) {
+        usleep(300 * 1000);
+        raise(SIGKILL);
+    }
+    c10d_p2p_op ops[2] = {op(C10D_P2P_SEND, a, 16, 1, 0), op(C10D_P2P_RECV, b, 16, 1, 0)};
+    c10d_work *w = NULL;
+    MP_CHECK(batch(pg, ops, 2, NULL, &w) == 0, "batch: %s", c10d_last_error());
+    double t0 = now_s();
+    int rc = c10d_work_wait(w, -1);
+    double s = now_s() - t0;
+    MP_CHECK(rc < 0, "the batch succeeded without its peer");
+    MP_CHECK(s < 10, "the error took %.1f s", s);
+    fprintf(stderr, "rank 0: %s after %.2f s: %s\n", c10d_status_name(rc), s, c10d_work_message(w));
+    c10d_work_release(w);
+    c10d_pg_abort(pg, "test over");
+    c10d_shutdown();
+    return 0;
+}
+
+/* Batches nobody waited for when the group ends gracefully: the ones that
+ * met their peers complete with the destroy at once, bytes delivered; one
+ * that met nobody fails at an abort. */
+static int abandon_main(int rank, int n, void *arg)
+{
+    (void)n;
+    int graceful = *(int *)arg;
+    c10d_pg *pg = init(20000);
+    MP_CHECK(pg != NULL, "no group");
+    unsigned char b[2][16], c[2][16];
+    fill(c[0], 16, rank, 5);
+    fill(c[1], 16, rank, 6);
+    int other = 1 - rank;
+    c10d_p2p_op rs[2] = {op(C10D_P2P_RECV, b[0], 16, other, 1),
+                         op(C10D_P2P_RECV, b[1], 16, other, 2)};
+    c10d_p2p_op ss[2] = {op(C10D_P2P_SEND, c[0], 16, other, 1),
+                         op(C10D_P2P_SEND, c[1], 16, other, 2)};
+    c10d_work *r = NULL, *s = NULL;
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    MP_CHECK(batch(pg, rs, 2, NULL, &r) == 0, "batch: %s", c10d_last_error());
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    if (graceful || rank == 0)
+        MP_CHECK(batch(pg, ss, 2, NULL, &s) == 0, "batch: %s", c10d_last_error());
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    double t0 = now_s();
+    if (graceful)
+        c10d_pg_destroy(pg);
+    else
+        c10d_pg_abort(pg, "abandoned");
+    double took = now_s() - t0;
+    if (graceful) {
+        MP_CHECK(took < 10, "the destroy waited %.1f s for batches that were done", took);
+        MP_CHECK(c10d_work_wait(r, -1) == 0, "receives: %s", c10d_last_error());
+        MP_CHECK(c10d_work_wait(s, -1) == 0, "sends: %s", c10d_last_error());
+        MP_CHECK(good(b[0], 16, other, 5) && good(b[1], 16, other, 6), "wrong bytes");
+    } else if (rank == 0) {
+        MP_CHECK(c10d_work_wait(r, -1) != 0, "receives nobody sent to succeeded");
+        fprintf(stderr, "rank 0: receives: %s\n", c10d_work_message(r));
+    }
+    c10d_work_release(r);
+    if (s != NULL)
+        c10d_work_release(s);
+    c10d_shutdown();
+    return 0;
+}
+
+static void run(int (*fn)(int, int, void *), void *arg, int nranks, const char *spin_us)
+{
+    if (spin_us != NULL)
+        setenv("C10D_SHM_LANE_SPIN_US", spin_us, 1);
+    struct mp_opts o = {0};
+    o.nranks = nranks;
+    o.timeout_s = 120;
+    o.kill_on_failure = 1;
+    struct mp_result res;
+    int rc = mp_run(&o, fn, arg, &res);
+    unsetenv("C10D_SHM_LANE_SPIN_US");
+    assert_false(res.timed_out);
+    assert_int_equal(rc, 0);
+}
+
+static void test_pattern_2_ranks(void **st)
+{
+    (void)st;
+    run(pattern_main, NULL, 2, NULL);
+}
+
+static void test_pattern_2_ranks_rings(void **st)
+{
+    (void)st;
+    /* The same order through the rings alone: a message still arriving that
+     * one receive claimed is not taken again by the next. */
+    int rings = 1;
+    run(pattern_main, &rings, 2, NULL);
+}
+
+static void test_pattern_3_ranks(void **st)
+{
+    (void)st;
+    run(pattern_main, NULL, 3, NULL);
+}
+
+static void test_pattern_4_ranks_short_spin(void **st)
+{
+    (void)st;
+    /* Waiters give up at once: every hand-over to the loop is taken. */
+    run(pattern_main, NULL, 4, "1");
+}
+
+static void test_timeout(void **st)
+{
+    (void)st;
+    run(timeout_main, NULL, 2, NULL);
+}
+
+static void test_mismatch(void **st)
+{
+    (void)st;
+    run(mismatch_main, NULL, 2, NULL);
+}
+
+static void test_peer_killed(void **st)
+{
+    (void)st;
+    struct mp_opts o = {0};
+    o.nranks = 2;
+    o.timeout_s = 60;
+    struct mp_result res;
+    mp_run(&o, killed_main, NULL, &res);
+    assert_false(res.timed_out);
+    assert_int_equal(res.codes[0], 0);
+    assert_int_equal(res.codes[1], 128 + SIGKILL);
+}
+
+static void test_abandoned_abort(void **st)
+{
+    (void)st;
+    int graceful = 0;
+    run(abandon_main, &graceful, 2, NULL);
+}
+
+static void test_abandoned_destroy(void **st)
+{
+    (void)st;
+    int graceful = 1;
+    run(abandon_main, &graceful, 2, NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pattern_2_ranks),   cmocka_unit_test(test_pattern_2_ranks_rings),
+        cmocka_unit_test(test_pattern_3_ranks),   cmocka_unit_test(test_pattern_4_ranks_short_spin),
+        cmocka_unit_test(test_timeout),           cmocka_unit_test(test_mismatch),
+        cmocka_unit_test(test_peer_killed),       cmocka_unit_test(test_abandoned_abort),
+        cmocka_unit_test(test_abandoned_destroy),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
