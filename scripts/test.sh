@@ -46,6 +46,6 @@ fi
 if [ "$which" = tsan ]; then
     echo "== ThreadSanitizer build (engine tests) =="
     cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DC10D_SANITIZE=thread >/dev/null
-    cmake --build build-tsan -j"$jobs" --target test_work test_work_compose test_loop test_wait_lock test_engine_handoff test_backend_contract test_shm_lane test_p2p_lane test_work_park
-    (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R 'test_(work|work_compose|loop|wait_lock|engine_handoff|backend_contract|shm_lane|p2p_lane|work_park)$')
+    cmake --build build-tsan -j"$jobs" --target test_work test_work_compose test_loop test_wait_lock test_engine_handoff test_backend_contract test_shm_lane test_p2p_lane test_p2p_lane_batch test_work_park
+    (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R 'test_(work|work_compose|loop|wait_lock|engine_handoff|backend_contract|shm_lane|p2p_lane|p2p_lane_batch|work_park)$')
 fi
