@@ -210,6 +210,11 @@ void *c10d__work_payload(c10d_work *w, const void *kind)
     return w != NULL && w->payload_kind == kind ? w->payload : NULL;
 }
 
+const char *c10d__work_what(const c10d_work *w)
+{
+    return w->what;
+}
+
 void c10d_work_retain(c10d_work *w)
 {
     if (w != NULL)

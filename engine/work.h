@@ -96,6 +96,8 @@ void c10d__work_set_fr_id(c10d_work *work, uint64_t rid);
 void c10d__work_set_payload(c10d_work *w, const void *kind, void *payload,
                             void (*free_fn)(void *payload));
 void *c10d__work_payload(c10d_work *w, const void *kind);
+/* The name it was created with (its deadline's message is built from it). */
+const char *c10d__work_what(const c10d_work *w);
 
 /* Loop thread: completes every pending work with `status` and `message`
  * (engine shutdown). Callbacks run; inline when posting is already closed. */

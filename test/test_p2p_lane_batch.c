@@ -246,6 +246,83 @@ static int timeout_main(int rank, int n, void *arg)
     return 0;
 }
 
+/* Nobody waits on a batch whose receive (in the mailbox) and large send (on
+ * the loop) meet no peer: its deadline still fires (a part on the loop has
+ * it), the group fails, and a later call says why. */
+static int unwaited_main(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    c10d_pg *pg = init(60000);
+    MP_CHECK(pg != NULL, "no group");
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    if (rank == 0) {
+        static unsigned char a[40000], b[16];
+        c10d_op_opts oo = {0};
+        oo.timeout_ms = 500;
+        c10d_p2p_op ops[2] = {op(C10D_P2P_RECV, b, 16, 1, 1), op(C10D_P2P_SEND, a, 40000, 1, 2)};
+        c10d_work *w = NULL;
+        MP_CHECK(batch(pg, ops, 2, &oo, &w) == 0, "batch: %s", c10d_last_error());
+        sleep(2);
+        c10d_work *bw = NULL;
+        int rc = c10d_barrier(pg, NULL, &bw);
+        if (rc == 0)
+            rc = c10d_work_wait_release(bw);
+        MP_CHECK(rc != 0, "the group went on past a batch's deadline");
+        fprintf(stderr, "rank 0: after the deadline: %s\n", c10d_last_error());
+        MP_CHECK(strstr(c10d_last_error(), "timeout") != NULL ||
+                     strstr(c10d_last_error(), "timed out") != NULL,
+                 "not the deadline: %s", c10d_last_error());
+        MP_CHECK(c10d_work_wait(w, -1) == C10D_ETIMEDOUT, "batch: %s", c10d_last_error());
+        c10d_work_release(w);
+    } else {
+        sleep(3);
+    }
+    c10d_pg_abort(pg, "test over");
+    c10d_shutdown();
+    return 0;
+}
+
+/* The caller completes a batch's work itself while its parts run (one in
+ * the mailbox, one on the loop): the parts stop, the group fails as for a
+ * single op completed outside its backend, nothing hangs or is used after
+ * the caller's records went. */
+static int outside_main(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    c10d_pg *pg = init(20000);
+    MP_CHECK(pg != NULL, "no group");
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    if (rank == 0) {
+        static unsigned char a[40000], b[16];
+        c10d_p2p_op ops[2] = {op(C10D_P2P_RECV, b, 16, 1, 1), op(C10D_P2P_SEND, a, 40000, 1, 2)};
+        c10d_work *w = NULL;
+        MP_CHECK(batch(pg, ops, 2, NULL, &w) == 0, "batch: %s", c10d_last_error());
+        usleep(100 * 1000);
+        /* Success: the group does not fail for the work's status, only
+         * for the parts the backend still ran. */
+        MP_CHECK(c10d_work_complete(w, 0, NULL) == 1, "complete: %s", c10d_last_error());
+        MP_CHECK(c10d_work_wait(w, -1) == 0, "batch: %s", c10d_last_error());
+        c10d_work_release(w);
+        double t0 = now_s();
+        c10d_work *bw = NULL;
+        int rc = c10d_barrier(pg, NULL, &bw);
+        if (rc == 0)
+            rc = c10d_work_wait_release(bw);
+        MP_CHECK(rc != 0, "the group went on after a batch's work was completed outside");
+        MP_CHECK(now_s() - t0 < 10, "the failure took %.1f s", now_s() - t0);
+        MP_CHECK(strstr(c10d_last_error(), "outside") != NULL, "not the parts' failure: %s",
+                 c10d_last_error());
+        fprintf(stderr, "rank 0: then: %s\n", c10d_last_error());
+    } else {
+        sleep(2);
+    }
+    c10d_pg_abort(pg, "test over");
+    c10d_shutdown();
+    return 0;
+}
+
 /* A send larger than the receive posted for it, each in a batch: an error
  * on both ranks, naming the sizes, never a truncated success. */
 static int mismatch_main(int rank, int n, void *arg)
@@ -395,6 +472,18 @@ static void test_timeout(void **st)
     run(timeout_main, NULL, 2, NULL);
 }
 
+static void test_unwaited_deadline(void **st)
+{
+    (void)st;
+    run(unwaited_main, NULL, 2, NULL);
+}
+
+static void test_completed_outside(void **st)
+{
+    (void)st;
+    run(outside_main, NULL, 2, NULL);
+}
+
 static void test_mismatch(void **st)
 {
     (void)st;
@@ -433,7 +522,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pattern_2_ranks),   cmocka_unit_test(test_pattern_2_ranks_rings),
         cmocka_unit_test(test_pattern_3_ranks),   cmocka_unit_test(test_pattern_4_ranks_short_spin),
-        cmocka_unit_test(test_timeout),           cmocka_unit_test(test_mismatch),
+        cmocka_unit_test(test_timeout),           cmocka_unit_test(test_unwaited_deadline),
+        cmocka_unit_test(test_completed_outside), cmocka_unit_test(test_mismatch),
         cmocka_unit_test(test_peer_killed),       cmocka_unit_test(test_abandoned_abort),
         cmocka_unit_test(test_abandoned_destroy),
     };

@@ -1,11 +1,17 @@
 /* A batch of P2P ops in the caller's lane (p2p_lane.h). Each member the lane
  * takes runs exactly as a single op would, under a work of its own (a
- * part); the first member it does not take and the rest go to the loop as
- * one batch, under one more part. The batch's own work is parked: its waiter
- * waits for the parts in turn (each one's own waiter, so a receive collects
- * its message on this thread), and anything else that awaits it hands every
- * part to the loop. It completes once every part did, with the first
- * failure.
+ * part, with the batch's name and deadline); the first member it does not
+ * take and the rest go to the loop as one batch, under one more part. The
+ * batch's own work is parked: its waiter waits for the parts in turn (each
+ * one's own waiter, so a receive collects its message on this thread), and
+ * anything else that awaits it hands every part to the loop. It completes
+ * once every part did, with the first failure; completed otherwise (its
+ * deadline on the loop, the caller), it fails the parts still running, as a
+ * single op's work completed outside the backend fails the group.
+ *
+ * The parts run on copies of the members, which live as long as the last
+ * part's work (its payload): the caller's records may go as soon as the
+ * batch's work completed, while a part's callbacks may still read its op.
  *
  * Matching order holds because the members are taken in the batch's order,
  * as single ops called one after the other would be: what goes to the loop
@@ -22,13 +28,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* The members' copies, one reference per part made. */
+struct batch_ops {
+    atomic_int refs;
+    struct c10d__op ops[];
+};
+
 struct p2p_lane_batch {
     c10d_work *work; /* the batch's (a reference) */
     /* Parts not completed, plus one while the batch is set up: whoever takes
      * it to 0 completes the batch's work. */
     atomic_int left;
     /* One for that completion, one for the park (its waiter, or its adopt,
-     * which also comes when the work completes still parked). */
+     * which also comes when the work completes still parked), one for the
+     * batch's work's callback. */
     atomic_int refs;
     atomic_int completed;
     atomic_int status;  /* the first part that failed: its status, */
@@ -40,6 +53,15 @@ struct p2p_lane_batch {
 
 /* The batch whose waiter runs on this thread (batch_run). */
 static _Thread_local struct p2p_lane_batch *running_here;
+
+static const char ops_kind = 0; /* the parts' payload */
+
+static void ops_unref(void *arg)
+{
+    struct batch_ops *o = arg;
+    if (atomic_fetch_sub(&o->refs, 1) == 1)
+        free(o);
+}
 
 static void batch_unref(struct p2p_lane_batch *b)
 {
@@ -80,6 +102,21 @@ static void part_done(c10d_work *w, int status, void *arg)
     if (status != 0 && atomic_compare_exchange_strong(&b->status, &none, status))
         snprintf(b->msg, sizeof b->msg, "%s", c10d_work_message(w));
     let_go(b);
+}
+
+/* Anywhere: the batch's work completed. Not by its last part: the parts
+ * still running fail (the tcp path then fails the group, and no byte lands
+ * in a buffer the caller got back). */
+static void whole_done(c10d_work *w, int status, void *arg)
+{
+    struct p2p_lane_batch *b = arg;
+    const char *why = c10d_work_message(w);
+    if (!atomic_load(&b->completed))
+        for (int i = 0; i < b->nparts; i++)
+            c10d__work_complete(b->parts[i], status < 0 ? status : C10D_EABORTED,
+                                "tcp batch: its work was completed outside the backend (%s)%s%s",
+                                c10d_status_name(status), *why != '\0' ? ": " : "", why);
+    batch_unref(b);
 }
 
 static int batch_run(void *arg, uint64_t deadline_ns)
@@ -124,31 +161,18 @@ static void part_drop(c10d_work *w)
     c10d_work_release(w);
 }
 
-int c10d__tcp_p2p_lane_try_batch(struct c10d__tcp_p2p_lane *l, struct c10d__op *head)
+/* Every part before anything moves, so nothing can fail half-way: 1, or 0
+ * with the batch given up (the caller posts it as it came). */
+static int make_parts(struct p2p_lane_batch *b, struct batch_ops *copies, int n,
+                      const struct c10d__op *head)
 {
-    if (!c10d__tcp_p2p_lane_open(l) || !c10d__tcp_p2p_lane_fits(l, head))
-        return 0;
-    int n = 0;
-    for (const struct c10d__op *op = head; op != NULL; op = op->next)
-        n++;
-    /* A part per member at most: the lane takes one segment's pairs. */
-    if (n > C10D_SHM_RING_MAX_RANKS * 2 + 1)
-        return 0;
-    struct p2p_lane_batch *b = calloc(1, sizeof *b + (size_t)n * sizeof *b->parts);
-    if (b == NULL)
-        return 0;
-    c10d_work *whole = head->work;
-    c10d_work_retain(b->work = whole);
-    atomic_init(&b->left, n + 1);
-    atomic_init(&b->refs, 2);
-    atomic_init(&b->completed, 0);
-    atomic_init(&b->status, 0);
-    /* Every part before anything moves: nothing can fail half-way. */
     int made = 0;
     while (made < n) {
         c10d_work *w;
-        if (c10d__work_create_unarmed(&w, "tcp batch part", 0) != 0)
+        if (c10d__work_create_unarmed(&w, c10d__work_what(b->work), head->timeout_ms) != 0)
             break;
+        atomic_fetch_add(&copies->refs, 1);
+        c10d__work_set_payload(w, &ops_kind, copies, ops_unref);
         if (c10d__work_on_complete_anywhere(w, part_done, b) != 0) {
             c10d__work_complete(w, 0, NULL);
             c10d_work_release(w);
@@ -156,23 +180,55 @@ int c10d__tcp_p2p_lane_try_batch(struct c10d__tcp_p2p_lane *l, struct c10d__op *
         }
         b->parts[made++] = w;
     }
-    if (made < n) {
-        b->abandoned = 1;
-        for (int i = 0; i < made; i++)
-            part_drop(b->parts[i]);
-        for (int i = made; i <= n; i++) /* the parts never made, and the setup */
-            let_go(b);
-        batch_unref(b); /* never parked */
+    int watched = made == n && c10d__work_on_complete_anywhere(b->work, whole_done, b) == 0;
+    if (watched)
+        return 1;
+    b->abandoned = 1;
+    for (int i = 0; i < made; i++)
+        part_drop(b->parts[i]);
+    for (int i = made; i <= n; i++) /* the parts never made, and the setup */
+        let_go(b);
+    batch_unref(b); /* never parked */
+    batch_unref(b); /* never watched */
+    return 0;
+}
+
+int c10d__tcp_p2p_lane_try_batch(struct c10d__tcp_p2p_lane *l, struct c10d__op *head)
+{
+    if (!c10d__tcp_p2p_lane_open(l) || !c10d__tcp_p2p_lane_fits(l, head))
+        return 0;
+    int n = 0;
+    for (const struct c10d__op *op = head; op != NULL; op = op->next)
+        n++;
+    struct p2p_lane_batch *b = calloc(1, sizeof *b + (size_t)n * sizeof *b->parts);
+    struct batch_ops *copies = malloc(sizeof *copies + (size_t)n * sizeof *copies->ops);
+    if (b == NULL || copies == NULL) {
+        free(b);
+        free(copies);
         return 0;
     }
-    /* Any member may go to the loop on its own (a posted receive taken
-     * back), as the head would. */
-    for (struct c10d__op *m = head->next; m != NULL; m = m->next) {
-        m->task.fn = head->task.fn;
-        m->state = head->state;
+    atomic_init(&copies->refs, 1); /* this call's, until the parts hold it */
+    int k = 0;
+    for (const struct c10d__op *m = head; m != NULL; m = m->next, k++) {
+        copies->ops[k] = *m;
+        copies->ops[k].next = m->next != NULL ? &copies->ops[k + 1] : NULL;
+        /* Any member may go to the loop on its own (a posted receive taken
+         * back), as the head would. */
+        copies->ops[k].task.fn = head->task.fn;
+        copies->ops[k].state = head->state;
+    }
+    c10d_work *whole = head->work;
+    c10d_work_retain(b->work = whole);
+    atomic_init(&b->left, n + 1);
+    atomic_init(&b->refs, 3);
+    atomic_init(&b->completed, 0);
+    atomic_init(&b->status, 0);
+    if (!make_parts(b, copies, n, head)) {
+        ops_unref(copies);
+        return 0;
     }
     int i = 0;
-    struct c10d__op *op = head, *rest = NULL;
+    struct c10d__op *op = &copies->ops[0], *rest = NULL;
     while (op != NULL) {
         struct c10d__op *next = op->next;
         if (i > 0 && (!c10d__tcp_p2p_lane_open(l) || !c10d__tcp_p2p_lane_fits(l, op))) {
@@ -183,7 +239,6 @@ int c10d__tcp_p2p_lane_try_batch(struct c10d__tcp_p2p_lane *l, struct c10d__op *
         op->next = NULL;
         if (!c10d__tcp_p2p_lane_try_one(l, op)) {
             op->next = next;
-            op->work = whole;
             rest = op;
             break;
         }
@@ -197,7 +252,8 @@ int c10d__tcp_p2p_lane_try_batch(struct c10d__tcp_p2p_lane *l, struct c10d__op *
         for (int j = 0; j < n; j++)
             part_drop(b->parts[j]);
         let_go(b);
-        batch_unref(b); /* never parked */
+        batch_unref(b); /* never parked; the watch ends with the work */
+        ops_unref(copies);
         return 0;
     }
     b->nparts = i + (rest != NULL);
@@ -212,9 +268,11 @@ int c10d__tcp_p2p_lane_try_batch(struct c10d__tcp_p2p_lane *l, struct c10d__op *
                                 c10d__op_kind_name(rest->kind), (unsigned long long)rest->seq);
             l->done(l->owner);
         }
+        c10d__work_arm(w); /* on the loop: its deadline from now on */
     }
     if (c10d__work_park(whole, &batch_park, b) != 0)
         batch_adopt(b); /* a callback awaits it on the loop */
     let_go(b);          /* parked first: a completion finds it there */
+    ops_unref(copies);  /* the parts hold them from here on */
     return 1;
 }
