@@ -4,6 +4,7 @@
  * dtypes, sizes across the segment's chunking, every root, in place and not)
  * against values it computes itself, and says which path the group took. env:// rendezvous
  * (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE). Exit 0 when every check passed. */
+#include "backends/tcp/p2p_lane.h"
 #include "c10d.h"
 
 #include <math.h>
@@ -315,6 +316,10 @@ int main(void)
     }
     if (!loop)
         CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    uint64_t lane_sends, lane_recvs;
+    c10d__tcp_p2p_lane_counts(&lane_sends, &lane_recvs);
+    printf("rank %d: P2P lane: %llu sends, %llu receives\n", rank, (unsigned long long)lane_sends,
+           (unsigned long long)lane_recvs);
     if (fails == 0)
         printf("rank %d: all checks passed on path %s\n", rank, path ? path : "(none)");
     c10d_pg_destroy(pg);

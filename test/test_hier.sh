@@ -115,6 +115,19 @@ job hier5 ababa HIER_EXPECT_PATH=shm+tcp
 wait_job
 echo "5 ranks on 2 hosts: $((($(date +%s%N) - start) / 1000000)) ms"
 expect_all hier5 5 0
+# Small P2P between ranks of one host went through their mailboxes (host A: 0 -> 2 and
+# 2 -> 4, step 2; 4 -> 0, step 1), the rest through rings and sockets.
+lane_count() { # name rank sends|receives
+    sed -n "s/^rank $2: P2P lane: \([0-9]*\) sends, \([0-9]*\) receives$/\1 \2/p" "$T/$1.$2.out" |
+        awk -v w="$3" '{print (w == "sends" ? $1 : $2)}'
+}
+s0=$(lane_count hier5 0 sends)
+r2=$(lane_count hier5 2 receives)
+if [ "${s0:-0}" -gt 0 ] && [ "${r2:-0}" -gt 0 ]; then
+    pass "hier5: P2P within host A took the mailboxes (rank 0: $s0 sends, rank 2: $r2 receives)"
+else
+    fail "hier5: P2P within host A did not take the mailboxes (rank 0 sends: ${s0:-none}, rank 2 receives: ${r2:-none})"
+fi
 
 # ---------------------------------------------------- 2. a host with one rank
 job hier4 aaab HIER_EXPECT_PATH=shm+tcp
@@ -127,6 +140,8 @@ job flat ababa HIER_EXPECT_PATH=tcp
 wait_job
 PER_RANK=()
 expect_all flat 5 0
+s0=$(lane_count flat 0 sends)
+if [ "${s0:-none}" = 0 ]; then pass "flat: no mailbox used"; else fail "flat: the mailboxes carried ${s0:-none} sends"; fi
 
 # ---------------------------------------------------- 4. a rank killed mid-run
 # Rank 3 (host B, not its leader) is killed while the others loop in the checks: each of

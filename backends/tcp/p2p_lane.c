@@ -24,7 +24,7 @@ struct p2p_lane_recv {
     c10d_work *work; /* a reference, until the record goes */
     struct c10d__shm_mailbox *mb;
     uint64_t gen;
-    int peer;
+    int peer;               /* the sender's rank in the segment */
     int handed;             /* (mutex) given to the loop: posted there as a receive */
     struct c10d__task task; /* copies the message out on the loop */
 };
@@ -69,18 +69,30 @@ void c10d__tcp_p2p_lane_init(struct c10d__tcp_p2p_lane *l)
 static void on_unexpected(void *arg, int r);
 
 int c10d__tcp_p2p_lane_start(struct c10d__tcp_p2p_lane *l, struct c10d__shm_seg *seg,
-                             struct c10d__tcp_transport *t)
+                             struct c10d__tcp_transport *t, const int *members, int group_size)
 {
     if (seg->mailboxes == NULL || !l->on)
         return 0;
     l->posted = calloc((size_t)seg->nranks, sizeof *l->posted);
-    if (l->posted == NULL)
+    l->seg_of = malloc((size_t)group_size * sizeof *l->seg_of);
+    if (l->posted == NULL || l->seg_of == NULL) {
+        free(l->posted);
+        free(l->seg_of);
+        l->posted = NULL;
+        l->seg_of = NULL;
         return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
+    }
+    for (int g = 0; g < group_size; g++)
+        l->seg_of[g] = -1;
+    for (int r = 0; r < seg->nranks; r++)
+        l->seg_of[members != NULL ? members[r] : r] = r;
+    l->group_size = group_size;
     l->t = t;
     c10d__tcp_transport_on_p2p_unexpected(t, on_unexpected, l);
     for (int r = 0; r < seg->nranks; r++)
         if (r != seg->rank)
-            c10d__tcp_transport_set_mailbox(t, r, c10d__shm_mailbox_of(seg, r, seg->rank));
+            c10d__tcp_transport_set_mailbox(t, members != NULL ? members[r] : r,
+                                            c10d__shm_mailbox_of(seg, r, seg->rank));
     l->seg = seg;
     return 0;
 }
@@ -88,6 +100,7 @@ int c10d__tcp_p2p_lane_start(struct c10d__tcp_p2p_lane *l, struct c10d__shm_seg 
 void c10d__tcp_p2p_lane_destroy(struct c10d__tcp_p2p_lane *l)
 {
     free(l->posted);
+    free(l->seg_of);
     uv_mutex_destroy(&l->mutex);
 }
 
@@ -322,7 +335,8 @@ static int try_send(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
     struct p2p_lane_op *o = calloc(1, sizeof *o);
     if (o == NULL)
         return 0;
-    o->mb = c10d__shm_mailbox_of(l->seg, l->seg->rank, op->peer);
+    int to = l->seg_of[op->peer];
+    o->mb = c10d__shm_mailbox_of(l->seg, l->seg->rank, to);
     int how = c10d__shm_mb_send(o->mb, (uint64_t)op->tag, op->send, bytes, &o->gen);
     if (how == C10D_SHM_MB_REFUSED) {
         free(o);
@@ -332,7 +346,7 @@ static int try_send(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
         /* Its receiver's loop may sleep with a receive that takes it. */
         o->deposited = 1;
         if (c10d__shm_mb_loop_to_wake(o->mb))
-            c10d__shm_wake(l->seg, op->peer, wake_none, NULL);
+            c10d__shm_wake(l->seg, to, wake_none, NULL);
     }
     atomic_fetch_add_explicit(&sent_here, 1, memory_order_relaxed);
     op_park_it(l, o, op->work);
@@ -481,11 +495,11 @@ static void unpark_all(c10d_work **works, int n)
 static void on_unexpected(void *arg, int r)
 {
     struct c10d__tcp_p2p_lane *l = arg;
-    if (r < 0 || r >= l->seg->nranks)
+    if (r < 0 || r >= l->group_size || l->seg_of[r] < 0)
         return;
     c10d_work *w = NULL;
     uv_mutex_lock(&l->mutex);
-    struct p2p_lane_recv *rec = l->posted[r];
+    struct p2p_lane_recv *rec = l->posted[l->seg_of[r]];
     if (rec != NULL && c10d__shm_mb_withdraw(rec->mb, rec->gen)) {
         hand(rec);
         c10d_work_retain(w = rec->work);
@@ -498,7 +512,8 @@ static void on_unexpected(void *arg, int r)
 
 static int try_recv(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t bytes)
 {
-    struct c10d__shm_mailbox *mb = c10d__shm_mailbox_of(l->seg, op->peer, l->seg->rank);
+    int from = l->seg_of[op->peer];
+    struct c10d__shm_mailbox *mb = c10d__shm_mailbox_of(l->seg, from, l->seg->rank);
     struct p2p_lane_recv *rec = calloc(1, sizeof *rec);
     struct p2p_lane_op *o = calloc(1, sizeof *o);
     if (rec == NULL || o == NULL) {
@@ -509,7 +524,7 @@ static int try_recv(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
     uv_mutex_lock(&l->mutex);
     /* Again under the mutex: another thread's waiter may have handed an
      * earlier receive to the loop meanwhile (this one must not overtake it). */
-    if (atomic_load(&l->loop_ops) != 0 || l->posted[op->peer] != NULL) {
+    if (atomic_load(&l->loop_ops) != 0 || l->posted[from] != NULL) {
         uv_mutex_unlock(&l->mutex);
         free(rec);
         free(o);
@@ -534,14 +549,14 @@ static int try_recv(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
     rec->op = op;
     rec->work = op->work;
     c10d_work_retain(rec->work);
-    rec->peer = op->peer;
+    rec->peer = from;
     rec->mb = mb;
     rec->gen = gen;
-    l->posted[op->peer] = rec;
+    l->posted[from] = rec;
     /* After the post (sequentially consistent): a message that reached the
      * loop before it is seen here; one after it finds the post there. */
     if (c10d__tcp_transport_p2p_waiting(l->t, op->peer) != 0 && c10d__shm_mb_withdraw(mb, gen)) {
-        l->posted[op->peer] = NULL; /* the caller posts it to the loop */
+        l->posted[from] = NULL; /* the caller posts it to the loop */
         uv_mutex_unlock(&l->mutex);
         recv_free(rec);
         return 0;
@@ -573,7 +588,8 @@ int c10d__tcp_p2p_lane_open(struct c10d__tcp_p2p_lane *l)
 int c10d__tcp_p2p_lane_fits(const struct c10d__tcp_p2p_lane *l, const struct c10d__op *op)
 {
     return (op->kind == C10D_OP_SEND || op->kind == C10D_OP_RECV) && op->peer >= 0 &&
-           op->peer < l->seg->nranks && op->peer != l->seg->rank &&
+           op->peer < l->group_size && l->seg_of[op->peer] >= 0 &&
+           l->seg_of[op->peer] != l->seg->rank &&
            op->count * c10d_dtype_size(op->dtype) <= C10D_SHM_MAILBOX_BYTES;
 }
 

@@ -39,10 +39,12 @@ struct p2p_lane_recv;
 struct p2p_lane_op;
 
 struct c10d__tcp_p2p_lane {
-    struct c10d__shm_seg *seg;     /* NULL: no lane; its ranks are the group's */
+    struct c10d__shm_seg *seg;     /* NULL: no lane */
     struct c10d__tcp_transport *t; /* the one transport P2P takes to a peer */
-    int on;                        /* C10D_SHM_LANE and C10D_SHM_P2P */
-    int bells;                     /* every peer's doorbell opens here */
+    int group_size;
+    int *seg_of; /* a group rank's rank in seg, -1 for one on another host */
+    int on;      /* C10D_SHM_LANE and C10D_SHM_P2P */
+    int bells;   /* every peer's doorbell opens here */
     int64_t spin_us;
     atomic_int broken;   /* counting failed once: no lane any more */
     atomic_int loop_ops; /* the group's P2P ops on the loop, not completed */
@@ -70,11 +72,13 @@ struct c10d__tcp_p2p_lane {
 };
 
 void c10d__tcp_p2p_lane_init(struct c10d__tcp_p2p_lane *l);
-/* Loop thread, before the group's first op: the lane runs on seg (whose
- * ranks are the group's) with transport t, which matches deposited messages
- * on the loop (c10d__tcp_transport_set_mailbox). */
+/* Loop thread, before the group's first op: the lane runs on seg with
+ * transport t, which matches deposited messages on the loop
+ * (c10d__tcp_transport_set_mailbox). members: the group rank of each of seg's
+ * ranks (a host-aware group's host), NULL where seg's ranks are the group's;
+ * group_size: the group's. */
 int c10d__tcp_p2p_lane_start(struct c10d__tcp_p2p_lane *l, struct c10d__shm_seg *seg,
-                             struct c10d__tcp_transport *t);
+                             struct c10d__tcp_transport *t, const int *members, int group_size);
 void c10d__tcp_p2p_lane_destroy(struct c10d__tcp_p2p_lane *l);
 /* Caller's thread, under the group's mutex: 1 if the lane took the single
  * P2P op (its work completes on its waiter or the loop), 0 if the caller

@@ -1249,7 +1249,7 @@ static int choose_shm(struct tcp_state *s, const char *const *notes)
     /* One transport carries P2P to every peer (rings are rail 0's alone);
      * without memory for its table the lane is off, nothing else. */
     if (rc > 0 && c10d__tcp_rails_count(s->rails) == 1)
-        (void)c10d__tcp_p2p_lane_start(&s->p2p, s->shm, s->t);
+        (void)c10d__tcp_p2p_lane_start(&s->p2p, s->shm, s->t, NULL, s->size);
     if (rc > 0 && s->rank == 0)
         C10D_INFO("shm",
                   "group %s: every rank is on this host: collectives run on shared memory "
@@ -1300,6 +1300,14 @@ static void hier_ref_sent(struct c10d__tcp_xfer *x)
     c10d__tcp_xfer_put(s->t, x);
 }
 
+/* The host's ranks trade small P2P through their mailboxes too (the lane
+ * maps group ranks to the host segment's); off the host, the sockets. */
+static void hier_p2p_lane(struct tcp_state *s)
+{
+    if (c10d__tcp_rails_count(s->rails) == 1)
+        (void)c10d__tcp_p2p_lane_start(&s->p2p, s->hier.seg, s->t, s->hier.local, s->size);
+}
+
 static void hier_ref_received(struct c10d__tcp_xfer *x)
 {
     struct tcp_state *s = x->ctx;
@@ -1320,6 +1328,7 @@ static void hier_ref_received(struct c10d__tcp_xfer *x)
     if (rc == 0) {
         s->hier_bell = c10d__shm_bell_listen(s->hier.seg);
         use_rings(s, s->hier.seg, s->hier.local, s->hier.local_idx, wake_hier_peer);
+        hier_p2p_lane(s);
     }
     s->hier_pending = 0;
     connect_finished(s, rc);
@@ -1367,6 +1376,7 @@ static int hier_setup(struct tcp_state *s, const char *const *notes)
     s->hier_on = 1;
     s->hier_bell = c10d__shm_bell_listen(s->hier.seg);
     use_rings(s, s->hier.seg, s->hier.local, s->hier.local_idx, wake_hier_peer);
+    hier_p2p_lane(s);
     return 0;
 }
 
