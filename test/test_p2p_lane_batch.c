@@ -15,6 +15,7 @@
 #include "c10d.h"
 #include "mp_harness.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -377,6 +378,100 @@ static int killed_main(int rank, int n, void *arg)
     return 0;
 }
 
+/* Three threads per rank, each trading with the other rank on a tag of its
+ * own: singles and batches, sizes on both sides of the mailbox's limit, all
+ * at once on one group. Per tag the order holds and the bytes are right
+ * (the lane's counts are checked again under its mutex for this). */
+struct thread_arg {
+    c10d_pg *pg;
+    int rank, tag, fails;
+    char why[256];
+};
+
+static void *trader(void *p)
+{
+    struct thread_arg *a = p;
+    static _Thread_local unsigned char out[2][MAXB], in[2][MAXB];
+    int other = 1 - a->rank;
+    for (int k = 0; k < 300 && a->fails == 0; k++) {
+        size_t n0 = k % 25 == 24 ? 20000 : (size_t)(8 + (k * 37 + a->tag) % 4000);
+        size_t n1 = (size_t)(1 + (k * 11) % 900);
+        fill(out[0], n0, a->rank, k * 2 + a->tag);
+        fill(out[1], n1, a->rank, k * 2 + 1 + a->tag);
+        c10d_work *w[3] = {NULL, NULL, NULL};
+        int rc = 0;
+        if (k % 2) { /* a batch each way */
+            c10d_p2p_op ops[4] = {op(C10D_P2P_SEND, out[0], n0, other, a->tag),
+                                  op(C10D_P2P_SEND, out[1], n1, other, a->tag),
+                                  op(C10D_P2P_RECV, in[0], n0, other, a->tag),
+                                  op(C10D_P2P_RECV, in[1], n1, other, a->tag)};
+            rc = batch(a->pg, ops, 4, NULL, &w[0]);
+        } else { /* singles: rank 0 sends first, rank 1 receives first */
+            for (int j = 0; j < 2 && rc == 0; j++) {
+                int send_first = a->rank == 0;
+                rc = send_first ? c10d_send(a->pg, out[j], j ? n1 : n0, C10D_UINT8, other, a->tag,
+                                            NULL, &w[j])
+                                : c10d_recv(a->pg, in[j], j ? n1 : n0, C10D_UINT8, other, a->tag,
+                                            NULL, &w[j]);
+            }
+            for (int j = 0; j < 2 && rc == 0; j++) {
+                if ((rc = c10d_work_wait_release(w[j])) != 0)
+                    break;
+                w[j] = NULL;
+            }
+            if (rc == 0) {
+                c10d_p2p_op back[2] = {a->rank == 0 ? op(C10D_P2P_RECV, in[0], n0, other, a->tag)
+                                                    : op(C10D_P2P_SEND, out[0], n0, other, a->tag),
+                                       a->rank == 0 ? op(C10D_P2P_RECV, in[1], n1, other, a->tag)
+                                                    : op(C10D_P2P_SEND, out[1], n1, other, a->tag)};
+                rc = batch(a->pg, back, 2, NULL, &w[0]);
+            }
+        }
+        if (rc == 0 && w[0] != NULL)
+            rc = c10d_work_wait_release(w[0]);
+        if (rc != 0) {
+            snprintf(a->why, sizeof a->why, "tag %d, round %d: %s", a->tag, k, c10d_last_error());
+            a->fails++;
+            break;
+        }
+        if (!good(in[0], n0, other, k * 2 + a->tag) ||
+            !good(in[1], n1, other, k * 2 + 1 + a->tag)) {
+            snprintf(a->why, sizeof a->why, "tag %d, round %d: wrong bytes", a->tag, k);
+            a->fails++;
+        }
+    }
+    return NULL;
+}
+
+static int threads_main(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    c10d_pg *pg = init(60000);
+    MP_CHECK(pg != NULL, "no group");
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    uint64_t s0, r0, s1, r1;
+    c10d__tcp_p2p_lane_counts(&s0, &r0);
+    pthread_t th[3];
+    struct thread_arg args[3];
+    for (int t = 0; t < 3; t++) {
+        args[t] = (struct thread_arg){pg, rank, 20 + t, 0, ""};
+        MP_CHECK(pthread_create(&th[t], NULL, trader, &args[t]) == 0, "pthread_create");
+    }
+    for (int t = 0; t < 3; t++)
+        pthread_join(th[t], NULL);
+    for (int t = 0; t < 3; t++)
+        MP_CHECK(args[t].fails == 0, "thread %d: %s", t, args[t].why);
+    c10d__tcp_p2p_lane_counts(&s1, &r1);
+    fprintf(stderr, "rank %d: threads: %llu sends and %llu receives in the lane\n", rank,
+            (unsigned long long)(s1 - s0), (unsigned long long)(r1 - r0));
+    MP_CHECK(s1 > s0, "the lane carried nothing");
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    c10d_pg_destroy(pg);
+    c10d_shutdown();
+    return 0;
+}
+
 /* Batches nobody waited for when the group ends gracefully: the ones that
  * met their peers complete with the destroy at once, bytes delivered; one
  * that met nobody fails at an abort. */
@@ -466,6 +561,12 @@ static void test_pattern_4_ranks_short_spin(void **st)
     run(pattern_main, NULL, 4, "1");
 }
 
+static void test_threads(void **st)
+{
+    (void)st;
+    run(threads_main, NULL, 2, NULL);
+}
+
 static void test_timeout(void **st)
 {
     (void)st;
@@ -522,10 +623,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pattern_2_ranks),   cmocka_unit_test(test_pattern_2_ranks_rings),
         cmocka_unit_test(test_pattern_3_ranks),   cmocka_unit_test(test_pattern_4_ranks_short_spin),
-        cmocka_unit_test(test_timeout),           cmocka_unit_test(test_unwaited_deadline),
-        cmocka_unit_test(test_completed_outside), cmocka_unit_test(test_mismatch),
-        cmocka_unit_test(test_peer_killed),       cmocka_unit_test(test_abandoned_abort),
-        cmocka_unit_test(test_abandoned_destroy),
+        cmocka_unit_test(test_threads),           cmocka_unit_test(test_timeout),
+        cmocka_unit_test(test_unwaited_deadline), cmocka_unit_test(test_completed_outside),
+        cmocka_unit_test(test_mismatch),          cmocka_unit_test(test_peer_killed),
+        cmocka_unit_test(test_abandoned_abort),   cmocka_unit_test(test_abandoned_destroy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
