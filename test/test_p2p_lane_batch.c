@@ -211,6 +211,27 @@ static int pattern_main(int rank, int n, void *arg)
                  k);
     }
     MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+
+    /* 4. Long batches (more members than the lane has parts for: the last
+     * part carries the rest): 8 sends to the next rank and 8 receives from
+     * the previous, one tag, interleaved; each message meets its receive. */
+    for (int k = 0; k < 40; k++) {
+        c10d_p2p_op ops[16];
+        for (int j = 0; j < 8; j++) {
+            size_t len = (size_t)(1 + (k * 7 + j * 13) % 3000);
+            fill(out[j], len, rank, k * 8 + j);
+            memset(in[j], 0xee, len);
+            ops[2 * j] = op(C10D_P2P_SEND, out[j], len, next, 14);
+            ops[2 * j + 1] = op(C10D_P2P_RECV, in[j], len, prev, 14);
+        }
+        c10d_work *w = NULL;
+        MP_CHECK(batch(pg, ops, 16, NULL, &w) == 0, "batch: %s", c10d_last_error());
+        MP_CHECK(finish(w, k) == 0, "long %d: %s", k, c10d_last_error());
+        for (int j = 0; j < 8; j++)
+            MP_CHECK(good(in[j], (size_t)(1 + (k * 7 + j * 13) % 3000), prev, k * 8 + j),
+                     "long %d: message %d out of order", k, j);
+    }
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
     c10d_pg_destroy(pg);
     c10d_shutdown();
     return 0;

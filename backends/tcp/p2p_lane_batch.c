@@ -47,7 +47,7 @@ struct p2p_lane_batch {
     atomic_int status;  /* the first part that failed: its status, */
     char msg[512];      /* and its message, written by whoever set status */
     int abandoned;      /* set up failed: the caller posts the batch itself */
-    int nparts;         /* parts in use */
+    atomic_int nparts;  /* parts in use (0 until set up) */
     c10d_work *parts[]; /* references */
 };
 
@@ -200,7 +200,11 @@ int c10d__tcp_p2p_lane_try_batch(struct c10d__tcp_p2p_lane *l, struct c10d__op *
     int n = 0;
     for (const struct c10d__op *op = head; op != NULL; op = op->next)
         n++;
-    struct p2p_lane_batch *b = calloc(1, sizeof *b + (size_t)n * sizeof *b->parts);
+    /* A mailbox per peer each way: more members than that cannot all take
+     * the lane, so the last part carries whatever is left of a long batch
+     * (no work made per member that would only be dropped). */
+    int nmake = n < 2 * l->seg->nranks + 1 ? n : 2 * l->seg->nranks + 1;
+    struct p2p_lane_batch *b = calloc(1, sizeof *b + (size_t)nmake * sizeof *b->parts);
     struct batch_ops *copies = malloc(sizeof *copies + (size_t)n * sizeof *copies->ops);
     if (b == NULL || copies == NULL) {
         free(b);
@@ -219,11 +223,12 @@ int c10d__tcp_p2p_lane_try_batch(struct c10d__tcp_p2p_lane *l, struct c10d__op *
     }
     c10d_work *whole = head->work;
     c10d_work_retain(b->work = whole);
-    atomic_init(&b->left, n + 1);
+    atomic_init(&b->left, nmake + 1);
     atomic_init(&b->refs, 3);
+    atomic_init(&b->nparts, 0);
     atomic_init(&b->completed, 0);
     atomic_init(&b->status, 0);
-    if (!make_parts(b, copies, n, head)) {
+    if (!make_parts(b, copies, nmake, head)) {
         ops_unref(copies);
         return 0;
     }
@@ -231,7 +236,8 @@ int c10d__tcp_p2p_lane_try_batch(struct c10d__tcp_p2p_lane *l, struct c10d__op *
     struct c10d__op *op = &copies->ops[0], *rest = NULL;
     while (op != NULL) {
         struct c10d__op *next = op->next;
-        if (i > 0 && (!c10d__tcp_p2p_lane_open(l) || !c10d__tcp_p2p_lane_fits(l, op))) {
+        if (i > 0 && (!c10d__tcp_p2p_lane_open(l) || !c10d__tcp_p2p_lane_fits(l, op) ||
+                      (i == nmake - 1 && next != NULL))) {
             rest = op;
             break;
         }
@@ -249,15 +255,16 @@ int c10d__tcp_p2p_lane_try_batch(struct c10d__tcp_p2p_lane *l, struct c10d__op *
     }
     if (i == 0) { /* nothing moved: the caller posts the batch as it came */
         b->abandoned = 1;
-        for (int j = 0; j < n; j++)
+        for (int j = 0; j < nmake; j++)
             part_drop(b->parts[j]);
         let_go(b);
         batch_unref(b); /* never parked; the watch ends with the work */
         ops_unref(copies);
         return 0;
     }
-    b->nparts = i + (rest != NULL);
-    for (int j = b->nparts; j < n; j++)
+    int used = i + (rest != NULL);
+    atomic_store(&b->nparts, used);
+    for (int j = used; j < nmake; j++)
         part_drop(b->parts[j]);
     if (rest != NULL) {
         c10d_work *w = b->parts[i];
