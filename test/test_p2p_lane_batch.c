@@ -345,6 +345,47 @@ static int outside_main(int rank, int n, void *arg)
     return 0;
 }
 
+/* As above, with this thread already waiting on the batch's work when
+ * another one completes it: the wait ends within moments, not at the
+ * deadline. */
+static void *complete_later(void *w)
+{
+    usleep(200 * 1000);
+    c10d_work_complete(w, 0, NULL);
+    return NULL;
+}
+
+static int outside_waited_main(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    setenv("C10D_SHM_LANE_SPIN_US", "60000000", 1);
+    c10d_pg *pg = init(20000);
+    MP_CHECK(pg != NULL, "no group");
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    if (rank == 0) {
+        static unsigned char a[16], b[16];
+        c10d_p2p_op ops[2] = {op(C10D_P2P_RECV, b, 16, 1, 1), op(C10D_P2P_SEND, a, 16, 1, 2)};
+        c10d_work *w = NULL;
+        MP_CHECK(batch(pg, ops, 2, NULL, &w) == 0, "batch: %s", c10d_last_error());
+        pthread_t th;
+        MP_CHECK(pthread_create(&th, NULL, complete_later, w) == 0, "pthread_create");
+        double t0 = now_s();
+        int rc = c10d_work_wait(w, -1);
+        double took = now_s() - t0;
+        pthread_join(th, NULL);
+        MP_CHECK(rc == 0, "batch: %s", c10d_last_error());
+        MP_CHECK(took < 3, "the waiter saw the completion after %.1f s", took);
+        fprintf(stderr, "rank 0: the waiter let go after %.2f s\n", took);
+        c10d_work_release(w);
+    } else {
+        sleep(6); /* its abort would end rank 0's batch: not before rank 0 checked */
+    }
+    c10d_pg_abort(pg, "test over");
+    c10d_shutdown();
+    return 0;
+}
+
 /* A send larger than the receive posted for it, each in a batch: an error
  * on both ranks, naming the sizes, never a truncated success. */
 static int mismatch_main(int rank, int n, void *arg)
@@ -402,7 +443,9 @@ static int killed_main(int rank, int n, void *arg)
 /* Three threads per rank, each trading with the other rank on a tag of its
  * own: singles and batches, sizes on both sides of the mailbox's limit, all
  * at once on one group. Per tag the order holds and the bytes are right
- * (the lane's counts are checked again under its mutex for this). */
+ * (the lane's counts are checked again under its mutex for this). How much
+ * the lane carries varies from run to run (any thread's op on the loop
+ * closes it to all), so it is printed, not checked. */
 struct thread_arg {
     c10d_pg *pg;
     int rank, tag, fails;
@@ -486,7 +529,6 @@ static int threads_main(int rank, int n, void *arg)
     c10d__tcp_p2p_lane_counts(&s1, &r1);
     fprintf(stderr, "rank %d: threads: %llu sends and %llu receives in the lane\n", rank,
             (unsigned long long)(s1 - s0), (unsigned long long)(r1 - r0));
-    MP_CHECK(s1 > s0, "the lane carried nothing");
     MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
     c10d_pg_destroy(pg);
     c10d_shutdown();
@@ -606,6 +648,12 @@ static void test_completed_outside(void **st)
     run(outside_main, NULL, 2, NULL);
 }
 
+static void test_completed_outside_waited(void **st)
+{
+    (void)st;
+    run(outside_waited_main, NULL, 2, NULL);
+}
+
 static void test_mismatch(void **st)
 {
     (void)st;
@@ -642,12 +690,19 @@ static void test_abandoned_destroy(void **st)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pattern_2_ranks),   cmocka_unit_test(test_pattern_2_ranks_rings),
-        cmocka_unit_test(test_pattern_3_ranks),   cmocka_unit_test(test_pattern_4_ranks_short_spin),
-        cmocka_unit_test(test_threads),           cmocka_unit_test(test_timeout),
-        cmocka_unit_test(test_unwaited_deadline), cmocka_unit_test(test_completed_outside),
-        cmocka_unit_test(test_mismatch),          cmocka_unit_test(test_peer_killed),
-        cmocka_unit_test(test_abandoned_abort),   cmocka_unit_test(test_abandoned_destroy),
+        cmocka_unit_test(test_pattern_2_ranks),
+        cmocka_unit_test(test_pattern_2_ranks_rings),
+        cmocka_unit_test(test_pattern_3_ranks),
+        cmocka_unit_test(test_pattern_4_ranks_short_spin),
+        cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_timeout),
+        cmocka_unit_test(test_unwaited_deadline),
+        cmocka_unit_test(test_completed_outside),
+        cmocka_unit_test(test_completed_outside_waited),
+        cmocka_unit_test(test_mismatch),
+        cmocka_unit_test(test_peer_killed),
+        cmocka_unit_test(test_abandoned_abort),
+        cmocka_unit_test(test_abandoned_destroy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

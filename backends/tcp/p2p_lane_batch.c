@@ -119,21 +119,33 @@ static void whole_done(c10d_work *w, int status, void *arg)
     batch_unref(b);
 }
 
+/* How long the waiter waits for a part before it looks at the batch's own
+ * work again (completed by another thread meanwhile: it stops). */
+#define LOOK_MS 20
+
 static int batch_run(void *arg, uint64_t deadline_ns)
 {
     struct p2p_lane_batch *b = arg;
     running_here = b;
     int i = 0;
     for (; i < b->nparts; i++) {
-        int64_t ms = -1;
-        if (deadline_ns != 0) {
-            uint64_t now = c10d__now_ns();
-            ms = now >= deadline_ns ? 0 : (int64_t)((deadline_ns - now + 999999u) / 1000000u);
+        for (;;) {
+            int64_t ms = LOOK_MS;
+            if (deadline_ns != 0) {
+                uint64_t now = c10d__now_ns();
+                int64_t left =
+                    now >= deadline_ns ? 0 : (int64_t)((deadline_ns - now + 999999u) / 1000000u);
+                ms = left < ms ? left : ms;
+            }
+            (void)c10d__work_wait(b->parts[i], ms);
+            if (c10d_work_test(b->parts[i]))
+                break;
+            /* The deadline, or the work completed by someone else. */
+            if ((deadline_ns != 0 && c10d__now_ns() >= deadline_ns) || c10d_work_test(b->work))
+                goto out;
         }
-        (void)c10d__work_wait(b->parts[i], ms);
-        if (!c10d_work_test(b->parts[i]))
-            break; /* the deadline */
     }
+out:
     running_here = NULL;
     int done = atomic_load(&b->completed);
     if (!done) /* the loop finishes them, and the batch */
