@@ -5,7 +5,8 @@
  * (sizes on both sides of the mailbox's limit, one tag, tags received out of
  * order, any-source), every way a parked op leaves the lane (its waiter, a
  * poll, a callback, a later receive, the waiter's spin limit, the deadline,
- * the group's end), a mismatch, and a peer killed mid-op. */
+ * the group's end), and, for single ops and a batch alike, the deadline, a
+ * mismatch and a peer killed mid-op. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +16,7 @@
 #include "backends/tcp/p2p_lane.h"
 #include "c10d.h"
 #include "mp_harness.h"
+#include "p2p_lane_util.h"
 
 #include <signal.h>
 #include <stdatomic.h>
@@ -26,55 +28,11 @@
 
 #define MAXB (64 * 1024)
 
-static atomic_int callbacks;
-
-static void count_cb(c10d_work *w, int status, void *arg)
-{
-    (void)w;
-    (void)arg;
-    if (status == 0)
-        atomic_fetch_add(&callbacks, 1);
-}
-
-static void fill(unsigned char *b, size_t n, int from, int k)
-{
-    for (size_t i = 0; i < n; i++)
-        b[i] = (unsigned char)(k * 31 + from * 7 + (int)i);
-}
-
-static int good(const unsigned char *b, size_t n, int from, int k)
-{
-    for (size_t i = 0; i < n; i++)
-        if (b[i] != (unsigned char)(k * 31 + from * 7 + (int)i))
-            return 0;
-    return 1;
-}
-
 /* Message k's size: mostly mailbox-sized, every fifth past its limit. */
 static size_t size_of(int k)
 {
     static const size_t sizes[] = {4, 1000, 16 * 1024, 40000, 0, 64, 3, 16 * 1024 + 1, 512, 8};
     return sizes[k % 10];
-}
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-static c10d_pg *init(int64_t timeout_ms)
-{
-    setenv("C10D_SHM", "1", 1);
-    c10d_pg_opts po = {0};
-    po.timeout_ms = timeout_ms;
-    c10d_pg *pg = NULL;
-    if (c10d_pg_init(&po, &pg) != 0) {
-        fprintf(stderr, "init: %s\n", c10d_last_error());
-        return NULL;
-    }
-    return pg;
 }
 
 static int sendb(c10d_pg *pg, const void *b, size_t n, int to, int tag, c10d_work **w)
@@ -90,7 +48,7 @@ static int recvb(c10d_pg *pg, void *b, size_t n, int from, int tag, c10d_work **
 static int order_main(int rank, int n, void *arg)
 {
     (void)arg;
-    c10d_pg *pg = init(60000);
+    c10d_pg *pg = lane_init(60000);
     MP_CHECK(pg != NULL, "no group");
     MP_CHECK(strcmp(c10d_pg_host_path(pg), "shm") == 0, "path %s", c10d_pg_host_path(pg));
     static unsigned char out[40][MAXB], in[40][MAXB];
@@ -229,7 +187,7 @@ static int order_main(int rank, int n, void *arg)
     for (int cb = 0; cb < 2 && peer < n; cb++) {
         c10d_work *w = NULL;
         if (rank % 2 == 1) {
-            atomic_store(&callbacks, 0);
+            atomic_store(&lane_callbacks, 0);
             MP_CHECK(recvb(pg, in[0], 32, peer, 4, &w) == 0, "irecv: %s", c10d_last_error());
             if (cb)
                 MP_CHECK(c10d_work_on_complete(w, count_cb, NULL) == 0, "callback: %s",
@@ -239,8 +197,8 @@ static int order_main(int rank, int n, void *arg)
                 usleep(100);
             MP_CHECK(c10d_work_status(w) == 0, "polled: %s", c10d_work_message(w));
             MP_CHECK(c10d_work_wait(w, -1) == 0, "wait: %s", c10d_last_error());
-            MP_CHECK(!cb || atomic_load(&callbacks) == 1, "the callback ran %d times",
-                     atomic_load(&callbacks));
+            MP_CHECK(!cb || atomic_load(&lane_callbacks) == 1, "the callback ran %d times",
+                     atomic_load(&lane_callbacks));
             c10d_work_release(w);
             MP_CHECK(good(in[0], 32, peer, 77 + cb), "polled: wrong bytes");
         } else {
@@ -266,7 +224,7 @@ static int parked_main(int rank, int n, void *arg)
 {
     (void)n;
     int late = *(int *)arg;
-    c10d_pg *pg = init(5000);
+    c10d_pg *pg = lane_init(5000);
     MP_CHECK(pg != NULL, "no group");
     static unsigned char big[40000], small[16];
     c10d_work *wb = NULL, *ws = NULL;
@@ -308,7 +266,7 @@ static int loop_main(int rank, int n, void *arg)
 {
     (void)n;
     (void)arg;
-    c10d_pg *pg = init(5000);
+    c10d_pg *pg = lane_init(5000);
     MP_CHECK(pg != NULL, "no group");
     static unsigned char big[40000], a[16], b[16];
     double waited = 0;
@@ -359,21 +317,45 @@ static int loop_main(int rank, int n, void *arg)
     return 0;
 }
 
-/* A receive posted in the mailbox that no one sends to: its deadline fails
- * it (the waiter stops there, the loop's timer fails it), on time. */
+/* Mode of the fault tests below: single ops, or the same in a batch (a
+ * send and a receive together, c10d_batch_isend_irecv: p2p_lane_batch.c). */
+enum { SINGLE_RECV, SINGLE_SEND, BATCHED };
+
+/* One op to or from rank 1 - rank, of the mode: a receive of rcap bytes with
+ * tag 0 (SINGLE_RECV), a send of sn bytes with tag 0 (SINGLE_SEND), or both
+ * (BATCHED; the receive with tag 1 where `crossed`, so that the peer's
+ * mirror batch meets it). */
+static int submit(c10d_pg *pg, int rank, int mode, unsigned char *buf, size_t sn, size_t rcap,
+                  int crossed, const c10d_op_opts *oo, c10d_work **w)
+{
+    int other = 1 - rank;
+    if (mode == SINGLE_RECV)
+        return c10d_recv(pg, buf, rcap, C10D_UINT8, other, 0, oo, w);
+    if (mode == SINGLE_SEND)
+        return c10d_send(pg, buf, sn, C10D_UINT8, other, 0, oo, w);
+    static unsigned char back[64];
+    c10d_p2p_op ops[2] = {{C10D_P2P_SEND, buf, sn, C10D_UINT8, other, crossed ? rank : 0},
+                          {C10D_P2P_RECV, back, rcap, C10D_UINT8, other, crossed ? other : 0}};
+    return c10d_batch_isend_irecv(pg, ops, 2, oo, w);
+}
+
+/* A receive (or batch) posted in the mailbox that no one sends to: its
+ * deadline fails it (the waiter stops there, the loop's timer fails it), on
+ * time. */
 static int timeout_main(int rank, int n, void *arg)
 {
     (void)n;
-    (void)arg;
+    int mode = *(int *)arg;
     setenv("C10D_SHM_LANE_SPIN_US", "60000000", 1);
-    c10d_pg *pg = init(60000);
+    c10d_pg *pg = lane_init(60000);
     MP_CHECK(pg != NULL, "no group");
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
     if (rank == 0) {
-        unsigned char b[16];
+        unsigned char b[16] = {0};
         c10d_op_opts oo = {0};
         oo.timeout_ms = 500;
         c10d_work *w = NULL;
-        MP_CHECK(c10d_recv(pg, b, 16, C10D_UINT8, 1, 0, &oo, &w) == 0, "irecv: %s",
+        MP_CHECK(submit(pg, rank, mode, b, 16, 16, 1, &oo, &w) == 0, "submit: %s",
                  c10d_last_error());
         double t0 = now_s();
         int rc = c10d_work_wait(w, -1);
@@ -390,17 +372,19 @@ static int timeout_main(int rank, int n, void *arg)
     return 0;
 }
 
-/* A send larger than the receive posted for it: an error on both ranks,
- * naming the sizes, never a truncated success. */
+/* A send larger than the receive posted for it (alone, or each in a batch):
+ * an error on both ranks, naming the sizes, never a truncated success. */
 static int mismatch_main(int rank, int n, void *arg)
 {
     (void)n;
-    (void)arg;
-    c10d_pg *pg = init(20000);
+    int mode = *(int *)arg;
+    c10d_pg *pg = lane_init(20000);
     MP_CHECK(pg != NULL, "no group");
     unsigned char b[64] = {0};
     c10d_work *w = NULL;
-    int rc = rank == 0 ? sendb(pg, b, 64, 1, 0, &w) : recvb(pg, b, 16, 0, 0, &w);
+    int rc = mode == BATCHED
+                 ? submit(pg, rank, mode, b, rank == 0 ? 64 : 4, rank == 0 ? 4 : 16, 0, NULL, &w)
+                 : submit(pg, rank, rank == 0 ? SINGLE_SEND : SINGLE_RECV, b, 64, 16, 0, NULL, &w);
     MP_CHECK(rc == 0, "submit: %s", c10d_last_error());
     rc = c10d_work_wait(w, -1);
     MP_CHECK(rc != 0, "a 64-byte send into a 16-byte receive succeeded");
@@ -413,14 +397,14 @@ static int mismatch_main(int rank, int n, void *arg)
     return 0;
 }
 
-/* A peer killed while this rank waits in the lane, for its receive's fill
- * (arg 0) or its deposit's match (arg 1): an error within seconds. */
+/* A peer killed while this rank waits in the lane, for its receive's fill,
+ * its deposit's match or both (a batch): an error within seconds. */
 static int killed_main(int rank, int n, void *arg)
 {
     (void)n;
-    int sending = *(int *)arg;
+    int mode = *(int *)arg;
     setenv("C10D_SHM_LANE_SPIN_US", "60000000", 1);
-    c10d_pg *pg = init(60000);
+    c10d_pg *pg = lane_init(60000);
     MP_CHECK(pg != NULL, "no group");
     unsigned char b[16] = {0};
     MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
@@ -429,8 +413,7 @@ static int killed_main(int rank, int n, void *arg)
         raise(SIGKILL);
     }
     c10d_work *w = NULL;
-    MP_CHECK((sending ? sendb(pg, b, 16, 1, 0, &w) : recvb(pg, b, 16, 1, 0, &w)) == 0, "submit: %s",
-             c10d_last_error());
+    MP_CHECK(submit(pg, rank, mode, b, 16, 16, 0, NULL, &w) == 0, "submit: %s", c10d_last_error());
     double t0 = now_s();
     int rc = c10d_work_wait(w, -1);
     double s = now_s() - t0;
@@ -452,7 +435,7 @@ static int abandon_main(int rank, int n, void *arg)
 {
     (void)n;
     int graceful = *(int *)arg;
-    c10d_pg *pg = init(20000);
+    c10d_pg *pg = lane_init(20000);
     MP_CHECK(pg != NULL, "no group");
     unsigned char b[16] = {0}, c[16];
     fill(c, 16, rank, 5);
@@ -499,93 +482,94 @@ static int abandon_main(int rank, int n, void *arg)
     return 0;
 }
 
-static void run(int (*fn)(int, int, void *), void *arg, int nranks, const char *spin_us)
-{
-    if (spin_us != NULL)
-        setenv("C10D_SHM_LANE_SPIN_US", spin_us, 1);
-    struct mp_opts o = {0};
-    o.nranks = nranks;
-    o.timeout_s = 120;
-    o.kill_on_failure = 1;
-    struct mp_result res;
-    int rc = mp_run(&o, fn, arg, &res);
-    unsetenv("C10D_SHM_LANE_SPIN_US");
-    assert_false(res.timed_out);
-    assert_int_equal(rc, 0);
-}
-
 static void test_order_2_ranks(void **st)
 {
     (void)st;
-    run(order_main, NULL, 2, NULL);
+    lane_run(order_main, NULL, 2, NULL);
 }
 
 static void test_order_3_ranks(void **st)
 {
     (void)st;
-    run(order_main, NULL, 3, NULL);
+    lane_run(order_main, NULL, 3, NULL);
 }
 
 static void test_order_4_ranks_short_spin(void **st)
 {
     (void)st;
     /* Waiters give up at once: every hand-over to the loop is taken. */
-    run(order_main, NULL, 4, "1");
+    lane_run(order_main, NULL, 4, "1");
 }
 
 static void test_parked_while_frames_come(void **st)
 {
     (void)st;
     int late = 0;
-    run(parked_main, &late, 2, NULL);
+    lane_run(parked_main, &late, 2, NULL);
 }
 
 static void test_parked_after_frames_came(void **st)
 {
     (void)st;
     int late = 1;
-    run(parked_main, &late, 2, NULL);
+    lane_run(parked_main, &late, 2, NULL);
 }
 
 static void test_loop_receives(void **st)
 {
     (void)st;
-    run(loop_main, NULL, 2, NULL);
+    lane_run(loop_main, NULL, 2, NULL);
 }
 
 static void test_timeout(void **st)
 {
     (void)st;
-    run(timeout_main, NULL, 2, NULL);
+    int mode = SINGLE_RECV;
+    lane_run(timeout_main, &mode, 2, NULL);
+}
+
+static void test_timeout_batched(void **st)
+{
+    (void)st;
+    int mode = BATCHED;
+    lane_run(timeout_main, &mode, 2, NULL);
 }
 
 static void test_mismatch(void **st)
 {
     (void)st;
-    run(mismatch_main, NULL, 2, NULL);
+    int mode = SINGLE_RECV;
+    lane_run(mismatch_main, &mode, 2, NULL);
+}
+
+static void test_mismatch_batched(void **st)
+{
+    (void)st;
+    int mode = BATCHED;
+    lane_run(mismatch_main, &mode, 2, NULL);
 }
 
 static void test_abandoned_abort(void **st)
 {
     (void)st;
     int graceful = 0;
-    run(abandon_main, &graceful, 2, NULL);
+    lane_run(abandon_main, &graceful, 2, NULL);
 }
 
 static void test_abandoned_destroy(void **st)
 {
     (void)st;
     int graceful = 1;
-    run(abandon_main, &graceful, 2, NULL);
+    lane_run(abandon_main, &graceful, 2, NULL);
 }
 
-static void killed(int sending)
+static void killed(int mode)
 {
     struct mp_opts o = {0};
     o.nranks = 2;
     o.timeout_s = 60;
     struct mp_result res;
-    mp_run(&o, killed_main, &sending, &res);
+    mp_run(&o, killed_main, &mode, &res);
     assert_false(res.timed_out);
     assert_int_equal(res.codes[0], 0);
     assert_int_equal(res.codes[1], 128 + SIGKILL);
@@ -594,13 +578,19 @@ static void killed(int sending)
 static void test_peer_killed_receiving(void **st)
 {
     (void)st;
-    killed(0);
+    killed(SINGLE_RECV);
 }
 
 static void test_peer_killed_sending(void **st)
 {
     (void)st;
-    killed(1);
+    killed(SINGLE_SEND);
+}
+
+static void test_peer_killed_batched(void **st)
+{
+    (void)st;
+    killed(BATCHED);
 }
 
 int main(void)
@@ -613,11 +603,14 @@ int main(void)
         cmocka_unit_test(test_parked_after_frames_came),
         cmocka_unit_test(test_loop_receives),
         cmocka_unit_test(test_timeout),
+        cmocka_unit_test(test_timeout_batched),
         cmocka_unit_test(test_mismatch),
+        cmocka_unit_test(test_mismatch_batched),
         cmocka_unit_test(test_abandoned_abort),
         cmocka_unit_test(test_abandoned_destroy),
         cmocka_unit_test(test_peer_killed_receiving),
         cmocka_unit_test(test_peer_killed_sending),
+        cmocka_unit_test(test_peer_killed_batched),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

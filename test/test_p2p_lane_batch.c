@@ -2,9 +2,11 @@
  * c10d__tcp_p2p_lane_try_batch): real ranks, the public API. The sendrecv
  * pattern waited, polled and called back; batches whose members split
  * between the lane and the loop (sizes past the mailbox, a second message to
- * one peer, members to this very rank) matched in order with single ops of
- * the same tag; the deadline; a mismatch; a peer killed mid-batch; batches
- * nobody waited for when the group ends. */
+ * one peer, members to this very rank, long batches) matched in order with
+ * single ops of the same tag, also on the rings alone; threads trading at
+ * once; a deadline nobody waits for; the batch's work completed by the
+ * caller; batches nobody waited for when the group ends. A batch's deadline,
+ * mismatch and killed peer are test_p2p_lane's, beside the single ops'. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +16,7 @@
 #include "backends/tcp/p2p_lane.h"
 #include "c10d.h"
 #include "mp_harness.h"
+#include "p2p_lane_util.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -25,50 +28,6 @@
 #include <unistd.h>
 
 #define MAXB (40 * 1024)
-
-static atomic_int callbacks;
-
-static void count_cb(c10d_work *w, int status, void *arg)
-{
-    (void)w;
-    (void)arg;
-    if (status == 0)
-        atomic_fetch_add(&callbacks, 1);
-}
-
-static void fill(unsigned char *b, size_t n, int from, int k)
-{
-    for (size_t i = 0; i < n; i++)
-        b[i] = (unsigned char)(k * 31 + from * 7 + (int)i);
-}
-
-static int good(const unsigned char *b, size_t n, int from, int k)
-{
-    for (size_t i = 0; i < n; i++)
-        if (b[i] != (unsigned char)(k * 31 + from * 7 + (int)i))
-            return 0;
-    return 1;
-}
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-static c10d_pg *init(int64_t timeout_ms)
-{
-    setenv("C10D_SHM", "1", 1);
-    c10d_pg_opts po = {0};
-    po.timeout_ms = timeout_ms;
-    c10d_pg *pg = NULL;
-    if (c10d_pg_init(&po, &pg) != 0) {
-        fprintf(stderr, "init: %s\n", c10d_last_error());
-        return NULL;
-    }
-    return pg;
-}
 
 static c10d_p2p_op op(c10d_p2p_kind kind, void *b, size_t n, int peer, int tag)
 {
@@ -89,12 +48,12 @@ static int finish(c10d_work *w, int how)
         while (!c10d_work_test(w) && now_s() - t0 < 30)
             usleep(20);
     } else if (how % 3 == 2) {
-        atomic_store(&callbacks, 0);
+        atomic_store(&lane_callbacks, 0);
         if (c10d_work_on_complete(w, count_cb, NULL) != 0)
             return -100;
     }
     int rc = c10d_work_wait(w, -1);
-    if (rc == 0 && how % 3 == 2 && atomic_load(&callbacks) != 1)
+    if (rc == 0 && how % 3 == 2 && atomic_load(&lane_callbacks) != 1)
         rc = -101;
     c10d_work_release(w);
     return rc;
@@ -113,7 +72,7 @@ static int pattern_main(int rank, int n, void *arg)
     int lane = arg == NULL || *(int *)arg == 0;
     if (!lane)
         setenv("C10D_SHM_LANE", "0", 1);
-    c10d_pg *pg = init(60000);
+    c10d_pg *pg = lane_init(60000);
     MP_CHECK(pg != NULL, "no group");
     MP_CHECK(strcmp(c10d_pg_host_path(pg), "shm") == 0, "path %s", c10d_pg_host_path(pg));
     static unsigned char out[8][MAXB], in[8][MAXB];
@@ -237,37 +196,6 @@ static int pattern_main(int rank, int n, void *arg)
     return 0;
 }
 
-/* A batch whose receive nobody fills: its deadline fails it on time. */
-static int timeout_main(int rank, int n, void *arg)
-{
-    (void)n;
-    (void)arg;
-    setenv("C10D_SHM_LANE_SPIN_US", "60000000", 1);
-    c10d_pg *pg = init(60000);
-    MP_CHECK(pg != NULL, "no group");
-    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
-    if (rank == 0) {
-        unsigned char a[16] = {0}, b[16];
-        c10d_op_opts oo = {0};
-        oo.timeout_ms = 500;
-        c10d_p2p_op ops[2] = {op(C10D_P2P_SEND, a, 16, 1, 1), op(C10D_P2P_RECV, b, 16, 1, 2)};
-        c10d_work *w = NULL;
-        MP_CHECK(batch(pg, ops, 2, &oo, &w) == 0, "batch: %s", c10d_last_error());
-        double t0 = now_s();
-        int rc = c10d_work_wait(w, -1);
-        double s = now_s() - t0;
-        MP_CHECK(rc == C10D_ETIMEDOUT, "got %s: %s", c10d_status_name(rc), c10d_last_error());
-        MP_CHECK(s >= 0.3 && s < 10, "the deadline fired after %.2f s", s);
-        fprintf(stderr, "rank 0: timed out after %.2f s: %s\n", s, c10d_work_message(w));
-        c10d_work_release(w);
-    } else {
-        sleep(3); /* an abort would end rank 0's batch before its deadline */
-    }
-    c10d_pg_abort(pg, "test over");
-    c10d_shutdown();
-    return 0;
-}
-
 /* Nobody waits on a batch whose receive (in the mailbox) and large send (on
  * the loop) meet no peer: its deadline still fires (a part on the loop has
  * it), the group fails, and a later call says why. */
@@ -275,7 +203,7 @@ static int unwaited_main(int rank, int n, void *arg)
 {
     (void)n;
     (void)arg;
-    c10d_pg *pg = init(60000);
+    c10d_pg *pg = lane_init(60000);
     MP_CHECK(pg != NULL, "no group");
     MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
     if (rank == 0) {
@@ -313,7 +241,7 @@ static int outside_main(int rank, int n, void *arg)
 {
     (void)n;
     (void)arg;
-    c10d_pg *pg = init(20000);
+    c10d_pg *pg = lane_init(20000);
     MP_CHECK(pg != NULL, "no group");
     MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
     if (rank == 0) {
@@ -360,7 +288,7 @@ static int outside_waited_main(int rank, int n, void *arg)
     (void)n;
     (void)arg;
     setenv("C10D_SHM_LANE_SPIN_US", "60000000", 1);
-    c10d_pg *pg = init(20000);
+    c10d_pg *pg = lane_init(20000);
     MP_CHECK(pg != NULL, "no group");
     MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
     if (rank == 0) {
@@ -381,60 +309,6 @@ static int outside_waited_main(int rank, int n, void *arg)
     } else {
         sleep(6); /* its abort would end rank 0's batch: not before rank 0 checked */
     }
-    c10d_pg_abort(pg, "test over");
-    c10d_shutdown();
-    return 0;
-}
-
-/* A send larger than the receive posted for it, each in a batch: an error
- * on both ranks, naming the sizes, never a truncated success. */
-static int mismatch_main(int rank, int n, void *arg)
-{
-    (void)n;
-    (void)arg;
-    c10d_pg *pg = init(20000);
-    MP_CHECK(pg != NULL, "no group");
-    unsigned char b[64] = {0}, c[4] = {0};
-    c10d_p2p_op zero[2] = {op(C10D_P2P_SEND, b, 64, 1, 0), op(C10D_P2P_RECV, c, 4, 1, 1)};
-    c10d_p2p_op one[2] = {op(C10D_P2P_RECV, b, 16, 0, 0), op(C10D_P2P_SEND, c, 4, 0, 1)};
-    c10d_work *w = NULL;
-    MP_CHECK(batch(pg, rank == 0 ? zero : one, 2, NULL, &w) == 0, "batch: %s", c10d_last_error());
-    int rc = c10d_work_wait(w, -1);
-    MP_CHECK(rc != 0, "a 64-byte send into a 16-byte receive succeeded");
-    fprintf(stderr, "rank %d: %s: %s\n", rank, c10d_status_name(rc), c10d_work_message(w));
-    MP_CHECK(rank == 0 || strstr(c10d_work_message(w), "64") != NULL, "no size named: %s",
-             c10d_work_message(w));
-    c10d_work_release(w);
-    c10d_pg_abort(pg, "test over");
-    c10d_shutdown();
-    return 0;
-}
-
-/* The peer killed while this rank waits on a batch in the lane: an error
- * within seconds. */
-static int killed_main(int rank, int n, void *arg)
-{
-    (void)n;
-    (void)arg;
-    setenv("C10D_SHM_LANE_SPIN_US", "60000000", 1);
-    c10d_pg *pg = init(60000);
-    MP_CHECK(pg != NULL, "no group");
-    unsigned char a[16] = {0}, b[16];
-    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
-    if (rank == 1) {
-        usleep(300 * 1000);
-        raise(SIGKILL);
-    }
-    c10d_p2p_op ops[2] = {op(C10D_P2P_SEND, a, 16, 1, 0), op(C10D_P2P_RECV, b, 16, 1, 0)};
-    c10d_work *w = NULL;
-    MP_CHECK(batch(pg, ops, 2, NULL, &w) == 0, "batch: %s", c10d_last_error());
-    double t0 = now_s();
-    int rc = c10d_work_wait(w, -1);
-    double s = now_s() - t0;
-    MP_CHECK(rc < 0, "the batch succeeded without its peer");
-    MP_CHECK(s < 10, "the error took %.1f s", s);
-    fprintf(stderr, "rank 0: %s after %.2f s: %s\n", c10d_status_name(rc), s, c10d_work_message(w));
-    c10d_work_release(w);
     c10d_pg_abort(pg, "test over");
     c10d_shutdown();
     return 0;
@@ -511,7 +385,7 @@ static int threads_main(int rank, int n, void *arg)
 {
     (void)n;
     (void)arg;
-    c10d_pg *pg = init(60000);
+    c10d_pg *pg = lane_init(60000);
     MP_CHECK(pg != NULL, "no group");
     MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
     uint64_t s0, r0, s1, r1;
@@ -542,7 +416,7 @@ static int abandon_main(int rank, int n, void *arg)
 {
     (void)n;
     int graceful = *(int *)arg;
-    c10d_pg *pg = init(20000);
+    c10d_pg *pg = lane_init(20000);
     MP_CHECK(pg != NULL, "no group");
     unsigned char b[2][16], c[2][16];
     fill(c[0], 16, rank, 5);
@@ -581,25 +455,10 @@ static int abandon_main(int rank, int n, void *arg)
     return 0;
 }
 
-static void run(int (*fn)(int, int, void *), void *arg, int nranks, const char *spin_us)
-{
-    if (spin_us != NULL)
-        setenv("C10D_SHM_LANE_SPIN_US", spin_us, 1);
-    struct mp_opts o = {0};
-    o.nranks = nranks;
-    o.timeout_s = 120;
-    o.kill_on_failure = 1;
-    struct mp_result res;
-    int rc = mp_run(&o, fn, arg, &res);
-    unsetenv("C10D_SHM_LANE_SPIN_US");
-    assert_false(res.timed_out);
-    assert_int_equal(rc, 0);
-}
-
 static void test_pattern_2_ranks(void **st)
 {
     (void)st;
-    run(pattern_main, NULL, 2, NULL);
+    lane_run(pattern_main, NULL, 2, NULL);
 }
 
 static void test_pattern_2_ranks_rings(void **st)
@@ -608,101 +467,68 @@ static void test_pattern_2_ranks_rings(void **st)
     /* The same order through the rings alone: a message still arriving that
      * one receive claimed is not taken again by the next. */
     int rings = 1;
-    run(pattern_main, &rings, 2, NULL);
+    lane_run(pattern_main, &rings, 2, NULL);
 }
 
 static void test_pattern_3_ranks(void **st)
 {
     (void)st;
-    run(pattern_main, NULL, 3, NULL);
+    lane_run(pattern_main, NULL, 3, NULL);
 }
 
 static void test_pattern_4_ranks_short_spin(void **st)
 {
     (void)st;
     /* Waiters give up at once: every hand-over to the loop is taken. */
-    run(pattern_main, NULL, 4, "1");
+    lane_run(pattern_main, NULL, 4, "1");
 }
 
 static void test_threads(void **st)
 {
     (void)st;
-    run(threads_main, NULL, 2, NULL);
-}
-
-static void test_timeout(void **st)
-{
-    (void)st;
-    run(timeout_main, NULL, 2, NULL);
+    lane_run(threads_main, NULL, 2, NULL);
 }
 
 static void test_unwaited_deadline(void **st)
 {
     (void)st;
-    run(unwaited_main, NULL, 2, NULL);
+    lane_run(unwaited_main, NULL, 2, NULL);
 }
 
 static void test_completed_outside(void **st)
 {
     (void)st;
-    run(outside_main, NULL, 2, NULL);
+    lane_run(outside_main, NULL, 2, NULL);
 }
 
 static void test_completed_outside_waited(void **st)
 {
     (void)st;
-    run(outside_waited_main, NULL, 2, NULL);
-}
-
-static void test_mismatch(void **st)
-{
-    (void)st;
-    run(mismatch_main, NULL, 2, NULL);
-}
-
-static void test_peer_killed(void **st)
-{
-    (void)st;
-    struct mp_opts o = {0};
-    o.nranks = 2;
-    o.timeout_s = 60;
-    struct mp_result res;
-    mp_run(&o, killed_main, NULL, &res);
-    assert_false(res.timed_out);
-    assert_int_equal(res.codes[0], 0);
-    assert_int_equal(res.codes[1], 128 + SIGKILL);
+    lane_run(outside_waited_main, NULL, 2, NULL);
 }
 
 static void test_abandoned_abort(void **st)
 {
     (void)st;
     int graceful = 0;
-    run(abandon_main, &graceful, 2, NULL);
+    lane_run(abandon_main, &graceful, 2, NULL);
 }
 
 static void test_abandoned_destroy(void **st)
 {
     (void)st;
     int graceful = 1;
-    run(abandon_main, &graceful, 2, NULL);
+    lane_run(abandon_main, &graceful, 2, NULL);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pattern_2_ranks),
-        cmocka_unit_test(test_pattern_2_ranks_rings),
-        cmocka_unit_test(test_pattern_3_ranks),
-        cmocka_unit_test(test_pattern_4_ranks_short_spin),
-        cmocka_unit_test(test_threads),
-        cmocka_unit_test(test_timeout),
-        cmocka_unit_test(test_unwaited_deadline),
-        cmocka_unit_test(test_completed_outside),
-        cmocka_unit_test(test_completed_outside_waited),
-        cmocka_unit_test(test_mismatch),
-        cmocka_unit_test(test_peer_killed),
-        cmocka_unit_test(test_abandoned_abort),
-        cmocka_unit_test(test_abandoned_destroy),
+        cmocka_unit_test(test_pattern_2_ranks),   cmocka_unit_test(test_pattern_2_ranks_rings),
+        cmocka_unit_test(test_pattern_3_ranks),   cmocka_unit_test(test_pattern_4_ranks_short_spin),
+        cmocka_unit_test(test_threads),           cmocka_unit_test(test_unwaited_deadline),
+        cmocka_unit_test(test_completed_outside), cmocka_unit_test(test_completed_outside_waited),
+        cmocka_unit_test(test_abandoned_abort),   cmocka_unit_test(test_abandoned_destroy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
