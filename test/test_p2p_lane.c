@@ -209,6 +209,41 @@ static int order_main(int rank, int n, void *arg)
         }
     }
     MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+
+    /* 6. Any source from deposits: every other rank deposits one message for
+     * rank 0 before a barrier; rank 0's receives from any source then take
+     * them in the lane, each naming its sender, every sender once. */
+    for (int round = 0; round < 20; round++) {
+        c10d_work *w = NULL;
+        if (rank != 0) {
+            fill(out[0], 48, rank, 500 + round);
+            MP_CHECK(sendb(pg, out[0], 48, 0, 6, &w) == 0, "isend: %s", c10d_last_error());
+        }
+        MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+        if (rank == 0) {
+            uint64_t s2, r2, s3, r3;
+            c10d__tcp_p2p_lane_counts(&s2, &r2);
+            int seen[MP_MAX_RANKS] = {0};
+            for (int k = 1; k < n; k++) {
+                MP_CHECK(recvb(pg, in[0], 64, C10D_ANY_SOURCE, 6, &w) == 0, "irecv: %s",
+                         c10d_last_error());
+                MP_CHECK(c10d_work_wait(w, -1) == 0, "any %d: %s", k, c10d_last_error());
+                int from = c10d_work_source_rank(w);
+                c10d_work_release(w);
+                MP_CHECK(from > 0 && from < n && !seen[from], "source %d", from);
+                seen[from] = 1;
+                MP_CHECK(good(in[0], 48, from, 500 + round), "any source: wrong bytes from %d",
+                         from);
+            }
+            c10d__tcp_p2p_lane_counts(&s3, &r3);
+            MP_CHECK(r3 - r2 == (uint64_t)(n - 1), "round %d: %llu of %d receives in the lane",
+                     round, (unsigned long long)(r3 - r2), n - 1);
+        } else {
+            MP_CHECK(c10d_work_wait_release(w) == 0, "send: %s", c10d_last_error());
+        }
+        /* No rank deposits the next round's message before this one's are in. */
+        MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    }
     c10d_pg_destroy(pg);
     c10d_shutdown();
     return 0;

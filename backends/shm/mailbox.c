@@ -35,6 +35,30 @@ void c10d__shm_mb_matched(struct c10d__shm_mailbox *m, uint64_t gen)
     atomic_store_explicit(&m->word, WORD(gen, C10D_SHM_MB_MATCHED), memory_order_release);
 }
 
+/* The deposit w (EAGER): claimed, copied out and matched (1), or -1 if it
+ * has another tag, more than cap bytes, or its loop claimed it first. */
+static int take_eager(struct c10d__shm_mailbox *m, uint64_t w, uint64_t tag, size_t cap, void *buf,
+                      size_t *len)
+{
+    size_t n = (size_t)atomic_load_explicit(&m->len, memory_order_relaxed);
+    if (atomic_load_explicit(&m->stag, memory_order_relaxed) != tag || n > cap || !claim(m, w))
+        return -1;
+    if (n > 0)
+        memcpy(buf, data_of(m), n);
+    *len = n;
+    c10d__shm_mb_matched(m, GEN(w));
+    return 1;
+}
+
+int c10d__shm_mb_take(struct c10d__shm_mailbox *m, uint64_t tag, size_t cap, void *buf, size_t *len)
+{
+    uint64_t w = atomic_load_explicit(&m->word, memory_order_acquire);
+    if (STATE(w) != C10D_SHM_MB_EAGER ||
+        atomic_load_explicit(&m->stag, memory_order_relaxed) != tag)
+        return 0;
+    return take_eager(m, w, tag, cap, buf, len) > 0 ? 1 : -1;
+}
+
 int c10d__shm_mb_recv(struct c10d__shm_mailbox *m, uint64_t tag, size_t cap, void *buf, size_t *len,
                       uint64_t *gen)
 {
@@ -42,17 +66,8 @@ int c10d__shm_mb_recv(struct c10d__shm_mailbox *m, uint64_t tag, size_t cap, voi
     atomic_store_explicit(&m->cap, cap, memory_order_relaxed);
     uint64_t w = atomic_load_explicit(&m->word, memory_order_acquire);
     for (;;) {
-        if (STATE(w) == C10D_SHM_MB_EAGER) {
-            size_t n = (size_t)atomic_load_explicit(&m->len, memory_order_relaxed);
-            if (atomic_load_explicit(&m->stag, memory_order_relaxed) != tag || n > cap ||
-                !claim(m, w))
-                return -1;
-            if (n > 0)
-                memcpy(buf, data_of(m), n);
-            *len = n;
-            c10d__shm_mb_matched(m, GEN(w));
-            return 1;
-        }
+        if (STATE(w) == C10D_SHM_MB_EAGER)
+            return take_eager(m, w, tag, cap, buf, len);
         if (!is_free(w))
             return -1;
         /* Sequentially consistent: the poster then looks at what reached its

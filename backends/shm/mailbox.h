@@ -65,6 +65,12 @@ int c10d__shm_mb_state(struct c10d__shm_mailbox *m, uint64_t gen);
  * gen. The receiver has no post or unread data in this mailbox. */
 int c10d__shm_mb_recv(struct c10d__shm_mailbox *m, uint64_t tag, size_t cap, void *buf, size_t *len,
                       uint64_t *gen);
+/* Receiver's caller, posting nothing: a message deposited with this tag is
+ * copied into buf (*len) and matched: 1 if it had at most cap bytes; -1 if
+ * one with this tag is there but longer (the loop reports the mismatch) or
+ * its loop claimed it first; 0 if none of this tag is there. */
+int c10d__shm_mb_take(struct c10d__shm_mailbox *m, uint64_t tag, size_t cap, void *buf,
+                      size_t *len);
 /* Receiver's side: takes post `gen` back: 1, or 0 if a sender filled it
  * (DATA: collect it). */
 int c10d__shm_mb_withdraw(struct c10d__shm_mailbox *m, uint64_t gen);

@@ -75,17 +75,21 @@ int c10d__tcp_p2p_lane_start(struct c10d__tcp_p2p_lane *l, struct c10d__shm_seg 
         return 0;
     l->posted = calloc((size_t)seg->nranks, sizeof *l->posted);
     l->seg_of = malloc((size_t)group_size * sizeof *l->seg_of);
-    if (l->posted == NULL || l->seg_of == NULL) {
+    l->group_of = malloc((size_t)seg->nranks * sizeof *l->group_of);
+    if (l->posted == NULL || l->seg_of == NULL || l->group_of == NULL) {
         free(l->posted);
         free(l->seg_of);
+        free(l->group_of);
         l->posted = NULL;
-        l->seg_of = NULL;
+        l->seg_of = l->group_of = NULL;
         return c10d__fail(C10D_ENOMEM, "tcp: out of memory");
     }
     for (int g = 0; g < group_size; g++)
         l->seg_of[g] = -1;
-    for (int r = 0; r < seg->nranks; r++)
-        l->seg_of[members != NULL ? members[r] : r] = r;
+    for (int r = 0; r < seg->nranks; r++) {
+        l->group_of[r] = members != NULL ? members[r] : r;
+        l->seg_of[l->group_of[r]] = r;
+    }
     l->group_size = group_size;
     l->t = t;
     c10d__tcp_transport_on_p2p_unexpected(t, on_unexpected, l);
@@ -101,6 +105,7 @@ void c10d__tcp_p2p_lane_destroy(struct c10d__tcp_p2p_lane *l)
 {
     free(l->posted);
     free(l->seg_of);
+    free(l->group_of);
     uv_mutex_destroy(&l->mutex);
 }
 
@@ -573,6 +578,42 @@ static int try_recv(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
     return 1;
 }
 
+/* A receive from any source takes a message one of the segment's ranks
+ * deposited (the first in rank order), and only while no P2P message waits
+ * unmatched on the loop, which matches in arrival order; otherwise it takes
+ * the loop. It never posts: two senders could fill two posts at once. */
+static int try_recv_any(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t bytes)
+{
+    struct p2p_lane_op *o = calloc(1, sizeof *o);
+    if (o == NULL)
+        return 0;
+    int from = -1, me = l->seg->rank;
+    size_t got;
+    uv_mutex_lock(&l->mutex);
+    int clear = atomic_load(&l->loop_ops) == 0;
+    for (int r = 0; clear && r < l->seg->nranks; r++)
+        clear = r == me || c10d__tcp_transport_p2p_waiting(l->t, l->group_of[r]) == 0;
+    for (int r = 0; clear && from < 0 && r < l->seg->nranks; r++) {
+        if (r == me || l->posted[r] != NULL) /* that mailbox is its post's */
+            continue;
+        int how = c10d__shm_mb_take(c10d__shm_mailbox_of(l->seg, r, me), (uint64_t)op->tag, bytes,
+                                    op->recv, &got);
+        if (how < 0) /* too long, or the loop has it: the loop matches it */
+            break;
+        if (how > 0)
+            from = r;
+    }
+    uv_mutex_unlock(&l->mutex);
+    if (from < 0) {
+        free(o);
+        return 0;
+    }
+    c10d__work_set_source_rank(op->work, l->group_of[from]);
+    atomic_fetch_add_explicit(&received_here, 1, memory_order_relaxed);
+    op_park_it(l, o, op->work);
+    return 1;
+}
+
 /* ------------------------------------------------------------- entries */
 
 int c10d__tcp_p2p_lane_open(struct c10d__tcp_p2p_lane *l)
@@ -587,6 +628,8 @@ int c10d__tcp_p2p_lane_open(struct c10d__tcp_p2p_lane *l)
 
 int c10d__tcp_p2p_lane_fits(const struct c10d__tcp_p2p_lane *l, const struct c10d__op *op)
 {
+    if (op->kind == C10D_OP_RECV && op->peer == C10D_ANY_SOURCE)
+        return op->count * c10d_dtype_size(op->dtype) <= C10D_SHM_MAILBOX_BYTES;
     return (op->kind == C10D_OP_SEND || op->kind == C10D_OP_RECV) && op->peer >= 0 &&
            op->peer < l->group_size && l->seg_of[op->peer] >= 0 &&
            l->seg_of[op->peer] != l->seg->rank &&
@@ -596,7 +639,9 @@ int c10d__tcp_p2p_lane_fits(const struct c10d__tcp_p2p_lane *l, const struct c10
 int c10d__tcp_p2p_lane_try_one(struct c10d__tcp_p2p_lane *l, struct c10d__op *op)
 {
     size_t bytes = op->count * c10d_dtype_size(op->dtype);
-    return op->kind == C10D_OP_SEND ? try_send(l, op, bytes) : try_recv(l, op, bytes);
+    if (op->kind == C10D_OP_SEND)
+        return try_send(l, op, bytes);
+    return op->peer == C10D_ANY_SOURCE ? try_recv_any(l, op, bytes) : try_recv(l, op, bytes);
 }
 
 int c10d__tcp_p2p_lane_try(struct c10d__tcp_p2p_lane *l, struct c10d__op *op)

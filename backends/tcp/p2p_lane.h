@@ -42,9 +42,10 @@ struct c10d__tcp_p2p_lane {
     struct c10d__shm_seg *seg;     /* NULL: no lane */
     struct c10d__tcp_transport *t; /* the one transport P2P takes to a peer */
     int group_size;
-    int *seg_of; /* a group rank's rank in seg, -1 for one on another host */
-    int on;      /* C10D_SHM_LANE and C10D_SHM_P2P */
-    int bells;   /* every peer's doorbell opens here */
+    int *seg_of;   /* a group rank's rank in seg, -1 for one on another host */
+    int *group_of; /* a rank of seg's group rank */
+    int on;        /* C10D_SHM_LANE and C10D_SHM_P2P */
+    int bells;     /* every peer's doorbell opens here */
     int64_t spin_us;
     atomic_int broken;   /* counting failed once: no lane any more */
     atomic_int loop_ops; /* the group's P2P ops on the loop, not completed */
@@ -88,8 +89,9 @@ int c10d__tcp_p2p_lane_try(struct c10d__tcp_p2p_lane *l, struct c10d__op *op);
 /* The parts of c10d__tcp_p2p_lane_try a batch (p2p_lane_batch.c) takes
  * member by member, under the group's mutex. open: whether the lane may take
  * an op now; fits: whether it could take this one (a send or receive of at
- * most a mailbox to another rank of the segment); try_one: takes a single op
- * that fits (op->next NULL), as c10d__tcp_p2p_lane_try. */
+ * most a mailbox to another rank of the segment, or a receive from any
+ * source); try_one: takes a single op that fits (op->next NULL), as
+ * c10d__tcp_p2p_lane_try. */
 int c10d__tcp_p2p_lane_open(struct c10d__tcp_p2p_lane *l);
 int c10d__tcp_p2p_lane_fits(const struct c10d__tcp_p2p_lane *l, const struct c10d__op *op);
 int c10d__tcp_p2p_lane_try_one(struct c10d__tcp_p2p_lane *l, struct c10d__op *op);
