@@ -244,6 +244,44 @@ static int order_main(int rank, int n, void *arg)
         /* No rank deposits the next round's message before this one's are in. */
         MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
     }
+
+    /* 7. Any source with several messages of a sender outstanding: each other
+     * rank sends 8 without waiting (the first may sit in the mailbox while
+     * the next take the tcp path behind it); rank 0's receives from any
+     * source, waited one by one or three at a time, get each sender's in
+     * order. */
+    for (int round = 0; round < 30; round++) {
+        c10d_work *ws[8];
+        if (rank != 0) {
+            for (int k = 0; k < 8; k++) {
+                fill(out[k], 40, rank, 600 + k);
+                MP_CHECK(sendb(pg, out[k], 40, 0, 7, &ws[k]) == 0, "isend: %s", c10d_last_error());
+            }
+            for (int k = 0; k < 8; k++)
+                MP_CHECK(c10d_work_wait_release(ws[k]) == 0, "send %d: %s", k, c10d_last_error());
+        } else {
+            int next[MP_MAX_RANKS] = {0}, total = 8 * (n - 1);
+            for (int k = 0; k < total;) {
+                int batch = round % 2 ? 3 : 1;
+                if (batch > total - k)
+                    batch = total - k;
+                c10d_work *wr[3];
+                for (int j = 0; j < batch; j++)
+                    MP_CHECK(recvb(pg, in[j], 64, C10D_ANY_SOURCE, 7, &wr[j]) == 0, "irecv: %s",
+                             c10d_last_error());
+                for (int j = 0; j < batch; j++, k++) {
+                    MP_CHECK(c10d_work_wait(wr[j], -1) == 0, "any %d: %s", k, c10d_last_error());
+                    int from = c10d_work_source_rank(wr[j]);
+                    c10d_work_release(wr[j]);
+                    MP_CHECK(from > 0 && from < n && next[from] < 8, "source %d", from);
+                    MP_CHECK(good(in[j], 40, from, 600 + next[from]),
+                             "round %d: from %d: message %d out of order", round, from, next[from]);
+                    next[from]++;
+                }
+            }
+        }
+        MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    }
     c10d_pg_destroy(pg);
     c10d_shutdown();
     return 0;
@@ -356,21 +394,20 @@ static int loop_main(int rank, int n, void *arg)
  * send and a receive together, c10d_batch_isend_irecv: p2p_lane_batch.c). */
 enum { SINGLE_RECV, SINGLE_SEND, BATCHED };
 
-/* One op to or from rank 1 - rank, of the mode: a receive of rcap bytes with
- * tag 0 (SINGLE_RECV), a send of sn bytes with tag 0 (SINGLE_SEND), or both
- * (BATCHED; the receive with tag 1 where `crossed`, so that the peer's
- * mirror batch meets it). */
+/* One op with rank 1 - rank, of the mode: a receive of rcap bytes with tag
+ * rtag (SINGLE_RECV), a send of sn bytes with tag stag (SINGLE_SEND), or
+ * both in one batch, the receive first (BATCHED). */
 static int submit(c10d_pg *pg, int rank, int mode, unsigned char *buf, size_t sn, size_t rcap,
-                  int crossed, const c10d_op_opts *oo, c10d_work **w)
+                  int stag, int rtag, const c10d_op_opts *oo, c10d_work **w)
 {
     int other = 1 - rank;
-    if (mode == SINGLE_RECV)
-        return c10d_recv(pg, buf, rcap, C10D_UINT8, other, 0, oo, w);
-    if (mode == SINGLE_SEND)
-        return c10d_send(pg, buf, sn, C10D_UINT8, other, 0, oo, w);
     static unsigned char back[64];
-    c10d_p2p_op ops[2] = {{C10D_P2P_SEND, buf, sn, C10D_UINT8, other, crossed ? rank : 0},
-                          {C10D_P2P_RECV, back, rcap, C10D_UINT8, other, crossed ? other : 0}};
+    if (mode == SINGLE_RECV)
+        return c10d_recv(pg, back, rcap, C10D_UINT8, other, rtag, oo, w);
+    if (mode == SINGLE_SEND)
+        return c10d_send(pg, buf, sn, C10D_UINT8, other, stag, oo, w);
+    c10d_p2p_op ops[2] = {{C10D_P2P_RECV, back, rcap, C10D_UINT8, other, rtag},
+                          {C10D_P2P_SEND, buf, sn, C10D_UINT8, other, stag}};
     return c10d_batch_isend_irecv(pg, ops, 2, oo, w);
 }
 
@@ -390,7 +427,8 @@ static int timeout_main(int rank, int n, void *arg)
         c10d_op_opts oo = {0};
         oo.timeout_ms = 500;
         c10d_work *w = NULL;
-        MP_CHECK(submit(pg, rank, mode, b, 16, 16, 1, &oo, &w) == 0, "submit: %s",
+        /* Its receive's tag is one rank 1 never sends. */
+        MP_CHECK(submit(pg, rank, mode, b, 16, 16, 0, 1, &oo, &w) == 0, "submit: %s",
                  c10d_last_error());
         double t0 = now_s();
         int rc = c10d_work_wait(w, -1);
@@ -417,9 +455,14 @@ static int mismatch_main(int rank, int n, void *arg)
     MP_CHECK(pg != NULL, "no group");
     unsigned char b[64] = {0};
     c10d_work *w = NULL;
-    int rc = mode == BATCHED
-                 ? submit(pg, rank, mode, b, rank == 0 ? 64 : 4, rank == 0 ? 4 : 16, 0, NULL, &w)
-                 : submit(pg, rank, rank == 0 ? SINGLE_SEND : SINGLE_RECV, b, 64, 16, 0, NULL, &w);
+    /* Every rank's doorbell is out (a lane needs them) once all are here. */
+    MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    /* Batched: rank 0 sends 64 bytes with tag 0 into rank 1's 16-byte
+     * receive at the head of its batch, and receives rank 1's 4 with tag 1. */
+    int rc = mode == BATCHED ? submit(pg, rank, mode, b, rank == 0 ? 64 : 4, rank == 0 ? 4 : 16,
+                                      rank, 1 - rank, NULL, &w)
+                             : submit(pg, rank, rank == 0 ? SINGLE_SEND : SINGLE_RECV, b, 64, 16, 0,
+                                      0, NULL, &w);
     MP_CHECK(rc == 0, "submit: %s", c10d_last_error());
     rc = c10d_work_wait(w, -1);
     MP_CHECK(rc != 0, "a 64-byte send into a 16-byte receive succeeded");
@@ -448,7 +491,8 @@ static int killed_main(int rank, int n, void *arg)
         raise(SIGKILL);
     }
     c10d_work *w = NULL;
-    MP_CHECK(submit(pg, rank, mode, b, 16, 16, 0, NULL, &w) == 0, "submit: %s", c10d_last_error());
+    MP_CHECK(submit(pg, rank, mode, b, 16, 16, 0, 0, NULL, &w) == 0, "submit: %s",
+             c10d_last_error());
     double t0 = now_s();
     int rc = c10d_work_wait(w, -1);
     double s = now_s() - t0;

@@ -579,9 +579,10 @@ static int try_recv(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
 }
 
 /* A receive from any source takes a message one of the segment's ranks
- * deposited (the first in rank order), and only while no P2P message waits
- * unmatched on the loop, which matches in arrival order; otherwise it takes
- * the loop. It never posts: two senders could fill two posts at once. */
+ * deposited (the first in rank order), and only while no P2P message from
+ * any rank of the group (another host's too) waits unmatched on the loop,
+ * which matches in arrival order; otherwise it takes the loop. It never
+ * posts: two senders could fill two posts at once. */
 static int try_recv_any(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t bytes)
 {
     struct p2p_lane_op *o = calloc(1, sizeof *o);
@@ -591,8 +592,8 @@ static int try_recv_any(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_
     size_t got;
     uv_mutex_lock(&l->mutex);
     int clear = atomic_load(&l->loop_ops) == 0;
-    for (int r = 0; clear && r < l->seg->nranks; r++)
-        clear = r == me || c10d__tcp_transport_p2p_waiting(l->t, l->group_of[r]) == 0;
+    for (int g = 0; clear && g < l->group_size; g++)
+        clear = g == l->group_of[me] || c10d__tcp_transport_p2p_waiting(l->t, g) == 0;
     for (int r = 0; clear && from < 0 && r < l->seg->nranks; r++) {
         if (r == me || l->posted[r] != NULL) /* that mailbox is its post's */
             continue;
