@@ -220,6 +220,43 @@ static void check_p2p(c10d_pg *pg, size_t n, int step)
     free(in);
 }
 
+/* Receives from any source at rank 0: a message from every other rank of
+ * rank 0's host first (waiting in their mailboxes: taken in the lane), then
+ * from every rank of the other hosts (the sockets); each arrives once,
+ * naming its sender's group rank. HIER_HOSTS: the job's layout, a letter a
+ * host per rank (test_hier.sh); without it, all in one phase. */
+static void check_any_source(c10d_pg *pg)
+{
+    const char *hosts = getenv("HIER_HOSTS");
+    int layout = hosts != NULL && (int)strlen(hosts) == world;
+    for (int phase = 0; phase < 2; phase++) {
+        int64_t v = (int64_t)rank * 7919, got = -1;
+        int local = !layout || hosts[rank] == hosts[0];
+        int sends_now = rank != 0 && (phase == 0 ? local : !local);
+        c10d_work *sent = NULL;
+        if (sends_now)
+            CHECK(c10d_send(pg, &v, 1, C10D_INT64, 0, 9, NULL, &sent) == 0, "any-source send: %s",
+                  c10d_last_error());
+        CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+        for (int r = 1; rank == 0 && r < world; r++) {
+            int r_local = !layout || hosts[r] == hosts[0];
+            if (phase == 0 ? !r_local : r_local)
+                continue;
+            c10d_work *w = NULL;
+            int rc = c10d_recv(pg, &got, 1, C10D_INT64, C10D_ANY_SOURCE, 9, NULL, &w);
+            rc = rc != 0 ? rc : c10d_work_wait(w, -1);
+            int from = rc == 0 ? c10d_work_source_rank(w) : -1;
+            c10d_work_release(w);
+            CHECK(rc == 0 && from > 0 && from < world && got == (int64_t)from * 7919,
+                  "any-source receive (phase %d): %s, source %d, value %lld", phase,
+                  rc != 0 ? c10d_last_error() : "ok", from, (long long)got);
+        }
+        if (sent != NULL)
+            CHECK(c10d_work_wait_release(sent) == 0, "any-source send: %s", c10d_last_error());
+        CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    }
+}
+
 int main(void)
 {
     c10d_pg *pg = NULL;
@@ -314,8 +351,10 @@ int main(void)
         check_p2p(pg, sizes[s], 1);
         check_p2p(pg, sizes[s], 2);
     }
-    if (!loop)
+    if (!loop) {
+        check_any_source(pg);
         CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+    }
     uint64_t lane_sends, lane_recvs;
     c10d__tcp_p2p_lane_counts(&lane_sends, &lane_recvs);
     printf("rank %d: P2P lane: %llu sends, %llu receives\n", rank, (unsigned long long)lane_sends,

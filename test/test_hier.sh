@@ -81,7 +81,7 @@ job() {
         if [ "$h" = a ]; then ns=${NS[0]} ifname=$IF0; else ns=${NS[1]} ifname=$IF1; fi
         (
             ip netns exec "$ns" env MASTER_ADDR="${ADDR[0]}" MASTER_PORT=$PORT RANK=$r \
-                WORLD_SIZE=$n C10D_SOCKET_IFNAME="$ifname" "$@" ${PER_RANK[$r]:-} \
+                WORLD_SIZE=$n HIER_HOSTS="$hosts" C10D_SOCKET_IFNAME="$ifname" "$@" ${PER_RANK[$r]:-} \
                 timeout -k 5 90 "$CHECK" \
                 >"$T/$name.$r.out" 2>"$T/$name.$r.err"
             echo $? >"$T/$name.$r.rc"
