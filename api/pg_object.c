@@ -87,14 +87,16 @@ static void registry_remove(c10d_pg *pg)
 
 struct c10d__pg_op *c10d__pg_op_new(c10d_pg *pg, int dev, size_t extra_bytes)
 {
-    struct c10d__pg_op *po = calloc(1, sizeof *po + extra_bytes);
+    /* malloc, then zeroed by assignment: glibc's calloc skips the thread's
+     * cache of freed chunks, and an op record is made and freed per op (a
+     * memset right after the malloc is turned back into calloc). */
+    struct c10d__pg_op *po = malloc(sizeof *po + extra_bytes);
     if (po == NULL) {
         c10d__fail(C10D_ENOMEM, "%s: out of memory", pg->backend_name);
         return NULL;
     }
-    po->pg = pg;
-    po->dev = dev;
-    po->storage = po + 1;
+    *po = (struct c10d__pg_op){.pg = pg, .dev = dev, .storage = po + 1};
+    memset(po + 1, 0, extra_bytes);
     return po;
 }
 

@@ -58,6 +58,11 @@ struct engine {
 };
 
 static struct engine *engine;
+/* engine != NULL && !engine->stopping, written under engine_mutex: what a
+ * work's creation asks on every op, answered without the mutex. A reader
+ * that checks after joining the pending list still sees a stop whose sweep
+ * missed it (that sweep's lock came after the store, before its join). */
+static atomic_int engine_live;
 /* Every registered sweep (engine_mutex); they outlive engines. */
 static struct c10d__shutdown_sweep *sweeps;
 static uv_mutex_t engine_mutex;
@@ -89,6 +94,7 @@ static void fork_parent(void)
 static void fork_child(void)
 {
     engine = NULL;
+    atomic_store(&engine_live, 0);
     loop_engine = NULL;
     uv_mutex_init(&engine_mutex);
     uv_mutex_init(&shutdown_mutex);
@@ -198,6 +204,7 @@ static void engine_stop_on_loop(struct engine *e)
         run_tasks(t);
     uv_mutex_lock(&engine_mutex);
     e->stopping = 1;
+    atomic_store(&engine_live, 0);
     uv_mutex_unlock(&engine_mutex);
     run_sweeps();
     run_tasks(take_all_tasks(e));
@@ -373,12 +380,15 @@ static int engine_start_locked(void)
                           uv_strerror(rc));
     }
     engine = e;
+    atomic_store(&engine_live, 1);
     C10D_DEBUG("engine", "engine started");
     return 0;
 }
 
 int c10d__engine_start(void)
 {
+    if (atomic_load(&engine_live))
+        return 0;
     uv_once(&engine_once, engine_init_once);
     uv_mutex_lock(&engine_mutex);
     int rc = engine_start_locked();
@@ -451,6 +461,8 @@ int c10d__engine_call(void (*fn)(void *arg), void *arg)
 
 int c10d__engine_stopping(void)
 {
+    if (atomic_load(&engine_live))
+        return 0;
     uv_once(&engine_once, engine_init_once);
     uv_mutex_lock(&engine_mutex);
     int stopping = engine != NULL && engine->stopping;

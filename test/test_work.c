@@ -670,12 +670,36 @@ static void test_completions_while_engine_stops(void **state)
     c10d_shutdown();
 }
 
+/* A work keeps a short name in itself and a long one on the heap: both
+ * come back whole, at and around the boundary (ASan checks the frees). */
+static void test_names_of_every_length(void **state)
+{
+    (void)state;
+    char name[400];
+    for (size_t len = 0; len < sizeof name; len += len < 150 || len > 170 ? 37 : 1) {
+        memset(name, 'a' + (int)(len % 26), len);
+        name[len] = '\0';
+        c10d_work *w;
+        assert_int_equal(c10d__work_create_unarmed(&w, name, 0), 0);
+        assert_string_equal(c10d__work_what(w), name);
+        c10d_work_complete(w, C10D_OK, NULL);
+        assert_int_equal(c10d_work_wait(w, -1), C10D_OK);
+        c10d_work_release(w);
+    }
+    c10d_work *w;
+    assert_int_equal(c10d__work_create_unarmed(&w, NULL, 0), 0);
+    assert_string_equal(c10d__work_what(w), "work");
+    c10d_work_complete(w, C10D_OK, NULL);
+    c10d_work_release(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_callback_once_on_loop),
         cmocka_unit_test(test_sleeping_waiters_all_woken),
         cmocka_unit_test(test_order_before_and_after_completion),
+        cmocka_unit_test(test_names_of_every_length),
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_completion_beats_deadline),
         cmocka_unit_test(test_wait_timeout_leaves_work_pending),
