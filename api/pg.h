@@ -72,6 +72,7 @@ struct c10d_pg {
      * it to the loop before waiting for the ops to drain. */
     c10d_work *last_coll;
     char *what_prefix; /* "[PG name (desc) Rank r] Work(SeqNum=": every op's name starts so */
+    size_t what_prefix_len;
     int first_status;
     char *first_error;
     /* Set when the group ended without a destroy or abort of its own (the
@@ -116,6 +117,19 @@ struct c10d__pg_op {
     uint64_t started_ns;
     int64_t started_wall_us; /* handed to the backend (completion hook) */
 };
+
+/* op_name.c: what an op's name is made from, when it is read; optype is a
+ * string literal or the op table's (never freed). */
+struct c10d__pg_op_name {
+    const char *optype;
+    uint64_t seq;
+    size_t in, out;
+    int64_t timeout_ms;
+};
+/* The group's part ("[PG name (desc) Rank r] Work(SeqNum="), under pg->mutex. */
+const char *c10d__pg_op_name_prefix(c10d_pg *pg, size_t *len);
+/* c10d__work_name's maker: the rest from a struct c10d__pg_op_name. */
+void c10d__pg_make_op_name(const void *args, char *buf, size_t len);
 
 /* check.c: docs/semantics.md, 2. Returns 0 or C10D_EINVAL with
  * c10d_last_error() = "<backend> <opname>: <what was wrong>". `op` holds the

@@ -222,59 +222,6 @@ static void poison_from_caller(c10d_pg *pg, int status, const char *message)
 
 /* ------------------------------------------------------------ submission */
 
-/* Appends what fits of `str` at *at (len: the buffer's size), keeping it
- * terminated. */
-static void put_str(char *buf, size_t len, size_t *at, const char *str)
-{
-    size_t n = strlen(str), room = len - 1 - *at; /* *at < len always */
-    if (n > room)
-        n = room;
-    memcpy(buf + *at, str, n); /* a byte loop here was half of describe's time */
-    *at += n;
-    buf[*at] = '\0';
-}
-
-static void put_u64(char *buf, size_t len, size_t *at, unsigned long long v)
-{
-    char digits[24];
-    int n = 0;
-    do
-        digits[n++] = (char)('0' + v % 10);
-    while ((v /= 10) != 0);
-    while (n > 0 && *at + 1 < len)
-        buf[(*at)++] = digits[--n];
-    buf[*at] = '\0';
-}
-
-/* torch's name of an op, "[PG 0 (default_pg) Rank 1] Work(SeqNum=.., OpType=..,
- * NumelIn=.., NumelOut=.., Timeout(ms)=..)", built by hand: it is made for
- * every op, and printf's machinery was a tenth of a small op's time. The
- * group's part is made once (pg->mutex held). */
-static void describe(c10d_pg *pg, const char *optype, uint64_t seq, size_t in, size_t out,
-                     int64_t timeout_ms, char *buf, size_t len)
-{
-    if (pg->what_prefix == NULL && asprintf(&pg->what_prefix, "[PG %s (%s) Rank %d] Work(SeqNum=",
-                                            pg->name, pg->desc, pg->rank) < 0)
-        pg->what_prefix = NULL;
-    size_t at = 0;
-    buf[0] = '\0';
-    put_str(buf, len, &at, pg->what_prefix != NULL ? pg->what_prefix : "[PG] Work(SeqNum=");
-    put_u64(buf, len, &at, (unsigned long long)seq);
-    put_str(buf, len, &at, ", OpType=");
-    put_str(buf, len, &at, optype);
-    put_str(buf, len, &at, ", NumelIn=");
-    put_u64(buf, len, &at, (unsigned long long)in);
-    put_str(buf, len, &at, ", NumelOut=");
-    put_u64(buf, len, &at, (unsigned long long)out);
-    put_str(buf, len, &at, ", Timeout(ms)=");
-    if (timeout_ms < 0) {
-        put_str(buf, len, &at, "-");
-        timeout_ms = -timeout_ms;
-    }
-    put_u64(buf, len, &at, (unsigned long long)timeout_ms);
-    put_str(buf, len, &at, ")");
-}
-
 /* A backend that failed by itself (a lost peer, a transport error) before
  * any op of the group failed: the group fails now, so that this call and
  * every later one are refused at once instead of failing at their wait. */
@@ -334,15 +281,17 @@ int c10d__pg_post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *opty
 {
     *handed_over = 0;
     int64_t timeout = opts != NULL && opts->timeout_ms > 0 ? opts->timeout_ms : pg->timeout_ms;
-    char what[256];
-    describe(pg, optype, seq, in, out, timeout, what, sizeof what);
     struct c10d__pg_backend *b = &pg->backends[head->dev];
     /* A device backend that times ops from their start on the device keeps
      * the deadline itself. */
     int own_deadline = b->vt != NULL && b->vt->timeout_from_start;
     c10d_work *w;
     /* Armed once handed over: a backend may park the op for its waiter. */
-    C10D_CHECK(c10d__work_create_unarmed(&w, what, own_deadline ? 0 : timeout));
+    struct c10d__pg_op_name args = {optype, seq, in, out, timeout};
+    struct c10d__work_name name = {
+        .make = c10d__pg_make_op_name, .args = &args, .args_len = sizeof args};
+    name.prefix = c10d__pg_op_name_prefix(pg, &name.prefix_len);
+    C10D_CHECK(c10d__work_create_named(&w, &name, own_deadline ? 0 : timeout));
     for (struct c10d__pg_op *po = head; po != NULL; po = po->next_in_list) {
         po->op.seq = seq;
         po->op.timeout_ms = timeout;

@@ -33,11 +33,14 @@
 
 #define MAX_WAIT_MS (100LL * 365 * 24 * 3600 * 1000)
 
-/* A group's op has two callbacks of its own (its bookkeeping and the
+/* A group's op has three callbacks (its bookkeeping before and after the
  * caller's), and its name is about a hundred bytes: kept in the work, they
  * save three of the four allocations an op made. */
 #define INLINE_CALLBACKS 3
-#define INLINE_WHAT      160
+#define INLINE_WHAT      256
+
+/* A name made when first read (c10d__work_create_named); zero: made. */
+enum name_state { NAME_MADE, NAME_DEFERRED, NAME_MAKING };
 
 struct work_callback {
     c10d_work_cb cb;
@@ -97,6 +100,12 @@ struct c10d_work {
     /* Set at creation. */
     char *what; /* inline_what where it fits */
     char inline_what[INLINE_WHAT];
+    /* A deferred name: what follows the prefix in inline_what, made from
+     * name_args by name_make once name_state leaves NAME_DEFERRED. */
+    atomic_int name_state;
+    size_t name_at;
+    void (*name_make)(const void *args, char *buf, size_t len);
+    unsigned char name_args[C10D__WORK_NAME_ARGS];
     int64_t timeout_ms;
     uint64_t created_ms;
     atomic_int source_rank;
@@ -220,9 +229,25 @@ void *c10d__work_payload(c10d_work *w, const void *kind)
     return w != NULL && w->payload_kind == kind ? w->payload : NULL;
 }
 
-const char *c10d__work_what(const c10d_work *w)
+/* Any thread: the first reader of a deferred name makes it, the others
+ * wait for that (a few hundred instructions). */
+static const char *what_of(c10d_work *w)
 {
+    if (atomic_load_explicit(&w->name_state, memory_order_acquire) == NAME_MADE)
+        return w->what;
+    int expected = NAME_DEFERRED;
+    if (atomic_compare_exchange_strong(&w->name_state, &expected, NAME_MAKING)) {
+        w->name_make(w->name_args, w->inline_what + w->name_at, sizeof w->inline_what - w->name_at);
+        atomic_store_explicit(&w->name_state, NAME_MADE, memory_order_release);
+    }
+    while (atomic_load_explicit(&w->name_state, memory_order_acquire) != NAME_MADE)
+        sched_yield();
     return w->what;
+}
+
+const char *c10d__work_what(c10d_work *w)
+{
+    return what_of(w);
 }
 
 void c10d_work_retain(c10d_work *w)
@@ -411,13 +436,13 @@ static int work_vcomplete(c10d_work *w, int here_ok, int status, const char *fmt
         C10D_DEBUG("work",
                    "'%s' completed while the engine stops: its callbacks run in the "
                    "engine's last sweep",
-                   w->what);
+                   what_of(w));
     if (run_inline)
         work_drain(w);
     if (here)
         orphaned = drain_here(w);
     if (status < 0)
-        C10D_DEBUG("work", "'%s' failed: %s: %s", w->what, c10d_status_name(status),
+        C10D_DEBUG("work", "'%s' failed: %s: %s", what_of(w), c10d_status_name(status),
                    message != NULL ? message : "");
     if (!orphaned && pending_remove(w))
         c10d_work_release(w);
@@ -470,14 +495,14 @@ static void timer_fired(uv_timer_t *t)
     unsigned long long ran = (unsigned long long)(c10d__now_ms() - w->created_ms);
     /* A group's op ("[PG 0 (desc) Rank 1] Work(SeqNum=..)") fails in torch's
      * watchdog words, which log scrapers look for. */
-    const char *body = strstr(w->what, "] Work(");
-    if (w->what[0] == '[' && body != NULL)
+    const char *what = what_of(w), *body = strstr(what, "] Work(");
+    if (what[0] == '[' && body != NULL)
         c10d__work_complete(w, C10D_ETIMEDOUT,
                             "%.*s Watchdog caught collective operation timeout: %s ran for %llu "
                             "milliseconds before timing out.",
-                            (int)(body - w->what + 1), w->what, body + 2, ran);
+                            (int)(body - what + 1), what, body + 2, ran);
     else
-        c10d__work_complete(w, C10D_ETIMEDOUT, "%s timed out after %lld ms", w->what,
+        c10d__work_complete(w, C10D_ETIMEDOUT, "%s timed out after %lld ms", what,
                             (long long)w->timeout_ms);
 }
 
@@ -551,7 +576,9 @@ void c10d__work_arm(c10d_work *w)
         arm(w); /* posting closed: the shutdown's sweep ends it instead */
 }
 
-int c10d__work_create_unarmed(c10d_work **out, const char *what, int64_t timeout_ms)
+/* A work with its name set by `name_it` (0, or nonzero: out of memory). */
+static int work_new(c10d_work **out, int64_t timeout_ms, int (*name_it)(c10d_work *, const void *),
+                    const void *name)
 {
     if (out == NULL)
         return c10d__fail(C10D_EINVAL, "c10d_work_create: out is NULL");
@@ -570,12 +597,7 @@ int c10d__work_create_unarmed(c10d_work **out, const char *what, int64_t timeout
     *w = (c10d_work){0};
     w->callbacks = w->inline_callbacks;
     w->callbacks_cap = INLINE_CALLBACKS;
-    if (what == NULL)
-        what = "work";
-    size_t what_len = strlen(what);
-    w->what = what_len < sizeof w->inline_what ? memcpy(w->inline_what, what, what_len + 1)
-                                               : strdup(what);
-    if (w->what == NULL || uv_mutex_init(&w->mutex) != 0) {
+    if (name_it(w, name) != 0 || uv_mutex_init(&w->mutex) != 0) {
         if (w->what != w->inline_what)
             free(w->what);
         free(w);
@@ -598,6 +620,46 @@ int c10d__work_create_unarmed(c10d_work **out, const char *what, int64_t timeout
     }
     *out = w;
     return 0;
+}
+
+static int name_now(c10d_work *w, const void *arg)
+{
+    const char *what = arg != NULL ? arg : "work";
+    size_t len = strlen(what);
+    w->what = len < sizeof w->inline_what ? memcpy(w->inline_what, what, len + 1) : strdup(what);
+    return w->what == NULL;
+}
+
+/* Deferred where the prefix leaves room for the longest rest a maker writes
+ * (four 20-digit numbers and an op's name); made here otherwise. */
+static int name_later(c10d_work *w, const void *arg)
+{
+    const struct c10d__work_name *n = arg;
+    if (n->prefix_len + 160 > sizeof w->inline_what || n->args_len > sizeof w->name_args) {
+        char buf[1024];
+        size_t at = n->prefix_len < sizeof buf - 1 ? n->prefix_len : sizeof buf - 1;
+        memcpy(buf, n->prefix, at);
+        n->make(n->args, buf + at, sizeof buf - at);
+        return name_now(w, buf);
+    }
+    memcpy(w->inline_what, n->prefix, n->prefix_len);
+    w->inline_what[n->prefix_len] = '\0';
+    w->what = w->inline_what;
+    w->name_at = n->prefix_len;
+    w->name_make = n->make;
+    memcpy(w->name_args, n->args, n->args_len);
+    atomic_init(&w->name_state, NAME_DEFERRED);
+    return 0;
+}
+
+int c10d__work_create_unarmed(c10d_work **out, const char *what, int64_t timeout_ms)
+{
+    return work_new(out, timeout_ms, name_now, what);
+}
+
+int c10d__work_create_named(c10d_work **out, const struct c10d__work_name *name, int64_t timeout_ms)
+{
+    return work_new(out, timeout_ms, name_later, name);
 }
 
 /* ------------------------------------------------------------- parking */
@@ -753,7 +815,7 @@ static int work_wait(c10d_work *w, int64_t timeout_ms, int blocking)
                           "c10d_work_wait on the engine loop thread (inside a callback) would "
                           "deadlock: '%s' can only complete on this thread; use "
                           "c10d_work_on_complete instead",
-                          w->what);
+                          what_of(w));
     if (timeout_ms > MAX_WAIT_MS) /* beyond a century: no deadline (and no overflow) */
         timeout_ms = -1;
     uint64_t deadline = timeout_ms >= 0 ? c10d__now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
@@ -796,7 +858,7 @@ static int work_wait(c10d_work *w, int64_t timeout_ms, int blocking)
          * completed by itself in between: then that is the answer. */
         c10d__work_complete(w, C10D_ETIMEDOUT,
                             "'%s' timed out in blocking wait after %lld ms (C10D_BLOCKING_WAIT=1)",
-                            w->what, (long long)timeout_ms);
+                            what_of(w), (long long)timeout_ms);
         return work_wait(w, -1, 0);
     }
     if (!settled)
@@ -805,7 +867,7 @@ static int work_wait(c10d_work *w, int64_t timeout_ms, int blocking)
                                  "running after waiting %lld ms"
                                : "c10d_work_wait: '%s' still pending after waiting %lld ms (the "
                                  "work goes on)",
-                          w->what, (long long)timeout_ms);
+                          what_of(w), (long long)timeout_ms);
     return status;
 }
 
@@ -864,13 +926,13 @@ int c10d_work_cancel(c10d_work *w)
     if (fn != NULL)
         return fn(w, arg);
     if (user) {
-        c10d__work_complete(w, C10D_ECANCELED, "%s was cancelled (c10d_work_cancel)", w->what);
+        c10d__work_complete(w, C10D_ECANCELED, "%s was cancelled (c10d_work_cancel)", what_of(w));
         return 0;
     }
     /* A collective half run on some ranks cannot be taken back on one. */
     return c10d__fail(C10D_EUNSUPPORTED,
                       "c10d_work_cancel: '%s' cannot be cancelled (abort its group instead)",
-                      w->what);
+                      what_of(w));
 }
 
 int c10d_work_test(c10d_work *w)
@@ -921,7 +983,7 @@ int c10d_work_duration_ms(c10d_work *w, float *ms)
         return c10d__fail(C10D_EUNSUPPORTED,
                           "c10d_work_duration_ms: no device time for %s (only nccl ops that "
                           "completed with C10D_NCCL_ENABLE_TIMING=1 have one)",
-                          w->what != NULL ? w->what : "this work");
+                          what_of(w));
     *ms = w->duration_ms;
     return 0;
 }

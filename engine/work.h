@@ -21,6 +21,24 @@ int c10d__work_create(c10d_work **out, const char *what, int64_t timeout_ms);
  * c10d__work_arm does that (counting from creation), unless the work was
  * parked meanwhile (whoever takes it from the park arms it). */
 int c10d__work_create_unarmed(c10d_work **out, const char *what, int64_t timeout_ms);
+
+/* A work's name made only when first read (a deadline's message, an error,
+ * a log line): most ops' names never are, and making one was a tenth of a
+ * small op's instructions. The name is `prefix` followed by what `make`
+ * writes from a copy of `args` (at most C10D__WORK_NAME_ARGS bytes, holding
+ * nothing that may go before the work does) into `buf` of `len` bytes,
+ * terminated. */
+#define C10D__WORK_NAME_ARGS 48
+struct c10d__work_name {
+    const char *prefix;
+    size_t prefix_len;
+    void (*make)(const void *args, char *buf, size_t len);
+    const void *args;
+    size_t args_len;
+};
+/* As c10d__work_create_unarmed, named so. */
+int c10d__work_create_named(c10d_work **out, const struct c10d__work_name *name,
+                            int64_t timeout_ms);
 void c10d__work_arm(c10d_work *w);
 /* As c10d__work_on_complete, for a callback that may also run on the thread
  * that completes the work with success off the loop (so it takes no lock a
@@ -97,7 +115,7 @@ void c10d__work_set_payload(c10d_work *w, const void *kind, void *payload,
                             void (*free_fn)(void *payload));
 void *c10d__work_payload(c10d_work *w, const void *kind);
 /* The name it was created with (its deadline's message is built from it). */
-const char *c10d__work_what(const c10d_work *w);
+const char *c10d__work_what(c10d_work *w);
 
 /* Loop thread: completes every pending work with `status` and `message`
  * (engine shutdown). Callbacks run; inline when posting is already closed. */

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -693,6 +694,65 @@ static void test_names_of_every_length(void **state)
     c10d_work_release(w);
 }
 
+/* Deferred names: made at the first read, once, whoever reads first; a
+ * prefix too long for the work's own buffer is named at creation. */
+static atomic_int names_made;
+
+static void make_rest(const void *args, char *buf, size_t len)
+{
+    atomic_fetch_add(&names_made, 1);
+    snprintf(buf, len, "%d, OpType=ALLREDUCE)", *(const int *)args);
+}
+
+static void *read_name(void *arg)
+{
+    return (void *)c10d__work_what(arg);
+}
+
+static c10d_work *named(const char *prefix, int seq, int64_t timeout_ms)
+{
+    struct c10d__work_name n = {prefix, strlen(prefix), make_rest, &seq, sizeof seq};
+    c10d_work *w;
+    assert_int_equal(c10d__work_create_named(&w, &n, timeout_ms), 0);
+    return w;
+}
+
+static void test_deferred_names(void **state)
+{
+    (void)state;
+    atomic_store(&names_made, 0);
+    c10d_work *w = named("[PG 0 (p) Rank 1] Work(SeqNum=", 42, 0);
+    assert_int_equal(atomic_load(&names_made), 0);
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, read_name, w), 0);
+    for (int i = 0; i < 4; i++) {
+        void *got;
+        pthread_join(t[i], &got);
+        assert_string_equal(got, "[PG 0 (p) Rank 1] Work(SeqNum=42, OpType=ALLREDUCE)");
+    }
+    assert_int_equal(atomic_load(&names_made), 1);
+    c10d_work_complete(w, C10D_OK, NULL);
+    c10d_work_release(w);
+
+    char prefix[201];
+    memset(prefix, 'p', 200);
+    prefix[200] = '\0';
+    w = named(prefix, 7, 0);
+    assert_int_equal(atomic_load(&names_made), 2);
+    assert_int_equal(strncmp(c10d__work_what(w), prefix, 200), 0);
+    assert_string_equal(c10d__work_what(w) + 200, "7, OpType=ALLREDUCE)");
+    c10d_work_complete(w, C10D_OK, NULL);
+    c10d_work_release(w);
+
+    /* The deadline's message names the op in torch's watchdog words. */
+    w = named("[PG 0 (p) Rank 1] Work(SeqNum=", 9, 50);
+    c10d__work_arm(w);
+    assert_int_equal(c10d_work_wait(w, 10000), C10D_ETIMEDOUT);
+    assert_non_null(strstr(c10d_work_message(w), "Work(SeqNum=9, OpType=ALLREDUCE) ran for "));
+    c10d_work_release(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -700,6 +760,7 @@ int main(void)
         cmocka_unit_test(test_sleeping_waiters_all_woken),
         cmocka_unit_test(test_order_before_and_after_completion),
         cmocka_unit_test(test_names_of_every_length),
+        cmocka_unit_test(test_deferred_names),
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_completion_beats_deadline),
         cmocka_unit_test(test_wait_timeout_leaves_work_pending),
