@@ -66,6 +66,11 @@
     X(SHM_LANE_SPIN_US, "C10D_SHM_LANE_SPIN_US", NULL, "1000",                                     \
       "shared-memory path: how long a waiting thread runs its op in the caller's lane before it "  \
       "hands the op to the loop and sleeps")                                                       \
+    X(SHM_CROWDED_SPIN_US, "C10D_SHM_CROWDED_SPIN_US", NULL, "2000",                               \
+      "shared-memory path, where a host's ranks outnumber its CPUs: the loop keeps polling "      \
+      "(yielding the CPU) this long after a collective's last step, instead of "                   \
+      "C10D_LOOP_SPIN_US, so that the op's next step and the next op find it awake (0: "           \
+      "C10D_LOOP_SPIN_US)")                                                                        \
     X(SHM_P2P, "C10D_SHM_P2P", NULL, "1",                                                          \
       "shared-memory path: 1 sends this rank's P2P frames to ranks of its segment through a "      \
       "ring in the segment; 0: through the socket")                                                \

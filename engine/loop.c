@@ -231,6 +231,16 @@ void c10d__engine_busy(void)
         e->spin_until = uv_hrtime() + e->spin_ns;
 }
 
+void c10d__engine_busy_for(uint64_t ns)
+{
+    struct engine *e = loop_engine;
+    if (e == NULL || e->spin_ns == 0)
+        return;
+    uint64_t until = uv_hrtime() + (ns > e->spin_ns ? ns : e->spin_ns);
+    if (until > e->spin_until)
+        e->spin_until = until;
+}
+
 int c10d__engine_will_sleep(void)
 {
     struct engine *e = loop_engine;

@@ -80,6 +80,9 @@ void c10d__engine_add_sweep(struct c10d__shutdown_sweep *sweep);
  * The loop polls without sleeping for C10D_LOOP_SPIN_US after the last such call,
  * so the next message of an exchange is seen at once instead of after a wake-up. */
 void c10d__engine_busy(void);
+/* Loop thread: as c10d__engine_busy, polling at least `ns` from now (a
+ * longer window a backend asks for; nothing where C10D_LOOP_SPIN_US=0). */
+void c10d__engine_busy_for(uint64_t ns);
 
 /* Loop thread only: this turn of the loop ends blocked in epoll (it is not
  * busy-polling), so a poller with nothing new should arrange to be woken. */

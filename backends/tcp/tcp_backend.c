@@ -95,6 +95,7 @@ struct tcp_state {
     int rank, size;
     char *group_name;
     int64_t timeout_ms;
+    uint64_t crowded_spin_ns; /* C10D_SHM_CROWDED_SPIN_US */
     /* One transport per listed interface (rails.h); t is rail 0, which
      * carries the hello notes and the shared-memory wake-ups. */
     struct c10d__tcp_rails *rails;
@@ -593,7 +594,13 @@ static int shm_ready(struct c10d__poll_item *item)
         o->shm_status = c10d__shm_coll_progress(&o->shm, &moved);
     }
     if (moved) {
-        c10d__engine_busy(); /* a peer is here: keep polling on every turn */
+        /* A peer is here: keep polling on every turn. Longer where ranks
+         * outnumber CPUs: a loop that slept is woken through the scheduler,
+         * behind the ranks holding the CPUs, at every later step and op. */
+        if (seg->crowded && s->crowded_spin_ns != 0)
+            c10d__engine_busy_for(s->crowded_spin_ns);
+        else
+            c10d__engine_busy();
         c10d__shm_awake(seg);
         c10d__shm_wake_sleepers(seg, seg == s->shm ? ring_peer : ring_local_peer, s);
     }
@@ -1181,6 +1188,8 @@ int c10d__tcp_open(const struct c10d__backend_config *cfg, void **state, const c
     s->tune.ring_min = v > 0 ? (size_t)v : 0;
     v = c10d__env_int(C10D_ENV_TCP_SEGMENT);
     s->tune.segment = v > 0 ? (size_t)v : 1u << 20;
+    v = c10d__env_int(C10D_ENV_SHM_CROWDED_SPIN_US);
+    s->crowded_spin_ns = v > 0 ? (uint64_t)v * 1000u : 0;
     struct c10d__tcp_transport_config tc = {
         .rank = cfg->rank,
         .size = cfg->size,
