@@ -34,7 +34,9 @@ static void put_u64(char *buf, size_t len, size_t *at, unsigned long long v)
  * op's name was made. */
 void c10d__pg_make_op_name(const void *args, char *buf, size_t len)
 {
-    const struct c10d__pg_op_name *n = args;
+    struct c10d__pg_op_name copy; /* args may sit at any alignment */
+    memcpy(&copy, args, sizeof copy);
+    const struct c10d__pg_op_name *n = &copy;
     size_t at = 0;
     buf[0] = '\0';
     put_u64(buf, len, &at, (unsigned long long)n->seq);

@@ -227,8 +227,12 @@ static void close_late_handles(struct engine *e)
 void c10d__engine_busy(void)
 {
     struct engine *e = loop_engine;
-    if (e != NULL && e->spin_ns != 0)
-        e->spin_until = uv_hrtime() + e->spin_ns;
+    if (e == NULL || e->spin_ns == 0)
+        return;
+    /* Never shortens a longer window asked for (c10d__engine_busy_for). */
+    uint64_t until = uv_hrtime() + e->spin_ns;
+    if (until > e->spin_until)
+        e->spin_until = until;
 }
 
 void c10d__engine_busy_for(uint64_t ns)

@@ -402,6 +402,9 @@ static int work_vcomplete(c10d_work *w, int here_ok, int status, const char *fmt
     w->done = 1;
     w->status = status;
     w->message = message;
+    /* This call's own, to its last look at w: once orphaned, the engine's
+     * last sweep may run the callbacks and free w meanwhile. */
+    c10d_work_retain(w);
     /* Before any waiter can return: a waiter that returns and dumps at once sees its op
      * completed. */
     uint64_t rid = atomic_load(&w->fr_id);
@@ -446,6 +449,7 @@ static int work_vcomplete(c10d_work *w, int here_ok, int status, const char *fmt
                    message != NULL ? message : "");
     if (!orphaned && pending_remove(w))
         c10d_work_release(w);
+    c10d__work_drop(w);
     return 1;
 }
 
@@ -636,7 +640,7 @@ static int name_later(c10d_work *w, const void *arg)
 {
     const struct c10d__work_name *n = arg;
     if (n->prefix_len + 160 > sizeof w->inline_what || n->args_len > sizeof w->name_args) {
-        char buf[1024];
+        char buf[INLINE_WHAT]; /* the longest name an op ever had */
         size_t at = n->prefix_len < sizeof buf - 1 ? n->prefix_len : sizeof buf - 1;
         memcpy(buf, n->prefix, at);
         n->make(n->args, buf + at, sizeof buf - at);

@@ -26,8 +26,9 @@ int c10d__work_create_unarmed(c10d_work **out, const char *what, int64_t timeout
  * a log line): most ops' names never are, and making one was a tenth of a
  * small op's instructions. The name is `prefix` followed by what `make`
  * writes from a copy of `args` (at most C10D__WORK_NAME_ARGS bytes, holding
- * nothing that may go before the work does) into `buf` of `len` bytes,
- * terminated. */
+ * nothing that may go before the work does; `make` reads them with memcpy,
+ * as they may sit at any alignment) into `buf` of `len` bytes, terminated.
+ * Names are cut at 255 bytes, as they always were. */
 #define C10D__WORK_NAME_ARGS 48
 struct c10d__work_name {
     const char *prefix;

@@ -701,7 +701,9 @@ static atomic_int names_made;
 static void make_rest(const void *args, char *buf, size_t len)
 {
     atomic_fetch_add(&names_made, 1);
-    snprintf(buf, len, "%d, OpType=ALLREDUCE)", *(const int *)args);
+    int seq;
+    memcpy(&seq, args, sizeof seq);
+    snprintf(buf, len, "%d, OpType=ALLREDUCE)", seq);
 }
 
 static void *read_name(void *arg)
