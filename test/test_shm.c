@@ -21,6 +21,7 @@
 
 #include <dirent.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -589,6 +590,7 @@ struct job {
     int opt_out_rank; /* this rank sets C10D_SHM=0; -1: none */
     int die;          /* every rank kills itself inside an all_reduce */
     int sleepy;       /* C10D_LOOP_SPIN_US=0: every wait sleeps; checks the doorbells */
+    int crowded;      /* every rank on the same two CPUs: the loop polls longer */
 };
 
 static double cpu_ms(void)
@@ -606,6 +608,15 @@ static int job_main(int rank, int n, void *arg)
         setenv("C10D_SHM_SLOT_BYTES", j->slot, 1);
     if (j->sleepy)
         setenv("C10D_LOOP_SPIN_US", "0", 1);
+    if (j->crowded) { /* before the loop thread starts, which inherits it */
+        cpu_set_t all, two;
+        CPU_ZERO(&two);
+        MP_CHECK(sched_getaffinity(0, sizeof all, &all) == 0, "getaffinity");
+        for (int c = 0, k = 0; c < CPU_SETSIZE && k < 2; c++)
+            if (CPU_ISSET(c, &all) && ++k)
+                CPU_SET(c, &two);
+        MP_CHECK(sched_setaffinity(0, sizeof two, &two) == 0, "setaffinity");
+    }
     /* libuv opens a pipe for its signal lock once per process: the
      * descriptors are counted with an engine running, before and after
      * (one started with this rank's settings, read again here). */
@@ -661,6 +672,14 @@ static int job_main(int rank, int n, void *arg)
         usleep(2000);
         raise(SIGKILL);
     }
+    if (j->crowded) {
+        /* The loop polled 2 ms past each step (C10D_SHM_CROWDED_SPIN_US);
+         * an idle rank's loop still goes to sleep after that. */
+        double t0 = cpu_ms();
+        usleep(300 * 1000);
+        double idle = cpu_ms() - t0;
+        MP_CHECK(idle < 30, "an idle rank on crowded CPUs used %.1f ms of CPU in 300 ms", idle);
+    }
     if (j->sleepy) {
         /* Sleepers were woken, all through their doorbells; then an idle
          * rank's loop sleeps (no CPU), and nothing is left open after. */
@@ -712,42 +731,49 @@ static void run_job(const struct job *j, int nranks)
 static void test_small_slots_3_ranks(void **st)
 {
     (void)st;
-    struct job j = {"4096", -1, 0, 0}; /* every chunk small */
+    struct job j = {"4096", -1, 0, 0, 0}; /* every chunk small */
     run_job(&j, 3);
 }
 
 static void test_large_chunks_4_ranks(void **st)
 {
     (void)st;
-    struct job j = {"65536", -1, 0, 0}; /* chunks of 8192 int64: reduce-scatter scheme */
+    struct job j = {"65536", -1, 0, 0, 0}; /* chunks of 8192 int64: reduce-scatter scheme */
     run_job(&j, 4);
 }
 
 static void test_default_slots_4_ranks(void **st)
 {
     (void)st;
-    struct job j = {NULL, -1, 0, 0}; /* one chunk by slices (20000), or whole (16384) */
+    struct job j = {NULL, -1, 0, 0, 0}; /* one chunk by slices (20000), or whole (16384) */
     run_job(&j, 4);
 }
 
 static void test_one_rank_opts_out(void **st)
 {
     (void)st;
-    struct job j = {NULL, 1, 0, 0}; /* the group stays on tcp, and agrees on it */
+    struct job j = {NULL, 1, 0, 0, 0}; /* the group stays on tcp, and agrees on it */
     run_job(&j, 3);
 }
 
 static void test_sleeping_ranks_3(void **st)
 {
     (void)st;
-    struct job j = {"4096", -1, 0, 1};
+    struct job j = {"4096", -1, 0, 1, 0};
+    run_job(&j, 3);
+}
+
+static void test_crowded_ranks_idle(void **st)
+{
+    (void)st;
+    struct job j = {NULL, -1, 0, 0, 1};
     run_job(&j, 3);
 }
 
 static void test_every_rank_killed(void **st)
 {
     (void)st;
-    struct job j = {NULL, -1, 1, 0};
+    struct job j = {NULL, -1, 1, 0, 0};
     run_job(&j, 3);
 }
 
@@ -767,6 +793,7 @@ int main(void)
         cmocka_unit_test(test_default_slots_4_ranks),
         cmocka_unit_test(test_one_rank_opts_out),
         cmocka_unit_test(test_sleeping_ranks_3),
+        cmocka_unit_test(test_crowded_ranks_idle),
         cmocka_unit_test(test_every_rank_killed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
