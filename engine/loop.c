@@ -59,9 +59,10 @@ struct engine {
 
 static struct engine *engine;
 /* engine != NULL && !engine->stopping, written under engine_mutex: what a
- * work's creation asks on every op, answered without the mutex. A reader
- * that checks after joining the pending list still sees a stop whose sweep
- * missed it (that sweep's lock came after the store, before its join). */
+ * work's creation asks on every op, answered without the mutex. A work that
+ * checks after joining the pending list still sees a stop whose sweep missed
+ * it: the stop stored 0 before its sweep took the list's lock, and that lock
+ * was let go before the work's join took it. */
 static atomic_int engine_live;
 /* Every registered sweep (engine_mutex); they outlive engines. */
 static struct c10d__shutdown_sweep *sweeps;

@@ -134,6 +134,10 @@ struct c10d_work {
     int in_pending;
 };
 
+/* Made and freed per op: it must stay within glibc's per-thread cache of
+ * freed chunks (1032 bytes), or malloc takes its slow path again. */
+_Static_assert(sizeof(struct c10d_work) <= 1024, "a work outgrew malloc's thread cache");
+
 static uv_mutex_t pending_mutex;
 static struct c10d_work *pending_head, *pending_tail;
 static size_t pending_count;
