@@ -853,11 +853,19 @@ static int work_wait(c10d_work *w, int64_t timeout_ms, int blocking)
             futex_wait(&w->settled, 0, timeout_ms >= 0 ? deadline - now : 0);
         atomic_fetch_sub(&w->sleepers, 1);
     }
-    uv_mutex_lock(&w->mutex);
-    int done = w->done, status = w->status;
+    /* Settled: done, status and message were written once, under the mutex,
+     * before the store of `settled` this thread saw; no lock needed. */
+    int done = 1, status;
+    if (settled) {
+        status = w->status;
+    } else {
+        uv_mutex_lock(&w->mutex);
+        done = w->done;
+        status = w->status;
+        uv_mutex_unlock(&w->mutex);
+    }
     if (settled && status < 0)
         c10d__fail(status, "%s", w->message != NULL ? w->message : c10d_strerror(status));
-    uv_mutex_unlock(&w->mutex);
     if (!settled && !done && blocking) {
         /* The waiter's deadline is the op's: the work fails now, and the wait
          * returns once its callbacks ran, as for any completion, so that
