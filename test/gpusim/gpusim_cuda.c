@@ -329,6 +329,15 @@ static void *stream_main(void *p)
         pthread_cond_broadcast(&s->cv);
     }
     pthread_mutex_unlock(&s->mu);
+    /* Destroyed and drained: off the device's list (cudaStreamDestroy left
+     * it there for the device's synchronisations while work was queued). */
+    pthread_mutex_lock(&g_mu);
+    for (struct sim_stream **pp = &g_streams; *pp != NULL; pp = &(*pp)->next_all)
+        if (*pp == s) {
+            *pp = s->next_all;
+            break;
+        }
+    pthread_mutex_unlock(&g_mu);
     stream_unref(s);
     return NULL;
 }
@@ -434,17 +443,20 @@ SIM_API cudaError_t cudaStreamDestroy(cudaStream_t stream)
     struct sim_stream *s = is_default(stream) ? NULL : stream_get(stream);
     if (s == NULL)
         return ret(cudaErrorInvalidResourceHandle);
+    /* A stream with a thread stays on the device's list until that thread
+     * ran what was queued: the device's synchronisations (cudaFree's among
+     * them) wait for a destroyed stream's work too, as CUDA's do. */
     pthread_mutex_lock(&g_mu);
-    for (struct sim_stream **pp = &g_streams; *pp != NULL; pp = &(*pp)->next_all)
+    pthread_mutex_lock(&s->mu);
+    for (struct sim_stream **pp = &g_streams; !s->started && *pp != NULL; pp = &(*pp)->next_all)
         if (*pp == s) {
             *pp = s->next_all;
             break;
         }
-    pthread_mutex_unlock(&g_mu);
-    pthread_mutex_lock(&s->mu);
     s->destroying = 1;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&g_mu);
     stream_unref(s);
     return cudaSuccess;
 }
@@ -460,10 +472,9 @@ SIM_API cudaError_t cudaStreamSynchronize(cudaStream_t stream)
     return cudaSuccess;
 }
 
-SIM_API cudaError_t cudaDeviceSynchronize(void)
+/* Waits for every stream's queued work, destroyed streams' included. */
+static cudaError_t drain_device(void)
 {
-    sim_mark_context();
-    STICKY_RETURN();
     pthread_once(&g_once, once_init);
     pthread_mutex_lock(&g_mu);
     size_t n = 0;
@@ -472,7 +483,7 @@ SIM_API cudaError_t cudaDeviceSynchronize(void)
     struct sim_stream **all = malloc((n ? n : 1) * sizeof *all);
     if (all == NULL) {
         pthread_mutex_unlock(&g_mu);
-        return ret(cudaErrorMemoryAllocation);
+        return cudaErrorMemoryAllocation;
     }
     n = 0;
     for (struct sim_stream *s = g_streams; s != NULL; s = s->next_all) {
@@ -486,6 +497,13 @@ SIM_API cudaError_t cudaDeviceSynchronize(void)
     }
     free(all);
     return cudaSuccess;
+}
+
+SIM_API cudaError_t cudaDeviceSynchronize(void)
+{
+    sim_mark_context();
+    STICKY_RETURN();
+    return ret(drain_device());
 }
 
 SIM_API cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
@@ -742,7 +760,7 @@ SIM_API cudaError_t cudaFree(void *devPtr)
     sim_mark_context();
     if (devPtr == NULL)
         return cudaSuccess;
-    cudaDeviceSynchronize();
+    drain_device(); /* a fault does not free memory a kernel still uses */
     struct sim_alloc *gone = NULL;
     pthread_mutex_lock(&alloc_mu);
     for (struct sim_alloc **pp = &allocs; *pp != NULL; pp = &(*pp)->next)

@@ -582,31 +582,29 @@ static int stream_main(int rank, int n, void *arg)
     void *ph;
     CK(cudaHostAlloc(&ph, 100, 0));
     CK(cudaFreeHost(ph));
-    /* Destroy returns at once and the queued work still runs. */
+    /* Destroy returns at once and the queued work still runs; the device's
+     * synchronisations wait for it, cudaFree's too, as CUDA's do (a buffer
+     * an aborted communicator's last kernel still wrote was freed under it). */
     pthread_mutex_lock(&step_mu);
     step = 0;
     seen = -1;
     pthread_mutex_unlock(&step_mu);
     CK(cudaLaunchHostFunc(a, slow_set, NULL));
     CK(cudaLaunchHostFunc(a, observe, &seen));
+    t0 = now_s();
     CK(cudaStreamDestroy(a));
+    MP_CHECK(now_s() - t0 < 0.3, "cudaStreamDestroy waited");
+    CK(cudaFree(d));
+    pthread_mutex_lock(&step_mu);
+    v = seen;
+    pthread_mutex_unlock(&step_mu);
+    MP_CHECK(v == 1, "cudaFree returned before a destroyed stream's work ran (%d)", v);
     CK(cudaDeviceSynchronize());
     CK(cudaStreamSynchronize(NULL));
     MP_CHECK(cudaStreamDestroy(NULL) == cudaErrorInvalidResourceHandle, "destroy default");
     CK(cudaEventDestroy(e));
     CK(cudaEventDestroy(never));
     CK(cudaStreamDestroy(b));
-    CK(cudaFree(d));
-    v = -1;
-    for (int k = 0; k < 300; k++) { /* a's thread runs observe before it exits */
-        usleep(10000);
-        pthread_mutex_lock(&step_mu);
-        v = seen;
-        pthread_mutex_unlock(&step_mu);
-        if (v == 1)
-            break;
-    }
-    MP_CHECK(v == 1, "destroyed stream's work %d", v);
     return 0;
 }
 
