@@ -308,6 +308,16 @@ static struct sim_stream *stream_new_locked(unsigned flags, int priority)
     return s;
 }
 
+/* Under g_mu: off the device's list. */
+static void unlink_locked(struct sim_stream *s)
+{
+    for (struct sim_stream **pp = &g_streams; *pp != NULL; pp = &(*pp)->next_all)
+        if (*pp == s) {
+            *pp = s->next_all;
+            break;
+        }
+}
+
 static void *stream_main(void *p)
 {
     struct sim_stream *s = p;
@@ -332,11 +342,7 @@ static void *stream_main(void *p)
     /* Destroyed and drained: off the device's list (cudaStreamDestroy left
      * it there for the device's synchronisations while work was queued). */
     pthread_mutex_lock(&g_mu);
-    for (struct sim_stream **pp = &g_streams; *pp != NULL; pp = &(*pp)->next_all)
-        if (*pp == s) {
-            *pp = s->next_all;
-            break;
-        }
+    unlink_locked(s);
     pthread_mutex_unlock(&g_mu);
     stream_unref(s);
     return NULL;
@@ -448,11 +454,8 @@ SIM_API cudaError_t cudaStreamDestroy(cudaStream_t stream)
      * them) wait for a destroyed stream's work too, as CUDA's do. */
     pthread_mutex_lock(&g_mu);
     pthread_mutex_lock(&s->mu);
-    for (struct sim_stream **pp = &g_streams; !s->started && *pp != NULL; pp = &(*pp)->next_all)
-        if (*pp == s) {
-            *pp = s->next_all;
-            break;
-        }
+    if (!s->started)
+        unlink_locked(s);
     s->destroying = 1;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
