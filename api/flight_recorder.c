@@ -107,6 +107,7 @@ void c10d__pg_fr_record(c10d_pg *pg, struct c10d__pg_op *head, const char *label
         .root = label == NULL ? op->root : -1,
         .peer = label == NULL ? op->peer : -1,
         .timeout_ms = timeout_ms,
+        .started = 1, /* hand_over gives it to its backend next */
     };
     /* The list forms hold one buffer per rank, as torch's tensor lists do. */
     if (label == NULL && op->kind != C10D_OP_ALL_TO_ALL) {

@@ -47,10 +47,7 @@ static void mb_finish(struct mb *mb, int status, const char *msg)
         c10d__pg_poison(pg, status, msg);
     c10d__work_complete(mb->work, status, "%s", msg != NULL ? msg : "");
     c10d_work_release(mb->work);
-    uv_mutex_lock(&pg->mutex);
-    if (--pg->pending == 0)
-        uv_cond_broadcast(&pg->idle_cond);
-    uv_mutex_unlock(&pg->mutex);
+    c10d__pg_op_ended(pg);
     for (int r = 0; r < pg->size; r++)
         free(mb->slots[r].message);
     free(mb->slots);

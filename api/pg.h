@@ -43,7 +43,7 @@ enum c10d__pg_state {
 struct c10d_pg {
     uv_mutex_t mutex;
     uv_cond_t idle_cond; /* pending reached 0 */
-    int refs;            /* user handle + live ops; guarded by mutex */
+    atomic_int refs;     /* user handle + live ops */
     /* Set at creation. */
     int rank, size; /* -1, -1 for a non-member */
     int global_rank;
@@ -66,7 +66,10 @@ struct c10d_pg {
     enum c10d__pg_state state;
     uint64_t coll_seq, p2p_seq;
     uint64_t detail_round; /* C10D_DEBUG=DETAIL checks made, rejected calls included */
-    size_t pending;        /* ops whose work has not completed */
+    /* Ops whose work has not completed: raised under the mutex, dropped
+     * without it by c10d__pg_op_ended, which broadcasts idle_cond under it. */
+    atomic_size_t pending;
+    atomic_int idle_waiters; /* threads about to sleep on idle_cond */
     /* The last collective's work (a reference): it may be parked for a
      * waiter (docs/engine.md, "The caller's lane"); closing the group hands
      * it to the loop before waiting for the ops to drain. */
@@ -240,6 +243,8 @@ int c10d__pg_submit(c10d_pg *pg, const char *opname, struct c10d__pg_op *po,
 /* Loop thread: runs an internal op whose work the caller created; the work
  * completes through the backend as usual. */
 void c10d__pg_submit_internal(c10d_pg *pg, struct c10d__pg_op *po);
+/* One of the group's ops completed (its `pending` count drops). */
+void c10d__pg_op_ended(c10d_pg *pg);
 /* Records the group's first error and aborts its backends (loop thread). */
 void c10d__pg_poison(c10d_pg *pg, int status, const char *message);
 /* The device index for opts (0 = cpu, 1 = cuda), or an error naming the group. */

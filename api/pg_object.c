@@ -40,7 +40,7 @@ static void registry_fork_child(void)
         g->inherited = 1;
         g->ended_by = ENDED_BY_FORK;
         g->state = C10D_PG_CLOSED;
-        g->pending = 0;
+        atomic_store(&g->pending, 0);
     }
 }
 
@@ -111,9 +111,7 @@ void c10d__pg_op_free(struct c10d__pg_op *po)
 
 void c10d__pg_ref(c10d_pg *pg)
 {
-    uv_mutex_lock(&pg->mutex);
-    pg->refs++;
-    uv_mutex_unlock(&pg->mutex);
+    atomic_fetch_add(&pg->refs, 1);
 }
 
 static void pg_free(c10d_pg *pg)
@@ -142,10 +140,7 @@ static void pg_free(c10d_pg *pg)
 
 void c10d__pg_unref(c10d_pg *pg)
 {
-    uv_mutex_lock(&pg->mutex);
-    int last = --pg->refs == 0;
-    uv_mutex_unlock(&pg->mutex);
-    if (last)
+    if (atomic_fetch_sub(&pg->refs, 1) == 1)
         pg_free(pg);
 }
 
@@ -157,7 +152,7 @@ int c10d__pg_alloc(const char *name, const char *desc, int rank, int size, int g
         return c10d__fail(C10D_ENOMEM, "process group: out of memory");
     uv_mutex_init(&pg->mutex);
     uv_cond_init(&pg->idle_cond);
-    pg->refs = 1;
+    atomic_init(&pg->refs, 1);
     pg->rank = rank;
     pg->size = size;
     pg->global_rank = global_rank;

@@ -46,10 +46,10 @@ static int hand_over(c10d_pg *pg, struct c10d__pg_op *po)
                  : c10d__fail(C10D_EABORTED, "%s %s: process group %s is closed", pg->backend_name,
                               c10d__op_kind_name(po->op.kind), pg->name);
     if (rc != 0) {
+        c10d__fr_refused(po->fr_id); /* recorded as started (c10d__pg_fr_record) */
         c10d__work_complete(po->op.work, rc, "%s", c10d_last_error());
         return rc;
     }
-    c10d__fr_started(po->fr_id);
     /* Only a completion hook reads these: no clock reads per op without one. */
     if (atomic_load_explicit(&pg->has_completion_hook, memory_order_relaxed)) {
         po->started_ns = c10d__now_ns();
@@ -144,18 +144,39 @@ static void op_done(c10d_work *w, int status, void *arg)
         c10d__pg_poison(pg, status, c10d_work_message(w));
         c10d__pg_fr_on_failure(pg, status, c10d_work_message(w));
     }
-    uv_mutex_lock(&pg->mutex);
-    if (--pg->pending == 0)
-        uv_cond_broadcast(&pg->idle_cond);
-    c10d_pg_completion_hook hook = po->internal ? NULL : pg->completion_hook;
-    void *hook_arg = pg->completion_arg;
-    uv_mutex_unlock(&pg->mutex);
+    /* On the loop, this can run while the submitter is still in
+     * c10d__pg_post_locked with the work (the loop took the op at once, or a
+     * shutdown's sweep failed it): wait until it let go of the group's mutex,
+     * before op_final frees the record. A waiting thread completes an op
+     * only after its submitter returned it. */
+    if (c10d__on_loop_thread()) {
+        uv_mutex_lock(&pg->mutex);
+        uv_mutex_unlock(&pg->mutex);
+    }
+    c10d__pg_op_ended(pg);
+    /* Set once, before has_completion_hook: no lock needed to read it. */
+    c10d_pg_completion_hook hook = NULL;
+    void *hook_arg = NULL;
+    if (!po->internal && atomic_load_explicit(&pg->has_completion_hook, memory_order_acquire)) {
+        hook = pg->completion_hook;
+        hook_arg = pg->completion_arg;
+    }
     if (hook != NULL && c10d__on_loop_thread())
         call_completion_hook(hook, hook_arg, w, status, po);
     else if (hook != NULL)
         defer_completion_hook(hook, hook_arg, w, status, po);
-    if (c10d__work_on_complete_anywhere(w, op_final, po) != 0)
-        op_final(w, status, po);
+}
+
+void c10d__pg_op_ended(c10d_pg *pg)
+{
+    /* A waiter counts itself in idle_waiters, then checks `pending` under the
+     * mutex before it sleeps on idle_cond: one of the two sees the other,
+     * and taking the mutex to broadcast cannot miss the sleeper. */
+    if (atomic_fetch_sub(&pg->pending, 1) == 1 && atomic_load(&pg->idle_waiters) > 0) {
+        uv_mutex_lock(&pg->mutex);
+        uv_cond_broadcast(&pg->idle_cond);
+        uv_mutex_unlock(&pg->mutex);
+    }
 }
 
 void c10d__pg_poison(c10d_pg *pg, int status, const char *message)
@@ -301,7 +322,7 @@ int c10d__pg_post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *opty
     c10d__pg_fr_record(pg, head, head->next_in_list != NULL ? optype : NULL, seq, in, out, timeout);
     if (head->fr_id != 0)
         c10d__work_set_fr_id(w, head->fr_id);
-    int rc = c10d__work_on_complete_anywhere(w, op_done, head);
+    int rc = c10d__work_on_complete_around(w, op_done, op_final, head, 1);
     if (rc != 0) {
         /* Nothing registered (out of memory): fail the work, free the op. */
         c10d__work_complete(w, rc, "%s", c10d_last_error());
@@ -410,12 +431,10 @@ void c10d__pg_submit_internal(c10d_pg *pg, struct c10d__pg_op *po)
     pg->pending++;
     pg->refs++;
     uv_mutex_unlock(&pg->mutex);
-    if (c10d__work_on_complete(po->op.work, op_done, po) != 0) {
+    if (c10d__work_on_complete_around(po->op.work, op_done, op_final, po, 0) != 0) {
         /* Cannot call back: complete it so its owner sees the failure. */
         c10d__work_complete(po->op.work, C10D_ENOMEM, "out of memory");
-        uv_mutex_lock(&pg->mutex);
-        pg->pending--;
-        uv_mutex_unlock(&pg->mutex);
+        c10d__pg_op_ended(pg);
         c10d_work_release(po->op.work);
         c10d__pg_op_free(po);
         c10d__pg_unref(pg);

@@ -161,13 +161,15 @@ static void pg_close(c10d_pg *pg, int graceful, const char *reason)
     int drained = 1;
     if (graceful) {
         uint64_t deadline = c10d__now_ns() + (uint64_t)pg->timeout_ms * 1000000u;
-        while (pg->pending > 0) {
+        atomic_fetch_add(&pg->idle_waiters, 1);
+        while (atomic_load(&pg->pending) > 0) {
             uint64_t now = c10d__now_ns();
             if (now >= deadline)
                 break;
             uv_cond_timedwait(&pg->idle_cond, &pg->mutex, deadline - now);
         }
-        drained = pg->pending == 0;
+        atomic_fetch_sub(&pg->idle_waiters, 1);
+        drained = atomic_load(&pg->pending) == 0;
     }
     pg->state = C10D_PG_CLOSED;
     struct c10d__pg_op *coalesced = pg->coal_head;
@@ -177,7 +179,7 @@ static void pg_close(c10d_pg *pg, int graceful, const char *reason)
     if (!drained)
         snprintf(why, sizeof why,
                  "process group %s destroyed with %zu ops still pending after %lld ms", pg->name,
-                 pg->pending, (long long)pg->timeout_ms);
+                 atomic_load(&pg->pending), (long long)pg->timeout_ms);
     else
         snprintf(why, sizeof why, "process group %s aborted: %s", pg->name,
                  reason != NULL ? reason : "c10d_pg_abort");

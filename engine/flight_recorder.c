@@ -178,7 +178,8 @@ uint64_t c10d__fr_record(const struct c10d__fr_op *op)
     e.p2p_seq = op->p2p_seq;
     e.op_id = op->op_id;
     e.t_created = wall_ns();
-    e.t_started = e.t_completed = 0;
+    e.t_started = op->started ? e.t_created : 0;
+    e.t_completed = 0;
     e.timeout_ms = op->timeout_ms;
     e.in_numel = op->in_numel;
     e.out_numel = op->out_numel;
@@ -188,7 +189,7 @@ uint64_t c10d__fr_record(const struct c10d__fr_op *op)
     e.root = op->root;
     e.peer = op->peer;
     e.status = 0;
-    e.state = FR_SCHEDULED;
+    e.state = op->started ? FR_STARTED : FR_SCHEDULED;
     e.is_p2p = op->is_p2p != 0;
     e.retired = 0;
     uv_mutex_lock(&fr_mutex);
@@ -220,6 +221,19 @@ void c10d__fr_started(uint64_t rid)
     if (e != NULL && e->state == FR_SCHEDULED && !e->retired) {
         e->state = FR_STARTED;
         e->t_started = e->t_created; /* the header says why no clock is read */
+    }
+    uv_mutex_unlock(&fr_mutex);
+}
+
+void c10d__fr_refused(uint64_t rid)
+{
+    if (rid == 0)
+        return;
+    uv_mutex_lock(&fr_mutex);
+    struct fr_entry *e = entry_locked(rid);
+    if (e != NULL && e->state == FR_STARTED && !e->retired) {
+        e->state = FR_SCHEDULED;
+        e->t_started = 0;
     }
     uv_mutex_unlock(&fr_mutex);
 }

@@ -25,6 +25,9 @@ struct c10d__fr_op {
     int root;  /* -1: none */
     int peer;  /* P2P peer (group rank); -1: none */
     int64_t timeout_ms;
+    /* Recorded as started at once: its backend takes it in the same call
+     * (c10d__fr_refused undoes that if it refuses). */
+    int started;
 };
 
 /* 1 when recording is on. The first call reads the environment. */
@@ -43,6 +46,8 @@ uint64_t c10d__fr_record(const struct c10d__fr_op *op);
  * most later; a wall-clock read was 15-20 ns of the recorder's 110 per op. */
 void c10d__fr_started(uint64_t rid);
 void c10d__fr_completed(uint64_t rid, int status);
+/* An op recorded as started that its backend refused: back to scheduled. */
+void c10d__fr_refused(uint64_t rid);
 
 /* A group's member ranks (global ranks) for the dump's pg_config; once per
  * group name is enough (later calls with the same name are ignored).

@@ -83,6 +83,9 @@ struct c10d_work {
     struct work_callback *callbacks; /* inline_callbacks until more are added */
     size_t ncallbacks, callbacks_cap, next_callback;
     struct work_callback inline_callbacks[INLINE_CALLBACKS];
+    /* Runs once every callback registered before completion ran
+     * (c10d__work_on_complete_around); cb NULL: none, or taken. */
+    struct work_callback last;
     int drain_posted;
     /* A backend's way to make a stream wait for this work (NULL: host wait). */
     int (*stream_wait)(c10d_work *w, void *stream, void *arg);
@@ -118,12 +121,15 @@ struct c10d_work {
     /* A parked op (c10d__work_park): who runs it is decided once, by a
      * compare-and-swap on park_state. */
     atomic_int park_state;
+    atomic_int awaited; /* a callback that runs on the loop was registered */
     const struct c10d__work_park *park;
     void *park_arg;
     atomic_int armed; /* the deadline was handed to the loop */
     /* Completed by someone else while a waiter ran its op: the callbacks
-     * (which free the op) wait until that waiter let go of it. */
-    int drain_deferred;
+     * (which free the op) wait until that waiter let go of it. Set under
+     * mutex; taken (exchanged to 0) by whichever of the completer and the
+     * waiter sees the other's step last (run_parked). */
+    atomic_int drain_deferred;
     /* Loop thread only. */
     enum timer_state timer_state;
     uv_timer_t timer;
@@ -290,6 +296,41 @@ static int settle_locked(c10d_work *w)
     return atomic_load(&w->sleepers) > 0;
 }
 
+/* w->mutex held: whether a callback is still to run. */
+static int has_due_locked(const c10d_work *w)
+{
+    return w->next_callback < w->ncallbacks || w->last.cb != NULL;
+}
+
+/* Callbacks run in batches: one lock round per batch, not per callback. */
+#define DRAIN_BATCH 4
+
+/* w->mutex held, w done: takes the callbacks due next, in order, into out
+ * (at most DRAIN_BATCH; with here_only, up to the first one that may not run
+ * anywhere), the last one once the list is through. Returns how many. */
+static size_t take_due_locked(c10d_work *w, struct work_callback *out, int here_only)
+{
+    size_t n = 0;
+    while (n < DRAIN_BATCH && w->next_callback < w->ncallbacks) {
+        if (here_only && !w->callbacks[w->next_callback].anywhere)
+            return n;
+        out[n++] = w->callbacks[w->next_callback++];
+    }
+    if (n < DRAIN_BATCH && w->next_callback == w->ncallbacks && w->last.cb != NULL &&
+        (!here_only || w->last.anywhere)) {
+        out[n++] = w->last;
+        w->last.cb = NULL;
+    }
+    return n;
+}
+
+/* Without the mutex: status was written before done, which the taker saw. */
+static void run_batch(c10d_work *w, const struct work_callback *batch, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        batch[i].cb(w, w->status, batch[i].arg);
+}
+
 /* Loop thread: runs every callback not yet run, in order, then lets waiters
  * go. Holds the drain task's reference, so callbacks may release theirs. */
 static void work_drain(c10d_work *w)
@@ -299,11 +340,11 @@ static void work_drain(c10d_work *w)
     int close_timer = w->timer_state == TIMER_ARMED;
     if (close_timer)
         w->timer_state = TIMER_CLOSING;
-    while (w->next_callback < w->ncallbacks) {
-        struct work_callback c = w->callbacks[w->next_callback++];
-        int status = w->status;
+    struct work_callback batch[DRAIN_BATCH];
+    size_t n;
+    while ((n = take_due_locked(w, batch, 0)) > 0) {
         uv_mutex_unlock(&w->mutex);
-        c.cb(w, status, c.arg);
+        run_batch(w, batch, n);
         uv_mutex_lock(&w->mutex);
     }
     int wake = settle_locked(w);
@@ -351,36 +392,36 @@ static int schedule_drain_locked(c10d_work *w, int *run_inline)
  * go without a turn of the loop. */
 static int runs_here_locked(const c10d_work *w)
 {
-    if (c10d__on_loop_thread() || w->drain_posted || w->drain_deferred ||
-        w->timer_state != TIMER_NONE || w->next_callback == w->ncallbacks)
+    if (c10d__on_loop_thread() || w->drain_posted || atomic_load(&w->drain_deferred) ||
+        w->timer_state != TIMER_NONE || !has_due_locked(w))
         return 0;
     for (size_t i = w->next_callback; i < w->ncallbacks; i++)
         if (!w->callbacks[i].anywhere)
             return 0;
-    return 1;
+    return w->last.cb == NULL || w->last.anywhere;
 }
 
-/* The completing thread runs the callbacks that may run anywhere; the first
- * one that may not (added meanwhile) and the rest go to the loop. Holds the
- * drain's reference, as work_drain does. */
-static int drain_here(c10d_work *w)
+/* The completing thread runs the callbacks that may run anywhere, starting
+ * with the batch it took when it completed the work; the first one that may
+ * not (added meanwhile) and the rest go to the loop. Holds the drain's
+ * reference, as work_drain does. */
+static int drain_here(c10d_work *w, struct work_callback *batch, size_t n)
 {
-    uv_mutex_lock(&w->mutex);
-    while (w->next_callback < w->ncallbacks && w->callbacks[w->next_callback].anywhere) {
-        struct work_callback c = w->callbacks[w->next_callback++];
-        int status = w->status;
-        uv_mutex_unlock(&w->mutex);
-        c.cb(w, status, c.arg);
+    do {
+        run_batch(w, batch, n);
         uv_mutex_lock(&w->mutex);
-    }
-    if (w->next_callback < w->ncallbacks && c10d__engine_post(&w->drain_task) == 0) {
+        n = take_due_locked(w, batch, 1);
+        if (n > 0)
+            uv_mutex_unlock(&w->mutex);
+    } while (n > 0);
+    if (has_due_locked(w) && c10d__engine_post(&w->drain_task) == 0) {
         uv_mutex_unlock(&w->mutex); /* the drain task owns the reference now */
         return 0;
     }
     /* Everything ran, or posting closed: then the work stays pending, and the
      * engine's last sweep runs the rest (abort_one). */
     w->drain_posted = 0;
-    int orphaned = w->next_callback < w->ncallbacks;
+    int orphaned = has_due_locked(w);
     int wake = !orphaned && settle_locked(w);
     uv_mutex_unlock(&w->mutex);
     if (wake)
@@ -414,24 +455,31 @@ static int work_vcomplete(c10d_work *w, int here_ok, int status, const char *fmt
     uint64_t rid = atomic_load(&w->fr_id);
     if (rid != 0)
         c10d__fr_completed(rid, status);
-    int run_inline = 0, rc = 0, here = 0;
+    int run_inline = 0, rc = 0;
+    struct work_callback batch[DRAIN_BATCH];
+    size_t here = 0;
     if (!here_ok && atomic_load(&w->park_state) == PARK_CLAIMED) {
-        w->drain_deferred = 1; /* run_parked schedules it once the waiter let go */
+        /* run_parked schedules it once the waiter let go, unless the waiter
+         * let go between the two looks at park_state: then whoever takes the
+         * flag back schedules it (all four steps sequentially consistent). */
+        atomic_store(&w->drain_deferred, 1);
+        if (atomic_load(&w->park_state) != PARK_CLAIMED && atomic_exchange(&w->drain_deferred, 0))
+            rc = schedule_drain_locked(w, &run_inline);
     } else if (here_ok && status == 0 && runs_here_locked(w)) {
         /* The drain is ours: add_callback sees it as scheduled. */
         c10d_work_retain(w);
         w->drain_posted = 1;
-        here = 1;
+        here = take_due_locked(w, batch, 1);
     } else {
         rc = schedule_drain_locked(w, &run_inline);
     }
     /* Posting refused (the engine is stopping) with callbacks to run: the
      * work stays on the pending list, where the engine's last sweep, on the
      * loop thread, finds it done and runs them (abort_one). */
-    int orphaned = rc != 0 && w->next_callback < w->ncallbacks;
+    int orphaned = rc != 0 && has_due_locked(w);
     /* With no callback to run waiters need not wait for the drain. */
     int wake = 0;
-    if (w->next_callback == w->ncallbacks)
+    if (!here && !has_due_locked(w))
         wake = settle_locked(w);
     uv_mutex_unlock(&w->mutex);
     /* After the unlock: a waiter woken on this CPU would otherwise run only to
@@ -447,7 +495,7 @@ static int work_vcomplete(c10d_work *w, int here_ok, int status, const char *fmt
     if (run_inline)
         work_drain(w);
     if (here)
-        orphaned = drain_here(w);
+        orphaned = drain_here(w, batch, here);
     if (status < 0)
         C10D_DEBUG("work", "'%s' failed: %s: %s", what_of(w), c10d_status_name(status),
                    message != NULL ? message : "");
@@ -603,9 +651,12 @@ static int work_new(c10d_work **out, int64_t timeout_ms, int (*name_it)(c10d_wor
     if (w == NULL)
         return c10d__fail(C10D_ENOMEM, "c10d_work_create: out of memory");
     *w = (c10d_work){0};
+    /* A default mutex needs no call (uv_mutex_init's is 50 instructions);
+     * uv_mutex_t is a pthread mutex on every platform this builds on. */
+    w->mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     w->callbacks = w->inline_callbacks;
     w->callbacks_cap = INLINE_CALLBACKS;
-    if (name_it(w, name) != 0 || uv_mutex_init(&w->mutex) != 0) {
+    if (name_it(w, name) != 0) {
         if (w->what != w->inline_what)
             free(w->what);
         free(w);
@@ -674,17 +725,17 @@ int c10d__work_create_named(c10d_work **out, const struct c10d__work_name *name,
 
 int c10d__work_park(c10d_work *w, const struct c10d__work_park *park, void *arg)
 {
-    uv_mutex_lock(&w->mutex);
-    int awaited = 0;
-    for (size_t i = 0; i < w->ncallbacks; i++)
-        awaited |= !w->callbacks[i].anywhere;
-    if (!awaited) {
-        w->park = park;
-        w->park_arg = arg;
-        atomic_store(&w->park_state, PARK_PARKED);
-    }
-    uv_mutex_unlock(&w->mutex);
-    return awaited ? -1 : 0;
+    w->park = park;
+    w->park_arg = arg;
+    /* add_callback stores `awaited`, then unparks: one of the two sees the
+     * other (both sequentially consistent), so no lock is needed. */
+    atomic_store(&w->park_state, PARK_PARKED);
+    if (!atomic_load(&w->awaited))
+        return 0;
+    int expected = PARK_PARKED;
+    if (atomic_compare_exchange_strong(&w->park_state, &expected, PARK_NONE))
+        return -1;
+    return 0; /* unparked meanwhile: its taker has it */
 }
 
 /* Claimed or taken: the loop has it from now on, deadline included. */
@@ -726,10 +777,14 @@ static void run_parked(c10d_work *w, uint64_t deadline_ns)
         adopted(w);
     else
         atomic_store(&w->park_state, PARK_ADOPTED); /* done with it */
+    /* After the store of park_state above: a completion that saw the op
+     * still claimed left the flag for this thread (most ops: none did, and
+     * no lock is taken). */
+    if (!atomic_exchange(&w->drain_deferred, 0))
+        return;
     uv_mutex_lock(&w->mutex);
-    int deferred = w->drain_deferred, run_inline = 0;
-    w->drain_deferred = 0;
-    if (deferred && schedule_drain_locked(w, &run_inline) != 0) {
+    int run_inline = 0;
+    if (schedule_drain_locked(w, &run_inline) != 0) {
         /* Posting closed (the engine stops) and the work already left the
          * pending list: nobody else will run them, so this thread does, as
          * the engine's last sweep would have (no timer was armed: the loop
@@ -743,9 +798,14 @@ static void run_parked(c10d_work *w, uint64_t deadline_ns)
         work_drain(w);
 }
 
-static int add_callback(c10d_work *w, c10d_work_cb cb, void *arg, int anywhere)
+static int add_callback(c10d_work *w, c10d_work_cb cb, void *arg, int anywhere, c10d_work_cb last)
 {
     uv_mutex_lock(&w->mutex);
+    if (last != NULL && w->last.cb != NULL) {
+        uv_mutex_unlock(&w->mutex);
+        return c10d__fail(C10D_EINVAL, "c10d__work_on_complete_around: '%s' has a last callback",
+                          what_of(w));
+    }
     if (w->ncallbacks == w->callbacks_cap) {
         size_t cap = 2 * w->callbacks_cap;
         int was_inline = w->callbacks == w->inline_callbacks;
@@ -761,8 +821,12 @@ static int add_callback(c10d_work *w, c10d_work_cb cb, void *arg, int anywhere)
         w->callbacks_cap = cap;
     }
     w->callbacks[w->ncallbacks++] = (struct work_callback){cb, arg, anywhere};
+    if (!anywhere)
+        atomic_store(&w->awaited, 1); /* before the unpark below (c10d__work_park) */
+    if (last != NULL)
+        w->last = (struct work_callback){last, arg, 1};
     int rc = 0, run_inline = 0;
-    if (w->done && w->drain_deferred) {
+    if (w->done && atomic_load(&w->drain_deferred)) {
         atomic_store(&w->settled, 0); /* run_parked's drain runs it too */
     } else if (w->done) {
         rc = schedule_drain_locked(w, &run_inline);
@@ -785,17 +849,23 @@ int c10d_work_on_complete(c10d_work *w, c10d_work_cb cb, void *arg)
     if (w == NULL || cb == NULL)
         return c10d__fail(C10D_EINVAL, "c10d_work_on_complete: %s is NULL",
                           w == NULL ? "work" : "callback");
-    return add_callback(w, cb, arg, 0);
+    return add_callback(w, cb, arg, 0, NULL);
 }
 
 int c10d__work_on_complete(c10d_work *w, c10d_work_cb cb, void *arg)
 {
-    return add_callback(w, cb, arg, 0);
+    return add_callback(w, cb, arg, 0, NULL);
 }
 
 int c10d__work_on_complete_anywhere(c10d_work *w, c10d_work_cb cb, void *arg)
 {
-    return add_callback(w, cb, arg, 1);
+    return add_callback(w, cb, arg, 1, NULL);
+}
+
+int c10d__work_on_complete_around(c10d_work *w, c10d_work_cb first, c10d_work_cb last, void *arg,
+                                  int anywhere)
+{
+    return add_callback(w, first, arg, anywhere, last);
 }
 
 /* blocking: torch's blocking wait (the public call with a deadline under
@@ -1039,7 +1109,7 @@ static void abort_one(c10d_work *w, int status, const char *message)
     uv_mutex_lock(&w->mutex);
     /* Not while a waiter still runs its op: run_parked drains it after. */
     int orphan =
-        w->done && !w->drain_posted && !w->drain_deferred && w->next_callback < w->ncallbacks;
+        w->done && !w->drain_posted && !atomic_load(&w->drain_deferred) && has_due_locked(w);
     if (orphan) {
         c10d_work_retain(w); /* the drain's */
         w->drain_posted = 1;

@@ -47,6 +47,13 @@ void c10d__work_arm(c10d_work *w);
  * of a work is such, that thread runs them and lets the waiters go: no turn
  * of the loop. */
 int c10d__work_on_complete_anywhere(c10d_work *w, c10d_work_cb cb, void *arg);
+/* Registers `first` (with c10d__work_on_complete_anywhere where `anywhere`,
+ * else c10d__work_on_complete) and, in the same step, `last`, which may run
+ * anywhere and runs after every callback registered before the work
+ * completed: a producer's bookkeeping around its user's callbacks. One `last`
+ * per work (C10D_EINVAL otherwise). */
+int c10d__work_on_complete_around(c10d_work *w, c10d_work_cb first, c10d_work_cb last, void *arg,
+                                  int anywhere);
 
 /* Completes the work with success on this thread, which is waiting for it
  * and holds no lock: callbacks registered with c10d__work_on_complete_anywhere
@@ -73,7 +80,8 @@ struct c10d__work_park {
     /* Hands the op to the loop; any thread. */
     void (*adopt)(void *arg);
 };
-/* 0, or -1 if a callback that runs on the loop awaits it already (its
+/* Once per work, by its producer: 0 (parked; an unpark may have taken it
+ * since), or -1 if a callback that runs on the loop awaits it already (its
  * producer hands the op to the loop itself). */
 int c10d__work_park(c10d_work *w, const struct c10d__work_park *park, void *arg);
 /* Hands a parked work's op to the loop: 1 if this call did, 0 if it was not

@@ -233,6 +233,84 @@ static void test_deadline_counts_from_creation(void **st)
     c10d_work_release(w);
 }
 
+/* c10d__work_on_complete_around: `first` where it was registered, `last`
+ * after every callback registered before completion (in batches of any
+ * length), one `last` per work; a callback added later runs after it. */
+struct around_log {
+    atomic_int n;
+    int order[16];
+    atomic_int wrong_thread;
+    pthread_t expect;
+    int check_thread;
+};
+
+struct around_cb {
+    struct around_log *log;
+    int id;
+};
+
+static void around_cb(c10d_work *w, int status, void *arg)
+{
+    (void)w;
+    (void)status;
+    struct around_cb *c = arg;
+    if (c->log->check_thread && !pthread_equal(pthread_self(), c->log->expect))
+        atomic_fetch_add(&c->log->wrong_thread, 1);
+    c->log->order[atomic_fetch_add(&c->log->n, 1)] = c->id;
+}
+
+static void around_first(c10d_work *w, int status, void *arg)
+{
+    around_cb(w, status, &((struct around_cb *)arg)[0]);
+}
+
+static void around_last(c10d_work *w, int status, void *arg)
+{
+    around_cb(w, status, &((struct around_cb *)arg)[1]);
+}
+
+static void run_around(int here)
+{
+    struct around_log log = {.expect = pthread_self(), .check_thread = here};
+    struct around_cb ends[2] = {{&log, 0}, {&log, 99}}, mid[7];
+    c10d_work *w;
+    struct fake f = {.run_completes = 1};
+    assert_int_equal(c10d__work_create_unarmed(&w, "around", 0), 0);
+    f.w = w;
+    assert_int_equal(c10d__work_on_complete_around(w, around_first, around_last, ends, 1), 0);
+    assert_int_equal(c10d__work_on_complete_around(w, around_first, around_last, ends, 1),
+                     C10D_EINVAL);
+    for (int i = 0; i < 6; i++) {
+        mid[i] = (struct around_cb){&log, i + 1};
+        assert_int_equal(c10d__work_on_complete_anywhere(w, around_cb, &mid[i]), 0);
+    }
+    if (here) {
+        assert_int_equal(c10d__work_park(w, &fake_park, &f), 0);
+        assert_int_equal(c10d_work_wait(w, 10000), 0); /* runs them all on this thread */
+    } else {
+        assert_true(c10d_work_complete(w, C10D_OK, NULL) >= 0);
+        assert_int_equal(c10d_work_wait(w, 10000), 0);
+    }
+    assert_int_equal(atomic_load(&log.n), 8);
+    mid[6] = (struct around_cb){&log, 7};
+    log.check_thread = 0;
+    assert_int_equal(c10d__work_on_complete_anywhere(w, around_cb, &mid[6]), 0);
+    assert_int_equal(c10d_work_wait(w, 10000), 0);
+    int want[9] = {0, 1, 2, 3, 4, 5, 6, 99, 7};
+    assert_int_equal(atomic_load(&log.n), 9);
+    for (int i = 0; i < 9; i++)
+        assert_int_equal(log.order[i], want[i]);
+    assert_int_equal(atomic_load(&log.wrong_thread), 0);
+    c10d_work_release(w);
+}
+
+static void test_last_callback_runs_last(void **st)
+{
+    (void)st;
+    run_around(1);
+    run_around(0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -243,6 +321,7 @@ int main(void)
         cmocka_unit_test(test_completing_parked_hands_over_first),
         cmocka_unit_test(test_completion_while_running_waits_for_runner),
         cmocka_unit_test(test_deadline_counts_from_creation),
+        cmocka_unit_test(test_last_callback_runs_last),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     c10d_shutdown();
