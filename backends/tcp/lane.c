@@ -47,16 +47,8 @@ void c10d__tcp_lane_init(struct c10d__tcp_lane *l)
 
 void c10d__tcp_lane_destroy(struct c10d__tcp_lane *l)
 {
+    c10d__work_drop(l->parked);
     uv_mutex_destroy(&l->mutex);
-}
-
-static c10d_work *take_parked(struct c10d__tcp_lane *l)
-{
-    uv_mutex_lock(&l->mutex);
-    c10d_work *w = l->parked;
-    l->parked = NULL;
-    uv_mutex_unlock(&l->mutex);
-    return w;
 }
 
 /* The holder lets go of an op that will not reach the loop (posting closed):
@@ -90,7 +82,7 @@ static void ring_none(void *arg, int r)
 static int lane_run(void *arg, uint64_t deadline_ns)
 {
     struct c10d__tcp_lane *l = arg;
-    c10d_work *w = take_parked(l);
+    c10d_work *w = atomic_load_explicit(&l->op, memory_order_relaxed)->work; /* ours now */
     /* The clock is read from the first check on: most ops are done before
      * it, and a read per op was a few percent of one. */
     uint64_t start = 0, spin_end = 0;
@@ -120,7 +112,6 @@ static int lane_run(void *arg, uint64_t deadline_ns)
     }
     if (rc != 1) {
         hand_to_loop(l); /* a mismatch fails the group there, as for any shm op */
-        c10d_work_release(w);
         return 0;
     }
     /* The lane goes first (collectives the loop got meanwhile may start),
@@ -131,16 +122,12 @@ static int lane_run(void *arg, uint64_t deadline_ns)
     atomic_fetch_add_explicit(&ran_here, 1, memory_order_relaxed);
     c10d__work_complete_here(w);
     l->done(l->owner);
-    c10d_work_release(w);
     return 1;
 }
 
 static void lane_adopt(void *arg)
 {
-    struct c10d__tcp_lane *l = arg;
-    c10d_work *w = take_parked(l);
-    hand_to_loop(l);
-    c10d_work_release(w);
+    hand_to_loop(arg);
 }
 
 static const struct c10d__work_park lane_park = {lane_run, lane_adopt};
@@ -182,10 +169,11 @@ int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
      * never here, under the group's mutex its callbacks take. */
     c10d_work_retain(op->work);
     uv_mutex_lock(&l->mutex);
+    c10d_work *before = l->parked;
     l->parked = op->work;
     uv_mutex_unlock(&l->mutex);
+    c10d__work_drop(before); /* it ran: nothing to unpark (the group's mutex is held) */
     if (c10d__work_park(op->work, &lane_park, l) != 0) { /* a callback awaits it on the loop */
-        c10d_work_release(take_parked(l));
         hand_to_loop(l);
         return 1;
     }

@@ -102,11 +102,10 @@ struct tcp_state {
     struct c10d__tcp_transport *t;
     struct c10d__tcp_tuning tune;
     int refs;             /* the owner's, each registered work callback, a posted advance */
-    atomic_int submitted; /* ops tcp_submit took whose task has not run, or still in the lane */
-    /* The state's last holder frees it: the loop, or a thread that ran the
-     * lane's op after the loop let go (free_pending). */
-    uv_mutex_t life_mutex;
-    int free_pending;
+    /* Ops tcp_submit took whose task has not run, or still in the lane, plus
+     * one for the loop's references: the state's last holder frees it (the
+     * loop, or a thread that ran the lane's op after the loop let go). */
+    atomic_int submitted;
     /* Small collectives the waiting thread runs (lane.h). */
     struct c10d__tcp_lane lane;
     /* Small P2P ops between ranks of one segment (p2p_lane.h). */
@@ -244,32 +243,23 @@ static void state_free(struct tcp_state *s)
     free(s->group_name);
     c10d__tcp_lane_destroy(&s->lane);
     c10d__tcp_p2p_lane_destroy(&s->p2p);
-    uv_mutex_destroy(&s->life_mutex);
     free(s);
+}
+
+/* Any thread: a submitted op's task ran, or the lane's op completed; or
+ * (state_last_ref) the loop let go. The last of them frees the state. */
+static void submitted_done(struct tcp_state *s)
+{
+    if (atomic_fetch_sub(&s->submitted, 1) == 1)
+        state_free(s); /* no uv handle left: its bells closed with state_destroy */
 }
 
 /* Loop, once no reference is left: freed now if no submitted op still
  * waits for its task or runs in the lane (tcp_submit and the lane count those
- * on callers' threads), else by the last of them (submitted_done). */
+ * on callers' threads), else by the last of them. */
 static void state_last_ref(struct tcp_state *s)
 {
-    uv_mutex_lock(&s->life_mutex);
-    int now = atomic_load(&s->submitted) == 0;
-    if (!now)
-        s->free_pending = 1;
-    uv_mutex_unlock(&s->life_mutex);
-    if (now)
-        state_free(s);
-}
-
-/* Any thread: a submitted op's task ran, or the lane's op completed. */
-static void submitted_done(struct tcp_state *s)
-{
-    uv_mutex_lock(&s->life_mutex);
-    int last = atomic_fetch_sub(&s->submitted, 1) == 1 && s->free_pending;
-    uv_mutex_unlock(&s->life_mutex);
-    if (last)
-        state_free(s); /* no uv handle left: its bells closed with state_destroy */
+    submitted_done(s);
 }
 
 static void state_unref(struct tcp_state *s)
@@ -1166,7 +1156,7 @@ int c10d__tcp_open(const struct c10d__backend_config *cfg, void **state, const c
     s->group_name = strdup(cfg->group_name != NULL ? cfg->group_name : "0");
     s->timeout_ms = cfg->timeout_ms;
     s->refs = 1;
-    uv_mutex_init(&s->life_mutex);
+    atomic_init(&s->submitted, 1); /* the loop's share (state_last_ref) */
     c10d__tcp_lane_init(&s->lane);
     c10d__tcp_p2p_lane_init(&s->p2p);
     s->p2p.failed = &s->failed_status;
