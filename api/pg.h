@@ -11,6 +11,7 @@
 
 #include "c10d.h"
 #include "backends/backend.h"
+#include "engine/flight_recorder.h"
 #include "engine/loop.h"
 
 #include <stdatomic.h>
@@ -76,6 +77,7 @@ struct c10d_pg {
     c10d_work *last_coll;
     char *what_prefix; /* "[PG name (desc) Rank r] Work(SeqNum=": every op's name starts so */
     size_t what_prefix_len;
+    struct c10d__fr_names fr_names; /* name and desc as flight-recorder entries hold them */
     int first_status;
     char *first_error;
     /* Set when the group ended without a destroy or abort of its own (the

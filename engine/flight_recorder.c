@@ -31,9 +31,8 @@ enum { FR_SCHEDULED = 0, FR_STARTED, FR_COMPLETED };
 
 struct fr_entry {
     uint64_t rid; /* record id + 1; 0: never used (a calloc'd ring stays untouched) */
-    char pg_name[64];
-    char pg_desc[64];
-    char profiling_name[48];
+    struct c10d__fr_names names;
+    const char *backend, *op; /* literals: "<backend>:<op>" is made at the dump */
     uint64_t coll_seq, p2p_seq, op_id;
     uint64_t t_created, t_started, t_completed; /* wall clock ns; 0: not yet */
     int64_t timeout_ms;
@@ -163,17 +162,24 @@ static size_t copy_str(char *dst, size_t len, const char *src)
     return n;
 }
 
+void c10d__fr_names_init(struct c10d__fr_names *n, const char *pg_name, const char *pg_desc)
+{
+    memset(n, 0, sizeof *n);
+    copy_str(n->pg_name, sizeof n->pg_name, pg_name);
+    copy_str(n->pg_desc, sizeof n->pg_desc, pg_desc);
+}
+
 uint64_t c10d__fr_record(const struct c10d__fr_op *op)
 {
     if (atomic_load_explicit(&fr_mode, memory_order_relaxed) == FR_OFF || !c10d__fr_enabled())
         return 0;
     struct fr_entry e;
-    copy_str(e.pg_name, sizeof e.pg_name, op->pg_name);
-    copy_str(e.pg_desc, sizeof e.pg_desc, op->pg_desc);
-    size_t n = copy_str(e.profiling_name, sizeof e.profiling_name - 1,
-                        op->backend != NULL ? op->backend : "c10d");
-    e.profiling_name[n++] = ':';
-    copy_str(e.profiling_name + n, sizeof e.profiling_name - n, op->op != NULL ? op->op : "?");
+    if (op->names != NULL)
+        e.names = *op->names;
+    else
+        c10d__fr_names_init(&e.names, op->pg_name, op->pg_desc);
+    e.backend = op->backend != NULL ? op->backend : "c10d";
+    e.op = op->op != NULL ? op->op : "?";
     e.coll_seq = op->coll_seq;
     e.p2p_seq = op->p2p_seq;
     e.op_id = op->op_id;
@@ -407,16 +413,19 @@ static json_t *entry_json(const struct fr_entry *e)
     if (o == NULL)
         return NULL;
     char *end = NULL;
-    long long pg_id = strtoll(e->pg_name, &end, 10);
-    if (end == e->pg_name || *end != '\0')
+    long long pg_id = strtoll(e->names.pg_name, &end, 10);
+    if (end == e->names.pg_name || *end != '\0')
         pg_id = -1;
     json_object_set_new(o, "record_id", json_integer((json_int_t)(e->rid - 1)));
     json_object_set_new(o, "pg_id", json_integer(pg_id));
-    json_object_set_new(o, "process_group", json_pack("[s, s]", e->pg_name, e->pg_desc));
+    json_object_set_new(o, "process_group",
+                        json_pack("[s, s]", e->names.pg_name, e->names.pg_desc));
     json_object_set_new(o, "collective_seq_id", json_integer((json_int_t)e->coll_seq));
     json_object_set_new(o, "p2p_seq_id", json_integer((json_int_t)e->p2p_seq));
     json_object_set_new(o, "op_id", json_integer((json_int_t)e->op_id));
-    json_object_set_new(o, "profiling_name", json_string(e->profiling_name));
+    char profiling_name[96];
+    snprintf(profiling_name, sizeof profiling_name, "%s:%s", e->backend, e->op);
+    json_object_set_new(o, "profiling_name", json_string(profiling_name));
     json_object_set_new(o, "time_created_ns", json_integer((json_int_t)e->t_created));
     json_object_set_new(o, "time_discovered_started_ns",
                         e->t_started ? json_integer((json_int_t)e->t_started) : json_null());
@@ -450,11 +459,11 @@ static json_t *pg_status_json(const struct fr_snapshot *s)
         const struct fr_entry *e = &s->entries[i];
         if (e->is_p2p)
             continue;
-        json_t *g = json_object_get(st, e->pg_name);
+        json_t *g = json_object_get(st, e->names.pg_name);
         if (g == NULL) {
             g = json_pack("{s:s, s:s, s:s}", "last_enqueued_collective", "-1",
                           "last_started_collective", "-1", "last_completed_collective", "-1");
-            json_object_set_new(st, e->pg_name, g);
+            json_object_set_new(st, e->names.pg_name, g);
         }
         char seq[24];
         snprintf(seq, sizeof seq, "%llu", (unsigned long long)e->coll_seq);

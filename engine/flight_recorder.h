@@ -10,9 +10,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* What the group layer knows of an op when it numbers it. Strings are copied
- * (truncated to the entry's fixed fields), so the caller keeps them. */
+/* A group's name and description as an entry holds them: truncated and
+ * zero-padded once, copied per op without measuring them again. */
+struct c10d__fr_names {
+    char pg_name[64];
+    char pg_desc[64];
+};
+void c10d__fr_names_init(struct c10d__fr_names *n, const char *pg_name, const char *pg_desc);
+
+/* What the group layer knows of an op when it numbers it. The group's names
+ * are copied (from `names` where set, else from pg_name and pg_desc,
+ * truncated to the entry's fixed fields); `backend` and `op` are kept by
+ * pointer, so they must be string literals or live as long as the process. */
 struct c10d__fr_op {
+    const struct c10d__fr_names *names;
     const char *pg_name, *pg_desc;
     const char *backend; /* "tcp", "nccl": profiling_name is "<backend>:<op>" */
     const char *op;      /* "all_reduce", "coalesced", ... */
