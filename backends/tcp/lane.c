@@ -38,7 +38,6 @@ void c10d__tcp_lane_counts(uint64_t *here, uint64_t *to_loop)
 
 void c10d__tcp_lane_init(struct c10d__tcp_lane *l)
 {
-    uv_mutex_init(&l->mutex);
     atomic_init(&l->word, 0);
     atomic_init(&l->op, NULL);
     l->on = c10d__env_bool(C10D_ENV_SHM_LANE);
@@ -47,8 +46,7 @@ void c10d__tcp_lane_init(struct c10d__tcp_lane *l)
 
 void c10d__tcp_lane_destroy(struct c10d__tcp_lane *l)
 {
-    c10d__work_drop(l->parked);
-    uv_mutex_destroy(&l->mutex);
+    c10d__work_drop(atomic_load(&l->parked));
 }
 
 /* The holder lets go of an op that will not reach the loop (posting closed):
@@ -168,17 +166,16 @@ int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
     /* Done or not, the work completes on the waiter's thread or the loop:
      * never here, under the group's mutex its callbacks take. */
     c10d_work_retain(op->work);
-    uv_mutex_lock(&l->mutex);
-    c10d_work *before = l->parked;
-    l->parked = op->work;
-    uv_mutex_unlock(&l->mutex);
+    /* NULL if an unpark borrows it: that one lets it go. */
+    c10d_work *before = atomic_exchange(&l->parked, op->work);
     c10d__work_drop(before); /* it ran: nothing to unpark (the group's mutex is held) */
     if (c10d__work_park(op->work, &lane_park, l) != 0) { /* a callback awaits it on the loop */
         hand_to_loop(l);
         return 1;
     }
-    /* The group failed meanwhile: its unpark may have found nothing parked
-     * yet (it stores `failed` before it looks, under the same mutex). */
+    /* The group failed meanwhile: its unpark may have found the op not
+     * parked yet (it stores `failed` before it looks; all sequentially
+     * consistent). */
     if (atomic_load(l->failed) != 0)
         c10d__work_unpark(op->work);
     return 1;
@@ -186,15 +183,20 @@ int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
 
 void c10d__tcp_lane_unpark(struct c10d__tcp_lane *l)
 {
-    uv_mutex_lock(&l->mutex);
-    c10d_work *w = l->parked;
-    if (w != NULL)
-        c10d_work_retain(w);
-    uv_mutex_unlock(&l->mutex);
-    if (w != NULL) {
-        c10d__work_unpark(w);
-        c10d_work_release(w);
-    }
+    /* Borrowed with the lane's reference, so the next op cannot drop it
+     * meanwhile. */
+    c10d_work *w = atomic_exchange(&l->parked, NULL);
+    if (w == NULL)
+        return; /* none yet, or borrowed by a concurrent unpark, which looks again */
+    c10d__work_unpark(w);
+    c10d_work_retain(w);
+    c10d_work *none = NULL;
+    if (!atomic_compare_exchange_strong(&l->parked, &none, w))
+        c10d__work_drop(w); /* replaced meanwhile: the lane's reference goes */
+    /* Again, once back: an unpark that found it borrowed returned at once,
+     * and the op may have been parked since the look above. */
+    c10d__work_unpark(w);
+    c10d__work_drop(w);
 }
 
 void c10d__tcp_lane_loop_add(struct c10d__tcp_lane *l)

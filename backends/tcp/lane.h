@@ -34,12 +34,10 @@ struct c10d__tcp_lane {
      * waiter, then the loop once it took it). */
     _Atomic(struct c10d__op *) op;
     struct c10d__shm_coll coll;
-    /* Guards `parked`: the work of the last op parked here, with a
-     * reference, kept until the next one replaces it (so that an unpark
-     * never races with a taker's release; unparking a work that ran is a
-     * no-op). */
-    uv_mutex_t mutex;
-    c10d_work *parked;
+    /* The work of the last op parked here, with a reference, kept until the
+     * next one replaces it (a work that ran needs no unpark); an unpark
+     * borrows it (c10d__tcp_lane_unpark). */
+    _Atomic(c10d_work *) parked;
     /* The owner's (tcp_backend.c). */
     const atomic_int *failed; /* nonzero once the group failed */
     void *owner;
