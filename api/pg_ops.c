@@ -325,6 +325,7 @@ int c10d__pg_post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *opty
     int rc = c10d__work_on_complete_around(w, op_done, op_final, head, 1);
     if (rc != 0) {
         /* Nothing registered (out of memory): fail the work, free the op. */
+        c10d__fr_refused(head->fr_id);
         c10d__work_complete(w, rc, "%s", c10d_last_error());
         c10d_work_release(w);
         return rc;

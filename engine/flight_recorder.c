@@ -237,7 +237,7 @@ void c10d__fr_refused(uint64_t rid)
         return;
     uv_mutex_lock(&fr_mutex);
     struct fr_entry *e = entry_locked(rid);
-    if (e != NULL && e->state == FR_STARTED && !e->retired) {
+    if (e != NULL && e->state == FR_STARTED) { /* a failure leaves the state as it is */
         e->state = FR_SCHEDULED;
         e->t_started = 0;
     }

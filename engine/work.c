@@ -316,8 +316,13 @@ static size_t take_due_locked(c10d_work *w, struct work_callback *out, int here_
             return n;
         out[n++] = w->callbacks[w->next_callback++];
     }
+    /* On the loop the last one runs in a batch of its own, taken after a
+     * look at the list under the mutex: a callback its producer registers
+     * after the op completed (a group's op_done waits for the submitter to
+     * let go) still runs before it. The waiting thread's drain starts after
+     * the submitter returned. */
     if (n < DRAIN_BATCH && w->next_callback == w->ncallbacks && w->last.cb != NULL &&
-        (!here_only || w->last.anywhere)) {
+        (here_only ? w->last.anywhere : n == 0)) {
         out[n++] = w->last;
         w->last.cb = NULL;
     }
@@ -779,11 +784,17 @@ static void run_parked(c10d_work *w, uint64_t deadline_ns)
         atomic_store(&w->park_state, PARK_ADOPTED); /* done with it */
     /* After the store of park_state above: a completion that saw the op
      * still claimed left the flag for this thread (most ops: none did, and
-     * no lock is taken). */
-    if (!atomic_exchange(&w->drain_deferred, 0))
+     * no lock is taken). It is taken back only under the mutex, with the
+     * drain scheduled in the same step, so that abort_one never sees the
+     * flag gone and the drain not yet scheduled. */
+    if (!atomic_load(&w->drain_deferred))
         return;
     uv_mutex_lock(&w->mutex);
     int run_inline = 0;
+    if (!atomic_exchange(&w->drain_deferred, 0)) {
+        uv_mutex_unlock(&w->mutex); /* the completer saw this thread let go, and took it */
+        return;
+    }
     if (schedule_drain_locked(w, &run_inline) != 0) {
         /* Posting closed (the engine stops) and the work already left the
          * pending list: nobody else will run them, so this thread does, as
@@ -830,10 +841,12 @@ static int add_callback(c10d_work *w, c10d_work_cb cb, void *arg, int anywhere, 
         atomic_store(&w->settled, 0); /* run_parked's drain runs it too */
     } else if (w->done) {
         rc = schedule_drain_locked(w, &run_inline);
-        if (rc != 0)
+        if (rc != 0) {
             w->ncallbacks--; /* a failed call never calls back; settled stays as it was */
-        else                 /* waiters from now on wait for this callback too; the drain
-                              * needs the mutex we hold, so it cannot settle before this */
+            if (last != NULL)
+                w->last.cb = NULL;
+        } else /* waiters from now on wait for this callback too; the drain
+                * needs the mutex we hold, so it cannot settle before this */
             atomic_store(&w->settled, 0);
     }
     uv_mutex_unlock(&w->mutex);
