@@ -407,9 +407,12 @@ static int reduce_all(struct c10d__shm_coll *a, size_t at)
     size_t n = chunk_count(a);
     char *out = (char *)op->recv + a->done_elems * a->esz;
     memcpy(out, c10d__shm_slot(seg, 0, a->gen) + at, n * a->esz);
+    /* The op passed the group's checks, and `out` is the caller's own
+     * buffer, apart from the segment. */
     for (int r = 1; r < seg->nranks; r++)
-        C10D_CHECK(c10d__reduce(out, c10d__shm_slot(seg, r, a->gen) + at, n, op->dtype, op->redop));
-    return c10d__reduce_finish(out, n, op->dtype, op->redop, seg->nranks);
+        c10d__reduce_checked(out, c10d__shm_slot(seg, r, a->gen) + at, n, op->dtype, op->redop);
+    return op->redop == C10D_AVG ? c10d__reduce_finish(out, n, op->dtype, op->redop, seg->nranks)
+                                 : 0;
 }
 
 /* Where rank r's block of the output starts. */

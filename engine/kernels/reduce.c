@@ -409,24 +409,31 @@ int c10d__reduce(void *dst, const void *src, size_t count, c10d_dtype dtype, c10
     size_t bytes = count * c10d_dtype_size(dtype);
     if (bytes / c10d_dtype_size(dtype) != count)
         return c10d__fail(C10D_EINVAL, "reduce: %zu elements overflow size_t", count);
+    uintptr_t di = (uintptr_t)dst, si = (uintptr_t)src;
+    if (dst != src && di < si + bytes && si < di + bytes)
+        return c10d__fail(C10D_EINVAL, "reduce: dst and src overlap without being equal");
+    c10d__reduce_checked(dst, src, count, dtype, op);
+    return 0;
+}
+
+void c10d__reduce_checked(void *dst, const void *src, size_t count, c10d_dtype dtype,
+                          c10d_reduce_op op)
+{
+    if (count == 0)
+        return;
     u8 *d = dst;
     const u8 *s = src;
-    uintptr_t di = (uintptr_t)d, si = (uintptr_t)s;
-    if (d != s && di < si + bytes && si < di + bytes)
-        return c10d__fail(C10D_EINVAL, "reduce: dst and src overlap without being equal");
-
     const struct kernel_set *ks = &kernels[dtype][kernel_index(op)];
     int isa = isa_current();
     if (needs_block(dtype)) {
         /* Blocks decode both operands before writing, so dst == src is fine. */
         run_blocks(d, s, count, dtype, isa >= C10D_ISA_AVX2 ? ks->a : ks->g, isa);
-        return 0;
+        return;
     }
     kernel_fn k = d == s ? ks->x : isa >= C10D_ISA_AVX2 ? ks->a : ks->g;
     size_t per;
     c10d__dtype_real(dtype, &per);
     k(d, s, count * per);
-    return 0;
 }
 
 /* x = x * f (PREMUL_SUM) or x = x / f (AVG), rounded once per element. */

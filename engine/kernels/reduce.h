@@ -16,12 +16,19 @@
 
 #include <stddef.h>
 
-/* Returns 0, or C10D_EINVAL (with c10d_last_error) for a pair that
- * c10d_reduce_op_check rejects. */
 /* A complex dtype's real type (complex64: float32), with *per = 2 values per
  * element; any other dtype itself, *per = 1 (per may be NULL). */
 c10d_dtype c10d__dtype_real(c10d_dtype dtype, size_t *per);
+
+/* dst = dst op src, elementwise. Returns 0, or C10D_EINVAL (with
+ * c10d_last_error) for a pair that c10d_reduce_op_check rejects, NULL
+ * buffers, buffers that overlap without being equal, or a size overflow. */
 int c10d__reduce(void *dst, const void *src, size_t count, c10d_dtype dtype, c10d_reduce_op op);
+/* The same for arguments the caller has checked (an op that passed the
+ * group's checks, buffers it owns): a small collective's reduction is a few
+ * instructions, and the checks were most of them. */
+void c10d__reduce_checked(void *dst, const void *src, size_t count, c10d_dtype dtype,
+                          c10d_reduce_op op);
 
 /* buf *= factor (floating dtypes only), in float64 for float64 and float32 otherwise. */
 int c10d__reduce_premul(void *buf, size_t count, c10d_dtype dtype, double factor);
