@@ -70,10 +70,9 @@ void c10d__pg_fr_on_created(c10d_pg *pg)
     uv_mutex_unlock(&pg->mutex);
 }
 
-void c10d__pg_fr_record(c10d_pg *pg, struct c10d__pg_op *head, const char *label, uint64_t seq,
-                        size_t in, size_t out, int64_t timeout_ms)
+void c10d__pg_fr_record(c10d_pg *pg, struct c10d__pg_op *head, const char *label, size_t in,
+                        size_t out, int64_t timeout_ms, uint64_t now_ns)
 {
-    (void)seq;
     if (!c10d__fr_enabled())
         return;
     const struct c10d__op *op = &head->op;
@@ -107,6 +106,7 @@ void c10d__pg_fr_record(c10d_pg *pg, struct c10d__pg_op *head, const char *label
         .peer = label == NULL ? op->peer : -1,
         .timeout_ms = timeout_ms,
         .started = 1, /* hand_over gives it to its backend next */
+        .now_ns = now_ns,
     };
     /* The list forms hold one buffer per rank, as torch's tensor lists do. */
     if (label == NULL && op->kind != C10D_OP_ALL_TO_ALL) {

@@ -286,9 +286,10 @@ int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op
  * (engine/flight_recorder.h, docs/debugging.md). */
 /* Under pg->mutex, once the op (list) has its number and timeout: records it
  * in head->fr_id. `label` is the torch OpType of a list ("COALESCED",
- * "BATCH_P2P"), NULL for a single op. */
-void c10d__pg_fr_record(c10d_pg *pg, struct c10d__pg_op *head, const char *label, uint64_t seq,
-                        size_t in, size_t out, int64_t timeout_ms);
+ * "BATCH_P2P"), NULL for a single op; `now_ns` when it was made
+ * (c10d__now_ns, also its work's creation). */
+void c10d__pg_fr_record(c10d_pg *pg, struct c10d__pg_op *head, const char *label, size_t in,
+                        size_t out, int64_t timeout_ms, uint64_t now_ns);
 /* An op of the group failed: dumps (once per burst of failures) and asks the
  * other ranks to dump, through the default group's store. Loop thread. */
 void c10d__pg_fr_on_failure(c10d_pg *pg, int status, const char *message);

@@ -309,8 +309,10 @@ int c10d__pg_post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *opty
     c10d_work *w;
     /* Armed once handed over: a backend may park the op for its waiter. */
     struct c10d__pg_op_name args = {optype, seq, in, out, timeout};
+    /* One clock read for the work's deadline and the op's record. */
+    uint64_t now = c10d__now_ns();
     struct c10d__work_name name = {
-        .make = c10d__pg_make_op_name, .args = &args, .args_len = sizeof args};
+        .make = c10d__pg_make_op_name, .args = &args, .args_len = sizeof args, .created_ns = now};
     name.prefix = c10d__pg_op_name_prefix(pg, &name.prefix_len);
     C10D_CHECK(c10d__work_create_named(&w, &name, own_deadline ? 0 : timeout));
     for (struct c10d__pg_op *po = head; po != NULL; po = po->next_in_list) {
@@ -319,7 +321,7 @@ int c10d__pg_post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *opty
         po->op.work = w;
         po->op.next = po->next_in_list != NULL ? &po->next_in_list->op : NULL;
     }
-    c10d__pg_fr_record(pg, head, head->next_in_list != NULL ? optype : NULL, seq, in, out, timeout);
+    c10d__pg_fr_record(pg, head, head->next_in_list != NULL ? optype : NULL, in, out, timeout, now);
     if (head->fr_id != 0)
         c10d__work_set_fr_id(w, head->fr_id);
     int rc = c10d__work_on_complete_around(w, op_done, op_final, head, 1);

@@ -146,11 +146,28 @@ int c10d__fr_enabled(void)
     return m == FR_ON;
 }
 
-static uint64_t wall_ns(void)
+static uint64_t clock_ns(clockid_t c)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(c, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Wall-clock time of a monotonic reading (the clock of c10d__now_ns): the
+ * offset between the two clocks is read again once a second, so that an op's
+ * record shares its one clock read with its work's deadline. A clock that
+ * is stepped shows in the records a second later at most. */
+static _Atomic int64_t wall_offset;
+static _Atomic uint64_t wall_offset_until;
+
+static uint64_t wall_of(uint64_t mono_ns)
+{
+    if (mono_ns >= atomic_load_explicit(&wall_offset_until, memory_order_relaxed)) {
+        uint64_t m = clock_ns(CLOCK_MONOTONIC), w = clock_ns(CLOCK_REALTIME);
+        atomic_store_explicit(&wall_offset, (int64_t)(w - m), memory_order_relaxed);
+        atomic_store_explicit(&wall_offset_until, m + 1000000000u, memory_order_relaxed);
+    }
+    return mono_ns + (uint64_t)atomic_load_explicit(&wall_offset, memory_order_relaxed);
 }
 
 /* Truncating copies without snprintf: they are on every op's path. */
@@ -183,7 +200,7 @@ uint64_t c10d__fr_record(const struct c10d__fr_op *op)
     e.coll_seq = op->coll_seq;
     e.p2p_seq = op->p2p_seq;
     e.op_id = op->op_id;
-    e.t_created = wall_ns();
+    e.t_created = wall_of(op->now_ns != 0 ? op->now_ns : clock_ns(CLOCK_MONOTONIC));
     e.t_started = op->started ? e.t_created : 0;
     e.t_completed = 0;
     e.timeout_ms = op->timeout_ms;
@@ -248,7 +265,7 @@ void c10d__fr_completed(uint64_t rid, int status)
 {
     if (rid == 0)
         return;
-    uint64_t now = wall_ns();
+    uint64_t now = wall_of(clock_ns(CLOCK_MONOTONIC));
     uv_mutex_lock(&fr_mutex);
     struct fr_entry *e = entry_locked(rid);
     if (e != NULL && !e->retired) {

@@ -672,7 +672,8 @@ static int work_new(c10d_work **out, int64_t timeout_ms, int (*name_it)(c10d_wor
     atomic_init(&w->failed_rank, -1);
     w->duration_ms = -1;
     w->timeout_ms = timeout_ms;
-    w->created_ms = c10d__now_ms();
+    if (w->created_ms == 0) /* else its maker read the clock (name_later) */
+        w->created_ms = c10d__now_ms();
     w->arm_task.fn = arm_task_fn;
     w->drain_task.fn = drain_task_fn;
     pending_add(w);
@@ -699,6 +700,7 @@ static int name_now(c10d_work *w, const void *arg)
 static int name_later(c10d_work *w, const void *arg)
 {
     const struct c10d__work_name *n = arg;
+    w->created_ms = n->created_ns / 1000000u;
     if (n->prefix_len + 160 > sizeof w->inline_what || n->args_len > sizeof w->name_args) {
         char buf[INLINE_WHAT]; /* the longest name an op ever had */
         size_t at = n->prefix_len < sizeof buf - 1 ? n->prefix_len : sizeof buf - 1;

@@ -36,6 +36,8 @@ struct c10d__work_name {
     void (*make)(const void *args, char *buf, size_t len);
     const void *args;
     size_t args_len;
+    /* When the op was made (c10d__now_ns), its deadline's start; 0: now. */
+    uint64_t created_ns;
 };
 /* As c10d__work_create_unarmed, named so. */
 int c10d__work_create_named(c10d_work **out, const struct c10d__work_name *name,

@@ -713,7 +713,7 @@ static void *read_name(void *arg)
 
 static c10d_work *named(const char *prefix, int seq, int64_t timeout_ms)
 {
-    struct c10d__work_name n = {prefix, strlen(prefix), make_rest, &seq, sizeof seq};
+    struct c10d__work_name n = {prefix, strlen(prefix), make_rest, &seq, sizeof seq, 0};
     c10d_work *w;
     assert_int_equal(c10d__work_create_named(&w, &n, timeout_ms), 0);
     return w;
