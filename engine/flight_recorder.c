@@ -162,10 +162,12 @@ static _Atomic uint64_t wall_offset_until;
 
 static uint64_t wall_of(uint64_t mono_ns)
 {
-    if (mono_ns >= atomic_load_explicit(&wall_offset_until, memory_order_relaxed)) {
+    /* The offset is stored before the time it holds until (release), and
+     * read after it (acquire): a reader that skips the refresh sees it. */
+    if (mono_ns >= atomic_load_explicit(&wall_offset_until, memory_order_acquire)) {
         uint64_t m = clock_ns(CLOCK_MONOTONIC), w = clock_ns(CLOCK_REALTIME);
         atomic_store_explicit(&wall_offset, (int64_t)(w - m), memory_order_relaxed);
-        atomic_store_explicit(&wall_offset_until, m + 1000000000u, memory_order_relaxed);
+        atomic_store_explicit(&wall_offset_until, m + 1000000000u, memory_order_release);
     }
     return mono_ns + (uint64_t)atomic_load_explicit(&wall_offset, memory_order_relaxed);
 }
