@@ -87,6 +87,28 @@ static int lane_main(int rank, int n, void *arg)
     for (int k = 0; k < 3; k++)
         MP_CHECK(sum_ok(a[k], 64, n, 100 + k), "in flight %d: wrong sum", k);
 
+    /* 2b. Over and over: a collective for the loop (two slots) right after
+     * one parked in the lane, so the loop's add borrows the parked work while
+     * the next round's lane op replaces it; waited in either order. */
+    enum { BIG = 128 * 1024 };
+    int32_t *big = malloc(BIG * sizeof *big);
+    MP_CHECK(big != NULL, "out of memory");
+    for (int k = 0; k < 300; k++) {
+        c10d_work *ws, *wb;
+        fill(v, 64, rank, 300 + k);
+        fill(big, BIG, rank, 700 + k);
+        MP_CHECK(c10d_all_reduce(pg, v, v, 64, C10D_INT32, C10D_SUM, NULL, &ws) == 0, "post");
+        MP_CHECK(c10d_all_reduce(pg, big, big, BIG, C10D_INT32, C10D_SUM, NULL, &wb) == 0, "post");
+        c10d_work *first = k % 2 ? ws : wb, *second = k % 2 ? wb : ws;
+        MP_CHECK(c10d_work_wait(first, 30000) == 0, "round %d: %s", k, c10d_last_error());
+        MP_CHECK(c10d_work_wait(second, 30000) == 0, "round %d: %s", k, c10d_last_error());
+        c10d_work_release(ws);
+        c10d_work_release(wb);
+        MP_CHECK(sum_ok(v, 64, n, 300 + k) && sum_ok(big, BIG, n, 700 + k), "round %d: wrong sum",
+                 k);
+    }
+    free(big);
+
     /* 3. A callback added after submit: the loop runs the op; the wait
      * returns after the callback ran. */
     c10d_work *cw;
