@@ -55,9 +55,9 @@ uint64_t c10d__fr_record(const struct c10d__fr_op *op);
  * completed. An entry the ring has reused since is left alone. `status` < 0
  * retires the entry without completing it, as PyTorch's watchdog does for a
  * timed-out op: it stays "scheduled" or "started", which is where it hung.
- * Started takes the time the op was recorded: the group layer marks it when
- * its backend took it, in the call that recorded it, a few microseconds at
- * most later; a wall-clock read was 15-20 ns of the recorder's 110 per op. */
+ * Started takes the time the op was recorded (a wall-clock read was 15-20 ns
+ * of the recorder's 110 per op); the group layer records its ops started at
+ * once instead (`started` above), as its backend takes them in that call. */
 void c10d__fr_started(uint64_t rid);
 void c10d__fr_completed(uint64_t rid, int status);
 /* An op recorded as started that its backend refused: back to scheduled. */

@@ -101,7 +101,7 @@ struct tcp_state {
     struct c10d__tcp_rails *rails;
     struct c10d__tcp_transport *t;
     struct c10d__tcp_tuning tune;
-    int refs;             /* the owner's, each registered work callback, a posted advance */
+    int refs; /* the owner's, each registered work callback, a posted advance */
     /* Ops tcp_submit took whose task has not run, or still in the lane, plus
      * one for the loop's references: the state's last holder frees it (the
      * loop, or a thread that ran the lane's op after the loop let go). */
@@ -247,25 +247,18 @@ static void state_free(struct tcp_state *s)
 }
 
 /* Any thread: a submitted op's task ran, or the lane's op completed; or
- * (state_last_ref) the loop let go. The last of them frees the state. */
+ * (state_unref) the loop let go of its last reference. The last of them
+ * frees the state. */
 static void submitted_done(struct tcp_state *s)
 {
     if (atomic_fetch_sub(&s->submitted, 1) == 1)
         state_free(s); /* no uv handle left: its bells closed with state_destroy */
 }
 
-/* Loop, once no reference is left: freed now if no submitted op still
- * waits for its task or runs in the lane (tcp_submit and the lane count those
- * on callers' threads), else by the last of them. */
-static void state_last_ref(struct tcp_state *s)
-{
-    submitted_done(s);
-}
-
 static void state_unref(struct tcp_state *s)
 {
     if (--s->refs == 0)
-        state_last_ref(s);
+        submitted_done(s); /* the loop's share: freed now, or by the last op still out */
 }
 
 static void start_next(struct tcp_state *s);
@@ -1156,7 +1149,7 @@ int c10d__tcp_open(const struct c10d__backend_config *cfg, void **state, const c
     s->group_name = strdup(cfg->group_name != NULL ? cfg->group_name : "0");
     s->timeout_ms = cfg->timeout_ms;
     s->refs = 1;
-    atomic_init(&s->submitted, 1); /* the loop's share (state_last_ref) */
+    atomic_init(&s->submitted, 1); /* the loop's share (state_unref) */
     c10d__tcp_lane_init(&s->lane);
     c10d__tcp_p2p_lane_init(&s->p2p);
     s->p2p.failed = &s->failed_status;
