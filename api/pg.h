@@ -115,6 +115,7 @@ struct c10d__pg_op {
     c10d_pg *pg;
     int dev;      /* index into pg->backends */
     int internal; /* the library's own op (monitored_barrier): no poisoning */
+    int cached;   /* a block of the thread's cache (engine/block_cache.h) */
     struct c10d__op op;
     struct c10d__pg_op *next_in_list; /* coalesced / batched members */
     void *storage;                    /* copied arrays */

@@ -4,6 +4,7 @@
  * them it calls only pg_store.c (releasing the group's stores). */
 #include "pg.h"
 
+#include "engine/block_cache.h"
 #include "engine/error.h"
 #include "engine/work.h"
 
@@ -85,17 +86,23 @@ static void registry_remove(c10d_pg *pg)
     c10d__pg_registry_unlock();
 }
 
+/* Records whose copied arrays fit this many bytes (those of groups up to 8
+ * ranks) come from the thread's cache of blocks, all of one size. */
+#define OP_BLOCK_EXTRA 256
+
 struct c10d__pg_op *c10d__pg_op_new(c10d_pg *pg, int dev, size_t extra_bytes)
 {
-    /* malloc, then zeroed by assignment: glibc's calloc skips the thread's
-     * cache of freed chunks, and an op record is made and freed per op (a
-     * memset right after the malloc is turned back into calloc). */
-    struct c10d__pg_op *po = malloc(sizeof *po + extra_bytes);
+    int cached = extra_bytes <= OP_BLOCK_EXTRA;
+    /* Zeroed by assignment: a memset right after the allocation would be
+     * turned into calloc by the compiler, which skips every cache. */
+    struct c10d__pg_op *po =
+        cached ? c10d__block_take(C10D__BLOCK_OP_RECORD, sizeof *po + OP_BLOCK_EXTRA)
+               : malloc(sizeof *po + extra_bytes);
     if (po == NULL) {
         c10d__fail(C10D_ENOMEM, "%s: out of memory", pg->backend_name);
         return NULL;
     }
-    *po = (struct c10d__pg_op){.pg = pg, .dev = dev, .storage = po + 1};
+    *po = (struct c10d__pg_op){.pg = pg, .dev = dev, .storage = po + 1, .cached = cached};
     memset(po + 1, 0, extra_bytes);
     return po;
 }
@@ -104,7 +111,10 @@ void c10d__pg_op_free(struct c10d__pg_op *po)
 {
     while (po != NULL) {
         struct c10d__pg_op *next = po->next_in_list;
-        free(po);
+        if (po->cached)
+            c10d__block_put(C10D__BLOCK_OP_RECORD, po);
+        else
+            free(po);
         po = next;
     }
 }

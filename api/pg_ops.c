@@ -542,7 +542,12 @@ static int dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args
     }
     C10D_CHECK(c10d__pg_check_op(pg, opname, &op, list_form));
     size_t per = 1;
-    const struct c10d__op as_called = op; /* DETAIL compares what the ranks called */
+    /* DETAIL compares what the ranks called (copied only then: 200 bytes
+     * per op). */
+    int detail = !is_p2p(op.kind) && c10d__pg_detail_enabled();
+    struct c10d__op as_called;
+    if (detail)
+        as_called = op;
     C10D_CHECK(c10d__pg_complex_as_reals(pg, opname, &op, &per));
     const struct c10d__backend_vtable *vt = pg->backends[dev].vt;
     if (vt->check != NULL) {
@@ -557,7 +562,7 @@ static int dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args
             return c10d__fail(rc, "%s %s: %s", pg->backend_name, opname, why);
         }
     }
-    if (!is_p2p(op.kind) && c10d__pg_detail_enabled()) {
+    if (detail) {
         /* A failed group fails the call at once, as without the check: the
          * exchange would wait for ranks that are gone. */
         uv_mutex_lock(&pg->mutex);

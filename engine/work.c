@@ -12,6 +12,7 @@
  * never held while taking a work's mutex. */
 #include "work.h"
 
+#include "block_cache.h"
 #include "env.h"
 #include "flight_recorder.h"
 #include "list.h"
@@ -223,7 +224,7 @@ static void work_free(c10d_work *w)
         free(w->what);
     if (w->callbacks != w->inline_callbacks)
         free(w->callbacks);
-    free(w);
+    c10d__block_put(C10D__BLOCK_WORK, w);
 }
 
 void c10d__work_set_payload(c10d_work *w, const void *kind, void *payload,
@@ -649,10 +650,9 @@ static int work_new(c10d_work **out, int64_t timeout_ms, int (*name_it)(c10d_wor
                           (long long)timeout_ms);
     uv_once(&work_once, work_init_once);
     C10D_CHECK(c10d__engine_start());
-    /* malloc, then zeroed by assignment: glibc's calloc skips the thread's
-     * cache of freed chunks, and a work is made and freed per op (a memset
-     * right after the malloc is turned back into calloc by the compiler). */
-    c10d_work *w = malloc(sizeof *w);
+    /* Zeroed by assignment: a memset right after the allocation would be
+     * turned into calloc by the compiler, which skips every cache. */
+    c10d_work *w = c10d__block_take(C10D__BLOCK_WORK, sizeof *w);
     if (w == NULL)
         return c10d__fail(C10D_ENOMEM, "c10d_work_create: out of memory");
     *w = (c10d_work){0};
@@ -664,7 +664,7 @@ static int work_new(c10d_work **out, int64_t timeout_ms, int (*name_it)(c10d_wor
     if (name_it(w, name) != 0) {
         if (w->what != w->inline_what)
             free(w->what);
-        free(w);
+        c10d__block_put(C10D__BLOCK_WORK, w);
         return c10d__fail(C10D_ENOMEM, "c10d_work_create: out of memory");
     }
     atomic_init(&w->refs, 2); /* the caller's and the pending list's */

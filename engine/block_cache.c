@@ -1,0 +1,75 @@
+/* Per-thread caches of freed blocks (block_cache.h). */
+#include "block_cache.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define BLOCK_CACHE_OFF 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define BLOCK_CACHE_OFF 1
+#endif
+#endif
+
+/* Blocks kept per kind and thread: enough for an op in flight while the
+ * next is made, and its work held by the caller. */
+#define DEPTH 4
+
+struct thread_cache {
+    void *blocks[C10D__BLOCK_KINDS][DEPTH];
+    unsigned char n[C10D__BLOCK_KINDS];
+    unsigned char registered; /* its exit frees the blocks */
+};
+
+static _Thread_local struct thread_cache cache;
+static pthread_once_t key_once = PTHREAD_ONCE_INIT;
+static pthread_key_t exit_key;
+static int key_made;
+
+static void free_at_exit(void *arg)
+{
+    struct thread_cache *c = arg;
+    for (int k = 0; k < C10D__BLOCK_KINDS; k++) {
+        while (c->n[k] > 0)
+            free(c->blocks[k][--c->n[k]]);
+    }
+    /* A block put back by a later destructor of this thread is freed at
+     * once: the cache no longer counts as registered. */
+    c->registered = 2;
+}
+
+static void make_key(void)
+{
+    key_made = pthread_key_create(&exit_key, free_at_exit) == 0;
+}
+
+void *c10d__block_take(enum c10d__block_kind kind, size_t size)
+{
+#ifndef BLOCK_CACHE_OFF
+    if (cache.n[kind] > 0)
+        return cache.blocks[kind][--cache.n[kind]];
+#else
+    (void)kind;
+#endif
+    return malloc(size);
+}
+
+void c10d__block_put(enum c10d__block_kind kind, void *block)
+{
+#ifndef BLOCK_CACHE_OFF
+    if (block == NULL)
+        return;
+    if (cache.registered == 0) {
+        pthread_once(&key_once, make_key);
+        cache.registered = key_made && pthread_setspecific(exit_key, &cache) == 0 ? 1 : 2;
+    }
+    if (cache.registered == 1 && cache.n[kind] < DEPTH) {
+        cache.blocks[kind][cache.n[kind]++] = block;
+        return;
+    }
+#else
+    (void)kind;
+#endif
+    free(block);
+}
