@@ -542,12 +542,10 @@ static int dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args
     }
     C10D_CHECK(c10d__pg_check_op(pg, opname, &op, list_form));
     size_t per = 1;
-    /* DETAIL compares what the ranks called (copied only then: 200 bytes
-     * per op). */
-    int detail = !is_p2p(op.kind) && c10d__pg_detail_enabled();
-    struct c10d__op as_called;
-    if (detail)
-        as_called = op;
+    /* DETAIL compares what the ranks called: the two fields a complex dtype
+     * changes are kept, not the 200-byte op (remade only with DETAIL). */
+    c10d_dtype called_dtype = op.dtype;
+    size_t called_count = op.count;
     C10D_CHECK(c10d__pg_complex_as_reals(pg, opname, &op, &per));
     const struct c10d__backend_vtable *vt = pg->backends[dev].vt;
     if (vt->check != NULL) {
@@ -562,7 +560,10 @@ static int dispatch(c10d_pg *pg, const char *opname, const struct c10d__op *args
             return c10d__fail(rc, "%s %s: %s", pg->backend_name, opname, why);
         }
     }
-    if (detail) {
+    if (!is_p2p(op.kind) && c10d__pg_detail_enabled()) {
+        struct c10d__op as_called = op;
+        as_called.dtype = called_dtype;
+        as_called.count = called_count;
         /* A failed group fails the call at once, as without the check: the
          * exchange would wait for ranks that are gone. */
         uv_mutex_lock(&pg->mutex);

@@ -12,6 +12,8 @@
 #endif
 #endif
 
+#ifndef BLOCK_CACHE_OFF
+
 /* Blocks kept per kind and thread: enough for an op in flight while the
  * next is made, and its work held by the caller. */
 #define DEPTH 4
@@ -19,7 +21,7 @@
 struct thread_cache {
     void *blocks[C10D__BLOCK_KINDS][DEPTH];
     unsigned char n[C10D__BLOCK_KINDS];
-    unsigned char registered; /* its exit frees the blocks */
+    unsigned char registered; /* 1: its exit frees the blocks; 2: keeps none */
 };
 
 static _Thread_local struct thread_cache cache;
@@ -35,7 +37,7 @@ static void free_at_exit(void *arg)
             free(c->blocks[k][--c->n[k]]);
     }
     /* A block put back by a later destructor of this thread is freed at
-     * once: the cache no longer counts as registered. */
+     * once. */
     c->registered = 2;
 }
 
@@ -46,18 +48,13 @@ static void make_key(void)
 
 void *c10d__block_take(enum c10d__block_kind kind, size_t size)
 {
-#ifndef BLOCK_CACHE_OFF
     if (cache.n[kind] > 0)
         return cache.blocks[kind][--cache.n[kind]];
-#else
-    (void)kind;
-#endif
     return malloc(size);
 }
 
 void c10d__block_put(enum c10d__block_kind kind, void *block)
 {
-#ifndef BLOCK_CACHE_OFF
     if (block == NULL)
         return;
     if (cache.registered == 0) {
@@ -68,8 +65,21 @@ void c10d__block_put(enum c10d__block_kind kind, void *block)
         cache.blocks[kind][cache.n[kind]++] = block;
         return;
     }
-#else
-    (void)kind;
-#endif
     free(block);
 }
+
+#else
+
+void *c10d__block_take(enum c10d__block_kind kind, size_t size)
+{
+    (void)kind;
+    return malloc(size);
+}
+
+void c10d__block_put(enum c10d__block_kind kind, void *block)
+{
+    (void)kind;
+    free(block);
+}
+
+#endif

@@ -28,6 +28,7 @@ enum mcase {
     M_ROOT,         /* broadcast: every rank believes it is the root */
     M_ROOT_GATHER,  /* gather: roots 0 and 1 */
     M_REJECTED_ONE, /* rank 0's all_reduce is rejected (no seq used), then a barrier */
+    M_COMPLEX,      /* all_reduce complex64 x 2 vs float32 x 4: the same reals underneath */
 };
 
 struct mcase_spec {
@@ -72,6 +73,9 @@ static int run_first(enum mcase c, c10d_pg *pg, int rank, c10d_work **w)
             return c10d_barrier(pg, o, w);
         }
         return c10d_all_reduce(pg, i32, i32, 4, C10D_INT32, C10D_BAND, o, w);
+    case M_COMPLEX:
+        return c10d_all_reduce(pg, f, f, rank == 0 ? 2 : 4,
+                               rank == 0 ? C10D_COMPLEX64 : C10D_FLOAT32, C10D_SUM, o, w);
     }
     return C10D_EINTERNAL;
 }
@@ -265,6 +269,13 @@ static void test_dtype_detail(void **state)
     run_case_mode(M_DTYPE, 2, "Tensor dtypes: ", 1);
 }
 
+/* A complex op runs as its reals: DETAIL compares what each rank called. */
+static void test_complex_vs_reals_detail(void **state)
+{
+    (void)state;
+    run_case_mode(M_COMPLEX, 2, "Tensor dtypes: ", 1);
+}
+
 static void test_two_roots_broadcast_detail(void **state)
 {
     (void)state;
@@ -333,6 +344,7 @@ int main(void)
         cmocka_unit_test(test_two_roots_broadcast),
         cmocka_unit_test(test_two_roots_gather_3_detail),
         cmocka_unit_test(test_dtype_detail),
+        cmocka_unit_test(test_complex_vs_reals_detail),
         cmocka_unit_test(test_two_roots_broadcast_detail),
         cmocka_unit_test(test_rejected_on_one_rank),
         cmocka_unit_test(test_detail_dead_peer_fails_fast),
