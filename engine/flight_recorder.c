@@ -1,7 +1,9 @@
 /* The flight recorder (flight_recorder.h, docs/debugging.md).
  *
- * One mutex guards the ring: an op costs a lock, a fixed-size copy into a
- * preallocated slot and an unlock, and nothing is allocated per op. An entry
+ * One lock guards the ring (engine/lock.h, a futex word: an op records and
+ * completes its entry with two atomic instructions each): an op costs a lock,
+ * a fixed-size copy into a preallocated slot and an unlock, and nothing is
+ * allocated per op. An entry
  * is found again by its record id (slot = id % capacity); the slot's own id
  * says whether the ring has reused it since, so a late completion never
  * touches a newer op's entry. A dump copies the ring under the lock and
@@ -10,6 +12,7 @@
 
 #include "env.h"
 #include "error.h"
+#include "lock.h"
 #include "log.h"
 
 #include <errno.h>
@@ -51,8 +54,8 @@ struct fr_group {
 enum { FR_UNREAD = 0, FR_ON, FR_OFF };
 
 static uv_once_t fr_once = UV_ONCE_INIT;
-static uv_mutex_t fr_mutex;
-static atomic_int fr_mode; /* FR_UNREAD until the first use reads the environment */
+static c10d__lock fr_mutex; /* engine/lock.h: twice per op */
+static atomic_int fr_mode;  /* FR_UNREAD until the first use reads the environment */
 /* Guarded by fr_mutex. */
 static struct fr_entry *fr_ring;
 static size_t fr_cap;
@@ -65,24 +68,23 @@ static int fr_rank = -1;
  * the lock held: the child records its own groups' ops. */
 static void fr_fork_prepare(void)
 {
-    uv_mutex_lock(&fr_mutex);
+    c10d__lock_acquire(&fr_mutex);
 }
 
 static void fr_fork_parent(void)
 {
-    uv_mutex_unlock(&fr_mutex);
+    c10d__lock_release(&fr_mutex);
 }
 
 static void fr_fork_child(void)
 {
     /* The forking thread took it in prepare and is the child's only thread:
      * it may release it (re-initialising a held mutex is undefined). */
-    uv_mutex_unlock(&fr_mutex);
+    c10d__lock_release(&fr_mutex);
 }
 
 static void fr_init_mutex(void)
 {
-    uv_mutex_init(&fr_mutex);
     pthread_atfork(fr_fork_prepare, fr_fork_parent, fr_fork_child);
 }
 
@@ -125,10 +127,10 @@ static void fr_configure_locked(void)
 static void fr_ensure(void)
 {
     uv_once(&fr_once, fr_init_mutex);
-    uv_mutex_lock(&fr_mutex);
+    c10d__lock_acquire(&fr_mutex);
     if (atomic_load(&fr_mode) == FR_UNREAD)
         fr_configure_locked();
-    uv_mutex_unlock(&fr_mutex);
+    c10d__lock_release(&fr_mutex);
 }
 
 int c10d__fr_dumps_files(void)
@@ -217,14 +219,14 @@ uint64_t c10d__fr_record(const struct c10d__fr_op *op)
     e.state = op->started ? FR_STARTED : FR_SCHEDULED;
     e.is_p2p = op->is_p2p != 0;
     e.retired = 0;
-    uv_mutex_lock(&fr_mutex);
+    c10d__lock_acquire(&fr_mutex);
     if (fr_cap == 0) {
-        uv_mutex_unlock(&fr_mutex);
+        c10d__lock_release(&fr_mutex);
         return 0;
     }
     e.rid = ++fr_next;
     fr_ring[(e.rid - 1) % fr_cap] = e;
-    uv_mutex_unlock(&fr_mutex);
+    c10d__lock_release(&fr_mutex);
     return e.rid;
 }
 
@@ -241,26 +243,26 @@ void c10d__fr_started(uint64_t rid)
 {
     if (rid == 0)
         return;
-    uv_mutex_lock(&fr_mutex);
+    c10d__lock_acquire(&fr_mutex);
     struct fr_entry *e = entry_locked(rid);
     if (e != NULL && e->state == FR_SCHEDULED && !e->retired) {
         e->state = FR_STARTED;
         e->t_started = e->t_created; /* the header says why no clock is read */
     }
-    uv_mutex_unlock(&fr_mutex);
+    c10d__lock_release(&fr_mutex);
 }
 
 void c10d__fr_refused(uint64_t rid)
 {
     if (rid == 0)
         return;
-    uv_mutex_lock(&fr_mutex);
+    c10d__lock_acquire(&fr_mutex);
     struct fr_entry *e = entry_locked(rid);
     if (e != NULL && e->state == FR_STARTED) { /* a failure leaves the state as it is */
         e->state = FR_SCHEDULED;
         e->t_started = 0;
     }
-    uv_mutex_unlock(&fr_mutex);
+    c10d__lock_release(&fr_mutex);
 }
 
 void c10d__fr_completed(uint64_t rid, int status)
@@ -268,7 +270,7 @@ void c10d__fr_completed(uint64_t rid, int status)
     if (rid == 0)
         return;
     uint64_t now = wall_of(clock_ns(CLOCK_MONOTONIC));
-    uv_mutex_lock(&fr_mutex);
+    c10d__lock_acquire(&fr_mutex);
     struct fr_entry *e = entry_locked(rid);
     if (e != NULL && !e->retired) {
         e->retired = 1;
@@ -280,7 +282,7 @@ void c10d__fr_completed(uint64_t rid, int status)
             e->t_completed = now;
         }
     }
-    uv_mutex_unlock(&fr_mutex);
+    c10d__lock_release(&fr_mutex);
 }
 
 void c10d__fr_register_pg(const char *name, const char *desc, const int *ranks, int nranks,
@@ -288,14 +290,14 @@ void c10d__fr_register_pg(const char *name, const char *desc, const int *ranks, 
 {
     if (!c10d__fr_enabled() || name == NULL)
         return;
-    uv_mutex_lock(&fr_mutex);
+    c10d__lock_acquire(&fr_mutex);
     fr_rank = global_rank;
     for (struct fr_group *g = fr_groups; g != NULL; g = g->next)
         if (strcmp(g->name, name) == 0) {
-            uv_mutex_unlock(&fr_mutex);
+            c10d__lock_release(&fr_mutex);
             return;
         }
-    uv_mutex_unlock(&fr_mutex);
+    c10d__lock_release(&fr_mutex);
     /* Built outside the lock: ops of other threads need not wait for it. */
     struct fr_group *g = calloc(1, sizeof *g);
     size_t cap = 3 + (size_t)(nranks > 0 ? nranks : 0) * 13;
@@ -320,10 +322,10 @@ void c10d__fr_register_pg(const char *name, const char *desc, const int *ranks, 
         free(g);
         return;
     }
-    uv_mutex_lock(&fr_mutex);
+    c10d__lock_acquire(&fr_mutex);
     for (struct fr_group *o = fr_groups; o != NULL; o = o->next)
         if (strcmp(o->name, name) == 0) {
-            uv_mutex_unlock(&fr_mutex);
+            c10d__lock_release(&fr_mutex);
             free(g->name);
             free(g->desc);
             free(r);
@@ -332,7 +334,7 @@ void c10d__fr_register_pg(const char *name, const char *desc, const int *ranks, 
         }
     g->next = fr_groups;
     fr_groups = g;
-    uv_mutex_unlock(&fr_mutex);
+    c10d__lock_release(&fr_mutex);
 }
 
 /* ------------------------------------------------------------------ dump */
@@ -363,13 +365,13 @@ static struct fr_snapshot *snapshot_take(const char *reason, int only_active)
         return NULL;
     s->reason = strdup(reason != NULL ? reason : "");
     s->pg_config = json_object();
-    uv_mutex_lock(&fr_mutex);
+    c10d__lock_acquire(&fr_mutex);
     size_t n = fr_next < fr_cap ? (size_t)fr_next : fr_cap;
     if (fr_next - n < fr_floor)
         n = (size_t)(fr_next - fr_floor);
     s->entries = n > 0 ? malloc(n * sizeof *s->entries) : NULL;
     if (s->reason == NULL || s->pg_config == NULL || (n > 0 && s->entries == NULL)) {
-        uv_mutex_unlock(&fr_mutex);
+        c10d__lock_release(&fr_mutex);
         snapshot_free(s);
         return NULL;
     }
@@ -388,7 +390,7 @@ static struct fr_snapshot *snapshot_take(const char *reason, int only_active)
         if (c != NULL)
             json_object_set_new(s->pg_config, g->name, c);
     }
-    uv_mutex_unlock(&fr_mutex);
+    c10d__lock_release(&fr_mutex);
     return s;
 }
 
@@ -514,9 +516,9 @@ static json_t *snapshot_json(const struct fr_snapshot *s)
 int c10d__fr_default_path(char *buf, size_t len)
 {
     fr_ensure();
-    uv_mutex_lock(&fr_mutex);
+    c10d__lock_acquire(&fr_mutex);
     int rank = fr_rank;
-    uv_mutex_unlock(&fr_mutex);
+    c10d__lock_release(&fr_mutex);
     if (rank < 0)
         return c10d__fail(C10D_EINVAL,
                           "flight recorder: this process has no rank yet (no op of a process "
@@ -594,9 +596,9 @@ int c10d__fr_dump_json(const char *reason, int only_active, char **out)
 void c10d__fr_clear(void)
 {
     fr_ensure();
-    uv_mutex_lock(&fr_mutex);
+    c10d__lock_acquire(&fr_mutex);
     fr_floor = fr_next;
-    uv_mutex_unlock(&fr_mutex);
+    c10d__lock_release(&fr_mutex);
 }
 
 /* Dumps being written by their threads: a process that returns from main
@@ -687,7 +689,7 @@ void c10d__fr_reset(void)
 {
     uv_once(&fr_once, fr_init_mutex);
     c10d__env_reload();
-    uv_mutex_lock(&fr_mutex);
+    c10d__lock_acquire(&fr_mutex);
     while (fr_groups != NULL) {
         struct fr_group *g = fr_groups;
         fr_groups = g->next;
@@ -698,23 +700,23 @@ void c10d__fr_reset(void)
     }
     fr_rank = -1;
     fr_configure_locked();
-    uv_mutex_unlock(&fr_mutex);
+    c10d__lock_release(&fr_mutex);
 }
 
 size_t c10d__fr_capacity(void)
 {
     fr_ensure();
-    uv_mutex_lock(&fr_mutex);
+    c10d__lock_acquire(&fr_mutex);
     size_t c = fr_cap;
-    uv_mutex_unlock(&fr_mutex);
+    c10d__lock_release(&fr_mutex);
     return c;
 }
 
 uint64_t c10d__fr_next_id(void)
 {
     fr_ensure();
-    uv_mutex_lock(&fr_mutex);
+    c10d__lock_acquire(&fr_mutex);
     uint64_t n = fr_next;
-    uv_mutex_unlock(&fr_mutex);
+    c10d__lock_release(&fr_mutex);
     return n;
 }

@@ -1,6 +1,6 @@
 /* Works. Over 800 lines because a work's states (pending, parked for a
  * waiter, done, callbacks drained on the loop or on the completing thread)
- * share one mutex and one reference count, and splitting them would spread
+ * share one lock and one reference count, and splitting them would spread
  * that invariant over files.
  *
  * Reference counting keeps a work alive while anyone may still touch it:
@@ -9,13 +9,15 @@
  * the last one frees it, so a callback may release the work it is called for.
  *
  * Lock order: work->mutex, then the engine's mutex (posting). pending_mutex is
- * never held while taking a work's mutex. */
+ * never held while taking a work's mutex. Both are futex locks (lock.h): a
+ * group's op takes them five times. */
 #include "work.h"
 
 #include "block_cache.h"
 #include "env.h"
 #include "flight_recorder.h"
 #include "list.h"
+#include "lock.h"
 #include "log.h"
 #include "loop.h"
 
@@ -71,7 +73,7 @@ static void futex_wake_all(atomic_int *word)
 
 struct c10d_work {
     atomic_int refs;
-    uv_mutex_t mutex;
+    c10d__lock mutex; /* engine/lock.h: taken at least twice per op */
     /* Guarded by mutex. */
     int done;
     /* 1 once the work is done and every callback registered so far has run:
@@ -145,25 +147,25 @@ struct c10d_work {
  * freed chunks (1032 bytes), or malloc takes its slow path again. */
 _Static_assert(sizeof(struct c10d_work) <= 1024, "a work outgrew malloc's thread cache");
 
-static uv_mutex_t pending_mutex;
+static c10d__lock pending_mutex;
 static struct c10d_work *pending_head, *pending_tail;
 static size_t pending_count;
 static uv_once_t work_once = UV_ONCE_INIT;
 
 static void pending_fork_prepare(void)
 {
-    uv_mutex_lock(&pending_mutex);
+    c10d__lock_acquire(&pending_mutex);
 }
 
 static void pending_fork_parent(void)
 {
-    uv_mutex_unlock(&pending_mutex);
+    c10d__lock_release(&pending_mutex);
 }
 
 /* Works of the parent mean nothing in the child (see c10d_shutdown's note). */
 static void pending_fork_child(void)
 {
-    uv_mutex_init(&pending_mutex);
+    c10d__lock_release(&pending_mutex);
     pending_head = pending_tail = NULL;
     pending_count = 0;
 }
@@ -177,40 +179,39 @@ static struct c10d__shutdown_sweep shutdown_sweep = {abort_all_at_shutdown, NULL
 
 static void work_init_once(void)
 {
-    uv_mutex_init(&pending_mutex);
     pthread_atfork(pending_fork_prepare, pending_fork_parent, pending_fork_child);
     c10d__engine_add_sweep(&shutdown_sweep);
 }
 
 static void pending_add(c10d_work *w)
 {
-    uv_mutex_lock(&pending_mutex);
+    c10d__lock_acquire(&pending_mutex);
     C10D__LIST_PUSH_FRONT(pending_head, pending_tail, w, pending_prev, pending_next);
     w->in_pending = 1;
     pending_count++;
-    uv_mutex_unlock(&pending_mutex);
+    c10d__lock_release(&pending_mutex);
 }
 
 /* Returns 1 if it was in the list (the caller then owns the list's reference). */
 static int pending_remove(c10d_work *w)
 {
-    uv_mutex_lock(&pending_mutex);
+    c10d__lock_acquire(&pending_mutex);
     int was_in = w->in_pending;
     if (was_in) {
         C10D__LIST_REMOVE(pending_head, pending_tail, w, pending_prev, pending_next);
         w->in_pending = 0;
         pending_count--;
     }
-    uv_mutex_unlock(&pending_mutex);
+    c10d__lock_release(&pending_mutex);
     return was_in;
 }
 
 size_t c10d__work_pending_count(void)
 {
     uv_once(&work_once, work_init_once);
-    uv_mutex_lock(&pending_mutex);
+    c10d__lock_acquire(&pending_mutex);
     size_t n = pending_count;
-    uv_mutex_unlock(&pending_mutex);
+    c10d__lock_release(&pending_mutex);
     return n;
 }
 
@@ -218,7 +219,6 @@ static void work_free(c10d_work *w)
 {
     if (w->payload_free != NULL)
         w->payload_free(w->payload);
-    uv_mutex_destroy(&w->mutex);
     free(w->message);
     if (w->what != w->inline_what)
         free(w->what);
@@ -341,7 +341,7 @@ static void run_batch(c10d_work *w, const struct work_callback *batch, size_t n)
  * go. Holds the drain task's reference, so callbacks may release theirs. */
 static void work_drain(c10d_work *w)
 {
-    uv_mutex_lock(&w->mutex);
+    c10d__lock_acquire(&w->mutex);
     w->drain_posted = 0;
     int close_timer = w->timer_state == TIMER_ARMED;
     if (close_timer)
@@ -349,12 +349,12 @@ static void work_drain(c10d_work *w)
     struct work_callback batch[DRAIN_BATCH];
     size_t n;
     while ((n = take_due_locked(w, batch, 0)) > 0) {
-        uv_mutex_unlock(&w->mutex);
+        c10d__lock_release(&w->mutex);
         run_batch(w, batch, n);
-        uv_mutex_lock(&w->mutex);
+        c10d__lock_acquire(&w->mutex);
     }
     int wake = settle_locked(w);
-    uv_mutex_unlock(&w->mutex);
+    c10d__lock_release(&w->mutex);
     if (wake)
         futex_wake_all(&w->settled);
     if (close_timer) {
@@ -415,13 +415,13 @@ static int drain_here(c10d_work *w, struct work_callback *batch, size_t n)
 {
     do {
         run_batch(w, batch, n);
-        uv_mutex_lock(&w->mutex);
+        c10d__lock_acquire(&w->mutex);
         n = take_due_locked(w, batch, 1);
         if (n > 0)
-            uv_mutex_unlock(&w->mutex);
+            c10d__lock_release(&w->mutex);
     } while (n > 0);
     if (has_due_locked(w) && c10d__engine_post(&w->drain_task) == 0) {
-        uv_mutex_unlock(&w->mutex); /* the drain task owns the reference now */
+        c10d__lock_release(&w->mutex); /* the drain task owns the reference now */
         return 0;
     }
     /* Everything ran, or posting closed: then the work stays pending, and the
@@ -429,7 +429,7 @@ static int drain_here(c10d_work *w, struct work_callback *batch, size_t n)
     w->drain_posted = 0;
     int orphaned = has_due_locked(w);
     int wake = !orphaned && settle_locked(w);
-    uv_mutex_unlock(&w->mutex);
+    c10d__lock_release(&w->mutex);
     if (wake)
         futex_wake_all(&w->settled);
     c10d_work_release(w);
@@ -444,9 +444,9 @@ static int work_vcomplete(c10d_work *w, int here_ok, int status, const char *fmt
     /* A parked op goes to its loop first: its task is posted before the
      * callbacks that free it. */
     c10d__work_unpark(w);
-    uv_mutex_lock(&w->mutex);
+    c10d__lock_acquire(&w->mutex);
     if (w->done) {
-        uv_mutex_unlock(&w->mutex);
+        c10d__lock_release(&w->mutex);
         free(message);
         return 0;
     }
@@ -487,7 +487,7 @@ static int work_vcomplete(c10d_work *w, int here_ok, int status, const char *fmt
     int wake = 0;
     if (!here && !has_due_locked(w))
         wake = settle_locked(w);
-    uv_mutex_unlock(&w->mutex);
+    c10d__lock_release(&w->mutex);
     /* After the unlock: a waiter woken on this CPU would otherwise run only to
      * block on the mutex we still hold (two more context switches per op). The
      * pending list's reference keeps the work alive until the end. */
@@ -572,11 +572,11 @@ static void timer_fired(uv_timer_t *t)
 static void arm_task_fn(struct c10d__task *t)
 {
     c10d_work *w = (c10d_work *)((char *)t - offsetof(c10d_work, arm_task));
-    uv_mutex_lock(&w->mutex);
+    c10d__lock_acquire(&w->mutex);
     int arm = !w->done;
     if (arm)
         w->timer_state = TIMER_ARMED;
-    uv_mutex_unlock(&w->mutex);
+    c10d__lock_release(&w->mutex);
     if (!arm) {
         c10d_work_release(w);
         return;
@@ -655,10 +655,7 @@ static int work_new(c10d_work **out, int64_t timeout_ms, int (*name_it)(c10d_wor
     c10d_work *w = c10d__block_take(C10D__BLOCK_WORK, sizeof *w);
     if (w == NULL)
         return c10d__fail(C10D_ENOMEM, "c10d_work_create: out of memory");
-    *w = (c10d_work){0};
-    /* A default mutex needs no call (uv_mutex_init's is 50 instructions);
-     * uv_mutex_t is a pthread mutex on every platform this builds on. */
-    w->mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    *w = (c10d_work){0}; /* its lock free */
     w->callbacks = w->inline_callbacks;
     w->callbacks_cap = INLINE_CALLBACKS;
     if (name_it(w, name) != 0) {
@@ -791,10 +788,10 @@ static void run_parked(c10d_work *w, uint64_t deadline_ns)
      * flag gone and the drain not yet scheduled. */
     if (!atomic_load(&w->drain_deferred))
         return;
-    uv_mutex_lock(&w->mutex);
+    c10d__lock_acquire(&w->mutex);
     int run_inline = 0;
     if (!atomic_exchange(&w->drain_deferred, 0)) {
-        uv_mutex_unlock(&w->mutex); /* the completer saw this thread let go, and took it */
+        c10d__lock_release(&w->mutex); /* the completer saw this thread let go, and took it */
         return;
     }
     if (schedule_drain_locked(w, &run_inline) != 0) {
@@ -806,16 +803,16 @@ static void run_parked(c10d_work *w, uint64_t deadline_ns)
         w->drain_posted = 1;
         run_inline = 1;
     }
-    uv_mutex_unlock(&w->mutex);
+    c10d__lock_release(&w->mutex);
     if (run_inline)
         work_drain(w);
 }
 
 static int add_callback(c10d_work *w, c10d_work_cb cb, void *arg, int anywhere, c10d_work_cb last)
 {
-    uv_mutex_lock(&w->mutex);
+    c10d__lock_acquire(&w->mutex);
     if (last != NULL && w->last.cb != NULL) {
-        uv_mutex_unlock(&w->mutex);
+        c10d__lock_release(&w->mutex);
         return c10d__fail(C10D_EINVAL, "c10d__work_on_complete_around: '%s' has a last callback",
                           what_of(w));
     }
@@ -825,7 +822,7 @@ static int add_callback(c10d_work *w, c10d_work_cb cb, void *arg, int anywhere, 
         struct work_callback *grown =
             realloc(was_inline ? NULL : w->callbacks, cap * sizeof *grown);
         if (grown == NULL) {
-            uv_mutex_unlock(&w->mutex);
+            c10d__lock_release(&w->mutex);
             return c10d__fail(C10D_ENOMEM, "c10d_work_on_complete: out of memory");
         }
         if (was_inline)
@@ -851,7 +848,7 @@ static int add_callback(c10d_work *w, c10d_work_cb cb, void *arg, int anywhere, 
                 * needs the mutex we hold, so it cannot settle before this */
             atomic_store(&w->settled, 0);
     }
-    uv_mutex_unlock(&w->mutex);
+    c10d__lock_release(&w->mutex);
     if (run_inline)
         work_drain(w);
     if (!anywhere) /* it is awaited on the loop: the loop runs it */
@@ -944,10 +941,10 @@ static int work_wait(c10d_work *w, int64_t timeout_ms, int blocking)
     if (settled) {
         status = w->status;
     } else {
-        uv_mutex_lock(&w->mutex);
+        c10d__lock_acquire(&w->mutex);
         done = w->done;
         status = w->status;
-        uv_mutex_unlock(&w->mutex);
+        c10d__lock_release(&w->mutex);
     }
     if (settled && status < 0)
         c10d__fail(status, "%s", w->message != NULL ? w->message : c10d_strerror(status));
@@ -985,20 +982,20 @@ int c10d__work_wait(c10d_work *w, int64_t timeout_ms)
 void c10d__work_set_stream_wait(c10d_work *w, int (*fn)(c10d_work *w, void *stream, void *arg),
                                 void *arg)
 {
-    uv_mutex_lock(&w->mutex);
+    c10d__lock_acquire(&w->mutex);
     w->stream_wait = fn;
     w->stream_wait_arg = arg;
-    uv_mutex_unlock(&w->mutex);
+    c10d__lock_release(&w->mutex);
 }
 
 int c10d_work_wait_stream(c10d_work *w, void *stream)
 {
     if (w == NULL)
         return c10d__fail(C10D_EINVAL, "c10d_work_wait_stream: work is NULL");
-    uv_mutex_lock(&w->mutex);
+    c10d__lock_acquire(&w->mutex);
     int (*fn)(c10d_work *, void *, void *) = w->stream_wait;
     void *arg = w->stream_wait_arg;
-    uv_mutex_unlock(&w->mutex);
+    c10d__lock_release(&w->mutex);
     if (fn != NULL)
         return fn(w, stream, arg);
     return c10d_work_wait(w, -1);
@@ -1006,10 +1003,10 @@ int c10d_work_wait_stream(c10d_work *w, void *stream)
 
 void c10d__work_set_cancel(c10d_work *w, int (*fn)(c10d_work *w, void *arg), void *arg)
 {
-    uv_mutex_lock(&w->mutex);
+    c10d__lock_acquire(&w->mutex);
     w->cancel = fn;
     w->cancel_arg = arg;
-    uv_mutex_unlock(&w->mutex);
+    c10d__lock_release(&w->mutex);
 }
 
 int c10d_work_cancel(c10d_work *w)
@@ -1017,11 +1014,11 @@ int c10d_work_cancel(c10d_work *w)
     if (w == NULL)
         return c10d__fail(C10D_EINVAL, "c10d_work_cancel: work is NULL");
     c10d__work_unpark(w); /* polled: the loop runs it from now on */
-    uv_mutex_lock(&w->mutex);
+    c10d__lock_acquire(&w->mutex);
     int done = w->done, user = w->user_created;
     int (*fn)(c10d_work *, void *) = w->cancel;
     void *arg = w->cancel_arg;
-    uv_mutex_unlock(&w->mutex);
+    c10d__lock_release(&w->mutex);
     if (done)
         return 0;
     if (fn != NULL)
@@ -1041,9 +1038,9 @@ int c10d_work_test(c10d_work *w)
     if (w == NULL)
         return c10d__fail(C10D_EINVAL, "c10d_work_test: work is NULL");
     c10d__work_unpark(w); /* polled: the loop runs it from now on */
-    uv_mutex_lock(&w->mutex);
+    c10d__lock_acquire(&w->mutex);
     int done = w->done;
-    uv_mutex_unlock(&w->mutex);
+    c10d__lock_release(&w->mutex);
     return done;
 }
 
@@ -1052,9 +1049,9 @@ int c10d_work_status(c10d_work *w)
     if (w == NULL)
         return C10D_EINVAL;
     c10d__work_unpark(w); /* polled: the loop runs it from now on */
-    uv_mutex_lock(&w->mutex);
+    c10d__lock_acquire(&w->mutex);
     int status = w->done ? w->status : C10D_PENDING;
-    uv_mutex_unlock(&w->mutex);
+    c10d__lock_release(&w->mutex);
     return status;
 }
 
@@ -1062,10 +1059,10 @@ const char *c10d_work_message(c10d_work *w)
 {
     if (w == NULL)
         return "";
-    uv_mutex_lock(&w->mutex);
+    c10d__lock_acquire(&w->mutex);
     /* Written once, before done is set, never changed afterwards. */
     const char *m = w->done && w->message != NULL ? w->message : "";
-    uv_mutex_unlock(&w->mutex);
+    c10d__lock_release(&w->mutex);
     return m;
 }
 
@@ -1121,7 +1118,7 @@ static void abort_one(c10d_work *w, int status, const char *message)
 {
     if (complete_plain(w, status, message))
         return;
-    uv_mutex_lock(&w->mutex);
+    c10d__lock_acquire(&w->mutex);
     /* Not while a waiter still runs its op: run_parked drains it after. */
     int orphan =
         w->done && !w->drain_posted && !atomic_load(&w->drain_deferred) && has_due_locked(w);
@@ -1129,7 +1126,7 @@ static void abort_one(c10d_work *w, int status, const char *message)
         c10d_work_retain(w); /* the drain's */
         w->drain_posted = 1;
     }
-    uv_mutex_unlock(&w->mutex);
+    c10d__lock_release(&w->mutex);
     if (orphan)
         work_drain(w);
     if (pending_remove(w))
@@ -1141,7 +1138,7 @@ void c10d__work_abort_all(int status, const char *message)
     uv_once(&work_once, work_init_once);
     for (;;) {
         /* Take a reference to each under the list lock, complete them outside it. */
-        uv_mutex_lock(&pending_mutex);
+        c10d__lock_acquire(&pending_mutex);
         size_t n = pending_count;
         c10d_work **batch = n ? malloc(n * sizeof *batch) : NULL;
         size_t k = 0;
@@ -1149,7 +1146,7 @@ void c10d__work_abort_all(int status, const char *message)
             c10d_work_retain(w);
             batch[k++] = w;
         }
-        uv_mutex_unlock(&pending_mutex);
+        c10d__lock_release(&pending_mutex);
         if (k == 0) {
             free(batch);
             return;
