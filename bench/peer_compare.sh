@@ -43,7 +43,7 @@ except Exception: print('n/a')")
 cpus=$(nproc)
 iterations() { # bytes -> iterations, the rule of gloo_allreduce.py and mpi_allreduce.c
     i=$((64 * 1024 * 1024 / $1 / 4))
-    [ $i -lt 5 ] && i=5
+    [ $i -lt 20 ] && i=20
     [ $i -gt 1000 ] && i=1000
     echo $i
 }

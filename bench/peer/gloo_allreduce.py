@@ -21,7 +21,7 @@ def parse_size(text):
 
 
 def iterations(nbytes):
-    return max(5, min(1000, (64 << 20) // max(nbytes, 1) // 4))
+    return max(20, min(1000, (64 << 20) // max(nbytes, 1) // 4))
 
 
 def main():

@@ -31,7 +31,7 @@ int main(int argc, char **argv)
     for (long size = min; size <= max; size *= factor) {
         int count = (int)(size / 4 > 0 ? size / 4 : 1);
         long iters = (64L << 20) / (size > 0 ? size : 1) / 4;
-        iters = iters < 5 ? 5 : iters > 1000 ? 1000 : iters;
+        iters = iters < 20 ? 20 : iters > 1000 ? 1000 : iters;
         for (long i = 0; i < (iters / 10 > 2 ? iters / 10 : 2); i++)
             MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         MPI_Barrier(MPI_COMM_WORLD);
