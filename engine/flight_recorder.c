@@ -194,40 +194,42 @@ uint64_t c10d__fr_record(const struct c10d__fr_op *op)
 {
     if (atomic_load_explicit(&fr_mode, memory_order_relaxed) == FR_OFF || !c10d__fr_enabled())
         return 0;
-    struct fr_entry e;
-    if (op->names != NULL)
-        e.names = *op->names;
-    else
-        c10d__fr_names_init(&e.names, op->pg_name, op->pg_desc);
-    e.backend = op->backend != NULL ? op->backend : "c10d";
-    e.op = op->op != NULL ? op->op : "?";
-    e.coll_seq = op->coll_seq;
-    e.p2p_seq = op->p2p_seq;
-    e.op_id = op->op_id;
-    e.t_created = wall_of(op->now_ns != 0 ? op->now_ns : clock_ns(CLOCK_MONOTONIC));
-    e.t_started = op->started ? e.t_created : 0;
-    e.t_completed = 0;
-    e.timeout_ms = op->timeout_ms;
-    e.in_numel = op->in_numel;
-    e.out_numel = op->out_numel;
-    e.in_tensors = op->in_tensors;
-    e.out_tensors = op->out_tensors;
-    e.dtype = op->dtype;
-    e.root = op->root;
-    e.peer = op->peer;
-    e.status = 0;
-    e.state = op->started ? FR_STARTED : FR_SCHEDULED;
-    e.is_p2p = op->is_p2p != 0;
-    e.retired = 0;
+    uint64_t t_created = wall_of(op->now_ns != 0 ? op->now_ns : clock_ns(CLOCK_MONOTONIC));
+    /* Written in place, under the lock: one copy of the entry, not two. */
     c10d__lock_acquire(&fr_mutex);
     if (fr_cap == 0) {
         c10d__lock_release(&fr_mutex);
         return 0;
     }
-    e.rid = ++fr_next;
-    fr_ring[(e.rid - 1) % fr_cap] = e;
+    uint64_t rid = ++fr_next;
+    struct fr_entry *e = &fr_ring[(rid - 1) % fr_cap];
+    e->rid = rid;
+    if (op->names != NULL)
+        e->names = *op->names;
+    else
+        c10d__fr_names_init(&e->names, op->pg_name, op->pg_desc);
+    e->backend = op->backend != NULL ? op->backend : "c10d";
+    e->op = op->op != NULL ? op->op : "?";
+    e->coll_seq = op->coll_seq;
+    e->p2p_seq = op->p2p_seq;
+    e->op_id = op->op_id;
+    e->t_created = t_created;
+    e->t_started = op->started ? t_created : 0;
+    e->t_completed = 0;
+    e->timeout_ms = op->timeout_ms;
+    e->in_numel = op->in_numel;
+    e->out_numel = op->out_numel;
+    e->in_tensors = op->in_tensors;
+    e->out_tensors = op->out_tensors;
+    e->dtype = op->dtype;
+    e->root = op->root;
+    e->peer = op->peer;
+    e->status = 0;
+    e->state = op->started ? FR_STARTED : FR_SCHEDULED;
+    e->is_p2p = op->is_p2p != 0;
+    e->retired = 0;
     c10d__lock_release(&fr_mutex);
-    return e.rid;
+    return rid;
 }
 
 /* Under fr_mutex: the entry of rid if the ring still holds it. */

@@ -10,7 +10,11 @@
  * that finds 2 wakes one sleeper, which takes the lock as 2 (it cannot know
  * whether others sleep), so no wake-up is lost.
  *
- * Zero-initialised (static storage, or a zeroed struct) is a free lock. */
+ * Zero-initialised (static storage, or a zeroed struct) is a free lock.
+ *
+ * A release may wake the futex after another thread took the lock, let go
+ * and freed (or reused) its memory, as glibc's mutexes may: every futex
+ * waiter in the process re-checks its word after a wake-up. */
 #ifndef C10D_ENGINE_LOCK_H
 #define C10D_ENGINE_LOCK_H
 
