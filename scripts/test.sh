@@ -4,7 +4,8 @@
 #   scripts/test.sh            both builds
 #   scripts/test.sh normal     only the normal build
 #   scripts/test.sh asan       only the sanitizer build
-#   scripts/test.sh tsan       the engine tests (and the caller's lane) under ThreadSanitizer
+#   scripts/test.sh tsan       the engine tests (the caller's lane, the locks, the group's
+#                              argument races) under ThreadSanitizer
 #
 # The two builds see different machines. The normal one hides the CUDA
 # toolkit (C10D_CUDA_ROOT points nowhere, nvcc is not used): the library,
@@ -46,6 +47,6 @@ fi
 if [ "$which" = tsan ]; then
     echo "== ThreadSanitizer build (engine tests) =="
     cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DC10D_SANITIZE=thread >/dev/null
-    cmake --build build-tsan -j"$jobs" --target test_work test_work_compose test_loop test_wait_lock test_engine_handoff test_backend_contract test_shm_lane test_p2p_lane test_p2p_lane_batch test_work_park
-    (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R 'test_(work|work_compose|loop|wait_lock|engine_handoff|backend_contract|shm_lane|p2p_lane|p2p_lane_batch|work_park)$')
+    cmake --build build-tsan -j"$jobs" --target test_work test_work_compose test_loop test_wait_lock test_engine_handoff test_backend_contract test_shm_lane test_p2p_lane test_p2p_lane_batch test_work_park test_lock test_block_cache test_flight_recorder test_pg_args
+    (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R 'test_(work|work_compose|loop|wait_lock|engine_handoff|backend_contract|shm_lane|p2p_lane|p2p_lane_batch|work_park|lock|block_cache|flight_recorder|pg_args)$')
 fi
