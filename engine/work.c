@@ -148,8 +148,9 @@ struct c10d_work {
 
 #define WORK_ZEROED offsetof(struct c10d_work, inline_what)
 
-/* Made and freed per op: it must stay within glibc's per-thread cache of
- * freed chunks (1032 bytes), or malloc takes its slow path again. */
+/* Made per op from the thread's block cache, and by malloc when that is
+ * empty: within glibc's per-thread cache of freed chunks (1032 bytes),
+ * malloc stays on its fast path then too. */
 _Static_assert(sizeof(struct c10d_work) <= 1024, "a work outgrew malloc's thread cache");
 
 static c10d__lock pending_mutex;
