@@ -170,11 +170,17 @@ static void test_doorbell(void **st)
     c10d__shm_sleepy(b); /* once failed, tcp for good */
     c10d__shm_wake_sleepers(a, count_ring, &rings);
     assert_int_equal(rings, 2);
-    /* No doorbell published at all: tcp. */
-    atomic_store(&a->ctl[0].bell, 0);
+    /* No doorbell published (yet): tcp, and asked for again next time. */
+    uint64_t published = atomic_exchange(&a->ctl[0].bell, 0);
     c10d__shm_sleepy(a);
     c10d__shm_wake_sleepers(b, count_ring, &rings);
     assert_int_equal(rings, 3);
+    assert_false(bell_rang(c10d__shm_bell_fd(a)));
+    atomic_store(&a->ctl[0].bell, published); /* published now: rung through it */
+    c10d__shm_sleepy(a);
+    c10d__shm_wake_sleepers(b, count_ring, &rings);
+    assert_int_equal(rings, 3);
+    assert_true(bell_rang(c10d__shm_bell_fd(a)));
     c10d__shm_bell_counts(&bells, &falls);
     assert_int_equal(falls - falls0, 3);
     c10d__shm_free(b);

@@ -247,14 +247,20 @@ static int bell_open(const struct c10d__shm_seg *seg, int r)
     return fd;
 }
 
-/* Rank r's doorbell, opened on first use (so -1 for good once that failed).
- * The loop (P2P rings) and a caller's lane may race here: the first answer
- * stays, the other closes what it opened. */
+/* Rank r's doorbell, opened on first use (so -1 for good once opening a
+ * published one failed). One not published (yet, or withdrawn) is asked for
+ * again next time: a ring before r published it must not cost every later
+ * wake-up a tcp frame. The loop (P2P rings) and a caller's lane may race
+ * here: the first answer stays, the other closes what it opened. */
 static int bell_of(struct c10d__shm_seg *seg, int r)
 {
     int known = atomic_load_explicit(&seg->peer_bell[r], memory_order_acquire);
     if (known != -2)
         return known;
+    if (atomic_load_explicit(&seg->ctl[r].bell, memory_order_acquire) == 0) {
+        bell_note("shm: rank %d of a segment has no doorbell (yet)", r);
+        return -1;
+    }
     int fd = bell_open(seg, r);
     if (!atomic_compare_exchange_strong(&seg->peer_bell[r], &known, fd)) {
         if (fd >= 0)
