@@ -1,7 +1,7 @@
 /* A thread's cache of freed blocks of one size: what is made and freed per
  * op (a work, an op's record) is taken from here and put back here, not
  * handed to malloc and free each time (glibc's pair costs about 130
- * instructions for a block of a work's size; this, about 15). A few blocks
+ * instructions for a block of a work's size; this, about 50). A few blocks
  * per thread: an op is usually freed on the thread that made the next one.
  * The blocks go with their thread (freed when it exits) and a block put
  * on a full cache is freed at once. Under AddressSanitizer every block is

@@ -83,7 +83,7 @@ static void fr_fork_child(void)
     c10d__lock_release(&fr_mutex);
 }
 
-static void fr_init_mutex(void)
+static void fr_register_fork_handlers(void)
 {
     pthread_atfork(fr_fork_prepare, fr_fork_parent, fr_fork_child);
 }
@@ -126,7 +126,7 @@ static void fr_configure_locked(void)
 
 static void fr_ensure(void)
 {
-    uv_once(&fr_once, fr_init_mutex);
+    uv_once(&fr_once, fr_register_fork_handlers);
     c10d__lock_acquire(&fr_mutex);
     if (atomic_load(&fr_mode) == FR_UNREAD)
         fr_configure_locked();
@@ -689,7 +689,7 @@ int c10d__fr_dump_async(const char *reason)
 
 void c10d__fr_reset(void)
 {
-    uv_once(&fr_once, fr_init_mutex);
+    uv_once(&fr_once, fr_register_fork_handlers);
     c10d__env_reload();
     c10d__lock_acquire(&fr_mutex);
     while (fr_groups != NULL) {

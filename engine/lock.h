@@ -19,6 +19,15 @@
 #define C10D_ENGINE_LOCK_H
 
 #include <stdatomic.h>
+#include <stdint.h>
+
+/* The futex calls the lock rests on, private to the process, for the
+ * engine's other futex words too (a work's `settled`). wait sleeps while
+ * *word == expected, at most timeout_ns (0: no limit), and returns on a
+ * wake-up, a timeout, a signal or a changed word alike: callers re-check.
+ * wake wakes up to n sleepers. */
+void c10d__futex_wait(atomic_int *word, int expected, uint64_t timeout_ns);
+void c10d__futex_wake(atomic_int *word, int n);
 
 typedef struct {
     atomic_int word;

@@ -27,10 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
-#include <linux/futex.h>
 #include <limits.h>
 #include <sched.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -57,19 +55,6 @@ struct work_callback {
 enum park_state { PARK_NONE, PARK_PARKED, PARK_CLAIMED, PARK_ADOPTED };
 
 enum timer_state { TIMER_NONE, TIMER_ARMED, TIMER_CLOSING };
-
-/* Sleeps while *word == expected, at most timeout_ns (0: no limit). Returns on
- * a wake-up, a timeout, a signal or a changed word alike: callers re-check. */
-static void futex_wait(atomic_int *word, int expected, uint64_t timeout_ns)
-{
-    struct timespec ts = {(time_t)(timeout_ns / 1000000000u), (long)(timeout_ns % 1000000000u)};
-    syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, expected, timeout_ns > 0 ? &ts : NULL, NULL, 0);
-}
-
-static void futex_wake_all(atomic_int *word)
-{
-    syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-}
 
 struct c10d_work {
     atomic_int refs;
@@ -362,7 +347,7 @@ static void work_drain(c10d_work *w)
     int wake = settle_locked(w);
     c10d__lock_release(&w->mutex);
     if (wake)
-        futex_wake_all(&w->settled);
+        c10d__futex_wake(&w->settled, INT_MAX);
     if (close_timer) {
         uv_timer_stop(&w->timer);
         uv_close((uv_handle_t *)&w->timer, timer_closed);
@@ -437,7 +422,7 @@ static int drain_here(c10d_work *w, struct work_callback *batch, size_t n)
     int wake = !orphaned && settle_locked(w);
     c10d__lock_release(&w->mutex);
     if (wake)
-        futex_wake_all(&w->settled);
+        c10d__futex_wake(&w->settled, INT_MAX);
     c10d_work_release(w);
     return orphaned;
 }
@@ -498,7 +483,7 @@ static int work_vcomplete(c10d_work *w, int here_ok, int status, const char *fmt
      * block on the mutex we still hold (two more context switches per op). The
      * pending list's reference keeps the work alive until the end. */
     if (wake)
-        futex_wake_all(&w->settled);
+        c10d__futex_wake(&w->settled, INT_MAX);
     if (orphaned)
         C10D_DEBUG("work",
                    "'%s' completed while the engine stops: its callbacks run in the "
@@ -936,7 +921,7 @@ static int work_wait(c10d_work *w, int64_t timeout_ms, int blocking)
             break;
         atomic_fetch_add(&w->sleepers, 1);
         if (!atomic_load(&w->settled))
-            futex_wait(&w->settled, 0, timeout_ms >= 0 ? deadline - now : 0);
+            c10d__futex_wait(&w->settled, 0, timeout_ms >= 0 ? deadline - now : 0);
         atomic_fetch_sub(&w->sleepers, 1);
     }
     /* Settled: done, status and message were written once, under the mutex,
