@@ -635,16 +635,6 @@ int c10d_broadcast(c10d_pg *pg, const void *send, void *recv, size_t count, c10d
     return dispatch(pg, "broadcast", &op, 0, opts, work);
 }
 
-int c10d_all_reduce(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype,
-                    c10d_reduce_op redop, const c10d_op_opts *opts, c10d_work **work)
-{
-    struct c10d__op op = c10d__pg_op_init(C10D_OP_ALL_REDUCE, count, dtype);
-    op.send = send != NULL ? send : recv;
-    op.recv = recv;
-    op.redop = redop;
-    return dispatch(pg, "all_reduce", &op, 0, opts, work);
-}
-
 int c10d_reduce(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype,
                 c10d_reduce_op redop, int root, const c10d_op_opts *opts, c10d_work **work)
 {

@@ -39,12 +39,6 @@ void c10d__fp_of(const struct c10d__op *op, int size, struct c10d__fp *fp)
         fp->count = op->count;
 }
 
-int c10d__fp_equal(const struct c10d__fp *a, const struct c10d__fp *b)
-{
-    return a->kind == b->kind && a->dtype == b->dtype && a->redop == b->redop &&
-           a->root == b->root && a->count == b->count;
-}
-
 static const char *kind_name(uint8_t kind)
 {
     return c10d__op_kind_name((enum c10d__op_kind)kind);

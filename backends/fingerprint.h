@@ -25,7 +25,12 @@ struct c10d__fp {
 
 /* `size`: the group's, for the uneven forms' counts. */
 void c10d__fp_of(const struct c10d__op *op, int size, struct c10d__fp *fp);
-int c10d__fp_equal(const struct c10d__fp *a, const struct c10d__fp *b);
+/* Inline: every rank's stamp is compared on every op of the shared segment. */
+static inline int c10d__fp_equal(const struct c10d__fp *a, const struct c10d__fp *b)
+{
+    return a->kind == b->kind && a->dtype == b->dtype && a->redop == b->redop &&
+           a->root == b->root && a->count == b->count;
+}
 /* "Detected mismatch between collectives on ranks. Rank <mine> is running
  * collective: ..., but Rank <theirs> is running collective: .... Collectives
  * differ in the following aspects: ..."; `member` > 0 names the member of a

@@ -22,8 +22,8 @@ args="-o all_reduce -b $bytes -e $bytes -n $ops -w $warmup -z 1 -c 0"
 "$build/tools/c10drun/c10drun" -n 2 sh -c "if [ \$RANK = 0 ]; then exec valgrind --tool=callgrind \
 --callgrind-out-file=$out/cg.out $bench $args; else exec $bench $args; fi" >/dev/null 2>&1
 callgrind_annotate --inclusive=yes "$out/cg.out" 2>/dev/null | awk -v n=$((ops + warmup)) '
-    /c10d_all_reduce \[/ { gsub(",", "", $1); submit = $1 / n }
-    /c10d_work_wait_release \[/ { gsub(",", "", $1); wait = $1 / n }
+    /:c10d_all_reduce( |$)/ && submit == 0 { gsub(",", "", $1); submit = $1 / n }
+    /:c10d_work_wait_release( |$)/ && wait == 0 { gsub(",", "", $1); wait = $1 / n }
     END {
         if (submit == 0) { print "op_cost_callgrind: no counts (did the job run?)"; exit 1 }
         printf "%d B all_reduce, 2 ranks: %.0f instructions per op (submit %.0f, wait %.0f)\n",

@@ -1,5 +1,6 @@
 /* Per-thread caches of freed blocks (block_cache.h). */
 #include "block_cache.h"
+#include "tls.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -24,7 +25,7 @@ struct thread_cache {
     unsigned char registered; /* 1: its exit frees the blocks; 2: keeps none */
 };
 
-static _Thread_local struct thread_cache cache;
+static _Thread_local C10D__TLS_HOT struct thread_cache cache;
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 static pthread_key_t exit_key;
 static int key_made;

@@ -23,6 +23,7 @@
 #include "error.h"
 #include "fdlimit.h"
 #include "log.h"
+#include "tls.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -70,7 +71,7 @@ static uv_mutex_t engine_mutex;
 static uv_mutex_t shutdown_mutex;
 static uv_once_t engine_once = UV_ONCE_INIT;
 /* The engine whose loop this thread runs: set on the engine thread only. */
-static _Thread_local struct engine *loop_engine;
+static _Thread_local C10D__TLS_HOT struct engine *loop_engine;
 /* Debug check of the hand-off (c10d__engine_check_handoff). */
 static atomic_int check_handoff;
 static atomic_long handoff_violations;

@@ -91,6 +91,12 @@ void c10d__shm_coll_start(struct c10d__shm_coll *a, struct c10d__shm_seg *seg,
     a->phase = a->block_elems == 0 && op->kind != C10D_OP_BARRIER ? PH_DONE : PH_WRITE;
     if (a->phase == PH_WRITE)
         a->gen = ++seg->gen;
+    if (op->kind == C10D_OP_ALL_REDUCE && a->phase == PH_WRITE &&
+        a->block_elems <= a->chunk_elems &&
+        c10d__shm_small_chunk(a->block_elems * a->esz, seg->nranks, 1)) {
+        a->small = 1;
+        a->kernel = c10d__reduce_kernel(op->dtype, op->redop, &a->per);
+    }
 }
 
 /* Every rank's `arrive` (or `reduced`) has reached `gen`. */
@@ -523,9 +529,70 @@ static void next_chunk(struct c10d__shm_coll *a)
     a->phase = PH_WRITE;
 }
 
+/* write_slot, read_chunk and next_chunk for a small all_reduce (a->small),
+ * without their cases for every other kind. */
+static int small_write(struct c10d__shm_coll *a)
+{
+    struct c10d__shm_seg *seg = a->seg;
+    const struct c10d__op *op = a->op;
+    char *slot = c10d__shm_slot(seg, seg->rank, a->gen);
+    memcpy(slot, op->send, a->block_elems * a->esz);
+    if (op->redop == C10D_PREMUL_SUM)
+        C10D_CHECK(c10d__reduce_premul(slot, a->block_elems, op->dtype, op->premul_factor));
+    struct c10d__shm_stamp *st = &seg->ctl[seg->rank].stamp[a->gen & 1];
+    st->gen = a->gen;
+    st->seq = op->seq;
+    st->fp = a->fp;
+    atomic_store_explicit(&seg->ctl[seg->rank].arrive, a->gen, memory_order_release);
+    return 0;
+}
+
+static int small_reduce(struct c10d__shm_coll *a)
+{
+    const struct c10d__shm_seg *seg = a->seg;
+    const struct c10d__op *op = a->op;
+    size_t n = a->block_elems;
+    if (a->kernel == NULL)
+        C10D_CHECK(reduce_all(a, 0));
+    else {
+        unsigned char *out = op->recv;
+        memcpy(out, c10d__shm_slot(seg, 0, a->gen), n * a->esz);
+        for (int r = 1; r < seg->nranks; r++)
+            a->kernel(out, (const unsigned char *)c10d__shm_slot(seg, r, a->gen), n * a->per);
+        if (op->redop == C10D_AVG)
+            C10D_CHECK(c10d__reduce_finish(out, n, op->dtype, op->redop, seg->nranks));
+    }
+    a->done_elems = n;
+    a->phase = PH_DONE;
+    return 0;
+}
+
+static int small_progress(struct c10d__shm_coll *a, int *moved)
+{
+    struct c10d__shm_seg *seg = a->seg;
+    *moved = 0;
+    if (a->phase == PH_WRITE) {
+        if (!all_at(seg, 0, a->gen - 1))
+            return waited(a);
+        C10D_CHECK(small_write(a));
+        a->phase = PH_REDUCE;
+        *moved = 1;
+    }
+    if (a->phase == PH_REDUCE) {
+        if (!all_at(seg, 0, a->gen))
+            return waited(a);
+        C10D_CHECK(check_stamps(a));
+        *moved = 1;
+        C10D_CHECK(small_reduce(a));
+    }
+    return 1;
+}
+
 int c10d__shm_coll_progress(struct c10d__shm_coll *a, int *moved)
 {
     struct c10d__shm_seg *seg = a->seg;
+    if (a->small)
+        return small_progress(a, moved);
     *moved = 0;
     for (;;) {
         switch (a->phase) {

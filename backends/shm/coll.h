@@ -33,6 +33,7 @@
 #include "segment.h"
 
 #include "backends/backend.h"
+#include "engine/kernels/reduce.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -61,6 +62,12 @@ struct c10d__shm_coll {
     int phase;
     int counted;      /* all_to_all: block_elems is learnt at chunk 0 */
     const char *copy; /* all_to_all's input, when it overlaps its output */
+    /* A one-chunk all_reduce every rank reduces whole: its own short path
+     * through the same phases, with the reduction kernel looked up once
+     * (NULL: the generic one). */
+    int small;
+    c10d__reduce_fn kernel;
+    size_t per;
     /* While a peer is behind, look whether it announced another collective
      * on every look_every-th call that finds it so (0 or 1: every one);
      * the caller's to set after start. */

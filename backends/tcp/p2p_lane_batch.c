@@ -22,6 +22,7 @@
 
 #include "engine/error.h"
 #include "engine/loop.h"
+#include "engine/tls.h"
 #include "engine/work.h"
 
 #include <stdatomic.h>
@@ -52,7 +53,7 @@ struct p2p_lane_batch {
 };
 
 /* The batch whose waiter runs on this thread (batch_run). */
-static _Thread_local struct p2p_lane_batch *running_here;
+static _Thread_local C10D__TLS_HOT struct p2p_lane_batch *running_here;
 
 static const char ops_kind = 0; /* the parts' payload */
 

@@ -436,6 +436,15 @@ void c10d__reduce_checked(void *dst, const void *src, size_t count, c10d_dtype d
     k(d, s, count * per);
 }
 
+c10d__reduce_fn c10d__reduce_kernel(c10d_dtype dtype, c10d_reduce_op op, size_t *per)
+{
+    c10d__dtype_real(dtype, per);
+    if (needs_block(dtype))
+        return NULL;
+    const struct kernel_set *ks = &kernels[dtype][kernel_index(op)];
+    return isa_current() >= C10D_ISA_AVX2 ? ks->a : ks->g;
+}
+
 /* x = x * f (PREMUL_SUM) or x = x / f (AVG), rounded once per element. */
 static void scale(u8 *b, size_t n, c10d_dtype dtype, double factor, int divide)
 {

@@ -30,6 +30,13 @@ int c10d__reduce(void *dst, const void *src, size_t count, c10d_dtype dtype, c10
 void c10d__reduce_checked(void *dst, const void *src, size_t count, c10d_dtype dtype,
                           c10d_reduce_op op);
 
+/* The kernel c10d__reduce_checked runs for (dtype, op) on distinct buffers,
+ * for a caller that reduces a small op's pieces without its dispatch:
+ * kernel(dst, src, count * *per) is dst = dst op src over count elements.
+ * NULL for the dtypes reduced through float blocks (float16, float8). */
+typedef void (*c10d__reduce_fn)(unsigned char *dst, const unsigned char *src, size_t values);
+c10d__reduce_fn c10d__reduce_kernel(c10d_dtype dtype, c10d_reduce_op op, size_t *per);
+
 /* buf *= factor (floating dtypes only), in float64 for float64 and float32 otherwise. */
 int c10d__reduce_premul(void *buf, size_t count, c10d_dtype dtype, double factor);
 
