@@ -637,11 +637,13 @@ int c10d__shm_small_chunk(size_t bytes, int nranks, int only)
 
 int c10d__shm_coll_one_chunk(const struct c10d__op *op, size_t slot_bytes, int nranks)
 {
-    if (counted(op))
+    size_t esz = c10d_dtype_size(op->dtype);
+    if (op->kind == C10D_OP_ALL_REDUCE) /* the common case, supported whole */
+        return op->count <= slot_bytes / esz && c10d__shm_small_chunk(op->count * esz, nranks, 1);
+    if (counted(op) || !c10d__shm_coll_supports(op, slot_bytes, nranks))
         return 0;
     if (op->kind == C10D_OP_BARRIER)
         return 1;
-    size_t esz = c10d_dtype_size(op->dtype);
     if (op->count > chunk_elems_of(op, esz, slot_bytes, nranks))
         return 0;
     return op->kind != C10D_OP_ALL_REDUCE || c10d__shm_small_chunk(op->count * esz, nranks, 1);

@@ -91,9 +91,10 @@ void c10d__shm_coll_set_copy(struct c10d__shm_coll *a, void *copy);
  * failed (c10d_last_error: a peer runs a different collective, or a
  * reduction the kernels refuse). *moved: it got further this call. */
 int c10d__shm_coll_progress(struct c10d__shm_coll *a, int *moved);
-/* Whether op, once this rank has written its slot, only reads (one chunk,
- * no reduced slice to publish): its peers never wait for this rank again,
- * whoever runs the rest and when. */
+/* Whether op runs on the segment (c10d__shm_coll_supports) and, once this
+ * rank has written its slot, only reads (one chunk, no reduced slice to
+ * publish): its peers never wait for this rank again, whoever runs the rest
+ * and when. */
 int c10d__shm_coll_one_chunk(const struct c10d__op *op, size_t slot_bytes, int nranks);
 /* This rank has written its slot of the op's (only) chunk, or it is done. */
 int c10d__shm_coll_arrived(const struct c10d__shm_coll *a);

@@ -135,7 +135,6 @@ int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
     struct c10d__shm_seg *seg = l->seg;
     if (seg == NULL || !l->on || op->next != NULL || c10d__on_loop_thread() ||
         atomic_load_explicit(l->failed, memory_order_acquire) != 0 ||
-        !c10d__shm_coll_supports(op, seg->slot_bytes, seg->nranks) ||
         !c10d__shm_coll_one_chunk(op, seg->slot_bytes, seg->nranks))
         return 0;
     unsigned idle = 0;
