@@ -1097,7 +1097,10 @@ void c10d__work_set_failed_rank(c10d_work *w, int rank)
 
 void c10d__work_set_fr_id(c10d_work *w, uint64_t rid)
 {
-    atomic_store(&w->fr_id, rid);
+    /* Release, not sequentially consistent: nothing is ordered after it, and
+     * on x86 a sequentially consistent store is a locked exchange that waits
+     * for every earlier store (the new op's record) to reach the cache. */
+    atomic_store_explicit(&w->fr_id, rid, memory_order_release);
 }
 
 /* The sweep's step for one pending work: complete it, or, if another thread

@@ -113,11 +113,16 @@ static int lane_run(void *arg, uint64_t deadline_ns)
         return 0;
     }
     /* The lane goes first (collectives the loop got meanwhile may start),
-     * then the work (its callbacks may end the group), then the state. */
-    atomic_store(&l->op, NULL);
+     * then the work (its callbacks may end the group), then the state. The
+     * op's release is ordered by the lane word's change after it, which
+     * whoever looks at the op reads first. */
+    atomic_store_explicit(&l->op, NULL, memory_order_release);
     if (atomic_fetch_and(&l->word, ~LANE_HELD) & LANE_COUNT)
         l->kick(l->owner);
-    atomic_fetch_add_explicit(&ran_here, 1, memory_order_relaxed);
+    /* A statistic for tests, not a locked add per op: two lanes counting at
+     * once may lose one. */
+    atomic_store_explicit(&ran_here, atomic_load_explicit(&ran_here, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
     c10d__work_complete_here(w);
     l->done(l->owner);
     return 1;
@@ -146,7 +151,9 @@ int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
         atomic_fetch_and(&l->word, ~LANE_HELD);
         return 0;
     }
-    atomic_store(&l->op, op);
+    /* Release: whoever else reads it got the op through the work's park or
+     * the loop's post, both made after this store. */
+    atomic_store_explicit(&l->op, op, memory_order_release);
     struct c10d__fp fp;
     c10d__fp_of(op, seg->nranks, &fp);
     c10d__shm_announce(seg, op->seq, 0, &fp);
