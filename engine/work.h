@@ -58,6 +58,7 @@ int c10d__work_on_complete_around(c10d_work *w, c10d_work_cb first, c10d_work_cb
                                   int anywhere);
 
 /* Completes the work with success on this thread, which is waiting for it
+ * (so holds a reference through the call, which the completion leans on)
  * and holds no lock: callbacks registered with c10d__work_on_complete_anywhere
  * run here, and waiters go without a turn of the loop (any others run on the
  * loop, as always). Not from a submit path: the group's mutex is held there. */
