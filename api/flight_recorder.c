@@ -88,7 +88,9 @@ void c10d__pg_fr_record(c10d_pg *pg, struct c10d__pg_op *head, const char *label
     }
     const struct c10d__backend_vtable *vt = pg->backends[head->dev].vt;
     struct c10d__fr_op r = {
-        .names = &pg->fr_names,
+        .names = pg->fr_names,
+        .pg_name = pg->name,
+        .pg_desc = pg->desc,
         .backend = vt != NULL ? vt->name : "c10d", /* a literal: kept by pointer */
         .op = label == NULL                     ? op_name(op->kind)
               : strcmp(label, "BATCH_P2P") == 0 ? "batch_isend_irecv"

@@ -77,7 +77,9 @@ struct c10d_pg {
     c10d_work *last_coll;
     char *what_prefix; /* "[PG name (desc) Rank r] Work(SeqNum=": every op's name starts so */
     size_t what_prefix_len;
-    struct c10d__fr_names fr_names; /* name and desc as flight-recorder entries hold them */
+    /* Name and desc as flight-recorder entries hold them (interned); NULL: out of memory, each
+     * record interns them again. */
+    const struct c10d__fr_names *fr_names;
     int first_status;
     char *first_error;
     /* Set when the group ended without a destroy or abort of its own (the

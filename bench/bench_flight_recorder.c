@@ -24,6 +24,7 @@ static void *loop(void *arg)
 {
     (void)arg;
     struct c10d__fr_op o = {
+        .names = c10d__fr_names_intern("0", "default_pg"), /* as a group does, once */
         .pg_name = "0",
         .pg_desc = "default_pg",
         .backend = "tcp",

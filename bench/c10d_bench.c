@@ -7,7 +7,9 @@
  * the timed iterations; algbw = size / time; busbw = algbw x the op's
  * nccl-tests factor, which makes it comparable with the link speed. With
  * -z 1 each op is timed alone too, and p50/p99/max(us) give the slowest
- * rank's percentiles of those times: a stall anywhere shows in max.
+ * rank's percentiles of those times: a stall anywhere shows in max. That
+ * costs a clock read per op in the timed loop (25 ns here); -p 0 leaves it
+ * out, as peer benches that time the loop alone do.
  *
  * --backend nccl --device cuda runs on one GPU per rank (LOCAL_RANK). Inputs
  * are made and outputs checked on the host and copied across, outside the
@@ -46,7 +48,7 @@ struct opts {
     c10d_reduce_op redop;
     size_t min_bytes, max_bytes;
     double factor;
-    int iters, warmup, check, blocking;
+    int iters, warmup, check, blocking, percentiles;
     const char *backend;
     c10d_device_type device;
     int root;
@@ -70,6 +72,8 @@ static void usage(FILE *f)
             "  -z  1: wait for each op before issuing the next, as MPI and blocking torch\n"
             "      calls do (time = latency), and print p50/p99/max of the ops' times;\n"
             "      0: issue all, then wait (default 0)\n"
+            "  -p  0: with -z 1, time only the loop, without a clock read per op (as the\n"
+            "      MPI and gloo peer benches time theirs; no p50/p99/max); 1: default\n"
             "  --backend nccl --device cuda: CUDA buffers, one GPU per rank (LOCAL_RANK)\n"
             "  --backend tcp --device cuda: CUDA buffers staged through host memory (several\n"
             "      ranks may share a GPU)\n"
@@ -133,6 +137,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
     o->iters = 20;
     o->warmup = 5;
     o->check = 1;
+    o->percentiles = 1;
     o->backend = "tcp";
     static const struct option longopts[] = {
         {"op", required_argument, NULL, 'o'},
@@ -148,12 +153,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"device", required_argument, NULL, 'D'},
         {"root", required_argument, NULL, 'R'},
         {"blocking", required_argument, NULL, 'z'},
+        {"percentiles", required_argument, NULL, 'p'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "o:d:r:b:e:f:n:w:c:z:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "o:d:r:b:e:f:n:w:c:z:p:h", longopts, NULL)) != -1) {
         int bad = 0;
         switch (c) {
         case 'o':
@@ -189,6 +195,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
             break;
         case 'z':
             bad = parse_int(optarg, 0, &o->blocking) != 0 || o->blocking > 1;
+            break;
+        case 'p':
+            bad = parse_int(optarg, 0, &o->percentiles) != 0 || o->percentiles > 1;
             break;
         case 'R':
             bad = parse_int(optarg, 0, &o->root) != 0;
@@ -513,7 +522,7 @@ static int run_size(struct run *r, size_t bytes, double *time_us, double pct[3],
         rc = run_iters(r, o->warmup);
     if (rc == 0)
         rc = barrier(r);
-    if (o->blocking && rc == 0 && (r->lat = malloc((size_t)o->iters * sizeof *r->lat)) == NULL)
+    if (o->blocking && o->percentiles && rc == 0 && (r->lat = malloc((size_t)o->iters * sizeof *r->lat)) == NULL)
         rc = C10D_ENOMEM;
     double t0 = now_s();
     if (rc == 0)
@@ -697,7 +706,7 @@ int main(int argc, char **argv)
                o.warmup, o.check);
         printf("#\n# %12s %12s %8s %6s %6s %10s %12s %12s %8s", "size", "count", "type", "redop",
                "root", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
-        if (o.blocking)
+        if (o.blocking && o.percentiles)
             printf(" %10s %10s %10s", "p50(us)", "p99(us)", "max(us)");
         printf("\n");
     }
@@ -721,7 +730,7 @@ int main(int argc, char **argv)
         if (r.rank == 0) {
             printf("  %12zu %12zu %8s %6s %6d %10.2f %12.4f %12.4f %8ld", real, r.count,
                    c10d_dtype_name(o.dtype), redop, root, t, algbw, busbw, wrong);
-            if (o.blocking)
+            if (o.blocking && o.percentiles)
                 printf(" %10.2f %10.2f %10.2f", pct[0], pct[1], pct[2]);
             printf("\n");
         }

@@ -35,8 +35,10 @@ try: print('%.2f' % (json.load(open('$tmp/iperf.json'))['end']['sum_received']['
 except Exception: print('n/a')")
 
 # The same conditions for all three: blocking calls (one op completes before the
-# next starts, as MPI_Allreduce and dist.all_reduce do) and the same number of
-# iterations per size. Placement: mpirun binds each rank to a core by default
+# next starts, as MPI_Allreduce and dist.all_reduce do), the same number of
+# iterations per size, and the loop timed as a whole (c10d-bench -p 0: no clock
+# read per op, which costs 25 ns here, as the MPI and gloo benches time theirs).
+# Placement: mpirun binds each rank to a core by default
 # when they fit (2 ranks here) and not when oversubscribed; binding helps some
 # peers and hurts others (gloo's threads then share one core), so when the ranks
 # fit, every peer runs both bound and unbound and keeps its better time per size.
@@ -53,7 +55,7 @@ c10d_sweep() { # ranks bind shm -> "size time busbw" lines
         it=$(iterations "$size")
         w=$((it / 10)); [ $w -lt 2 ] && w=2
         C10D_SHM=$3 "$run" -n "$1" --bind-to "$2" --no-prefix "$bench" -o all_reduce -d float32 -r sum \
-            -b "$size" -e "$size" -n "$it" -w "$w" -z 1 -c 0 \
+            -b "$size" -e "$size" -n "$it" -w "$w" -z 1 -p 0 -c 0 \
             | awk '$1 ~ /^[0-9]+$/ && NF >= 9 {print $1, $6, $8; fflush()}'
         size=$((size * factor))
     done

@@ -34,8 +34,8 @@ enum { FR_SCHEDULED = 0, FR_STARTED, FR_COMPLETED };
 
 struct fr_entry {
     uint64_t rid; /* record id + 1; 0: never used (a calloc'd ring stays untouched) */
-    struct c10d__fr_names names;
-    const char *backend, *op; /* literals: "<backend>:<op>" is made at the dump */
+    const struct c10d__fr_names *names; /* interned: never freed */
+    const char *backend, *op;           /* literals: "<backend>:<op>" is made at the dump */
     uint64_t coll_seq, p2p_seq, op_id;
     uint64_t t_created, t_started, t_completed; /* wall clock ns; 0: not yet */
     int64_t timeout_ms;
@@ -45,6 +45,16 @@ struct fr_entry {
     int status;
     unsigned char state, is_p2p, retired;
 };
+
+/* A group's names, interned (c10d__fr_names_intern): kept for the process's
+ * life, since entries and groups point at them. */
+struct interned_names {
+    struct interned_names *next;
+    struct c10d__fr_names names;
+};
+
+/* What an entry whose names could not be interned (out of memory) names. */
+static const struct c10d__fr_names no_names;
 
 struct fr_group {
     struct fr_group *next;
@@ -62,6 +72,7 @@ static size_t fr_cap;
 static uint64_t fr_next;
 static uint64_t fr_floor; /* c10d__fr_clear: records below it are gone */
 static struct fr_group *fr_groups;
+static struct interned_names *interned;
 static int fr_rank = -1;
 
 /* A fork while another thread records must not leave the child's copy of
@@ -190,11 +201,43 @@ void c10d__fr_names_init(struct c10d__fr_names *n, const char *pg_name, const ch
     copy_str(n->pg_desc, sizeof n->pg_desc, pg_desc);
 }
 
+const struct c10d__fr_names *c10d__fr_names_intern(const char *pg_name, const char *pg_desc)
+{
+    struct c10d__fr_names want;
+    c10d__fr_names_init(&want, pg_name, pg_desc);
+    c10d__lock_acquire(&fr_mutex);
+    for (const struct interned_names *i = interned; i != NULL; i = i->next)
+        if (memcmp(&i->names, &want, sizeof want) == 0) {
+            c10d__lock_release(&fr_mutex);
+            return &i->names;
+        }
+    c10d__lock_release(&fr_mutex);
+    /* Made outside the lock, as a group's record is; a twin made meanwhile
+     * by another thread wins. */
+    struct interned_names *made = malloc(sizeof *made);
+    if (made == NULL)
+        return NULL;
+    made->names = want;
+    c10d__lock_acquire(&fr_mutex);
+    for (const struct interned_names *i = interned; i != NULL; i = i->next)
+        if (memcmp(&i->names, &want, sizeof want) == 0) {
+            c10d__lock_release(&fr_mutex);
+            free(made);
+            return &i->names;
+        }
+    made->next = interned;
+    interned = made;
+    c10d__lock_release(&fr_mutex);
+    return &made->names;
+}
+
 uint64_t c10d__fr_record(const struct c10d__fr_op *op)
 {
     if (atomic_load_explicit(&fr_mode, memory_order_relaxed) == FR_OFF || !c10d__fr_enabled())
         return 0;
     uint64_t t_created = wall_of(op->now_ns != 0 ? op->now_ns : clock_ns(CLOCK_MONOTONIC));
+    const struct c10d__fr_names *names =
+        op->names != NULL ? op->names : c10d__fr_names_intern(op->pg_name, op->pg_desc);
     /* Written in place, under the lock: one copy of the entry, not two. */
     c10d__lock_acquire(&fr_mutex);
     if (fr_cap == 0) {
@@ -204,10 +247,7 @@ uint64_t c10d__fr_record(const struct c10d__fr_op *op)
     uint64_t rid = ++fr_next;
     struct fr_entry *e = &fr_ring[(rid - 1) % fr_cap];
     e->rid = rid;
-    if (op->names != NULL)
-        e->names = *op->names;
-    else
-        c10d__fr_names_init(&e->names, op->pg_name, op->pg_desc);
+    e->names = names != NULL ? names : &no_names;
     e->backend = op->backend != NULL ? op->backend : "c10d";
     e->op = op->op != NULL ? op->op : "?";
     e->coll_seq = op->coll_seq;
@@ -436,13 +476,13 @@ static json_t *entry_json(const struct fr_entry *e)
     if (o == NULL)
         return NULL;
     char *end = NULL;
-    long long pg_id = strtoll(e->names.pg_name, &end, 10);
-    if (end == e->names.pg_name || *end != '\0')
+    long long pg_id = strtoll(e->names->pg_name, &end, 10);
+    if (end == e->names->pg_name || *end != '\0')
         pg_id = -1;
     json_object_set_new(o, "record_id", json_integer((json_int_t)(e->rid - 1)));
     json_object_set_new(o, "pg_id", json_integer(pg_id));
     json_object_set_new(o, "process_group",
-                        json_pack("[s, s]", e->names.pg_name, e->names.pg_desc));
+                        json_pack("[s, s]", e->names->pg_name, e->names->pg_desc));
     json_object_set_new(o, "collective_seq_id", json_integer((json_int_t)e->coll_seq));
     json_object_set_new(o, "p2p_seq_id", json_integer((json_int_t)e->p2p_seq));
     json_object_set_new(o, "op_id", json_integer((json_int_t)e->op_id));
@@ -482,11 +522,11 @@ static json_t *pg_status_json(const struct fr_snapshot *s)
         const struct fr_entry *e = &s->entries[i];
         if (e->is_p2p)
             continue;
-        json_t *g = json_object_get(st, e->names.pg_name);
+        json_t *g = json_object_get(st, e->names->pg_name);
         if (g == NULL) {
             g = json_pack("{s:s, s:s, s:s}", "last_enqueued_collective", "-1",
                           "last_started_collective", "-1", "last_completed_collective", "-1");
-            json_object_set_new(st, e->names.pg_name, g);
+            json_object_set_new(st, e->names->pg_name, g);
         }
         char seq[24];
         snprintf(seq, sizeof seq, "%llu", (unsigned long long)e->coll_seq);

@@ -17,11 +17,17 @@ struct c10d__fr_names {
     char pg_desc[64];
 };
 void c10d__fr_names_init(struct c10d__fr_names *n, const char *pg_name, const char *pg_desc);
+/* The names interned for the process's life, once per (name, desc): an
+ * entry keeps a pointer to them, 8 bytes where a copy was 128 per op (and
+ * a ring of 2000 entries half the size, so that it stays in a core's L2),
+ * and the pointer outlives the group. NULL: out of memory. */
+const struct c10d__fr_names *c10d__fr_names_intern(const char *pg_name, const char *pg_desc);
 
 /* What the group layer knows of an op when it numbers it. The group's names
- * are copied (from `names` where set, else from pg_name and pg_desc,
- * truncated to the entry's fixed fields); `backend` and `op` are kept by
- * pointer, so they must be string literals or live as long as the process. */
+ * are `names` (c10d__fr_names_intern's) where set, else pg_name and pg_desc
+ * interned here (truncated to the names' fixed fields); `backend` and `op`
+ * are kept by pointer, so they must be string literals or live as long as
+ * the process. */
 struct c10d__fr_op {
     const struct c10d__fr_names *names;
     const char *pg_name, *pg_desc;

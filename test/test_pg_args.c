@@ -674,8 +674,22 @@ static void test_opts_struct_size(void **state)
     tiny.struct_size = 4;
     assert_int_equal(c10d_barrier(pg, &tiny, &w), C10D_EINVAL);
     assert_non_null(strstr(c10d_last_error(), "struct_size 4 is too small"));
+    /* 0 reads as the first version, which ends before premul_factor_dev: a
+     * value there is never read (all_reduce's own checks included). */
+    c10d_op_opts zero = C10D_OP_OPTS_INIT;
+    zero.struct_size = 0;
+    zero.premul_factor_dev = (const void *)(uintptr_t)0x1;
+    assert_int_equal(c10d_all_reduce(pg, x, x, 4, C10D_FLOAT32, C10D_PREMUL_SUM, &zero, &w), 0);
+    assert_int_equal(c10d_work_wait_release(w), 0);
+    /* Set in a full-size struct with host buffers: refused in the checks' words. */
+    c10d_op_opts dev = C10D_OP_OPTS_INIT;
+    dev.premul_factor_dev = x;
+    assert_int_equal(c10d_all_reduce(pg, x, x, 4, C10D_FLOAT32, C10D_PREMUL_SUM, &dev, &w),
+                     C10D_EINVAL);
+    assert_non_null(
+        strstr(c10d_last_error(), "tcp all_reduce: opts.premul_factor_dev is a device pointer"));
     /* Rejected calls took no sequence number. */
-    expect_next_seq(pg, 3);
+    expect_next_seq(pg, 4);
     c10d_pg_destroy(pg);
 }
 
