@@ -171,7 +171,10 @@ int c10d__pg_alloc(const char *name, const char *desc, int rank, int size, int g
     pg->nccl_opts.struct_size = sizeof pg->nccl_opts;
     pg->name = strdup(name);
     pg->desc = strdup(desc != NULL ? desc : "undefined");
-    pg->fr_names = c10d__fr_names_intern(name, desc != NULL ? desc : "undefined");
+    /* Interned only for a recorder that records: with it off, no group
+     * leaves its names behind. */
+    if (c10d__fr_enabled())
+        pg->fr_names = c10d__fr_names_intern(name, desc != NULL ? desc : "undefined");
     int n = size > 0 ? size : 0;
     pg->global_ranks = calloc((size_t)n + 1, sizeof(int));
     if (pg->name == NULL || pg->desc == NULL || pg->global_ranks == NULL) {

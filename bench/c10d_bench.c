@@ -140,22 +140,14 @@ static int parse_args(int argc, char **argv, struct opts *o)
     o->percentiles = 1;
     o->backend = "tcp";
     static const struct option longopts[] = {
-        {"op", required_argument, NULL, 'o'},
-        {"dtype", required_argument, NULL, 'd'},
-        {"redop", required_argument, NULL, 'r'},
-        {"minbytes", required_argument, NULL, 'b'},
-        {"maxbytes", required_argument, NULL, 'e'},
-        {"stepfactor", required_argument, NULL, 'f'},
-        {"iters", required_argument, NULL, 'n'},
-        {"warmup_iters", required_argument, NULL, 'w'},
-        {"check", required_argument, NULL, 'c'},
-        {"backend", required_argument, NULL, 'B'},
-        {"device", required_argument, NULL, 'D'},
-        {"root", required_argument, NULL, 'R'},
-        {"blocking", required_argument, NULL, 'z'},
-        {"percentiles", required_argument, NULL, 'p'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        {"op", required_argument, NULL, 'o'},       {"dtype", required_argument, NULL, 'd'},
+        {"redop", required_argument, NULL, 'r'},    {"minbytes", required_argument, NULL, 'b'},
+        {"maxbytes", required_argument, NULL, 'e'}, {"stepfactor", required_argument, NULL, 'f'},
+        {"iters", required_argument, NULL, 'n'},    {"warmup_iters", required_argument, NULL, 'w'},
+        {"check", required_argument, NULL, 'c'},    {"backend", required_argument, NULL, 'B'},
+        {"device", required_argument, NULL, 'D'},   {"root", required_argument, NULL, 'R'},
+        {"blocking", required_argument, NULL, 'z'}, {"percentiles", required_argument, NULL, 'p'},
+        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
     };
     int c;
     optind = 1;
@@ -522,7 +514,8 @@ static int run_size(struct run *r, size_t bytes, double *time_us, double pct[3],
         rc = run_iters(r, o->warmup);
     if (rc == 0)
         rc = barrier(r);
-    if (o->blocking && o->percentiles && rc == 0 && (r->lat = malloc((size_t)o->iters * sizeof *r->lat)) == NULL)
+    if (o->blocking && o->percentiles && rc == 0 &&
+        (r->lat = malloc((size_t)o->iters * sizeof *r->lat)) == NULL)
         rc = C10D_ENOMEM;
     double t0 = now_s();
     if (rc == 0)

@@ -205,6 +205,9 @@ const struct c10d__fr_names *c10d__fr_names_intern(const char *pg_name, const ch
 {
     struct c10d__fr_names want;
     c10d__fr_names_init(&want, pg_name, pg_desc);
+    /* Maybe this process's first use of the lock: a fork from now on must
+     * find its handlers. */
+    uv_once(&fr_once, fr_register_fork_handlers);
     c10d__lock_acquire(&fr_mutex);
     for (const struct interned_names *i = interned; i != NULL; i = i->next)
         if (memcmp(&i->names, &want, sizeof want) == 0) {

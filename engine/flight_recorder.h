@@ -20,7 +20,9 @@ void c10d__fr_names_init(struct c10d__fr_names *n, const char *pg_name, const ch
 /* The names interned for the process's life, once per (name, desc): an
  * entry keeps a pointer to them, 8 bytes where a copy was 128 per op (and
  * a ring of 2000 entries half the size, so that it stays in a core's L2),
- * and the pointer outlives the group. NULL: out of memory. */
+ * and the pointer outlives the group. Like the recorder's list of groups,
+ * they are kept: about 140 bytes per group name made while recording is on.
+ * NULL: out of memory. */
 const struct c10d__fr_names *c10d__fr_names_intern(const char *pg_name, const char *pg_desc);
 
 /* What the group layer knows of an op when it numbers it. The group's names

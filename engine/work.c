@@ -402,7 +402,7 @@ static int runs_here_locked(const c10d_work *w)
  * anywhere, starting with the batch it took when it completed the work; the
  * first one that may not (added meanwhile) and the rest go to the loop, with
  * a reference of their own. The waiter's keeps the work until then. */
-static int drain_here(c10d_work *w, struct work_callback *batch, size_t n)
+static void drain_here(c10d_work *w, struct work_callback *batch, size_t n)
 {
     do {
         run_batch(w, batch, n);
@@ -412,22 +412,22 @@ static int drain_here(c10d_work *w, struct work_callback *batch, size_t n)
             c10d__lock_release(&w->mutex);
     } while (n > 0);
     if (has_due_locked(w)) {
-        c10d_work_retain(w); /* the drain task's (work_drain lets it go) */
-        if (c10d__engine_post(&w->drain_task) == 0) {
-            c10d__lock_release(&w->mutex);
-            return 0;
-        }
-        c10d__work_drop(w); /* never the last: the waiter holds one */
+        c10d_work_retain(w); /* the drain's (work_drain lets it go) */
+        int posted = c10d__engine_post(&w->drain_task) == 0;
+        c10d__lock_release(&w->mutex);
+        /* Posting closed (the engine stops): its last sweep may have passed
+         * this work while its drain was ours (drain_posted), so this thread
+         * runs the rest, as run_parked does (no timer was armed: the op
+         * completed here). */
+        if (!posted)
+            work_drain(w);
+        return;
     }
-    /* Everything ran, or posting closed: then the work stays pending, and the
-     * engine's last sweep runs the rest (abort_one). */
     w->drain_posted = 0;
-    int orphaned = has_due_locked(w);
-    int wake = !orphaned && settle_locked(w);
+    int wake = settle_locked(w);
     c10d__lock_release(&w->mutex);
     if (wake)
         c10d__futex_wake(&w->settled, INT_MAX);
-    return orphaned;
 }
 
 static int work_vcomplete(c10d_work *w, int here_ok, int status, const char *fmt, va_list ap)
@@ -498,7 +498,7 @@ static int work_vcomplete(c10d_work *w, int here_ok, int status, const char *fmt
     if (run_inline)
         work_drain(w);
     if (here)
-        orphaned = drain_here(w, batch, here);
+        drain_here(w, batch, here);
     if (status < 0)
         C10D_DEBUG("work", "'%s' failed: %s: %s", what_of(w), c10d_status_name(status),
                    message != NULL ? message : "");

@@ -120,7 +120,7 @@ static int lane_run(void *arg, uint64_t deadline_ns)
     if (atomic_fetch_and(&l->word, ~LANE_HELD) & LANE_COUNT)
         l->kick(l->owner);
     /* A statistic for tests, not a locked add per op: two lanes counting at
-     * once may lose one. */
+     * once may lose a count, or put back an older one. */
     atomic_store_explicit(&ran_here, atomic_load_explicit(&ran_here, memory_order_relaxed) + 1,
                           memory_order_relaxed);
     c10d__work_complete_here(w);
