@@ -71,10 +71,6 @@ struct c10d_pg {
      * without it by c10d__pg_op_ended, which broadcasts idle_cond under it. */
     atomic_size_t pending;
     atomic_int idle_waiters; /* threads about to sleep on idle_cond */
-    /* The last collective's work (a reference): it may be parked for a
-     * waiter (docs/engine.md, "The caller's lane"); closing the group hands
-     * it to the loop before waiting for the ops to drain. */
-    c10d_work *last_coll;
     char *what_prefix; /* "[PG name (desc) Rank r] Work(SeqNum=": every op's name starts so */
     size_t what_prefix_len;
     /* Name and desc as flight-recorder entries hold them (interned); NULL: out of memory, each

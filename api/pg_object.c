@@ -135,7 +135,6 @@ static void pg_free(c10d_pg *pg)
         c10d__pg_store_release(pg->base_store);
     }
     c10d__pg_op_free(pg->coal_head);
-    c10d__work_drop(pg->last_coll);
     free(pg->what_prefix);
     free(pg->global_ranks);
     free(pg->name);

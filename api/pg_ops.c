@@ -344,12 +344,6 @@ int c10d__pg_post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *opty
     if (rc != 0)
         return rc;
     c10d__work_arm(w);
-    if (!is_p2p(head->op.kind)) {
-        c10d_work_retain(w);
-        c10d_work *prev = pg->last_coll;
-        pg->last_coll = w;
-        c10d__work_drop(prev); /* under the group's mutex: never an unpark here */
-    }
     /* Registered after the post: a work that already completed still calls
      * back (later, on the loop). Only during shutdown can this fail; the op
      * is then aborted and the call reports it without a callback. */

@@ -141,17 +141,10 @@ void c10d__pg_set_backend_name(c10d_pg *pg, const struct c10d__backend_vtable *v
  * ops, abort fails them. The handle stays valid until its last unref. */
 static void pg_close(c10d_pg *pg, int graceful, const char *reason)
 {
-    /* A parked collective nobody waits for would hold the drain up: it goes
-     * to the loop first (outside the group's mutex, which its completion
-     * may take). */
-    uv_mutex_lock(&pg->mutex);
-    c10d_work *last = pg->last_coll;
-    c10d_work_retain(last);
-    uv_mutex_unlock(&pg->mutex);
-    if (last != NULL)
-        c10d__work_unpark(last);
-    c10d__work_drop(last);
-    /* So do P2P ops parked in a backend (the caller's lane for P2P). */
+    /* An op parked for a waiter that never comes (the caller's lanes,
+     * docs/engine.md) would hold the drain up: the backends hand theirs to
+     * the loop first (on the loop, outside the group's mutex, which their
+     * completion may take). */
     c10d__pg_unpark_backends(pg);
     uv_mutex_lock(&pg->mutex);
     if (pg->state == C10D_PG_CLOSED) {

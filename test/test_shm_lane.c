@@ -178,6 +178,29 @@ static int lane_main(int rank, int n, void *arg)
     c10d_work_release(cw);
     c10d_store_release(store);
 
+    /* 5b. A group destroyed with a collective parked for a waiter that has
+     * not come yet: the destroy hands it to the loop, where it completes,
+     * instead of waiting out the group's timeout (20 s here). */
+    int members[8];
+    for (int r = 0; r < n; r++)
+        members[r] = r;
+    c10d_pg_opts so = {0};
+    so.timeout_ms = 20000;
+    c10d_pg *sub = NULL;
+    MP_CHECK(c10d_pg_new_group(pg, members, n, &so, &sub) == 0, "new_group: %s", c10d_last_error());
+    int32_t kept[64];
+    fill(kept, 64, rank, 19);
+    MP_CHECK(c10d_all_reduce(sub, kept, kept, 64, C10D_INT32, C10D_SUM, NULL, &cw) == 0, "post");
+    struct timespec d0, d1;
+    clock_gettime(CLOCK_MONOTONIC, &d0);
+    c10d_pg_destroy(sub);
+    clock_gettime(CLOCK_MONOTONIC, &d1);
+    double took = (double)(d1.tv_sec - d0.tv_sec) + (double)(d1.tv_nsec - d0.tv_nsec) / 1e9;
+    MP_CHECK(took < 10, "destroy waited %.1f s for a parked op", took);
+    MP_CHECK(c10d_work_wait(cw, 30000) == 0, "parked op: %s", c10d_last_error());
+    MP_CHECK(sum_ok(kept, 64, n, 19), "parked op: wrong sum");
+    c10d_work_release(cw);
+
     /* 6. A peer that never comes: the waiter stops at the op's deadline
      * with the watchdog's words, and the group fails. */
     if (rank == 0) {

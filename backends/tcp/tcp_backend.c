@@ -1105,6 +1105,7 @@ static void state_destroy(struct tcp_state *s)
 static void tcp_unpark(void *state)
 {
     struct tcp_state *s = state;
+    c10d__tcp_lane_unpark(&s->lane);
     c10d__tcp_p2p_lane_unpark(&s->p2p);
 }
 
