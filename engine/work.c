@@ -418,9 +418,14 @@ static void drain_here(c10d_work *w, struct work_callback *batch, size_t n)
         /* Posting closed (the engine stops): its last sweep may have passed
          * this work while its drain was ours (drain_posted), so this thread
          * runs the rest, as run_parked does (no timer was armed: the op
-         * completed here). */
-        if (!posted)
+         * completed here). Off the pending list first, as run_parked's work
+         * is by then: a sweep that came now would start a second drain
+         * beside this one. */
+        if (!posted) {
+            if (pending_remove(w))
+                c10d_work_release(w); /* the list's; never the last: the waiter holds one */
             work_drain(w);
+        }
         return;
     }
     w->drain_posted = 0;

@@ -61,11 +61,12 @@ int c10d__work_on_complete_around(c10d_work *w, c10d_work_cb first, c10d_work_cb
  * (so holds a reference through the call, which the completion leans on)
  * and holds no lock: callbacks registered with c10d__work_on_complete_anywhere
  * run here, and waiters go without a turn of the loop (any others run on the
- * loop, as always). Not from a submit path: the group's mutex is held there. */
+ * loop, or here once the engine stops and cannot take them). Not from a
+ * submit path: the group's mutex is held there. */
 int c10d__work_complete_here(c10d_work *w);
 
-/* As c10d_work_release, for a reference the library keeps for itself (a
- * group's last collective): dropping it hands nothing to the loop. */
+/* As c10d_work_release, for a reference the library keeps for itself (the
+ * lane's last parked op): dropping it hands nothing to the loop. */
 void c10d__work_drop(c10d_work *w);
 
 /* Parking: a producer that can run its op on a waiting thread leaves it

@@ -188,7 +188,8 @@ C10D_EXPORT int c10d_work_on_complete(c10d_work *work, c10d_work_cb cb, void *ar
  * timed out (the work goes on; with C10D_BLOCKING_WAIT=1 and timeout_ms > 0
  * the work fails instead, and the call returns once its callbacks ran, as
  * torch's blocking wait), or C10D_EDEADLK on the loop thread. The
- * waiting thread only waits: callbacks and I/O run on the engine's thread, so
+ * waiting thread only waits: callbacks and I/O run on the engine's thread (or,
+ * once c10d_shutdown stopped it, on the thread that completes the work), so
  * do not wait while holding a lock this work's own callbacks take. */
 C10D_EXPORT int c10d_work_wait(c10d_work *work, int64_t timeout_ms);
 

@@ -182,6 +182,7 @@ static int lane_main(int rank, int n, void *arg)
      * not come yet: the destroy hands it to the loop, where it completes,
      * instead of waiting out the group's timeout (20 s here). */
     int members[8];
+    MP_CHECK(n <= 8, "%d ranks: members[] holds 8", n);
     for (int r = 0; r < n; r++)
         members[r] = r;
     c10d_pg_opts so = {0};
