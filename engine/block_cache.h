@@ -17,6 +17,7 @@
 enum c10d__block_kind {
     C10D__BLOCK_WORK,      /* engine/work.c */
     C10D__BLOCK_OP_RECORD, /* a group's op record, api/pg_object.c */
+    C10D__BLOCK_TCP_OP,    /* the tcp backend's op on its loop (2 KiB: past glibc's tcache) */
     C10D__BLOCK_KINDS
 };
 

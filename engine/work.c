@@ -721,6 +721,30 @@ int c10d__work_create_unarmed(c10d_work **out, const char *what, int64_t timeout
     return work_new(out, timeout_ms, name_now, what);
 }
 
+/* The model's name as it stands: made, a copy of it; not yet, a copy of its
+ * recipe (the prefix, which its maker never writes, and the arguments, which
+ * it only reads), so that neither work's name is made for the other. */
+static int name_like(c10d_work *w, const void *arg)
+{
+    c10d_work *model = (c10d_work *)arg;
+    w->created_ms = model->created_ms;
+    if (atomic_load_explicit(&model->name_state, memory_order_acquire) == NAME_MADE)
+        return name_now(w, model->what);
+    memcpy(w->inline_what, model->inline_what, model->name_at);
+    w->inline_what[model->name_at] = '\0';
+    w->what = w->inline_what;
+    w->name_at = model->name_at;
+    w->name_make = model->name_make;
+    memcpy(w->name_args, model->name_args, sizeof w->name_args);
+    atomic_init(&w->name_state, NAME_DEFERRED);
+    return 0;
+}
+
+int c10d__work_create_like(c10d_work **out, c10d_work *model, int64_t timeout_ms)
+{
+    return work_new(out, timeout_ms, name_like, model);
+}
+
 int c10d__work_create_named(c10d_work **out, const struct c10d__work_name *name, int64_t timeout_ms)
 {
     return work_new(out, timeout_ms, name_later, name);

@@ -42,6 +42,10 @@ struct c10d__work_name {
 /* As c10d__work_create_unarmed, named so. */
 int c10d__work_create_named(c10d_work **out, const struct c10d__work_name *name,
                             int64_t timeout_ms);
+/* As c10d__work_create_unarmed, named as `model` is (whose name is not made
+ * for it) and counting its deadline from model's creation: the parts of an
+ * op. */
+int c10d__work_create_like(c10d_work **out, c10d_work *model, int64_t timeout_ms);
 void c10d__work_arm(c10d_work *w);
 /* As c10d__work_on_complete, for a callback that may also run on the thread
  * that completes the work with success off the loop (so it takes no lock a

@@ -366,6 +366,13 @@ static void test_p2p_rules(void **state)
                "tcp batch_isend_irecv (op 2, recv): invalid peer rank 3 (group size 3)");
     EXPECT_ERR(c10d_batch_isend_irecv(pg, ops, 0, NULL, NULL), C10D_EINVAL,
                "tcp batch_isend_irecv: empty list of ops (ops given, nops 0)");
+    /* A member past the ninth is named with its whole index. */
+    c10d_p2p_op many[12];
+    for (int i = 0; i < 12; i++)
+        many[i] = ops[0];
+    many[11].tag = -1;
+    EXPECT_ERR(c10d_batch_isend_irecv(pg, many, 12, NULL, NULL), C10D_EINVAL,
+               "tcp batch_isend_irecv (op 11, send): invalid tag -1 (tags must be >= 0)");
     assert_int_equal(c10d_batch_isend_irecv(pg, ops, 2, NULL, &w), 0);
     assert_int_equal(c10d_work_wait_release(w), 0);
     assert_int_equal(last_rec().nlist, 2);

@@ -182,7 +182,7 @@ static int make_parts(struct p2p_lane_batch *b, struct batch_ops *copies, int n,
     int made = 0;
     while (made < n) {
         c10d_work *w;
-        if (c10d__work_create_unarmed(&w, c10d__work_what(b->work), head->timeout_ms) != 0)
+        if (c10d__work_create_like(&w, b->work, head->timeout_ms) != 0)
             break;
         atomic_fetch_add(&copies->refs, 1);
         c10d__work_set_payload(w, &ops_kind, copies, ops_unref);

@@ -29,6 +29,7 @@
 #include "backends/shm/coll.h"
 #include "backends/shm/path.h"
 
+#include "engine/block_cache.h"
 #include "engine/env.h"
 #include "engine/error.h"
 #include "engine/log.h"
@@ -175,7 +176,7 @@ static void op_unref(struct tcp_op *o)
 {
     if (--o->refs == 0) {
         hier_release(o);
-        free(o);
+        c10d__block_put(C10D__BLOCK_TCP_OP, o);
     }
 }
 
@@ -955,7 +956,11 @@ static void tcp_run(void *state, struct c10d__op *op)
             c10d__tcp_lane_loop_done(&s->lane);
         return;
     }
-    struct tcp_op *o = calloc(1, sizeof *o);
+    /* From the loop thread's cache, where it goes back: a calloc of its
+     * 2 KiB (past glibc's per-thread cache) was 2500 instructions. */
+    struct tcp_op *o = c10d__block_take(C10D__BLOCK_TCP_OP, sizeof *o);
+    if (o != NULL)
+        memset(o, 0, sizeof *o);
     if (o == NULL) {
         c10d__work_complete(op->work, C10D_ENOMEM, "tcp %s seq %llu: out of memory",
                             c10d__op_kind_name(op->kind), (unsigned long long)op->seq);
