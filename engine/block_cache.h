@@ -18,6 +18,8 @@ enum c10d__block_kind {
     C10D__BLOCK_WORK,      /* engine/work.c */
     C10D__BLOCK_OP_RECORD, /* a group's op record, api/pg_object.c */
     C10D__BLOCK_TCP_OP,    /* the tcp backend's op on its loop (2 KiB: past glibc's tcache) */
+    C10D__BLOCK_P2P_OP,    /* a message the P2P lane carries, backends/tcp/p2p_lane.c */
+    C10D__BLOCK_P2P_RECV,  /* a receive the P2P lane posted, backends/tcp/p2p_lane.c */
     C10D__BLOCK_KINDS
 };
 
