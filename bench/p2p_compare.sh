@@ -10,6 +10,7 @@
 # OP=pingpong: ranks 2k and 2k+1 trade single blocking sends and receives
 # instead (c10d-bench -o pingpong, MPI_Send/MPI_Recv; a round trip per op).
 # Prints time per exchange (us) side by side, with c10d's ratio to vader.
+# c10d's loop is timed as a whole (-p 0), as the MPI bench times its own.
 set -eu
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -35,7 +36,7 @@ c10d_sweep() { # env... -> "size time" lines
         [ $it -lt 5 ] && it=5
         [ $it -gt 2000 ] && it=2000
         env "$@" "$run" -n "$n" --bind-to "$bind" --no-prefix "$bench" -o "$op" -b "$size" \
-            -e "$size" -n "$it" -w $((it / 10 + 2)) -z 1 -c 0 |
+            -e "$size" -n "$it" -w $((it / 10 + 2)) -z 1 -p 0 -c 0 |
             awk '$1 ~ /^[0-9]+$/ && NF >= 9 {print $1, $6; fflush()}'
         size=$((size * 16))
     done
