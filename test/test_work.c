@@ -755,6 +755,32 @@ static void test_deferred_names(void **state)
     c10d_work_release(w);
 }
 
+/* A work named as another (an op's parts): neither name is made for the
+ * other, and each reads as the model's. */
+static void test_named_like(void **state)
+{
+    (void)state;
+    const char *full = "[PG 0 (p) Rank 1] Work(SeqNum=5, OpType=ALLREDUCE)";
+    atomic_store(&names_made, 0);
+    c10d_work *model = named("[PG 0 (p) Rank 1] Work(SeqNum=", 5, 0), *part;
+    assert_int_equal(c10d__work_create_like(&part, model, 0), 0);
+    assert_int_equal(atomic_load(&names_made), 0);
+    assert_string_equal(c10d__work_what(part), full);
+    assert_int_equal(atomic_load(&names_made), 1);
+    assert_string_equal(c10d__work_what(model), full);
+    assert_int_equal(atomic_load(&names_made), 2);
+    /* A model whose name is made: copied as it is, nothing made again. */
+    c10d_work *late;
+    assert_int_equal(c10d__work_create_like(&late, model, 0), 0);
+    assert_string_equal(c10d__work_what(late), full);
+    assert_int_equal(atomic_load(&names_made), 2);
+    c10d_work *works[3] = {model, part, late};
+    for (int i = 0; i < 3; i++) {
+        c10d_work_complete(works[i], C10D_OK, NULL);
+        c10d_work_release(works[i]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -763,6 +789,7 @@ int main(void)
         cmocka_unit_test(test_order_before_and_after_completion),
         cmocka_unit_test(test_names_of_every_length),
         cmocka_unit_test(test_deferred_names),
+        cmocka_unit_test(test_named_like),
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_completion_beats_deadline),
         cmocka_unit_test(test_wait_timeout_leaves_work_pending),

@@ -288,7 +288,7 @@ int c10d__tcp_p2p_lane_try_batch(struct c10d__tcp_p2p_lane *l, struct c10d__op *
                                 c10d__op_kind_name(rest->kind), (unsigned long long)rest->seq);
             l->done(l->owner);
         }
-        c10d__work_arm(w); /* on the loop: its deadline from now on */
+        c10d__work_arm(w); /* on the loop: its deadline counts from the batch's creation */
     }
     if (c10d__work_park(whole, &batch_park, b) != 0)
         batch_adopt(b); /* a callback awaits it on the loop */
