@@ -363,6 +363,18 @@ static int copy_scaled(const struct c10d__shm_coll *a, char *dst, const char *sr
     return 0;
 }
 
+/* This rank's slot of the chunk is written: its stamp, then `arrive` with
+ * release, after which the peers may read both. */
+static void publish(struct c10d__shm_coll *a)
+{
+    struct c10d__shm_seg *seg = a->seg;
+    struct c10d__shm_stamp *st = &seg->ctl[seg->rank].stamp[a->gen & 1];
+    st->gen = a->gen;
+    st->seq = a->op->seq;
+    st->fp = a->fp;
+    atomic_store_explicit(&seg->ctl[seg->rank].arrive, a->gen, memory_order_release);
+}
+
 static int write_slot(struct c10d__shm_coll *a)
 {
     struct c10d__shm_seg *seg = a->seg;
@@ -395,11 +407,7 @@ static int write_slot(struct c10d__shm_coll *a)
         C10D_CHECK(
             copy_scaled(a, slot + (lo + cnt) * a->esz, src + (lo + cnt) * a->esz, n - lo - cnt));
     }
-    struct c10d__shm_stamp *st = &seg->ctl[seg->rank].stamp[a->gen & 1];
-    st->gen = a->gen;
-    st->seq = op->seq;
-    st->fp = a->fp;
-    atomic_store_explicit(&seg->ctl[seg->rank].arrive, a->gen, memory_order_release);
+    publish(a);
     return 0;
 }
 
@@ -539,11 +547,7 @@ static int small_write(struct c10d__shm_coll *a)
     memcpy(slot, op->send, a->block_elems * a->esz);
     if (op->redop == C10D_PREMUL_SUM)
         C10D_CHECK(c10d__reduce_premul(slot, a->block_elems, op->dtype, op->premul_factor));
-    struct c10d__shm_stamp *st = &seg->ctl[seg->rank].stamp[a->gen & 1];
-    st->gen = a->gen;
-    st->seq = op->seq;
-    st->fp = a->fp;
-    atomic_store_explicit(&seg->ctl[seg->rank].arrive, a->gen, memory_order_release);
+    publish(a);
     return 0;
 }
 
