@@ -71,7 +71,7 @@ struct c10d_pg {
      * without it by c10d__pg_op_ended, which broadcasts idle_cond under it. */
     atomic_size_t pending;
     atomic_int idle_waiters; /* threads about to sleep on idle_cond */
-    char *what_prefix; /* "[PG name (desc) Rank r] Work(SeqNum=": every op's name starts so */
+    char *what_prefix;       /* "[PG name (desc) Rank r] Work(SeqNum=": every op's name starts so */
     size_t what_prefix_len;
     /* Name and desc as flight-recorder entries hold them (interned); NULL: out of memory, each
      * record interns them again. */
