@@ -144,8 +144,14 @@ static void pg_close(c10d_pg *pg, int graceful, const char *reason)
     /* An op parked for a waiter that never comes (the caller's lanes,
      * docs/engine.md) would hold the drain up: the backends hand theirs to
      * the loop first (on the loop, outside the group's mutex, which their
-     * completion may take). */
-    c10d__pg_unpark_backends(pg);
+     * completion may take). Not for a group that is closed, or was ended by
+     * c10d_shutdown (which completed every op) or a fork (its backends are
+     * the parent's): asking its loop would start an engine for nothing. */
+    uv_mutex_lock(&pg->mutex);
+    int live = pg->state != C10D_PG_CLOSED && pg->ended_by == NULL && !pg->inherited;
+    uv_mutex_unlock(&pg->mutex);
+    if (live)
+        c10d__pg_unpark_backends(pg);
     uv_mutex_lock(&pg->mutex);
     if (pg->state == C10D_PG_CLOSED) {
         uv_mutex_unlock(&pg->mutex);
