@@ -16,20 +16,6 @@
 _Static_assert(C10D__OP_OPTS_V1_SIZE + sizeof(void *) == sizeof(c10d_op_opts),
                "c10d_op_opts grew: teach all_reduce.c's express its new field");
 
-/* Whether the host reduction table takes (redop, dtype): its answer, kept
- * (it never changes). 0 not asked yet, 1 yes, 2 no. */
-static _Atomic unsigned char redop_fits[C10D_DTYPE_COUNT][C10D_REDUCE_OP_COUNT];
-
-static int host_redop_fits(c10d_reduce_op redop, c10d_dtype dtype)
-{
-    unsigned char v = atomic_load_explicit(&redop_fits[dtype][redop], memory_order_relaxed);
-    if (v == 0) {
-        v = c10d_reduce_op_check(redop, dtype) == 0 ? 1 : 2;
-        atomic_store_explicit(&redop_fits[dtype][redop], v, memory_order_relaxed);
-    }
-    return v == 1;
-}
-
 /* 1 if it took the call (its result in *rc), 0 for dispatch to. */
 static int express(c10d_pg *pg, const void *send, void *recv, size_t count, c10d_dtype dtype,
                    c10d_reduce_op redop, const c10d_op_opts *opts, c10d_work **work, int *rc)
@@ -49,7 +35,7 @@ static int express(c10d_pg *pg, const void *send, void *recv, size_t count, c10d
     c10d__dtype_real(dtype, &per);
     double factor = opts != NULL ? opts->premul_factor : 0.0;
     const struct c10d__backend_vtable *vt = pg->backends[0].vt;
-    if (per != 1 || vt == NULL || !host_redop_fits(redop, dtype) ||
+    if (per != 1 || vt == NULL || c10d_reduce_op_check(redop, dtype) != 0 ||
         (redop == C10D_PREMUL_SUM && !isfinite(factor)) || c10d__pg_detail_enabled())
         return 0;
     struct c10d__pg_op *po = c10d__pg_op_new(pg, 0, 0);

@@ -11,18 +11,9 @@
 #   bench/op_locked_callgrind.sh BUILD_DIR [BYTES] [OPS]     (default 4, 10000)
 set -eu
 [ $# -ge 1 ] || { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
-build=$1
-bytes=${2:-4}
-ops=${3:-10000}
-warmup=100
-command -v valgrind >/dev/null || { echo "op_locked_callgrind: valgrind not installed" >&2; exit 1; }
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT INT TERM
-bench=$(realpath "$build/bench/c10d-bench")
-args="-o all_reduce -b $bytes -e $bytes -n $ops -w $warmup -z 1 -c 0"
-"$build/tools/c10drun/c10drun" -n 2 sh -c "if [ \$RANK = 0 ]; then exec valgrind --tool=callgrind \
---dump-instr=yes --callgrind-out-file=$out/cg.out $bench $args; else exec $bench $args; fi" >/dev/null 2>&1
-/usr/bin/python3 - "$out/cg.out" $((ops + warmup)) <<'PY'
+. "$(dirname "$0")/callgrind_rank0.sh"
+callgrind_rank0 --dump-instr=yes
+/usr/bin/python3 - "$out/cg.out" $nops <<'PY'
 import collections, re, subprocess, sys
 
 path, nops = sys.argv[1], int(sys.argv[2])

@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #if defined(__SANITIZE_ADDRESS__)
 #define BLOCK_CACHE_OFF 1
@@ -84,3 +85,11 @@ void c10d__block_put(enum c10d__block_kind kind, void *block)
 }
 
 #endif
+
+void *c10d__block_take_zeroed(enum c10d__block_kind kind, size_t size)
+{
+    void *block = c10d__block_take(kind, size);
+    if (block != NULL)
+        memset(block, 0, size);
+    return block;
+}

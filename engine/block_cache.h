@@ -26,6 +26,8 @@ enum c10d__block_kind {
 /* A block of `size` bytes (uninitialised) of that kind, NULL if out of
  * memory. Every block of a kind has the same size. */
 void *c10d__block_take(enum c10d__block_kind kind, size_t size);
+/* The same, zeroed, as calloc's would be. */
+void *c10d__block_take_zeroed(enum c10d__block_kind kind, size_t size);
 /* Gives back a block from c10d__block_take (NULL: nothing). */
 void c10d__block_put(enum c10d__block_kind kind, void *block);
 

@@ -201,6 +201,15 @@ void c10d__fr_names_init(struct c10d__fr_names *n, const char *pg_name, const ch
     copy_str(n->pg_desc, sizeof n->pg_desc, pg_desc);
 }
 
+/* Under fr_mutex: the interned copy of `want`, or NULL. */
+static const struct c10d__fr_names *interned_locked(const struct c10d__fr_names *want)
+{
+    for (const struct interned_names *i = interned; i != NULL; i = i->next)
+        if (memcmp(&i->names, want, sizeof *want) == 0)
+            return &i->names;
+    return NULL;
+}
+
 const struct c10d__fr_names *c10d__fr_names_intern(const char *pg_name, const char *pg_desc)
 {
     struct c10d__fr_names want;
@@ -209,12 +218,10 @@ const struct c10d__fr_names *c10d__fr_names_intern(const char *pg_name, const ch
      * find its handlers. */
     uv_once(&fr_once, fr_register_fork_handlers);
     c10d__lock_acquire(&fr_mutex);
-    for (const struct interned_names *i = interned; i != NULL; i = i->next)
-        if (memcmp(&i->names, &want, sizeof want) == 0) {
-            c10d__lock_release(&fr_mutex);
-            return &i->names;
-        }
+    const struct c10d__fr_names *found = interned_locked(&want);
     c10d__lock_release(&fr_mutex);
+    if (found != NULL)
+        return found;
     /* Made outside the lock, as a group's record is; a twin made meanwhile
      * by another thread wins. */
     struct interned_names *made = malloc(sizeof *made);
@@ -222,16 +229,16 @@ const struct c10d__fr_names *c10d__fr_names_intern(const char *pg_name, const ch
         return NULL;
     made->names = want;
     c10d__lock_acquire(&fr_mutex);
-    for (const struct interned_names *i = interned; i != NULL; i = i->next)
-        if (memcmp(&i->names, &want, sizeof want) == 0) {
-            c10d__lock_release(&fr_mutex);
-            free(made);
-            return &i->names;
-        }
-    made->next = interned;
-    interned = made;
+    found = interned_locked(&want);
+    if (found == NULL) {
+        made->next = interned;
+        interned = made;
+        found = &made->names;
+        made = NULL;
+    }
     c10d__lock_release(&fr_mutex);
-    return &made->names;
+    free(made);
+    return found;
 }
 
 uint64_t c10d__fr_record(const struct c10d__fr_op *op)

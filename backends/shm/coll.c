@@ -543,10 +543,7 @@ static int small_write(struct c10d__shm_coll *a)
 {
     struct c10d__shm_seg *seg = a->seg;
     const struct c10d__op *op = a->op;
-    char *slot = c10d__shm_slot(seg, seg->rank, a->gen);
-    memcpy(slot, op->send, a->block_elems * a->esz);
-    if (op->redop == C10D_PREMUL_SUM)
-        C10D_CHECK(c10d__reduce_premul(slot, a->block_elems, op->dtype, op->premul_factor));
+    C10D_CHECK(copy_scaled(a, c10d__shm_slot(seg, seg->rank, a->gen), op->send, a->block_elems));
     publish(a);
     return 0;
 }

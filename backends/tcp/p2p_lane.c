@@ -17,7 +17,6 @@
 
 #include <sched.h>
 #include <stdlib.h>
-#include <string.h>
 
 /* A receive posted in a mailbox, waiting for its sender's fill. */
 struct p2p_lane_recv {
@@ -46,36 +45,6 @@ struct p2p_lane_op {
     struct c10d__poll_queue polls;   /* the loop watches a deposit here */
     struct c10d__poll_item poll;
 };
-
-/* The records made per message come from the thread's block cache
- * (engine/block_cache.h), zeroed as calloc's were: calloc and free of them
- * were a tenth of a small batch's instructions where the waiter that made a
- * record also frees it. */
-static struct p2p_lane_op *op_alloc(void)
-{
-    struct p2p_lane_op *o = c10d__block_take(C10D__BLOCK_P2P_OP, sizeof *o);
-    if (o != NULL)
-        memset(o, 0, sizeof *o);
-    return o;
-}
-
-static void op_dealloc(struct p2p_lane_op *o)
-{
-    c10d__block_put(C10D__BLOCK_P2P_OP, o);
-}
-
-static struct p2p_lane_recv *rec_alloc(void)
-{
-    struct p2p_lane_recv *rec = c10d__block_take(C10D__BLOCK_P2P_RECV, sizeof *rec);
-    if (rec != NULL)
-        memset(rec, 0, sizeof *rec);
-    return rec;
-}
-
-static void rec_dealloc(struct p2p_lane_recv *rec)
-{
-    c10d__block_put(C10D__BLOCK_P2P_RECV, rec);
-}
 
 static atomic_uint_fast64_t sent_here, received_here;
 
@@ -245,7 +214,7 @@ static void op_finish(struct p2p_lane_op *o)
         o->next->prev = o->prev;
     uv_mutex_unlock(&l->mutex);
     c10d_work_release(o->work);
-    op_dealloc(o);
+    c10d__block_put(C10D__BLOCK_P2P_OP, o);
     l->done(l->owner);
 }
 
@@ -369,14 +338,16 @@ static int try_send(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
 {
     if (!l->on)
         return 0;
-    struct p2p_lane_op *o = op_alloc();
+    /* The records of a message come from the thread's block cache: calloc
+     * and free of them were a tenth of a small batch's instructions. */
+    struct p2p_lane_op *o = c10d__block_take_zeroed(C10D__BLOCK_P2P_OP, sizeof *o);
     if (o == NULL)
         return 0;
     int to = l->seg_of[op->peer];
     o->mb = c10d__shm_mailbox_of(l->seg, l->seg->rank, to);
     int how = c10d__shm_mb_send(o->mb, (uint64_t)op->tag, op->send, bytes, &o->gen);
     if (how == C10D_SHM_MB_REFUSED) {
-        op_dealloc(o);
+        c10d__block_put(C10D__BLOCK_P2P_OP, o);
         return 0;
     }
     if (how == C10D_SHM_MB_DEPOSITED) {
@@ -395,7 +366,7 @@ static int try_send(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
 static void recv_free(struct p2p_lane_recv *rec)
 {
     c10d_work_release(rec->work);
-    rec_dealloc(rec);
+    c10d__block_put(C10D__BLOCK_P2P_RECV, rec);
 }
 
 /* Mutex held: rec's receive goes to the loop, as if just submitted. */
@@ -551,11 +522,11 @@ static int try_recv(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
 {
     int from = l->seg_of[op->peer];
     struct c10d__shm_mailbox *mb = c10d__shm_mailbox_of(l->seg, from, l->seg->rank);
-    struct p2p_lane_recv *rec = rec_alloc();
-    struct p2p_lane_op *o = op_alloc();
+    struct p2p_lane_recv *rec = c10d__block_take_zeroed(C10D__BLOCK_P2P_RECV, sizeof *rec);
+    struct p2p_lane_op *o = c10d__block_take_zeroed(C10D__BLOCK_P2P_OP, sizeof *o);
     if (rec == NULL || o == NULL) {
-        rec_dealloc(rec);
-        op_dealloc(o);
+        c10d__block_put(C10D__BLOCK_P2P_RECV, rec);
+        c10d__block_put(C10D__BLOCK_P2P_OP, o);
         return 0;
     }
     uv_mutex_lock(&l->mutex);
@@ -563,8 +534,8 @@ static int try_recv(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
      * earlier receive to the loop meanwhile (this one must not overtake it). */
     if (atomic_load(&l->loop_ops) != 0 || l->posted[from] != NULL) {
         uv_mutex_unlock(&l->mutex);
-        rec_dealloc(rec);
-        op_dealloc(o);
+        c10d__block_put(C10D__BLOCK_P2P_RECV, rec);
+        c10d__block_put(C10D__BLOCK_P2P_OP, o);
         return 0;
     }
     size_t got;
@@ -572,16 +543,16 @@ static int try_recv(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
     int how = c10d__shm_mb_recv(mb, (uint64_t)op->tag, bytes, op->recv, &got, &gen);
     if (how != 0) {
         uv_mutex_unlock(&l->mutex);
-        rec_dealloc(rec);
+        c10d__block_put(C10D__BLOCK_P2P_RECV, rec);
         if (how < 0) { /* the loop matches what is there first */
-            op_dealloc(o);
+            c10d__block_put(C10D__BLOCK_P2P_OP, o);
             return 0;
         }
         atomic_fetch_add_explicit(&received_here, 1, memory_order_relaxed);
         op_park_it(l, o, op->work);
         return 1;
     }
-    op_dealloc(o);
+    c10d__block_put(C10D__BLOCK_P2P_OP, o);
     rec->l = l;
     rec->op = op;
     rec->work = op->work;
@@ -617,7 +588,7 @@ static int try_recv(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
  * posts: two senders could fill two posts at once. */
 static int try_recv_any(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t bytes)
 {
-    struct p2p_lane_op *o = op_alloc();
+    struct p2p_lane_op *o = c10d__block_take_zeroed(C10D__BLOCK_P2P_OP, sizeof *o);
     if (o == NULL)
         return 0;
     int from = -1, me = l->seg->rank;
@@ -638,7 +609,7 @@ static int try_recv_any(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_
     }
     uv_mutex_unlock(&l->mutex);
     if (from < 0) {
-        op_dealloc(o);
+        c10d__block_put(C10D__BLOCK_P2P_OP, o);
         return 0;
     }
     c10d__work_set_source_rank(op->work, l->group_of[from]);

@@ -958,9 +958,7 @@ static void tcp_run(void *state, struct c10d__op *op)
     }
     /* From the loop thread's cache, where it goes back: a calloc of its
      * 2 KiB (past glibc's per-thread cache) was 2500 instructions. */
-    struct tcp_op *o = c10d__block_take(C10D__BLOCK_TCP_OP, sizeof *o);
-    if (o != NULL)
-        memset(o, 0, sizeof *o);
+    struct tcp_op *o = c10d__block_take_zeroed(C10D__BLOCK_TCP_OP, sizeof *o);
     if (o == NULL) {
         c10d__work_complete(op->work, C10D_ENOMEM, "tcp %s seq %llu: out of memory",
                             c10d__op_kind_name(op->kind), (unsigned long long)op->seq);

@@ -4,6 +4,7 @@
 #include "engine/error.h"
 #include "engine/kernels/reduce.h"
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <string.h>
 #include <strings.h>
@@ -152,7 +153,34 @@ int c10d_reduce_op_from_name(const char *name, c10d_reduce_op *out)
     return c10d__fail(C10D_EINVAL, "unknown reduce op '%s'", name);
 }
 
+/* Pairs found valid, kept (the answer never changes): the check made on
+ * every all_reduce, by the group and by its backend, is then one load. An
+ * invalid pair takes the whole check each time, for its message. */
+static _Atomic unsigned char pair_valid[C10D_DTYPE_COUNT][C10D_REDUCE_OP_COUNT];
+
+static int reduce_op_check(c10d_reduce_op op, c10d_dtype dtype);
+
+/* The whole check, keeping a valid answer; out of line, so that an answer
+ * from the table needs no stack frame. */
+static int check_and_keep(c10d_reduce_op op, c10d_dtype dtype) __attribute__((noinline));
+
+static int check_and_keep(c10d_reduce_op op, c10d_dtype dtype)
+{
+    int rc = reduce_op_check(op, dtype);
+    if (rc == 0)
+        atomic_store_explicit(&pair_valid[dtype][op], 1, memory_order_relaxed);
+    return rc;
+}
+
 int c10d_reduce_op_check(c10d_reduce_op op, c10d_dtype dtype)
+{
+    if (op_valid(op) && dtype_valid(dtype) &&
+        atomic_load_explicit(&pair_valid[dtype][op], memory_order_relaxed))
+        return 0;
+    return check_and_keep(op, dtype);
+}
+
+static int reduce_op_check(c10d_reduce_op op, c10d_dtype dtype)
 {
     if (!op_valid(op))
         return c10d__fail(C10D_EINVAL, "invalid reduce op %d", (int)op);
