@@ -446,6 +446,15 @@ int c10d__engine_post(struct c10d__task *task)
     return rc;
 }
 
+int c10d__engine_post_if_running(struct c10d__task *task)
+{
+    uv_once(&engine_once, engine_init_once);
+    uv_mutex_lock(&engine_mutex);
+    int rc = engine != NULL ? engine_post_locked(task) : C10D_EABORTED;
+    uv_mutex_unlock(&engine_mutex);
+    return rc;
+}
+
 struct call_task {
     struct c10d__task task;
     void (*fn)(void *arg);

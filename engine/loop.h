@@ -25,6 +25,12 @@ int c10d__engine_start(void);
  * engine is shutting down (the task will not run). */
 int c10d__engine_post(struct c10d__task *task);
 
+/* As c10d__engine_post, but never starts an engine: C10D_EABORTED (no
+ * message) when none runs. For what only an engine that already ran could
+ * hold handles of: after c10d_shutdown, or before any use, only memory is
+ * left, and a post would start a loop thread for nothing. */
+int c10d__engine_post_if_running(struct c10d__task *task);
+
 /* 1 on the engine's thread (as c10d__on_loop_thread: no other thread runs
  * the loop). */
 int c10d__engine_own_thread(void);

@@ -14,6 +14,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <dirent.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -38,6 +39,19 @@ static c10d_pg *solo_group(void)
     return rc == 0 ? pg : NULL;
 }
 
+/* Threads of this process: an engine started by mistake is one more. */
+static int thread_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (d == NULL)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
 static int sum_ok(c10d_pg *pg)
 {
     float x[4] = {1, 2, 3, 4};
@@ -54,6 +68,7 @@ static void test_ops_after_shutdown(void **s)
     assert_int_equal(c10d_pg_new_group(pg, ranks, 1, NULL, &sub), 0);
     assert_int_equal(sum_ok(pg), 0);
     assert_int_equal(c10d_shutdown(), 0);
+    int threads = thread_count();
     assert_int_equal(sum_ok(pg), C10D_EREVOKED);
     assert_non_null(strstr(c10d_last_error(), "c10d_shutdown"));
     assert_int_equal(c10d_pg_error(pg), C10D_EABORTED); /* the cause */
@@ -66,6 +81,9 @@ static void test_ops_after_shutdown(void **s)
     assert_null(w);
     assert_int_equal(c10d_pg_destroy(sub), C10D_EABORTED);
     assert_int_equal(c10d_pg_destroy(pg), C10D_EABORTED);
+    /* None of it started an engine: a group that c10d_shutdown ended holds
+     * nothing on a loop (its stores included). */
+    assert_int_equal(thread_count(), threads);
     /* And the library starts over. */
     pg = solo_group();
     assert_non_null(pg);

@@ -84,7 +84,7 @@ void c10d_store_release(c10d_store *store)
     store->close_task.fn = close_task_fn;
     /* Without an engine (shut down or never started) nothing of the store is
      * on a loop: only memory is left. */
-    if (c10d__engine_post(&store->close_task) < 0)
+    if (c10d__engine_post_if_running(&store->close_task) < 0)
         c10d__store_unref(store);
 }
 
