@@ -15,11 +15,13 @@
 
 /* The caches there are: each block kind has its own. */
 enum c10d__block_kind {
-    C10D__BLOCK_WORK,      /* engine/work.c */
-    C10D__BLOCK_OP_RECORD, /* a group's op record, api/pg_object.c */
-    C10D__BLOCK_TCP_OP,    /* the tcp backend's op on its loop (2 KiB: past glibc's tcache) */
-    C10D__BLOCK_P2P_OP,    /* a message the P2P lane carries, backends/tcp/p2p_lane.c */
-    C10D__BLOCK_P2P_RECV,  /* a receive the P2P lane posted, backends/tcp/p2p_lane.c */
+    C10D__BLOCK_WORK,       /* engine/work.c */
+    C10D__BLOCK_OP_RECORD,  /* a group's op record, api/pg_object.c */
+    C10D__BLOCK_TCP_OP,     /* the tcp backend's op on its loop (2 KiB: past glibc's tcache) */
+    C10D__BLOCK_P2P_OP,     /* a message the P2P lane carries, backends/tcp/p2p_lane.c */
+    C10D__BLOCK_P2P_RECV,   /* a receive the P2P lane posted, backends/tcp/p2p_lane.c */
+    C10D__BLOCK_P2P_BATCH,  /* a small batch in the P2P lane, backends/tcp/p2p_lane_batch.c */
+    C10D__BLOCK_P2P_COPIES, /* its members' copies, the same */
     C10D__BLOCK_KINDS
 };
 

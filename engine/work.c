@@ -921,27 +921,30 @@ static int64_t wait_spin_us(void)
     return atomic_load_explicit(&value, memory_order_relaxed);
 }
 
-static int work_wait(c10d_work *w, int64_t timeout_ms, int blocking)
+static int refuse_on_loop(c10d_work *w)
 {
-    if (w == NULL)
-        return c10d__fail(C10D_EINVAL, "c10d_work_wait: work is NULL");
-    if (c10d__on_loop_thread())
-        return c10d__fail(C10D_EDEADLK,
-                          "c10d_work_wait on the engine loop thread (inside a callback) would "
-                          "deadlock: '%s' can only complete on this thread; use "
-                          "c10d_work_on_complete instead",
-                          what_of(w));
-    if (timeout_ms > MAX_WAIT_MS) /* beyond a century: no deadline (and no overflow) */
-        timeout_ms = -1;
-    uint64_t deadline = timeout_ms >= 0 ? c10d__now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
+    return c10d__fail(C10D_EDEADLK,
+                      "c10d_work_wait on the engine loop thread (inside a callback) would "
+                      "deadlock: '%s' can only complete on this thread; use "
+                      "c10d_work_on_complete instead",
+                      what_of(w));
+}
+
+/* Runs w's parked op here, then watches and sleeps until w settles or
+ * `deadline` (0: none). Whether it settled. The clock is read only after the
+ * parked op: an op that ran here needs none. */
+static int wait_settled(c10d_work *w, uint64_t deadline)
+{
     run_parked(w, deadline);
+    if (atomic_load_explicit(&w->settled, memory_order_acquire))
+        return 1;
     int64_t spin_us = wait_spin_us();
     if (spin_us > 0) {
         /* Watch the work for a while before sleeping: an op that completes
          * within microseconds then costs no futex wake-up. The CPU is yielded
          * between looks, so the loop thread may run on this one. */
         uint64_t spin_end = c10d__now_ns() + (uint64_t)spin_us * 1000u;
-        if (timeout_ms >= 0 && deadline < spin_end)
+        if (deadline != 0 && deadline < spin_end)
             spin_end = deadline;
         while (!atomic_load_explicit(&w->settled, memory_order_acquire) &&
                c10d__now_ns() < spin_end)
@@ -953,13 +956,26 @@ static int work_wait(c10d_work *w, int64_t timeout_ms, int blocking)
     int settled;
     while (!(settled = atomic_load(&w->settled))) {
         uint64_t now = c10d__now_ns();
-        if (timeout_ms >= 0 && now >= deadline)
+        if (deadline != 0 && now >= deadline)
             break;
         atomic_fetch_add(&w->sleepers, 1);
         if (!atomic_load(&w->settled))
-            c10d__futex_wait(&w->settled, 0, timeout_ms >= 0 ? deadline - now : 0);
+            c10d__futex_wait(&w->settled, 0, deadline != 0 ? deadline - now : 0);
         atomic_fetch_sub(&w->sleepers, 1);
     }
+    return settled;
+}
+
+static int work_wait(c10d_work *w, int64_t timeout_ms, int blocking)
+{
+    if (w == NULL)
+        return c10d__fail(C10D_EINVAL, "c10d_work_wait: work is NULL");
+    if (c10d__on_loop_thread())
+        return refuse_on_loop(w);
+    if (timeout_ms > MAX_WAIT_MS) /* beyond a century: no deadline (and no overflow) */
+        timeout_ms = -1;
+    uint64_t deadline = timeout_ms >= 0 ? c10d__now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
+    int settled = wait_settled(w, deadline);
     /* Settled: done, status and message were written once, under the mutex,
      * before the store of `settled` this thread saw; no lock needed. */
     int done = 1, status;
@@ -1002,6 +1018,19 @@ int c10d_work_wait(c10d_work *w, int64_t timeout_ms)
 int c10d__work_wait(c10d_work *w, int64_t timeout_ms)
 {
     return work_wait(w, timeout_ms, 0);
+}
+
+int c10d__work_wait_until(c10d_work *w, uint64_t deadline_ns)
+{
+    if (c10d__on_loop_thread())
+        return refuse_on_loop(w);
+    if (!wait_settled(w, deadline_ns))
+        return c10d__fail(C10D_ETIMEDOUT, "c10d_work_wait: '%s' still pending (the work goes on)",
+                          what_of(w));
+    int status = w->status; /* written before `settled`, which this thread saw */
+    if (status < 0)
+        c10d__fail(status, "%s", w->message != NULL ? w->message : c10d_strerror(status));
+    return status;
 }
 
 void c10d__work_set_stream_wait(c10d_work *w, int (*fn)(c10d_work *w, void *stream, void *arg),

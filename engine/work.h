@@ -101,6 +101,9 @@ int c10d__work_on_complete(c10d_work *w, c10d_work_cb cb, void *arg);
 /* c10d_work_wait without torch's blocking wait: the library's own waits (loop
  * calls, blocking store calls, wait_all) end the wait, never the work. */
 int c10d__work_wait(c10d_work *w, int64_t timeout_ms);
+/* The same, until an absolute deadline (c10d__now_ns; 0: none): a wait
+ * whose op ends on this thread reads no clock. */
+int c10d__work_wait_until(c10d_work *w, uint64_t deadline_ns);
 
 /* A device backend's c10d_work_wait_stream for this work: returns 0 once the
  * stream waits (never blocks the host), or a negative status. */

@@ -56,7 +56,7 @@ void c10d__tcp_p2p_lane_counts(uint64_t *sends, uint64_t *recvs)
 
 void c10d__tcp_p2p_lane_init(struct c10d__tcp_p2p_lane *l)
 {
-    uv_mutex_init(&l->mutex);
+    atomic_init(&l->mutex.word, 0);
     atomic_init(&l->broken, 0);
     atomic_init(&l->loop_ops, 0);
     atomic_init(&l->owed, 0);
@@ -107,7 +107,6 @@ void c10d__tcp_p2p_lane_destroy(struct c10d__tcp_p2p_lane *l)
     free(l->posted);
     free(l->seg_of);
     free(l->group_of);
-    uv_mutex_destroy(&l->mutex);
 }
 
 /* Mutex held: an op that can reach no loop (posting closed) fails in
@@ -128,10 +127,10 @@ static void settle(struct c10d__tcp_p2p_lane *l)
     int n = atomic_exchange(&l->owed, 0);
     if (n == 0)
         return;
-    uv_mutex_lock(&l->mutex);
+    c10d__lock_acquire(&l->mutex);
     struct c10d__task *failing = l->failing;
     l->failing = NULL;
-    uv_mutex_unlock(&l->mutex);
+    c10d__lock_release(&l->mutex);
     for (struct c10d__task *t = failing, *next; t != NULL; t = next) {
         next = t->next;
         struct c10d__op *op = (struct c10d__op *)((char *)t - offsetof(struct c10d__op, task));
@@ -205,14 +204,14 @@ static void count_loop_op(struct c10d__tcp_p2p_lane *l, struct c10d__op *op)
 static void op_finish(struct p2p_lane_op *o)
 {
     struct c10d__tcp_p2p_lane *l = o->l;
-    uv_mutex_lock(&l->mutex);
+    c10d__lock_acquire(&l->mutex);
     if (o->prev != NULL)
         o->prev->next = o->next;
     else
         l->ops = o->next;
     if (o->next != NULL)
         o->next->prev = o->prev;
-    uv_mutex_unlock(&l->mutex);
+    c10d__lock_release(&l->mutex);
     c10d_work_release(o->work);
     c10d__block_put(C10D__BLOCK_P2P_OP, o);
     l->done(l->owner);
@@ -291,10 +290,10 @@ static void op_adopt(void *arg)
         o->poll.done = poll_done;
         /* Under the mutex: the group's end (c10d__tcp_p2p_lane_end) takes
          * what is on the poller off it, and after it nothing goes there. */
-        uv_mutex_lock(&l->mutex);
+        c10d__lock_acquire(&l->mutex);
         int pushed = !l->ended && c10d__poll_push(&o->polls, &o->poll) == 0;
         o->polled = pushed;
-        uv_mutex_unlock(&l->mutex);
+        c10d__lock_release(&l->mutex);
         if (pushed)
             return;
         op_end_unwatched(o);
@@ -313,12 +312,12 @@ static void op_park_it(struct c10d__tcp_p2p_lane *l, struct p2p_lane_op *o, c10d
     o->l = l;
     o->work = w;
     c10d_work_retain(w);
-    uv_mutex_lock(&l->mutex);
+    c10d__lock_acquire(&l->mutex);
     o->next = l->ops;
     if (l->ops != NULL)
         l->ops->prev = o;
     l->ops = o;
-    uv_mutex_unlock(&l->mutex);
+    c10d__lock_release(&l->mutex);
     /* Never completed here, under the group's mutex its callbacks take. */
     if (c10d__work_park(w, &op_park, o) != 0)
         op_adopt(o); /* a callback awaits it on the loop */
@@ -386,9 +385,9 @@ static void collect(struct p2p_lane_recv *rec)
 {
     struct c10d__tcp_p2p_lane *l = rec->l;
     c10d__shm_mb_collect(rec->mb, rec->gen, rec->op->recv);
-    uv_mutex_lock(&l->mutex);
+    c10d__lock_acquire(&l->mutex);
     l->posted[rec->peer] = NULL;
-    uv_mutex_unlock(&l->mutex);
+    c10d__lock_release(&l->mutex);
     atomic_fetch_add_explicit(&received_here, 1, memory_order_relaxed);
 }
 
@@ -437,11 +436,11 @@ static int recv_run(void *arg, uint64_t deadline_ns)
     spin(l, rec->work, deadline_ns, recv_filled, rec);
     if (c10d__shm_mb_state(rec->mb, rec->gen) != C10D_SHM_MB_DATA) {
         /* Taken back by someone who handed it to the loop, or given up. */
-        uv_mutex_lock(&l->mutex);
+        c10d__lock_acquire(&l->mutex);
         int gone = rec->handed || c10d__shm_mb_withdraw(rec->mb, rec->gen);
         if (gone && !rec->handed)
             hand(rec);
-        uv_mutex_unlock(&l->mutex);
+        c10d__lock_release(&l->mutex);
         if (gone) {
             recv_free(rec);
             settle(l);
@@ -462,9 +461,9 @@ static void recv_adopt(void *arg)
     /* Any thread: once the op is the loop's, its counts may go there and the
      * group may end; this call holds the owner until it let go of the lane. */
     l->hold(l->owner);
-    uv_mutex_lock(&l->mutex);
+    c10d__lock_acquire(&l->mutex);
     int gone = rec->handed || to_loop_locked(rec);
-    uv_mutex_unlock(&l->mutex);
+    c10d__lock_release(&l->mutex);
     if (gone)
         recv_free(rec);
     atomic_fetch_add(&l->owed, 1);
@@ -506,13 +505,13 @@ static void on_unexpected(void *arg, int r)
     if (r < 0 || r >= l->group_size || l->seg_of[r] < 0)
         return;
     c10d_work *w = NULL;
-    uv_mutex_lock(&l->mutex);
+    c10d__lock_acquire(&l->mutex);
     struct p2p_lane_recv *rec = l->posted[l->seg_of[r]];
     if (rec != NULL && c10d__shm_mb_withdraw(rec->mb, rec->gen)) {
         hand(rec);
         c10d_work_retain(w = rec->work);
     }
-    uv_mutex_unlock(&l->mutex);
+    c10d__lock_release(&l->mutex);
     if (w != NULL)
         unpark_all(&w, 1);
     settle(l);
@@ -529,11 +528,11 @@ static int try_recv(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
         c10d__block_put(C10D__BLOCK_P2P_OP, o);
         return 0;
     }
-    uv_mutex_lock(&l->mutex);
+    c10d__lock_acquire(&l->mutex);
     /* Again under the mutex: another thread's waiter may have handed an
      * earlier receive to the loop meanwhile (this one must not overtake it). */
     if (atomic_load(&l->loop_ops) != 0 || l->posted[from] != NULL) {
-        uv_mutex_unlock(&l->mutex);
+        c10d__lock_release(&l->mutex);
         c10d__block_put(C10D__BLOCK_P2P_RECV, rec);
         c10d__block_put(C10D__BLOCK_P2P_OP, o);
         return 0;
@@ -542,7 +541,7 @@ static int try_recv(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
     uint64_t gen;
     int how = c10d__shm_mb_recv(mb, (uint64_t)op->tag, bytes, op->recv, &got, &gen);
     if (how != 0) {
-        uv_mutex_unlock(&l->mutex);
+        c10d__lock_release(&l->mutex);
         c10d__block_put(C10D__BLOCK_P2P_RECV, rec);
         if (how < 0) { /* the loop matches what is there first */
             c10d__block_put(C10D__BLOCK_P2P_OP, o);
@@ -565,14 +564,14 @@ static int try_recv(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
      * loop before it is seen here; one after it finds the post there. */
     if (c10d__tcp_transport_p2p_waiting(l->t, op->peer) != 0 && c10d__shm_mb_withdraw(mb, gen)) {
         l->posted[from] = NULL; /* the caller posts it to the loop */
-        uv_mutex_unlock(&l->mutex);
+        c10d__lock_release(&l->mutex);
         recv_free(rec);
         return 0;
     }
     int free_now = 0;
     if (c10d__work_park(op->work, &recv_park, rec) != 0) /* a callback awaits it on the loop */
         free_now = to_loop_locked(rec);
-    uv_mutex_unlock(&l->mutex);
+    c10d__lock_release(&l->mutex);
     if (free_now)
         recv_free(rec);
     else if (atomic_load(l->failed) != 0)
@@ -593,7 +592,7 @@ static int try_recv_any(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_
         return 0;
     int from = -1, me = l->seg->rank;
     size_t got;
-    uv_mutex_lock(&l->mutex);
+    c10d__lock_acquire(&l->mutex);
     int clear = atomic_load(&l->loop_ops) == 0;
     for (int g = 0; clear && g < l->group_size; g++)
         clear = g == l->group_of[me] || c10d__tcp_transport_p2p_waiting(l->t, g) == 0;
@@ -607,7 +606,7 @@ static int try_recv_any(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_
         if (how > 0)
             from = r;
     }
-    uv_mutex_unlock(&l->mutex);
+    c10d__lock_release(&l->mutex);
     if (from < 0) {
         c10d__block_put(C10D__BLOCK_P2P_OP, o);
         return 0;
@@ -663,12 +662,12 @@ int c10d__tcp_p2p_lane_post(struct c10d__tcp_p2p_lane *l, struct c10d__op *op)
         recvs |= m->kind == C10D_OP_RECV;
     c10d_work *works[C10D_SHM_RING_MAX_RANKS];
     int n = 0;
-    uv_mutex_lock(&l->mutex);
+    c10d__lock_acquire(&l->mutex);
     if (recvs) /* posted receives go first: they were called first */
         n = take_back_all(l, works);
     count_loop_op(l, op); /* a refused post fails the work: counted down then */
     int rc = l->to_loop(l->owner, op);
-    uv_mutex_unlock(&l->mutex);
+    c10d__lock_release(&l->mutex);
     unpark_all(works, n);
     settle(l);
     return rc;
@@ -679,7 +678,7 @@ void c10d__tcp_p2p_lane_unpark(struct c10d__tcp_p2p_lane *l)
     if (l->seg == NULL)
         return;
     c10d_work *works[C10D_SHM_RING_MAX_RANKS];
-    uv_mutex_lock(&l->mutex);
+    c10d__lock_acquire(&l->mutex);
     int n = take_back_all(l, works);
     /* Receives filled already go too: nobody may wait for them. */
     for (int r = 0; r < l->seg->nranks; r++)
@@ -687,17 +686,17 @@ void c10d__tcp_p2p_lane_unpark(struct c10d__tcp_p2p_lane *l)
             c10d_work_retain(l->posted[r]->work);
             works[n++] = l->posted[r]->work;
         }
-    uv_mutex_unlock(&l->mutex);
+    c10d__lock_release(&l->mutex);
     unpark_all(works, n);
     for (;;) {
-        uv_mutex_lock(&l->mutex);
+        c10d__lock_acquire(&l->mutex);
         c10d_work *w = NULL;
         for (struct p2p_lane_op *o = l->ops; o != NULL && w == NULL; o = o->next)
             if (!o->unparked) {
                 o->unparked = 1;
                 c10d_work_retain(w = o->work);
             }
-        uv_mutex_unlock(&l->mutex);
+        c10d__lock_release(&l->mutex);
         if (w == NULL)
             break;
         c10d__work_unpark(w);
@@ -715,14 +714,14 @@ void c10d__tcp_p2p_lane_end(struct c10d__tcp_p2p_lane *l)
      * engine ends) would never finish them. */
     for (;;) {
         struct p2p_lane_op *o = NULL;
-        uv_mutex_lock(&l->mutex);
+        c10d__lock_acquire(&l->mutex);
         l->ended = 1;
         for (struct p2p_lane_op *x = l->ops; x != NULL && o == NULL; x = x->next)
             if (x->polled && c10d__poll_cancel(&x->polls) != NULL)
                 o = x;
             else
                 x->polled = 0; /* its poll_done finishes it, or did */
-        uv_mutex_unlock(&l->mutex);
+        c10d__lock_release(&l->mutex);
         if (o == NULL)
             break;
         op_end_unwatched(o);

@@ -30,6 +30,7 @@
 
 #include "backends/backend.h"
 #include "backends/shm/segment.h"
+#include "engine/lock.h"
 #include "transport.h"
 
 #include <stdatomic.h>
@@ -47,10 +48,10 @@ struct c10d__tcp_p2p_lane {
     int on;        /* C10D_SHM_LANE and C10D_SHM_P2P */
     int bells;     /* every peer's doorbell opens here */
     int64_t spin_us;
-    atomic_int broken;   /* counting failed once: no lane any more */
-    atomic_int loop_ops; /* the group's P2P ops on the loop, not completed */
-    atomic_int owed;     /* `done` calls owed (p2p_lane.c, settle) */
-    uv_mutex_t mutex;
+    atomic_int broken;             /* counting failed once: no lane any more */
+    atomic_int loop_ops;           /* the group's P2P ops on the loop, not completed */
+    atomic_int owed;               /* `done` calls owed (p2p_lane.c, settle) */
+    c10d__lock mutex;              /* engine/lock.h: taken twice per message */
     struct p2p_lane_recv **posted; /* per peer: its receive posted in the mailbox */
     struct p2p_lane_op *ops;       /* sends and taken receives whose works are pending */
     struct c10d__task *failing;    /* ops of `owed` that fail in settle (op->task.next) */

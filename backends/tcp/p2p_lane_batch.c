@@ -20,6 +20,7 @@
  * to the loop takes the mailbox's posts back first). */
 #include "p2p_lane.h"
 
+#include "engine/block_cache.h"
 #include "engine/error.h"
 #include "engine/loop.h"
 #include "engine/tls.h"
@@ -29,9 +30,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* Batches of up to this many parts, and copies of up to this many members,
+ * come from the threads' block caches: a send and a receive, the common
+ * exchange, made no malloc/free pair of each (about 600 instructions). */
+#define BATCH_BLOCK_PARTS 8
+#define COPIES_BLOCK_OPS  4
+
 /* The members' copies, one reference per part made. */
 struct batch_ops {
     atomic_int refs;
+    int cached; /* a block (C10D__BLOCK_P2P_COPIES) */
     struct c10d__op ops[];
 };
 
@@ -48,6 +56,7 @@ struct p2p_lane_batch {
     atomic_int status;  /* the first part that failed: its status, */
     char msg[512];      /* and its message, written by whoever set status */
     int abandoned;      /* set up failed: the caller posts the batch itself */
+    int cached;         /* a block (C10D__BLOCK_P2P_BATCH) */
     atomic_int nparts;  /* parts in use (0 until set up) */
     c10d_work *parts[]; /* references */
 };
@@ -57,11 +66,27 @@ static _Thread_local C10D__TLS_HOT struct p2p_lane_batch *running_here;
 
 static const char ops_kind = 0; /* the parts' payload */
 
+static void ops_free(struct batch_ops *o)
+{
+    if (o->cached)
+        c10d__block_put(C10D__BLOCK_P2P_COPIES, o);
+    else
+        free(o);
+}
+
 static void ops_unref(void *arg)
 {
     struct batch_ops *o = arg;
     if (atomic_fetch_sub(&o->refs, 1) == 1)
-        free(o);
+        ops_free(o);
+}
+
+static void batch_free(struct p2p_lane_batch *b)
+{
+    if (b->cached)
+        c10d__block_put(C10D__BLOCK_P2P_BATCH, b);
+    else
+        free(b);
 }
 
 static void batch_unref(struct p2p_lane_batch *b)
@@ -71,7 +96,7 @@ static void batch_unref(struct p2p_lane_batch *b)
     for (int i = 0; i < b->nparts; i++)
         c10d_work_release(b->parts[i]);
     c10d_work_release(b->work);
-    free(b);
+    batch_free(b);
 }
 
 static void batch_finish(struct p2p_lane_batch *b)
@@ -129,21 +154,20 @@ static int batch_run(void *arg, uint64_t deadline_ns)
     struct p2p_lane_batch *b = arg;
     running_here = b;
     int i = 0;
+    /* One clock read per batch, not per part: each waits until the next
+     * look, which moves on only when a part was not done by then. */
+    uint64_t look = c10d__now_ns() + LOOK_MS * 1000000u;
     for (; i < b->nparts; i++) {
         for (;;) {
-            int64_t ms = LOOK_MS;
-            if (deadline_ns != 0) {
-                uint64_t now = c10d__now_ns();
-                int64_t left =
-                    now >= deadline_ns ? 0 : (int64_t)((deadline_ns - now + 999999u) / 1000000u);
-                ms = left < ms ? left : ms;
-            }
-            (void)c10d__work_wait(b->parts[i], ms);
+            uint64_t until = deadline_ns != 0 && deadline_ns < look ? deadline_ns : look;
+            (void)c10d__work_wait_until(b->parts[i], until);
             if (c10d_work_test(b->parts[i]))
                 break;
             /* The deadline, or the work completed by someone else. */
-            if ((deadline_ns != 0 && c10d__now_ns() >= deadline_ns) || c10d_work_test(b->work))
+            uint64_t now = c10d__now_ns();
+            if ((deadline_ns != 0 && now >= deadline_ns) || c10d_work_test(b->work))
                 goto out;
+            look = now + LOOK_MS * 1000000u;
         }
     }
 out:
@@ -217,13 +241,30 @@ int c10d__tcp_p2p_lane_try_batch(struct c10d__tcp_p2p_lane *l, struct c10d__op *
      * the lane, so the last part carries whatever is left of a long batch
      * (no work made per member that would only be dropped). */
     int nmake = n < 2 * l->seg->nranks + 1 ? n : 2 * l->seg->nranks + 1;
-    struct p2p_lane_batch *b = calloc(1, sizeof *b + (size_t)nmake * sizeof *b->parts);
-    struct batch_ops *copies = malloc(sizeof *copies + (size_t)n * sizeof *copies->ops);
+    int b_cached = nmake <= BATCH_BLOCK_PARTS, ops_cached = n <= COPIES_BLOCK_OPS;
+    /* Every field is set below: msg is read only once status says it was
+     * written, a part only once nparts covers it. */
+    struct p2p_lane_batch *b =
+        b_cached ? c10d__block_take(C10D__BLOCK_P2P_BATCH,
+                                    sizeof *b + BATCH_BLOCK_PARTS * sizeof *b->parts)
+                 : malloc(sizeof *b + (size_t)nmake * sizeof *b->parts);
+    struct batch_ops *copies =
+        ops_cached ? c10d__block_take(C10D__BLOCK_P2P_COPIES,
+                                      sizeof *copies + COPIES_BLOCK_OPS * sizeof *copies->ops)
+                   : malloc(sizeof *copies + (size_t)n * sizeof *copies->ops);
+    if (b != NULL)
+        b->cached = b_cached;
+    if (copies != NULL)
+        copies->cached = ops_cached;
     if (b == NULL || copies == NULL) {
-        free(b);
-        free(copies);
+        if (b != NULL)
+            batch_free(b);
+        if (copies != NULL)
+            ops_free(copies);
         return 0;
     }
+    b->abandoned = 0;
+    b->msg[0] = '\0';
     atomic_init(&copies->refs, 1); /* this call's, until the parts hold it */
     int k = 0;
     for (const struct c10d__op *m = head; m != NULL; m = m->next, k++) {
