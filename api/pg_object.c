@@ -6,6 +6,7 @@
 
 #include "engine/block_cache.h"
 #include "engine/error.h"
+#include "engine/loop.h"
 #include "engine/work.h"
 
 #include <pthread.h>
@@ -48,6 +49,10 @@ static void registry_fork_child(void)
 static void registry_init(void)
 {
     uv_mutex_init(&registry_mutex);
+    /* The registry's lock is held while a group's is taken (its end at
+     * c10d_shutdown), and a group's while ops are posted: at a fork it is
+     * taken before the engine's too. */
+    c10d__engine_init();
     pthread_atfork(registry_fork_prepare, registry_fork_parent, registry_fork_child);
 }
 

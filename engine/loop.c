@@ -401,6 +401,11 @@ static int engine_start_locked(void)
     return 0;
 }
 
+void c10d__engine_init(void)
+{
+    uv_once(&engine_once, engine_init_once);
+}
+
 int c10d__engine_start(void)
 {
     if (atomic_load(&engine_live))

@@ -16,6 +16,13 @@ struct c10d__task {
     struct c10d__task *next;
 };
 
+/* Registers the engine's fork handlers, once, starting nothing. A module
+ * whose fork handlers take a lock that is held while posting here (or while
+ * taking a lock held while posting) calls it before registering its own:
+ * prepare handlers run in the reverse order of registration, so its lock is
+ * then taken before the engine's, the order every other path takes them in. */
+void c10d__engine_init(void);
+
 /* Starts the engine if needed. Returns 0 or a negative status. */
 int c10d__engine_start(void);
 
