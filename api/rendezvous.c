@@ -34,6 +34,8 @@
 struct hosted {
     struct c10d__store_server *server;
     int port;
+    int64_t linger_ms; /* how long it waited for its clients, for the warning, */
+    int capped;        /* and whether a failure cut it to FAILED_LINGER_MS */
     struct hosted *next;
 };
 
@@ -47,25 +49,26 @@ void c10d__hosted_store_skip_linger(void)
 static struct c10d__shutdown_hook hosted_hook;
 static int hosted_hook_registered;
 
-static void on_drained(void *arg, size_t left)
-{
-    struct hosted *h = arg;
-    if (left > 0)
-        C10D_WARN("rendezvous",
-                  "stopping the store on port %d with %zu client(s) still connected after %lld ms "
-                  "(C10D_STORE_LINGER_MS); ranks still running lose it",
-                  h->port, left, (long long)c10d__env_int(C10D_ENV_STORE_LINGER_MS));
-    c10d__store_server_stop(h->server, NULL, NULL);
-    free(h);
-    c10d__engine_release_stop();
-}
-
 /* After a failure, at most this long: a peer that is still reading what
  * the failed creation published (the peers' addresses, which tell it why
  * they disagree) gets its own precise error instead of a closed store,
  * while a stopped or cut-off peer holds the exit this long, not the whole
  * C10D_STORE_LINGER_MS. */
 #define FAILED_LINGER_MS 500
+
+static void on_drained(void *arg, size_t left)
+{
+    struct hosted *h = arg;
+    if (left > 0)
+        C10D_WARN("rendezvous",
+                  "stopping the store on port %d with %zu client(s) still connected after %lld ms "
+                  "(%s); ranks still running lose it",
+                  h->port, left, (long long)h->linger_ms,
+                  h->capped ? "the wait after a failure" : "C10D_STORE_LINGER_MS");
+    c10d__store_server_stop(h->server, NULL, NULL);
+    free(h);
+    c10d__engine_release_stop();
+}
 
 /* Other ranks may still need the store when this one is done (a rank that
  * connects lazily reads a peer's address on first use): each server keeps
@@ -78,7 +81,8 @@ static void stop_hosted(struct c10d__shutdown_hook *hook)
     hosted_hook_registered = 0;
     /* Read and reset: a later job in this process starts clean. */
     int64_t linger = c10d__env_int(C10D_ENV_STORE_LINGER_MS);
-    if (atomic_exchange(&skip_linger, 0) && linger > FAILED_LINGER_MS)
+    int capped = atomic_exchange(&skip_linger, 0) && linger > FAILED_LINGER_MS;
+    if (capped)
         linger = FAILED_LINGER_MS;
     while (hosted_list) {
         struct hosted *h = hosted_list;
@@ -88,6 +92,8 @@ static void stop_hosted(struct c10d__shutdown_hook *hook)
             free(h);
             continue;
         }
+        h->linger_ms = linger;
+        h->capped = capped;
         c10d__engine_hold_stop();
         if (c10d__store_server_drain(h->server, (uint64_t)linger, on_drained, h) != 0) {
             c10d__engine_release_stop();
