@@ -177,6 +177,11 @@ static void watch_init(void)
     pthread_atfork(watch_fork_prepare, watch_fork_parent, watch_fork_child);
 }
 
+void c10d__pg_fr_init(void)
+{
+    uv_once(&watch_once, watch_init);
+}
+
 static c10d_store *watch_store_get(void)
 {
     uv_once(&watch_once, watch_init);

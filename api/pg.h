@@ -287,6 +287,8 @@ int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op
  * in head->fr_id. `label` is the torch OpType of a list ("COALESCED",
  * "BATCH_P2P"), NULL for a single op; `now_ns` when it was made
  * (c10d__now_ns, also its work's creation). */
+/* Registers the store watch's fork handlers (once); see registry_init. */
+void c10d__pg_fr_init(void);
 void c10d__pg_fr_record(c10d_pg *pg, struct c10d__pg_op *head, const char *label, size_t in,
                         size_t out, int64_t timeout_ms, uint64_t now_ns);
 /* An op of the group failed: dumps (once per burst of failures) and asks the

@@ -49,10 +49,15 @@ static void registry_fork_child(void)
 static void registry_init(void)
 {
     uv_mutex_init(&registry_mutex);
-    /* The registry's lock is held while a group's is taken (its end at
-     * c10d_shutdown), and a group's while ops are posted: at a fork it is
-     * taken before the engine's too. */
+    /* The outermost lock: held while a group's is taken (its end at
+     * c10d_shutdown), and a group's while an op is posted, its work made and
+     * recorded. At a fork it must be taken before all of theirs, and
+     * prepare handlers run in the reverse order of registration: theirs
+     * are registered first (each once; a no-op if it was already). */
     c10d__engine_init();
+    c10d__work_init();
+    c10d__fr_init();
+    c10d__pg_fr_init();
     pthread_atfork(registry_fork_prepare, registry_fork_parent, registry_fork_child);
 }
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <pthread.h>
 #include <uv.h>
 
 static const struct c10d__env_var env_table[C10D_ENV_COUNT] = {
@@ -23,9 +24,27 @@ static int env_loaded;
 static uv_mutex_t env_mutex;
 static uv_once_t env_once = UV_ONCE_INIT;
 
+/* A fork while another thread reads the environment would leave the child's
+ * copy of the lock held for ever: the forking thread takes it first. */
+static void env_fork_prepare(void)
+{
+    uv_mutex_lock(&env_mutex);
+}
+
+static void env_fork_release(void)
+{
+    uv_mutex_unlock(&env_mutex);
+}
+
 static void env_init_mutex(void)
 {
     uv_mutex_init(&env_mutex);
+    pthread_atfork(env_fork_prepare, env_fork_release, env_fork_release);
+}
+
+void c10d__env_init(void)
+{
+    uv_once(&env_once, env_init_mutex);
 }
 
 /* Bumped on every (re)load: readers that cache a parsed value compare it. */

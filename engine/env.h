@@ -67,7 +67,7 @@
       "shared-memory path: how long a waiting thread runs its op in the caller's lane before it "  \
       "hands the op to the loop and sleeps")                                                       \
     X(SHM_CROWDED_SPIN_US, "C10D_SHM_CROWDED_SPIN_US", NULL, "2000",                               \
-      "shared-memory path, where a host's ranks outnumber its CPUs: the loop keeps polling "      \
+      "shared-memory path, where a host's ranks outnumber its CPUs: the loop keeps polling "       \
       "(yielding the CPU) this long after a collective's last step, instead of "                   \
       "C10D_LOOP_SPIN_US, so that the op's next step and the next op find it awake (0: "           \
       "C10D_LOOP_SPIN_US)")                                                                        \
@@ -220,6 +220,10 @@ int64_t c10d__env_int(enum c10d__env_id id);
 int c10d__env_bool(enum c10d__env_id id);
 /* Re-reads the environment (tests, and after the user changed it on purpose). */
 void c10d__env_reload(void);
+/* Registers the environment's fork handlers (once). Its lock is taken under
+ * other modules' (the engine's, the flight recorder's): each calls this
+ * before registering its own, so that at a fork this one is taken last. */
+void c10d__env_init(void);
 /* Changes with every (re)load: a value parsed once may be kept while it is
  * the same, without the table's lock (hot paths). */
 unsigned c10d__env_generation(void);

@@ -96,6 +96,7 @@ static void fr_fork_child(void)
 
 static void fr_register_fork_handlers(void)
 {
+    c10d__env_init(); /* read under fr_mutex: its lock is the inner one */
     pthread_atfork(fr_fork_prepare, fr_fork_parent, fr_fork_child);
 }
 
@@ -733,6 +734,11 @@ int c10d__fr_dump_async(const char *reason)
                           strerror(err));
     }
     return 0;
+}
+
+void c10d__fr_init(void)
+{
+    uv_once(&fr_once, fr_register_fork_handlers);
 }
 
 /* ----------------------------------------------------------------- tests */

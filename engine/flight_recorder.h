@@ -54,6 +54,8 @@ struct c10d__fr_op {
 
 /* 1 when recording is on. The first call reads the environment. */
 int c10d__fr_enabled(void);
+/* Registers the recorder's fork handlers (once); see c10d__engine_init. */
+void c10d__fr_init(void);
 
 /* Records an op as scheduled. Returns its record id + 1, or 0 when the
  * recorder is off (then the call cost one branch). */

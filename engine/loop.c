@@ -104,6 +104,7 @@ static void fork_child(void)
 
 static void engine_init_once(void)
 {
+    c10d__env_init(); /* read under engine_mutex: its lock is the inner one */
     uv_mutex_init(&engine_mutex);
     uv_mutex_init(&shutdown_mutex);
     pthread_atfork(fork_prepare, fork_parent, fork_child);

@@ -197,6 +197,11 @@ static int pending_remove(c10d_work *w)
     return was_in;
 }
 
+void c10d__work_init(void)
+{
+    uv_once(&work_once, work_init_once);
+}
+
 size_t c10d__work_pending_count(void)
 {
     uv_once(&work_once, work_init_once);

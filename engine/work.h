@@ -143,5 +143,7 @@ void c10d__work_abort_all(int status, const char *message);
 
 /* Number of works not yet complete (tests, leak checks). */
 size_t c10d__work_pending_count(void);
+/* Registers the works' fork handlers (once); see c10d__engine_init. */
+void c10d__work_init(void);
 
 #endif
