@@ -28,6 +28,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <time.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -588,6 +589,14 @@ int c10d_shutdown(void)
 uint64_t c10d__now_ns(void)
 {
     return uv_hrtime();
+}
+
+uint64_t c10d__now_coarse_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) != 0)
+        return uv_hrtime();
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 uint64_t c10d__now_ms(void)

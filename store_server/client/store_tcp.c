@@ -97,6 +97,10 @@ static void tcp_close(c10d_store *s)
 static void tcp_destroy(c10d_store *s)
 {
     struct tcp_store *ts = (struct tcp_store *)s;
+    /* Left by a shutdown that came while it connected, when no close ran
+     * after it (c10d_store_release without an engine). */
+    if (ts->addrs)
+        uv_freeaddrinfo(ts->addrs);
     c10d__wire_reply_parser_free(&ts->rp);
     free(ts->rbuf);
     free(ts->host);
