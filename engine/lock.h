@@ -37,17 +37,45 @@ typedef struct {
 void c10d__lock_wait(c10d__lock *l, int seen);
 void c10d__lock_wake(c10d__lock *l);
 
+/* Under ThreadSanitizer the lock is announced as a mutex, so that its lock
+ * order is checked with every other's (a cycle through it is reported as
+ * one through a pthread mutex would be). A zeroed lock needs no creation. */
+#if defined(__SANITIZE_THREAD__)
+#define C10D__LOCK_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define C10D__LOCK_TSAN 1
+#endif
+#endif
+#ifdef C10D__LOCK_TSAN
+#include <sanitizer/tsan_interface.h>
+#define C10D__LOCK_PRE_LOCK(l)    __tsan_mutex_pre_lock((l), __tsan_mutex_linker_init)
+#define C10D__LOCK_POST_LOCK(l)   __tsan_mutex_post_lock((l), __tsan_mutex_linker_init, 0)
+#define C10D__LOCK_PRE_UNLOCK(l)  __tsan_mutex_pre_unlock((l), __tsan_mutex_linker_init)
+#define C10D__LOCK_POST_UNLOCK(l) __tsan_mutex_post_unlock((l), __tsan_mutex_linker_init)
+#else
+#define C10D__LOCK_PRE_LOCK(l)    ((void)0)
+#define C10D__LOCK_POST_LOCK(l)   ((void)0)
+#define C10D__LOCK_PRE_UNLOCK(l)  ((void)0)
+#define C10D__LOCK_POST_UNLOCK(l) ((void)0)
+#endif
+
 static inline void c10d__lock_acquire(c10d__lock *l)
 {
+    C10D__LOCK_PRE_LOCK(l);
     int seen = 0;
     if (!atomic_compare_exchange_strong_explicit(&l->word, &seen, 1, memory_order_acquire,
                                                  memory_order_relaxed))
         c10d__lock_wait(l, seen);
+    C10D__LOCK_POST_LOCK(l);
 }
 
 static inline void c10d__lock_release(c10d__lock *l)
 {
-    if (atomic_exchange_explicit(&l->word, 0, memory_order_release) == 2)
+    C10D__LOCK_PRE_UNLOCK(l);
+    int contended = atomic_exchange_explicit(&l->word, 0, memory_order_release) == 2;
+    C10D__LOCK_POST_UNLOCK(l);
+    if (contended)
         c10d__lock_wake(l);
 }
 
