@@ -330,6 +330,46 @@ static void test_fork(void **state)
     c10d_work_release(pending);
 }
 
+/* A fork while another thread reads the environment (under its lock, most
+ * of the time here): the child's first read must not find that lock held by
+ * a thread the child does not have. */
+static atomic_int env_reader_stop;
+
+static void *reread_env(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&env_reader_stop))
+        c10d__env_reload();
+    return NULL;
+}
+
+static void test_fork_while_env_read(void **state)
+{
+    (void)state;
+#ifdef __SANITIZE_THREAD__
+    skip();
+#endif
+    atomic_store(&env_reader_stop, 0);
+    pthread_t reader;
+    assert_int_equal(pthread_create(&reader, NULL, reread_env, NULL), 0);
+    int bad = 0;
+    for (int i = 0; i < 200 && !bad; i++) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            alarm(5); /* a child stuck on the lock is killed, and counted */
+            c10d__env_reload();
+            _exit(c10d__env_generation() > 0 ? 0 : 1);
+        }
+        int status = 0;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        bad = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    }
+    atomic_store(&env_reader_stop, 1);
+    pthread_join(reader, NULL);
+    assert_false(bad);
+}
+
 /* ------------------------------------------------ run on the loop and wait */
 
 static void answer_at_once(struct c10d__loop_call *call, void *arg)
@@ -476,6 +516,7 @@ int main(void)
         cmocka_unit_test(test_shutdown_from_callback_fails),
         cmocka_unit_test(test_concurrent_shutdown),
         cmocka_unit_test(test_fork),
+        cmocka_unit_test(test_fork_while_env_read),
         cmocka_unit_test(test_loop_call),
         cmocka_unit_test(test_shutdown_hold),
     };
