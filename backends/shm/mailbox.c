@@ -23,6 +23,11 @@ int c10d__shm_mb_state(struct c10d__shm_mailbox *m, uint64_t gen)
     return GEN(w) == gen ? STATE(w) : C10D_SHM_MB_EMPTY;
 }
 
+int c10d__shm_mb_uncollected(struct c10d__shm_mailbox *m)
+{
+    return STATE(atomic_load_explicit(&m->word, memory_order_acquire)) == C10D_SHM_MB_DATA;
+}
+
 /* EAGER(gen) -> TAKEN(gen): 1 if this call claimed it. */
 static int claim(struct c10d__shm_mailbox *m, uint64_t w)
 {

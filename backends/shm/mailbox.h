@@ -56,6 +56,10 @@ struct c10d__shm_mailbox {
 /* The state of the message or post `gen`: any state of that gen, or EMPTY if
  * the mailbox moved on to another gen. */
 int c10d__shm_mb_state(struct c10d__shm_mailbox *m, uint64_t gen);
+/* Sender's side: the last message filled a post that its receiver has not
+ * collected yet (DATA): the receiver matched it, and frees the mailbox as
+ * soon as its thread runs. */
+int c10d__shm_mb_uncollected(struct c10d__shm_mailbox *m);
 
 /* Receiver's caller: a message deposited with this tag and at most cap
  * bytes is copied into buf (*len) and matched: 1. -1 if a message it may not

@@ -333,6 +333,25 @@ static void wake_none(void *arg, int r)
     (void)r;
 }
 
+/* Where ranks outnumber the CPUs, a receiver that matched this sender's
+ * last message but has not copied it out yet is a rank waiting for a CPU:
+ * yielding lets it run, where a refusal sends the whole batch to the loop,
+ * a hand-off that costs tens of microseconds there. At most this long. */
+#define COLLECT_WAIT_NS 200000u
+
+static int send_when_collected(struct c10d__tcp_p2p_lane *l, struct p2p_lane_op *o,
+                               const struct c10d__op *op, size_t bytes)
+{
+    uint64_t end = c10d__now_ns() + COLLECT_WAIT_NS;
+    int how = C10D_SHM_MB_REFUSED;
+    while (how == C10D_SHM_MB_REFUSED && c10d__shm_mb_uncollected(o->mb) &&
+           atomic_load_explicit(l->failed, memory_order_acquire) == 0 && c10d__now_ns() < end) {
+        sched_yield();
+        how = c10d__shm_mb_send(o->mb, (uint64_t)op->tag, op->send, bytes, &o->gen);
+    }
+    return how;
+}
+
 static int try_send(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t bytes)
 {
     if (!l->on)
@@ -345,6 +364,8 @@ static int try_send(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
     int to = l->seg_of[op->peer];
     o->mb = c10d__shm_mailbox_of(l->seg, l->seg->rank, to);
     int how = c10d__shm_mb_send(o->mb, (uint64_t)op->tag, op->send, bytes, &o->gen);
+    if (how == C10D_SHM_MB_REFUSED && l->seg->crowded && c10d__shm_mb_uncollected(o->mb))
+        how = send_when_collected(l, o, op, bytes);
     if (how == C10D_SHM_MB_REFUSED) {
         c10d__block_put(C10D__BLOCK_P2P_OP, o);
         return 0;
