@@ -21,24 +21,27 @@ static const struct c10d__env_var env_table[C10D_ENV_COUNT] = {
 static char *env_values[C10D_ENV_COUNT];
 static int env_from_fallback[C10D_ENV_COUNT];
 static int env_loaded;
-static uv_mutex_t env_mutex;
+/* A plain pthread mutex, not uv_mutex_t: the fork child unlocks it on a
+ * thread that did not lock it, which a debug libuv's error-checking mutex
+ * would refuse (and abort). */
+static pthread_mutex_t env_mutex;
 static uv_once_t env_once = UV_ONCE_INIT;
 
 /* A fork while another thread reads the environment would leave the child's
  * copy of the lock held for ever: the forking thread takes it first. */
 static void env_fork_prepare(void)
 {
-    uv_mutex_lock(&env_mutex);
+    pthread_mutex_lock(&env_mutex);
 }
 
 static void env_fork_release(void)
 {
-    uv_mutex_unlock(&env_mutex);
+    pthread_mutex_unlock(&env_mutex);
 }
 
 static void env_init_mutex(void)
 {
-    uv_mutex_init(&env_mutex);
+    pthread_mutex_init(&env_mutex, NULL);
     pthread_atfork(env_fork_prepare, env_fork_release, env_fork_release);
 }
 
@@ -80,13 +83,13 @@ static void env_load_locked(void)
 static const char *env_value(enum c10d__env_id id, int *from_fallback)
 {
     uv_once(&env_once, env_init_mutex);
-    uv_mutex_lock(&env_mutex);
+    pthread_mutex_lock(&env_mutex);
     if (!env_loaded)
         env_load_locked();
     const char *v = env_values[id];
     if (from_fallback != NULL)
         *from_fallback = env_from_fallback[id];
-    uv_mutex_unlock(&env_mutex);
+    pthread_mutex_unlock(&env_mutex);
     return v;
 }
 
@@ -108,9 +111,9 @@ const struct c10d__env_var *c10d__env_table(void)
 void c10d__env_reload(void)
 {
     uv_once(&env_once, env_init_mutex);
-    uv_mutex_lock(&env_mutex);
+    pthread_mutex_lock(&env_mutex);
     env_load_locked();
-    uv_mutex_unlock(&env_mutex);
+    pthread_mutex_unlock(&env_mutex);
     c10d__log_reload_level();
 }
 

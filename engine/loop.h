@@ -111,8 +111,9 @@ long c10d__engine_handoff_violations(void);
 /* Monotonic milliseconds (same clock as the loop's timers). */
 uint64_t c10d__now_ms(void);
 uint64_t c10d__now_ns(void);
-/* The same clock at the kernel's tick (a few ms behind at most; a fifth of
- * c10d__now_ns's cost on a VM): for windows of tens of milliseconds. */
+/* The same clock at the kernel's tick (behind it by up to a tick or two, 4-8
+ * ms here; a fifth of c10d__now_ns's cost on a VM): for windows of tens of
+ * milliseconds. */
 uint64_t c10d__now_coarse_ns(void);
 
 #endif
