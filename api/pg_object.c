@@ -102,12 +102,11 @@ static void registry_remove(c10d_pg *pg)
 
 struct c10d__pg_op *c10d__pg_op_new(c10d_pg *pg, int dev, size_t extra_bytes)
 {
-    int cached = extra_bytes <= OP_BLOCK_EXTRA;
+    int cached;
     /* Zeroed by assignment: a memset right after the allocation would be
      * turned into calloc by the compiler, which skips every cache. */
-    struct c10d__pg_op *po =
-        cached ? c10d__block_take(C10D__BLOCK_OP_RECORD, sizeof *po + OP_BLOCK_EXTRA)
-               : malloc(sizeof *po + extra_bytes);
+    struct c10d__pg_op *po = c10d__block_take_fit(
+        C10D__BLOCK_OP_RECORD, sizeof *po + OP_BLOCK_EXTRA, sizeof *po + extra_bytes, &cached);
     if (po == NULL) {
         c10d__fail(C10D_ENOMEM, "%s: out of memory", pg->backend_name);
         return NULL;
@@ -121,10 +120,7 @@ void c10d__pg_op_free(struct c10d__pg_op *po)
 {
     while (po != NULL) {
         struct c10d__pg_op *next = po->next_in_list;
-        if (po->cached)
-            c10d__block_put(C10D__BLOCK_OP_RECORD, po);
-        else
-            free(po);
+        c10d__block_give(C10D__BLOCK_OP_RECORD, po, po->cached);
         po = next;
     }
 }

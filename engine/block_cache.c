@@ -86,6 +86,20 @@ void c10d__block_put(enum c10d__block_kind kind, void *block)
 
 #endif
 
+void *c10d__block_take_fit(enum c10d__block_kind kind, size_t block_size, size_t size, int *cached)
+{
+    *cached = size <= block_size;
+    return *cached ? c10d__block_take(kind, block_size) : malloc(size);
+}
+
+void c10d__block_give(enum c10d__block_kind kind, void *block, int cached)
+{
+    if (cached)
+        c10d__block_put(kind, block);
+    else
+        free(block);
+}
+
 void *c10d__block_take_zeroed(enum c10d__block_kind kind, size_t size)
 {
     void *block = c10d__block_take(kind, size);

@@ -33,4 +33,12 @@ void *c10d__block_take_zeroed(enum c10d__block_kind kind, size_t size);
 /* Gives back a block from c10d__block_take (NULL: nothing). */
 void c10d__block_put(enum c10d__block_kind kind, void *block);
 
+/* For records whose size varies: a block of the kind (every one
+ * `block_size` bytes) where `size` fits it, else malloc's `size` bytes;
+ * *cached says which, for c10d__block_give. Uninitialised; NULL if out of
+ * memory. */
+void *c10d__block_take_fit(enum c10d__block_kind kind, size_t block_size, size_t size, int *cached);
+/* Gives back what c10d__block_take_fit returned, with its *cached. */
+void c10d__block_give(enum c10d__block_kind kind, void *block, int cached);
+
 #endif

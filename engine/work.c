@@ -971,6 +971,17 @@ static int wait_settled(c10d_work *w, uint64_t deadline)
     return settled;
 }
 
+/* A settled work's status, its message made the thread's error: both were
+ * written once, under the mutex, before the store of `settled` this thread
+ * saw; no lock needed. */
+static int settled_status(c10d_work *w)
+{
+    int status = w->status;
+    if (status < 0)
+        c10d__fail(status, "%s", w->message != NULL ? w->message : c10d_strerror(status));
+    return status;
+}
+
 static int work_wait(c10d_work *w, int64_t timeout_ms, int blocking)
 {
     if (w == NULL)
@@ -980,21 +991,12 @@ static int work_wait(c10d_work *w, int64_t timeout_ms, int blocking)
     if (timeout_ms > MAX_WAIT_MS) /* beyond a century: no deadline (and no overflow) */
         timeout_ms = -1;
     uint64_t deadline = timeout_ms >= 0 ? c10d__now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
-    int settled = wait_settled(w, deadline);
-    /* Settled: done, status and message were written once, under the mutex,
-     * before the store of `settled` this thread saw; no lock needed. */
-    int done = 1, status;
-    if (settled) {
-        status = w->status;
-    } else {
-        c10d__lock_acquire(&w->mutex);
-        done = w->done;
-        status = w->status;
-        c10d__lock_release(&w->mutex);
-    }
-    if (settled && status < 0)
-        c10d__fail(status, "%s", w->message != NULL ? w->message : c10d_strerror(status));
-    if (!settled && !done && blocking) {
+    if (wait_settled(w, deadline))
+        return settled_status(w);
+    c10d__lock_acquire(&w->mutex);
+    int done = w->done;
+    c10d__lock_release(&w->mutex);
+    if (!done && blocking) {
         /* The waiter's deadline is the op's: the work fails now, and the wait
          * returns once its callbacks ran, as for any completion, so that
          * its owner (a group's op fails its group and stops writing into the
@@ -1005,14 +1007,12 @@ static int work_wait(c10d_work *w, int64_t timeout_ms, int blocking)
                             what_of(w), (long long)timeout_ms);
         return work_wait(w, -1, 0);
     }
-    if (!settled)
-        return c10d__fail(C10D_ETIMEDOUT,
-                          done ? "c10d_work_wait: '%s' completed, but its callbacks were still "
-                                 "running after waiting %lld ms"
-                               : "c10d_work_wait: '%s' still pending after waiting %lld ms (the "
-                                 "work goes on)",
-                          what_of(w), (long long)timeout_ms);
-    return status;
+    return c10d__fail(C10D_ETIMEDOUT,
+                      done ? "c10d_work_wait: '%s' completed, but its callbacks were still "
+                             "running after waiting %lld ms"
+                           : "c10d_work_wait: '%s' still pending after waiting %lld ms (the "
+                             "work goes on)",
+                      what_of(w), (long long)timeout_ms);
 }
 
 int c10d_work_wait(c10d_work *w, int64_t timeout_ms)
@@ -1032,10 +1032,7 @@ int c10d__work_wait_until(c10d_work *w, uint64_t deadline_ns)
     if (!wait_settled(w, deadline_ns))
         return c10d__fail(C10D_ETIMEDOUT, "c10d_work_wait: '%s' still pending (the work goes on)",
                           what_of(w));
-    int status = w->status; /* written before `settled`, which this thread saw */
-    if (status < 0)
-        c10d__fail(status, "%s", w->message != NULL ? w->message : c10d_strerror(status));
-    return status;
+    return settled_status(w);
 }
 
 void c10d__work_set_stream_wait(c10d_work *w, int (*fn)(c10d_work *w, void *stream, void *arg),

@@ -364,7 +364,7 @@ static int try_send(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
     int to = l->seg_of[op->peer];
     o->mb = c10d__shm_mailbox_of(l->seg, l->seg->rank, to);
     int how = c10d__shm_mb_send(o->mb, (uint64_t)op->tag, op->send, bytes, &o->gen);
-    if (how == C10D_SHM_MB_REFUSED && l->seg->crowded && c10d__shm_mb_uncollected(o->mb))
+    if (how == C10D_SHM_MB_REFUSED && l->seg->crowded)
         how = send_when_collected(l, o, op, bytes);
     if (how == C10D_SHM_MB_REFUSED) {
         c10d__block_put(C10D__BLOCK_P2P_OP, o);

@@ -66,27 +66,11 @@ static _Thread_local C10D__TLS_HOT struct p2p_lane_batch *running_here;
 
 static const char ops_kind = 0; /* the parts' payload */
 
-static void ops_free(struct batch_ops *o)
-{
-    if (o->cached)
-        c10d__block_put(C10D__BLOCK_P2P_COPIES, o);
-    else
-        free(o);
-}
-
 static void ops_unref(void *arg)
 {
     struct batch_ops *o = arg;
     if (atomic_fetch_sub(&o->refs, 1) == 1)
-        ops_free(o);
-}
-
-static void batch_free(struct p2p_lane_batch *b)
-{
-    if (b->cached)
-        c10d__block_put(C10D__BLOCK_P2P_BATCH, b);
-    else
-        free(b);
+        c10d__block_give(C10D__BLOCK_P2P_COPIES, o, o->cached);
 }
 
 static void batch_unref(struct p2p_lane_batch *b)
@@ -96,7 +80,7 @@ static void batch_unref(struct p2p_lane_batch *b)
     for (int i = 0; i < b->nparts; i++)
         c10d_work_release(b->parts[i]);
     c10d_work_release(b->work);
-    batch_free(b);
+    c10d__block_give(C10D__BLOCK_P2P_BATCH, b, b->cached);
 }
 
 static void batch_finish(struct p2p_lane_batch *b)
@@ -241,28 +225,22 @@ int c10d__tcp_p2p_lane_try_batch(struct c10d__tcp_p2p_lane *l, struct c10d__op *
      * the lane, so the last part carries whatever is left of a long batch
      * (no work made per member that would only be dropped). */
     int nmake = n < 2 * l->seg->nranks + 1 ? n : 2 * l->seg->nranks + 1;
-    int b_cached = nmake <= BATCH_BLOCK_PARTS, ops_cached = n <= COPIES_BLOCK_OPS;
+    int b_cached, ops_cached;
     /* Every field is set below: msg is read only once status says it was
      * written, a part only once nparts covers it. */
-    struct p2p_lane_batch *b =
-        b_cached ? c10d__block_take(C10D__BLOCK_P2P_BATCH,
-                                    sizeof *b + BATCH_BLOCK_PARTS * sizeof *b->parts)
-                 : malloc(sizeof *b + (size_t)nmake * sizeof *b->parts);
-    struct batch_ops *copies =
-        ops_cached ? c10d__block_take(C10D__BLOCK_P2P_COPIES,
-                                      sizeof *copies + COPIES_BLOCK_OPS * sizeof *copies->ops)
-                   : malloc(sizeof *copies + (size_t)n * sizeof *copies->ops);
-    if (b != NULL)
-        b->cached = b_cached;
-    if (copies != NULL)
-        copies->cached = ops_cached;
+    struct p2p_lane_batch *b = c10d__block_take_fit(
+        C10D__BLOCK_P2P_BATCH, sizeof *b + BATCH_BLOCK_PARTS * sizeof *b->parts,
+        sizeof *b + (size_t)nmake * sizeof *b->parts, &b_cached);
+    struct batch_ops *copies = c10d__block_take_fit(
+        C10D__BLOCK_P2P_COPIES, sizeof *copies + COPIES_BLOCK_OPS * sizeof *copies->ops,
+        sizeof *copies + (size_t)n * sizeof *copies->ops, &ops_cached);
     if (b == NULL || copies == NULL) {
-        if (b != NULL)
-            batch_free(b);
-        if (copies != NULL)
-            ops_free(copies);
+        c10d__block_give(C10D__BLOCK_P2P_BATCH, b, b_cached);
+        c10d__block_give(C10D__BLOCK_P2P_COPIES, copies, ops_cached);
         return 0;
     }
+    b->cached = b_cached;
+    copies->cached = ops_cached;
     b->abandoned = 0;
     b->msg[0] = '\0';
     atomic_init(&copies->refs, 1); /* this call's, until the parts hold it */
