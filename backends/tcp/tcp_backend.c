@@ -153,11 +153,19 @@ struct tcp_state {
     struct c10d__tcp_hier hier;
     int hier_on;
     int hier_pending; /* connected; waiting for the host's segment (connect_done pending) */
+    /* The segment could not be mapped: its leader may have failed and gone,
+     * and its reason, already sent to us, is the error to report; this timer
+     * bounds the wait for it (hier_attach_failed). */
+    uv_timer_t hier_grace;
+    int hier_grace_open;
+    int hier_attach_rc;
+    char hier_attach_msg[1024];
     char hier_ref[C10D_SHM_REF_MAX]; /* the segment's name, as the host's leader sends it */
 };
 
 static void state_unref(struct tcp_state *s);
 static void hier_step(struct tcp_op *o);
+static void hier_grace_close(struct tcp_state *s);
 static void connect_finished(struct tcp_state *s, int status);
 static void group_fail(struct tcp_state *s, int status, const char *fmt, ...) C10D_PRINTF(3, 4);
 
@@ -389,6 +397,7 @@ static void group_fail(struct tcp_state *s, int status, const char *fmt, ...)
         op_complete(s, s->p2p_ops, status, s->poison_msg);
     c10d__tcp_lane_unpark(&s->lane); /* it fails on the loop */
     c10d__tcp_p2p_lane_unpark(&s->p2p);
+    hier_grace_close(s);
     if (s->hier_pending) { /* failed while waiting for the host's segment */
         s->hier_pending = 0;
         c10d__fail(status, "%s", s->poison_msg);
@@ -1098,6 +1107,7 @@ static void state_destroy(struct tcp_state *s)
     c10d__tcp_lane_unpark(&s->lane);
     c10d__tcp_p2p_lane_end(&s->p2p);
     close_bells(s);
+    hier_grace_close(s);
     if (s->rails != NULL)
         c10d__tcp_rails_free(s->rails);
     s->rails = NULL;
@@ -1304,12 +1314,61 @@ static void hier_p2p_lane(struct tcp_state *s)
         (void)c10d__tcp_p2p_lane_start(&s->p2p, s->hier.seg, s->t, s->hier.local, s->size);
 }
 
+static void hier_grace_closed(uv_handle_t *h)
+{
+    state_unref((struct tcp_state *)h->data);
+}
+
+static void hier_grace_close(struct tcp_state *s)
+{
+    if (!s->hier_grace_open)
+        return;
+    s->hier_grace_open = 0;
+    uv_timer_stop(&s->hier_grace);
+    uv_close((uv_handle_t *)&s->hier_grace, hier_grace_closed);
+}
+
+/* No failure of the group came while we waited: the mapping's own error. */
+static void hier_grace_over(uv_timer_t *t)
+{
+    struct tcp_state *s = t->data;
+    hier_grace_close(s);
+    if (!s->hier_pending)
+        return;
+    s->hier_pending = 0;
+    connect_finished(s, c10d__fail(s->hier_attach_rc, "%s", s->hier_attach_msg));
+}
+
+/* A segment that cannot be mapped is most often one whose leader already
+ * failed (a collective of the group, run by the ranks that were ready) and
+ * exited, closing it; the leader's reason is in our socket behind its
+ * segment's name, and group_fail reports it. Ranks of one host see its
+ * failure within milliseconds, so a short wait suffices. */
+#define HIER_GRACE_MS 500
+
+static int hier_attach_failed(struct tcp_state *s, int rc)
+{
+    snprintf(s->hier_attach_msg, sizeof s->hier_attach_msg, "%s", c10d_last_error());
+    s->hier_attach_rc = rc;
+    if (uv_timer_init(c10d__engine_loop(), &s->hier_grace) < 0)
+        return 0;
+    s->hier_grace.data = s;
+    s->hier_grace_open = 1;
+    s->refs++; /* hier_grace_closed */
+    uv_timer_start(&s->hier_grace, hier_grace_over, HIER_GRACE_MS, 0);
+    return 1;
+}
+
 static void hier_ref_received(struct c10d__tcp_xfer *x)
 {
     struct tcp_state *s = x->ctx;
     size_t got = x->received;
     c10d__tcp_xfer_put(s->t, x);
     s->hier_ref[sizeof s->hier_ref - 1] = '\0';
+    if (s->poisoned) { /* group_fail finished the connect */
+        s->hier_pending = 0;
+        return;
+    }
     int rc;
     if (got == 0 || s->hier_ref[0] == '\0')
         rc = c10d__fail(C10D_ENOMEM,
@@ -1320,6 +1379,8 @@ static void hier_ref_received(struct c10d__tcp_xfer *x)
              0)
         rc = c10d__fail(rc, "tcp: group %s, rank %d: mapping this host's shared segment: %s",
                         s->group_name, s->rank, c10d_last_error());
+    if (rc < 0 && hier_attach_failed(s, rc))
+        return; /* hier_pending stays: group_fail or hier_grace_over */
     s->hier_on = rc == 0;
     if (rc == 0) {
         s->hier_bell = c10d__shm_bell_listen(s->hier.seg);
@@ -1413,6 +1474,11 @@ static void on_connected(void *arg, int status)
 {
     struct tcp_state *s = arg;
     const char **notes = NULL;
+    /* A peer failed the group while we still connected (it ran a collective
+     * without us): its reason is ours, and a host segment it made may be
+     * gone with it. */
+    if (status == 0 && s->poisoned)
+        status = c10d__fail(s->poison_status, "%s", s->poison_msg);
     if (status == 0 && s->shm_offered) {
         notes = calloc((size_t)s->size, sizeof *notes);
         if (notes == NULL)
