@@ -246,7 +246,7 @@ uint64_t c10d__fr_record(const struct c10d__fr_op *op)
 {
     if (atomic_load_explicit(&fr_mode, memory_order_relaxed) == FR_OFF || !c10d__fr_enabled())
         return 0;
-    uint64_t t_created = wall_of(op->now_ns != 0 ? op->now_ns : clock_ns(CLOCK_MONOTONIC));
+    uint64_t t_created = wall_of(op->now_ns != 0 ? op->now_ns : clock_ns(CLOCK_MONOTONIC_COARSE));
     const struct c10d__fr_names *names =
         op->names != NULL ? op->names : c10d__fr_names_intern(op->pg_name, op->pg_desc);
     /* Written in place, under the lock: one copy of the entry, not two. */
@@ -322,7 +322,7 @@ void c10d__fr_completed(uint64_t rid, int status)
 {
     if (rid == 0)
         return;
-    uint64_t now = wall_of(clock_ns(CLOCK_MONOTONIC));
+    uint64_t now = wall_of(clock_ns(CLOCK_MONOTONIC_COARSE));
     c10d__lock_acquire(&fr_mutex);
     struct fr_entry *e = entry_locked(rid);
     if (e != NULL && !e->retired) {

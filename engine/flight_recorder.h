@@ -47,8 +47,8 @@ struct c10d__fr_op {
     /* Recorded as started at once: its backend takes it in the same call
      * (c10d__fr_refused undoes that if it refuses). */
     int started;
-    /* When it was made (c10d__now_ns, the monotonic clock), read once for
-     * the record and its work; 0: read here. */
+    /* When it was made (c10d__now_coarse_ns, the monotonic clock at the
+     * kernel's tick), read once for the record and its work; 0: read here. */
     uint64_t now_ns;
 };
 

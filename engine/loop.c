@@ -599,6 +599,20 @@ uint64_t c10d__now_coarse_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+uint64_t c10d__coarse_lag_ns(void)
+{
+    static _Atomic uint64_t lag;
+    uint64_t v = atomic_load_explicit(&lag, memory_order_relaxed);
+    if (v == 0) {
+        struct timespec res;
+        v = clock_getres(CLOCK_MONOTONIC_COARSE, &res) == 0
+                ? 2 * ((uint64_t)res.tv_sec * 1000000000u + (uint64_t)res.tv_nsec)
+                : 20000000u;
+        atomic_store_explicit(&lag, v, memory_order_relaxed);
+    }
+    return v;
+}
+
 uint64_t c10d__now_ms(void)
 {
     return uv_hrtime() / 1000000u;

@@ -115,5 +115,8 @@ uint64_t c10d__now_ns(void);
  * ms here; a fifth of c10d__now_ns's cost on a VM): for windows of tens of
  * milliseconds. */
 uint64_t c10d__now_coarse_ns(void);
+/* How far c10d__now_coarse_ns may lag c10d__now_ns (two of its ticks): a
+ * deadline counted from a coarse reading plus this is never early. */
+uint64_t c10d__coarse_lag_ns(void);
 
 #endif

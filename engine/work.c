@@ -562,7 +562,8 @@ int c10d_work_complete(c10d_work *w, int status, const char *message)
 static void timer_fired(uv_timer_t *t)
 {
     c10d_work *w = t->data;
-    unsigned long long ran = (unsigned long long)(c10d__now_ms() - w->created_ms);
+    uint64_t now = c10d__now_ms();
+    unsigned long long ran = (unsigned long long)(now > w->created_ms ? now - w->created_ms : 0);
     /* A group's op ("[PG 0 (desc) Rank 1] Work(SeqNum=..)") fails in torch's
      * watchdog words, which log scrapers look for. */
     const char *what = what_of(w), *body = strstr(what, "] Work(");
@@ -589,7 +590,9 @@ static void arm_task_fn(struct c10d__task *t)
         c10d_work_release(w);
         return;
     }
-    uint64_t elapsed = c10d__now_ms() - w->created_ms;
+    /* created_ms may lie a little ahead (c10d__coarse_lag_ns). */
+    uint64_t now = c10d__now_ms();
+    uint64_t elapsed = now > w->created_ms ? now - w->created_ms : 0;
     uint64_t left = (uint64_t)w->timeout_ms > elapsed ? (uint64_t)w->timeout_ms - elapsed : 0;
     uv_timer_init(c10d__engine_loop(), &w->timer);
     w->timer.data = w;
