@@ -118,6 +118,9 @@ struct c10d__pg_op {
     struct c10d__pg_op *next_in_list; /* coalesced / batched members */
     void *storage;                    /* copied arrays */
     uint64_t fr_id;                   /* flight recorder record id + 1; 0: not recorded */
+    /* The work's first reference went to the caller's handle: op_final has
+     * none to drop (set under pg->mutex before the work can complete). */
+    int work_handed_out;
     uint64_t started_ns;
     int64_t started_wall_us; /* handed to the backend (completion hook) */
 };

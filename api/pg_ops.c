@@ -65,7 +65,8 @@ static void op_final(c10d_work *w, int status, void *arg)
     (void)status;
     struct c10d__pg_op *po = arg;
     c10d_pg *pg = po->pg;
-    c10d_work_release(w);
+    if (!po->work_handed_out)
+        c10d_work_release(w);
     c10d__pg_op_free(po);
     c10d__pg_unref(pg);
 }
@@ -309,6 +310,7 @@ int c10d__pg_post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *opty
     c10d_work *w;
     /* Armed once handed over: a backend may park the op for its waiter. */
     struct c10d__pg_op_name args = {optype, seq, in, out, timeout};
+    struct c10d__work_hooks hooks = {op_done, op_final, head};
     /* One read of the coarse clock for the op's record and its work's
      * deadline (a fifth of the precise one's cost, two of them per op were
      * a tenth of a small op's time); the deadline counts from the latest
@@ -317,7 +319,8 @@ int c10d__pg_post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *opty
     struct c10d__work_name name = {.make = c10d__pg_make_op_name,
                                    .args = &args,
                                    .args_len = sizeof args,
-                                   .created_ns = now + c10d__coarse_lag_ns()};
+                                   .created_ns = now + c10d__coarse_lag_ns(),
+                                   .hooks = &hooks};
     name.prefix = c10d__pg_op_name_prefix(pg, &name.prefix_len);
     C10D_CHECK(c10d__work_create_named(&w, &name, own_deadline ? 0 : timeout));
     for (struct c10d__pg_op *po = head; po != NULL; po = po->next_in_list) {
@@ -329,14 +332,7 @@ int c10d__pg_post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *opty
     c10d__pg_fr_record(pg, head, head->next_in_list != NULL ? optype : NULL, in, out, timeout, now);
     if (head->fr_id != 0)
         c10d__work_set_fr_id(w, head->fr_id);
-    int rc = c10d__work_on_complete_around(w, op_done, op_final, head, 1);
-    if (rc != 0) {
-        /* Nothing registered (out of memory): fail the work, free the op. */
-        c10d__fr_refused(head->fr_id);
-        c10d__work_complete(w, rc, "%s", c10d_last_error());
-        c10d_work_release(w);
-        return rc;
-    }
+    head->work_handed_out = 0;
     pg->pending++;
     pg->refs++;
     *handed_over = 1;
@@ -345,7 +341,7 @@ int c10d__pg_post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *opty
      * backend posts it to the loop. A refusal (c10d_shutdown closed posting,
      * say) fails the work, and op_done cleans up as for any op; the user's
      * callback is not registered yet, so this failed call never calls back. */
-    rc = hand_over(pg, head);
+    int rc = hand_over(pg, head);
     if (rc != 0)
         return rc;
     c10d__work_arm(w);
@@ -358,13 +354,14 @@ int c10d__pg_post_locked(c10d_pg *pg, struct c10d__pg_op *head, const char *opty
             return rc;
     }
     if (work != NULL) {
-        c10d_work_retain(w);
+        /* The creator's reference, the group's (op_final's) until now. */
+        head->work_handed_out = 1;
         *work = w;
     } else {
         /* Nobody can wait for it: a parked op goes to the loop at once. */
         c10d__work_unpark(w);
     }
-    /* Else the creator's reference is the group's, dropped in op_done. */
+    /* Else the creator's reference stays the group's, dropped in op_final. */
     return 0;
 }
 

@@ -611,6 +611,22 @@ static void abandon_created(c10d_work *w)
 
 static int arm(c10d_work *w);
 
+/* A work made with hooks that its creation gives up (the engine stops): a
+ * shutdown's sweep may have found it on the pending list meanwhile. Not
+ * completed yet: its hooks go, so that the sweep's completion runs none
+ * (1). Completed: they run, and the work is its creator's as made (0). */
+static int drop_hooks_unless_done(c10d_work *w)
+{
+    c10d__lock_acquire(&w->mutex);
+    int done = w->done;
+    if (!done) {
+        w->ncallbacks = 0;
+        w->last.cb = NULL;
+    }
+    c10d__lock_release(&w->mutex);
+    return !done;
+}
+
 int c10d_work_create(const char *what, int64_t timeout_ms, c10d_work **out)
 {
     int rc = c10d__work_create(out, what, timeout_ms);
@@ -651,7 +667,7 @@ void c10d__work_arm(c10d_work *w)
 
 /* A work with its name set by `name_it` (0, or nonzero: out of memory). */
 static int work_new(c10d_work **out, int64_t timeout_ms, int (*name_it)(c10d_work *, const void *),
-                    const void *name)
+                    const void *name, const struct c10d__work_hooks *hooks)
 {
     if (out == NULL)
         return c10d__fail(C10D_EINVAL, "c10d_work_create: out is NULL");
@@ -673,6 +689,10 @@ static int work_new(c10d_work **out, int64_t timeout_ms, int (*name_it)(c10d_wor
         c10d__block_put(C10D__BLOCK_WORK, w);
         return c10d__fail(C10D_ENOMEM, "c10d_work_create: out of memory");
     }
+    if (hooks != NULL) {
+        w->callbacks[w->ncallbacks++] = (struct work_callback){hooks->first, hooks->arg, 1};
+        w->last = (struct work_callback){hooks->last, hooks->arg, 1};
+    }
     atomic_init(&w->refs, 2); /* the caller's and the pending list's */
     atomic_init(&w->source_rank, -1);
     atomic_init(&w->failed_rank, -1);
@@ -686,6 +706,10 @@ static int work_new(c10d_work **out, int64_t timeout_ms, int (*name_it)(c10d_wor
     /* Checked after joining the pending list: a shutdown that closes posting
      * later still finds this work in its last sweep, so none is left behind. */
     if (c10d__engine_stopping()) {
+        if (hooks != NULL && !drop_hooks_unless_done(w)) {
+            *out = w; /* the sweep failed it already, and its hooks run: as for any op then */
+            return 0;
+        }
         abandon_created(w);
         return c10d__fail(C10D_EABORTED, "c10d_work_create: the engine is shutting down");
     }
@@ -726,7 +750,7 @@ static int name_later(c10d_work *w, const void *arg)
 
 int c10d__work_create_unarmed(c10d_work **out, const char *what, int64_t timeout_ms)
 {
-    return work_new(out, timeout_ms, name_now, what);
+    return work_new(out, timeout_ms, name_now, what, NULL);
 }
 
 /* The model's name as it stands: made, a copy of it; not yet, a copy of its
@@ -748,14 +772,15 @@ static int name_like(c10d_work *w, const void *arg)
     return 0;
 }
 
-int c10d__work_create_like(c10d_work **out, c10d_work *model, int64_t timeout_ms)
+int c10d__work_create_like(c10d_work **out, c10d_work *model, int64_t timeout_ms,
+                           const struct c10d__work_hooks *hooks)
 {
-    return work_new(out, timeout_ms, name_like, model);
+    return work_new(out, timeout_ms, name_like, model, hooks);
 }
 
 int c10d__work_create_named(c10d_work **out, const struct c10d__work_name *name, int64_t timeout_ms)
 {
-    return work_new(out, timeout_ms, name_later, name);
+    return work_new(out, timeout_ms, name_later, name, name->hooks);
 }
 
 /* ------------------------------------------------------------- parking */

@@ -30,6 +30,13 @@ int c10d__work_create_unarmed(c10d_work **out, const char *what, int64_t timeout
  * as they may sit at any alignment) into `buf` of `len` bytes, terminated.
  * Names are cut at 255 bytes, as they always were. */
 #define C10D__WORK_NAME_ARGS 48
+/* Callbacks a work has from its creation, before anyone else can see it
+ * (so set without its lock): as c10d__work_on_complete_around with
+ * anywhere = 1 registers them; last NULL: only first. */
+struct c10d__work_hooks {
+    c10d_work_cb first, last;
+    void *arg;
+};
 struct c10d__work_name {
     const char *prefix;
     size_t prefix_len;
@@ -38,6 +45,7 @@ struct c10d__work_name {
     size_t args_len;
     /* When the op was made (c10d__now_ns), its deadline's start; 0: now. */
     uint64_t created_ns;
+    const struct c10d__work_hooks *hooks; /* NULL: none */
 };
 /* As c10d__work_create_unarmed, named so. */
 int c10d__work_create_named(c10d_work **out, const struct c10d__work_name *name,
@@ -45,7 +53,8 @@ int c10d__work_create_named(c10d_work **out, const struct c10d__work_name *name,
 /* As c10d__work_create_unarmed, named as `model` is (whose name is not made
  * for it) and counting its deadline from model's creation: the parts of an
  * op. */
-int c10d__work_create_like(c10d_work **out, c10d_work *model, int64_t timeout_ms);
+int c10d__work_create_like(c10d_work **out, c10d_work *model, int64_t timeout_ms,
+                           const struct c10d__work_hooks *hooks);
 void c10d__work_arm(c10d_work *w);
 /* As c10d__work_on_complete, for a callback that may also run on the thread
  * that completes the work with success off the loop (so it takes no lock a

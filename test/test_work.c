@@ -713,7 +713,11 @@ static void *read_name(void *arg)
 
 static c10d_work *named(const char *prefix, int seq, int64_t timeout_ms)
 {
-    struct c10d__work_name n = {prefix, strlen(prefix), make_rest, &seq, sizeof seq, 0};
+    struct c10d__work_name n = {.prefix = prefix,
+                                .prefix_len = strlen(prefix),
+                                .make = make_rest,
+                                .args = &seq,
+                                .args_len = sizeof seq};
     c10d_work *w;
     assert_int_equal(c10d__work_create_named(&w, &n, timeout_ms), 0);
     return w;
@@ -763,7 +767,7 @@ static void test_named_like(void **state)
     const char *full = "[PG 0 (p) Rank 1] Work(SeqNum=5, OpType=ALLREDUCE)";
     atomic_store(&names_made, 0);
     c10d_work *model = named("[PG 0 (p) Rank 1] Work(SeqNum=", 5, 0), *part;
-    assert_int_equal(c10d__work_create_like(&part, model, 0), 0);
+    assert_int_equal(c10d__work_create_like(&part, model, 0, NULL), 0);
     assert_int_equal(atomic_load(&names_made), 0);
     assert_string_equal(c10d__work_what(part), full);
     assert_int_equal(atomic_load(&names_made), 1);
@@ -771,7 +775,7 @@ static void test_named_like(void **state)
     assert_int_equal(atomic_load(&names_made), 2);
     /* A model whose name is made: copied as it is, nothing made again. */
     c10d_work *late;
-    assert_int_equal(c10d__work_create_like(&late, model, 0), 0);
+    assert_int_equal(c10d__work_create_like(&late, model, 0, NULL), 0);
     assert_string_equal(c10d__work_what(late), full);
     assert_int_equal(atomic_load(&names_made), 2);
     c10d_work *works[3] = {model, part, late};

@@ -188,17 +188,13 @@ static int make_parts(struct p2p_lane_batch *b, struct batch_ops *copies, int n,
                       const struct c10d__op *head)
 {
     int made = 0;
+    const struct c10d__work_hooks counted = {part_done, NULL, b};
     while (made < n) {
         c10d_work *w;
-        if (c10d__work_create_like(&w, b->work, head->timeout_ms) != 0)
+        if (c10d__work_create_like(&w, b->work, head->timeout_ms, &counted) != 0)
             break;
         atomic_fetch_add(&copies->refs, 1);
         c10d__work_set_payload(w, &ops_kind, copies, ops_unref);
-        if (c10d__work_on_complete_anywhere(w, part_done, b) != 0) {
-            c10d__work_complete(w, 0, NULL);
-            c10d_work_release(w);
-            break;
-        }
         b->parts[made++] = w;
     }
     int watched = made == n && c10d__work_on_complete_anywhere(b->work, whole_done, b) == 0;
