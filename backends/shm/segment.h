@@ -48,7 +48,9 @@ struct c10d__shm_ctl {
     char pad1[128 - 5 * sizeof(uint64_t) - 2 * sizeof(struct c10d__shm_stamp)];
     _Atomic uint64_t reduced;  /* its slice of chunk `reduced` is reduced */
     _Atomic uint32_t sleeping; /* its loop sleeps: ring it after a change */
-    uint32_t pad_s;
+    /* Its callers' threads polling P2P ops in their lane: a message it
+     * matched is copied out as soon as such a thread runs. */
+    _Atomic uint32_t lane_waits;
     /* Its doorbell (c10d__shm_wake_sleepers): (pid << 32 | fd) of the write
      * end of a pipe its loop polls, 0 if none; and that pipe's inode, so
      * that a reused descriptor number is never written to. */

@@ -157,23 +157,34 @@ static int spin(struct c10d__tcp_p2p_lane *l, c10d_work *w, uint64_t deadline_ns
      * which may share the waiter's CPU (a rank bound to one core). Bound
      * to cores, 2 ranks, 4 B ping-pong: 1.3 against 2.5 us at the median,
      * and 54 against 95 us where every message took the tcp path. */
+    if (done(arg))
+        return 1;
     int crowded = l->seg->crowded;
+    _Atomic uint32_t *waits = &l->seg->ctl[l->seg->rank].lane_waits;
+    atomic_fetch_add_explicit(waits, 1, memory_order_relaxed);
     uint64_t start = 0, spin_end = 0;
+    int rc;
     for (unsigned n = 1;; n++) {
-        if (done(arg))
-            return 1;
+        if (done(arg)) {
+            rc = 1;
+            break;
+        }
         if (crowded || (n & 63) == 0) {
             uint64_t now = c10d__now_ns();
             if (start == 0) {
                 start = now;
                 spin_end = now + (uint64_t)(l->spin_us > 0 ? l->spin_us : 0) * 1000u;
             }
-            if (waiter_gives_up(l, w, now, spin_end, deadline_ns))
-                return done(arg);
+            if (waiter_gives_up(l, w, now, spin_end, deadline_ns)) {
+                rc = done(arg);
+                break;
+            }
             sched_yield();
         }
         cpu_relax();
     }
+    atomic_fetch_sub_explicit(waits, 1, memory_order_relaxed);
+    return rc;
 }
 
 /* ------------------------------------------------------------ counting */
@@ -333,16 +344,29 @@ static void wake_none(void *arg, int r)
     (void)r;
 }
 
-/* Where ranks outnumber the CPUs, a receiver that matched this sender's
- * last message but has not copied it out yet is a rank waiting for a CPU:
- * yielding lets it run, where a refusal sends the whole batch to the loop,
- * a hand-off that costs tens of microseconds there. At most this long. */
-#define COLLECT_WAIT_NS 200000u
+/* A receiver that matched this sender's last message but has not copied it
+ * out yet is most often a rank waiting for a CPU: where ranks outnumber the
+ * CPUs, or where the scheduler put two ranks on one (2 ranks unbound on 2
+ * CPUs: a third to half the runs spent 45 us per exchange, every batch
+ * handed to the loop). Yielding lets it run, where a refusal sends the whole
+ * batch to the loop, a hand-off that costs tens of microseconds. At most
+ * this long. Where every rank may have a CPU, briefly, and only while the
+ * receiver's caller waits in its lane (it copies the message out as soon as
+ * it runs): one that does not (a receive posted early, not waited for yet)
+ * may leave it there for long, and the send goes through the loop at once. */
+#define COLLECT_WAIT_CROWDED_NS 200000u
+#define COLLECT_WAIT_NS         20000u
+
+static int collect_expected(const struct c10d__tcp_p2p_lane *l, int to)
+{
+    return l->seg->crowded ||
+           atomic_load_explicit(&l->seg->ctl[to].lane_waits, memory_order_relaxed) != 0;
+}
 
 static int send_when_collected(struct c10d__tcp_p2p_lane *l, struct p2p_lane_op *o,
                                const struct c10d__op *op, size_t bytes)
 {
-    uint64_t end = c10d__now_ns() + COLLECT_WAIT_NS;
+    uint64_t end = c10d__now_ns() + (l->seg->crowded ? COLLECT_WAIT_CROWDED_NS : COLLECT_WAIT_NS);
     int how = C10D_SHM_MB_REFUSED;
     while (how == C10D_SHM_MB_REFUSED && c10d__shm_mb_uncollected(o->mb) &&
            atomic_load_explicit(l->failed, memory_order_acquire) == 0 && c10d__now_ns() < end) {
@@ -364,7 +388,7 @@ static int try_send(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
     int to = l->seg_of[op->peer];
     o->mb = c10d__shm_mailbox_of(l->seg, l->seg->rank, to);
     int how = c10d__shm_mb_send(o->mb, (uint64_t)op->tag, op->send, bytes, &o->gen);
-    if (how == C10D_SHM_MB_REFUSED && l->seg->crowded)
+    if (how == C10D_SHM_MB_REFUSED && collect_expected(l, to))
         how = send_when_collected(l, o, op, bytes);
     if (how == C10D_SHM_MB_REFUSED) {
         c10d__block_put(C10D__BLOCK_P2P_OP, o);
