@@ -119,7 +119,9 @@ struct c10d__pg_op {
     void *storage;                    /* copied arrays */
     uint64_t fr_id;                   /* flight recorder record id + 1; 0: not recorded */
     /* The work's first reference went to the caller's handle: op_final has
-     * none to drop (set under pg->mutex before the work can complete). */
+     * none to drop. Set under pg->mutex after the op was handed over: its
+     * callbacks run on the loop, where op_done takes that mutex before
+     * op_final reads this, or on the handle's waiter, after the return. */
     int work_handed_out;
     uint64_t started_ns;
     int64_t started_wall_us; /* handed to the backend (completion hook) */

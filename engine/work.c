@@ -83,6 +83,9 @@ struct c10d_work {
     int (*cancel)(c10d_work *w, void *arg);
     void *cancel_arg;
     int user_created;
+    /* A shutdown's sweep completed it before its creator had it (work_new):
+     * read by the creator's thread only. */
+    int done_at_creation;
     /* What its producer hands back with it (a store op's result), freed with
      * the work; `payload_kind` tells producers' payloads apart. */
     const void *payload_kind;
@@ -708,6 +711,7 @@ static int work_new(c10d_work **out, int64_t timeout_ms, int (*name_it)(c10d_wor
     if (c10d__engine_stopping()) {
         if (hooks != NULL && !drop_hooks_unless_done(w)) {
             *out = w; /* the sweep failed it already, and its hooks run: as for any op then */
+            w->done_at_creation = 1;
             return 0;
         }
         abandon_created(w);
@@ -1196,6 +1200,10 @@ void c10d__work_set_fr_id(c10d_work *w, uint64_t rid)
      * on x86 a sequentially consistent store is a locked exchange that waits
      * for every earlier store (the new op's record) to reach the cache. */
     atomic_store_explicit(&w->fr_id, rid, memory_order_release);
+    /* Its completion came before it had a record to close: closed here
+     * (its status was written before drop_hooks_unless_done took the lock). */
+    if (w->done_at_creation)
+        c10d__fr_completed(rid, w->status);
 }
 
 /* The sweep's step for one pending work: complete it, or, if another thread

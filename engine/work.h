@@ -43,7 +43,8 @@ struct c10d__work_name {
     void (*make)(const void *args, char *buf, size_t len);
     const void *args;
     size_t args_len;
-    /* When the op was made (c10d__now_ns), its deadline's start; 0: now. */
+    /* Its deadline's start (the monotonic clock, ns; a coarse reading plus
+     * c10d__coarse_lag_ns for a group's op); 0: now. */
     uint64_t created_ns;
     const struct c10d__work_hooks *hooks; /* NULL: none */
 };

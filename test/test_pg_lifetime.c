@@ -61,7 +61,14 @@ static int sum_ok(c10d_pg *pg)
 /* These fork after this process ran the engine's threads, and TSan cannot
  * start threads in such a child; under TSan this file checks the shutdown's
  * lock order (test_ops_after_shutdown). */
-#ifdef __SANITIZE_THREAD__
+#if defined(__SANITIZE_THREAD__)
+#define UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define UNDER_TSAN 1
+#endif
+#endif
+#ifdef UNDER_TSAN
 #define SKIP_AFTER_THREADS_UNDER_TSAN() skip()
 #else
 #define SKIP_AFTER_THREADS_UNDER_TSAN() ((void)0)

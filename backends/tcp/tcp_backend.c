@@ -1370,17 +1370,19 @@ static void hier_ref_received(struct c10d__tcp_xfer *x)
         return;
     }
     int rc;
-    if (got == 0 || s->hier_ref[0] == '\0')
+    if (got == 0 || s->hier_ref[0] == '\0') {
+        /* The leader could not make it, and says so to every peer at once. */
         rc = c10d__fail(C10D_ENOMEM,
                         "tcp: group %s, rank %d: this host's leader (rank %d) could not make the "
                         "host's shared segment (C10D_SHM=0 avoids it)",
                         s->group_name, s->rank, s->hier.local[0]);
-    else if ((rc = c10d__shm_attach(s->hier_ref, s->hier.nlocal, s->hier.local_idx, &s->hier.seg)) <
-             0)
+    } else if ((rc = c10d__shm_attach(s->hier_ref, s->hier.nlocal, s->hier.local_idx,
+                                      &s->hier.seg)) < 0) {
         rc = c10d__fail(rc, "tcp: group %s, rank %d: mapping this host's shared segment: %s",
                         s->group_name, s->rank, c10d_last_error());
-    if (rc < 0 && hier_attach_failed(s, rc))
-        return; /* hier_pending stays: group_fail or hier_grace_over */
+        if (hier_attach_failed(s, rc))
+            return; /* hier_pending stays: group_fail or hier_grace_over */
+    }
     s->hier_on = rc == 0;
     if (rc == 0) {
         s->hier_bell = c10d__shm_bell_listen(s->hier.seg);
