@@ -16,6 +16,7 @@
 #include "engine/env.h"
 #include "engine/loop.h"
 #include "engine/work.h"
+#include "sanitizers.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -27,27 +28,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UNDER_TSAN 1
-#endif
-#endif
-#ifndef UNDER_TSAN
-#define UNDER_TSAN 0
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
 
 #define POSTERS 4
 #define BURST   32

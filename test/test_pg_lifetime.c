@@ -11,6 +11,7 @@
 
 #include "c10d.h"
 #include "mp_harness.h"
+#include "sanitizers.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,14 +62,7 @@ static int sum_ok(c10d_pg *pg)
 /* These fork after this process ran the engine's threads, and TSan cannot
  * start threads in such a child; under TSan this file checks the shutdown's
  * lock order (test_ops_after_shutdown). */
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UNDER_TSAN 1
-#endif
-#endif
-#ifdef UNDER_TSAN
+#if UNDER_TSAN
 #define SKIP_AFTER_THREADS_UNDER_TSAN() skip()
 #else
 #define SKIP_AFTER_THREADS_UNDER_TSAN() ((void)0)
