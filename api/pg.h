@@ -288,12 +288,12 @@ int c10d__pg_detail_check(c10d_pg *pg, const char *opname, const struct c10d__op
                           int64_t timeout_ms, int *fatal);
 /* flight_recorder.c: the group layer's side of the flight recorder
  * (engine/flight_recorder.h, docs/debugging.md). */
+/* Registers the store watch's fork handlers (once); see registry_init. */
+void c10d__pg_fr_init(void);
 /* Under pg->mutex, once the op (list) has its number and timeout: records it
  * in head->fr_id. `label` is the torch OpType of a list ("COALESCED",
  * "BATCH_P2P"), NULL for a single op; `now_ns` when it was made
- * (c10d__now_ns, also its work's creation). */
-/* Registers the store watch's fork handlers (once); see registry_init. */
-void c10d__pg_fr_init(void);
+ * (c10d__now_coarse_ns, read once for the record and the work's deadline). */
 void c10d__pg_fr_record(c10d_pg *pg, struct c10d__pg_op *head, const char *label, size_t in,
                         size_t out, int64_t timeout_ms, uint64_t now_ns);
 /* An op of the group failed: dumps (once per burst of failures) and asks the
