@@ -356,6 +356,10 @@ static void wake_none(void *arg, int r)
  * may leave it there for long, and the send goes through the loop at once. */
 #define COLLECT_WAIT_CROWDED_NS 200000u
 #define COLLECT_WAIT_NS         20000u
+/* A receiver not waiting in its lane is most often between submitting its
+ * batch and waiting for it: a few microseconds' look, without yielding
+ * (a yield hands a bound rank's CPU to its loop thread). */
+#define COLLECT_GRACE_NS 5000u
 
 static int collect_expected(const struct c10d__tcp_p2p_lane *l, int to)
 {
@@ -364,13 +368,20 @@ static int collect_expected(const struct c10d__tcp_p2p_lane *l, int to)
 }
 
 static int send_when_collected(struct c10d__tcp_p2p_lane *l, struct p2p_lane_op *o,
-                               const struct c10d__op *op, size_t bytes)
+                               const struct c10d__op *op, size_t bytes, int to)
 {
-    uint64_t end = c10d__now_ns() + (l->seg->crowded ? COLLECT_WAIT_CROWDED_NS : COLLECT_WAIT_NS);
+    int yield = collect_expected(l, to);
+    uint64_t end = c10d__now_ns() + (l->seg->crowded ? COLLECT_WAIT_CROWDED_NS
+                                     : yield         ? COLLECT_WAIT_NS
+                                                     : COLLECT_GRACE_NS);
     int how = C10D_SHM_MB_REFUSED;
     while (how == C10D_SHM_MB_REFUSED && c10d__shm_mb_uncollected(o->mb) &&
            atomic_load_explicit(l->failed, memory_order_acquire) == 0 && c10d__now_ns() < end) {
-        sched_yield();
+        if (yield)
+            sched_yield();
+        else
+            for (int i = 0; i < 32; i++)
+                cpu_relax();
         how = c10d__shm_mb_send(o->mb, (uint64_t)op->tag, op->send, bytes, &o->gen);
     }
     return how;
@@ -388,8 +399,8 @@ static int try_send(struct c10d__tcp_p2p_lane *l, struct c10d__op *op, size_t by
     int to = l->seg_of[op->peer];
     o->mb = c10d__shm_mailbox_of(l->seg, l->seg->rank, to);
     int how = c10d__shm_mb_send(o->mb, (uint64_t)op->tag, op->send, bytes, &o->gen);
-    if (how == C10D_SHM_MB_REFUSED && collect_expected(l, to))
-        how = send_when_collected(l, o, op, bytes);
+    if (how == C10D_SHM_MB_REFUSED)
+        how = send_when_collected(l, o, op, bytes, to);
     if (how == C10D_SHM_MB_REFUSED) {
         c10d__block_put(C10D__BLOCK_P2P_OP, o);
         return 0;
