@@ -507,18 +507,19 @@ static int lazy_body(struct h_ctx *h, void *arg)
     return 0;
 }
 
-/* Large P2P messages between ranks of one host: the receiver copies them
- * straight from the sender's memory (docs/shm.md, "P2P"), with any-source
- * receives and receive buffers larger than the message among them; with
+/* P2P messages between ranks of one host above a mailbox's size (32 KiB,
+ * within the eager limit, and MiBs): the receiver copies them straight from
+ * the sender's memory (docs/shm.md, "P2P"), with any-source receives and
+ * receive buffers larger than the message among them; with
  * C10D_P2P_IN_PLACE=0 the receivers refuse the offers and the same bytes
  * come through the socket. arg: 1 if they must have been read in place. */
 static int in_place_body(struct h_ctx *h, void *arg)
 {
     int in_place = (int)(uintptr_t)arg;
     int p = h->size, r = h->rank, right = (r + 1) % p, left = (r + p - 1) % p;
-    const size_t sizes[] = {(1u << 20) + 3, 3u << 20};
+    const size_t sizes[] = {(8u << 10) + 1, (1u << 20) + 3, 3u << 20};
     uint64_t expect = 0;
-    for (size_t si = 0; si < 2; si++) {
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
         size_t n = sizes[si];
         int32_t *out = malloc(n * 4), *in = malloc(n * 4 + 64);
         for (size_t i = 0; i < n; i++)

@@ -31,6 +31,21 @@
  * may have to hold for sends it has not posted receives for. */
 #define P2P_CREDIT ((size_t)1 << 20)
 
+/* A P2P message to a rank of this host larger than this is offered in place
+ * (cma_read) even where it could go eager: the receiver's one copy instead
+ * of two through the ring (docs/shm.md, "P2P"). Smaller ones take a mailbox
+ * in the caller's lane, or go eager. */
+#define LOCAL_OFFER_MIN ((size_t)16 << 10)
+
+/* Whether a P2P message of `len` bytes to `pe` goes with its offer. This
+ * rank's own reads (cma_off) stand for its peer's: both are refused or
+ * turned off alike in practice, and a refused offer costs a round trip. */
+static int offer_in_place(const struct c10d__tcp_transport *t, const struct peer *pe, size_t len)
+{
+    return pe->local && len > 0 &&
+           (len > t->cfg.eager_max || (len > LOCAL_OFFER_MIN && !t->cma_off));
+}
+
 /* ------------------------------------------------------------- lists */
 
 static void xlist_push(struct xlist *l, int id, struct c10d__tcp_xfer *x)
@@ -236,7 +251,8 @@ void c10d__tcp_send(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
         c10d__tcp_peer_write(t, pe, x, W_DATA);
         return;
     }
-    if (x->p2p && x->len <= t->cfg.eager_max && pe->eager_out + x->len <= P2P_CREDIT) {
+    if (x->p2p && x->len <= t->cfg.eager_max && pe->eager_out + x->len <= P2P_CREDIT &&
+        !offer_in_place(t, pe, x->len)) {
         /* Small P2P: the data goes now; the send completes when the receiver
          * acknowledges having matched it to a posted receive. */
         x->peer_sub = pe->next_send_id++;
@@ -263,7 +279,7 @@ void c10d__tcp_send(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
         }
     }
     xlist_push(&pe->sends, L_SENDS, x);
-    if (x->p2p && pe->local && x->len > 0) {
+    if (x->p2p && offer_in_place(t, pe, x->len)) {
         /* A rank of this host may copy it from here itself (cma_read); a
          * CTS instead means it could not. */
         struct c10d__fp at = {.root = (int32_t)getpid(), .count = (uint64_t)(uintptr_t)x->buf};
