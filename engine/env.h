@@ -59,7 +59,8 @@
       "and network namespace, host name); 0 on any rank: tcp only")                                \
     X(P2P_IN_PLACE, "C10D_P2P_IN_PLACE", NULL, "1",                                                \
       "tcp backend: 1 lets a rank copy a large P2P message straight from the memory of a "         \
-      "sender on this host (process_vm_readv, one copy); 0: through the socket")                   \
+      "sender on this host (process_vm_readv, one copy); 0: through the socket, and this rank's "  \
+      "16-64 KiB messages to such ranks go eagerly instead of with an offer")                      \
     X(SHM_LANE, "C10D_SHM_LANE", NULL, "1",                                                        \
       "shared-memory path: 1 lets the thread that waits on a small collective run it itself "      \
       "(the caller's lane); 0: the loop runs every op")                                            \

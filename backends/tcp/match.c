@@ -37,13 +37,13 @@
  * in the caller's lane, or go eager. */
 #define LOCAL_OFFER_MIN ((size_t)16 << 10)
 
-/* Whether a P2P message of `len` bytes to `pe` goes with its offer. This
- * rank's own reads (cma_off) stand for its peer's: both are refused or
- * turned off alike in practice, and a refused offer costs a round trip. */
-static int offer_in_place(const struct c10d__tcp_transport *t, const struct peer *pe, size_t len)
+/* Whether a P2P message of `len` bytes that could go eager goes to `pe`
+ * with its offer instead: not once that peer refused one (it reads nothing
+ * in place: each offer would cost a round trip more), nor where this rank
+ * reads nothing in place itself (both are most often refused alike). */
+static int offer_not_eager(const struct c10d__tcp_transport *t, const struct peer *pe, size_t len)
 {
-    return pe->local && len > 0 &&
-           (len > t->cfg.eager_max || (len > LOCAL_OFFER_MIN && !t->cma_off));
+    return pe->local && len > LOCAL_OFFER_MIN && !pe->offer_refused && !t->cma_off;
 }
 
 /* ------------------------------------------------------------- lists */
@@ -252,7 +252,7 @@ void c10d__tcp_send(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
         return;
     }
     if (x->p2p && x->len <= t->cfg.eager_max && pe->eager_out + x->len <= P2P_CREDIT &&
-        !offer_in_place(t, pe, x->len)) {
+        !offer_not_eager(t, pe, x->len)) {
         /* Small P2P: the data goes now; the send completes when the receiver
          * acknowledges having matched it to a posted receive. */
         x->peer_sub = pe->next_send_id++;
@@ -279,7 +279,7 @@ void c10d__tcp_send(struct c10d__tcp_transport *t, struct c10d__tcp_xfer *x)
         }
     }
     xlist_push(&pe->sends, L_SENDS, x);
-    if (x->p2p && offer_in_place(t, pe, x->len)) {
+    if (x->p2p && pe->local && x->len > 0) {
         /* A rank of this host may copy it from here itself (cma_read); a
          * CTS instead means it could not. */
         struct c10d__fp at = {.root = (int32_t)getpid(), .count = (uint64_t)(uintptr_t)x->buf};
@@ -630,6 +630,8 @@ void c10d__tcp_handle_frame(struct conn *c, const struct wire *w)
         x = xlist_find(&pe->sends, p2p, w->tag, w->sub);
         if (x != NULL) {
             xlist_remove(&pe->sends, x);
+            if (x->cma)
+                pe->offer_refused = 1;
             x->cma = x->await_ack = 0; /* the receiver asks for the bytes after all */
             c10d__tcp_send_data(t, x, w->len);
             return;

@@ -350,10 +350,11 @@ static void wake_none(void *arg, int r)
  * CPUs: a third to half the runs spent 45 us per exchange, every batch
  * handed to the loop). Yielding lets it run, where a refusal sends the whole
  * batch to the loop, a hand-off that costs tens of microseconds. At most
- * this long. Where every rank may have a CPU, briefly, and only while the
- * receiver's caller waits in its lane (it copies the message out as soon as
- * it runs): one that does not (a receive posted early, not waited for yet)
- * may leave it there for long, and the send goes through the loop at once. */
+ * this long. Where every rank may have a CPU, briefly, yielding only while
+ * the receiver's caller waits in its lane (it copies the message out as
+ * soon as it runs); one that does not (a receive posted early, not waited
+ * for yet) may leave it there for long: the send looks for
+ * COLLECT_GRACE_NS, then goes through the loop. */
 #define COLLECT_WAIT_CROWDED_NS 200000u
 #define COLLECT_WAIT_NS         20000u
 /* A receiver not waiting in its lane is most often between submitting its
@@ -498,21 +499,25 @@ static int recv_run(void *arg, uint64_t deadline_ns)
     atomic_fetch_add_explicit(waits, 1, memory_order_relaxed);
     spin(l, rec->work, deadline_ns, recv_filled, rec);
     if (c10d__shm_mb_state(rec->mb, rec->gen) != C10D_SHM_MB_DATA) {
-        /* Taken back by someone who handed it to the loop, or given up. */
+        /* Taken back by someone who handed it to the loop, or given up:
+         * counted down before, never after the op may be the loop's (which
+         * may end the group and unmap the segment). */
+        atomic_fetch_sub_explicit(waits, 1, memory_order_relaxed);
+        waits = NULL;
         c10d__lock_acquire(&l->mutex);
         int gone = rec->handed || c10d__shm_mb_withdraw(rec->mb, rec->gen);
         if (gone && !rec->handed)
             hand(rec);
         c10d__lock_release(&l->mutex);
         if (gone) {
-            atomic_fetch_sub_explicit(waits, 1, memory_order_relaxed);
             recv_free(rec);
             settle(l);
             return 0;
         }
     }
     collect(rec);
-    atomic_fetch_sub_explicit(waits, 1, memory_order_relaxed);
+    if (waits != NULL)
+        atomic_fetch_sub_explicit(waits, 1, memory_order_relaxed);
     c10d__work_complete_here(rec->work);
     recv_free(rec);
     l->done(l->owner);

@@ -115,6 +115,7 @@ struct peer {
     int lost;               /* its connection broke: the transport fails after the grace period */
     size_t eager_out;       /* P2P eager bytes sent, not yet acknowledged */
     int local;              /* same host, pid namespace and user (c10d__tcp_transport_set_local) */
+    int offer_refused;      /* it answered an offer with CTS: offer only what cannot go eager */
     char note[C10D_TCP_NOTE_MAX + 1]; /* what its handshake carried */
     /* A rank sharing a segment with this one (c10d__tcp_transport_set_ring):
      * frames to it go through ring_out (when set), frames from it come
