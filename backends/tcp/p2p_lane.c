@@ -490,6 +490,13 @@ static int recv_run(void *arg, uint64_t deadline_ns)
 {
     struct p2p_lane_recv *rec = arg;
     struct c10d__tcp_p2p_lane *l = rec->l;
+    void (*done)(void *) = l->done;
+    void *owner = l->owner;
+    /* This call holds the owner until it let go of the lane: the receive may
+     * become the loop's meanwhile (a tcp message of its sender takes the
+     * post back), which may complete it and end the group while this thread
+     * still looks at the mailbox. */
+    l->hold(owner);
     /* Counted as waiting until the message is copied out, not only while
      * polling: a sender whose next message finds this one still here then
      * waits for the copy (send_when_collected) instead of handing its batch
@@ -512,6 +519,7 @@ static int recv_run(void *arg, uint64_t deadline_ns)
         if (gone) {
             recv_free(rec);
             settle(l);
+            done(owner);
             return 0;
         }
     }
@@ -520,7 +528,8 @@ static int recv_run(void *arg, uint64_t deadline_ns)
         atomic_fetch_sub_explicit(waits, 1, memory_order_relaxed);
     c10d__work_complete_here(rec->work);
     recv_free(rec);
-    l->done(l->owner);
+    done(owner); /* the receive's */
+    done(owner); /* this call's */
     return 1;
 }
 
