@@ -22,6 +22,7 @@
 #include "engine/env.h"
 #include "mp_harness.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -1592,12 +1593,42 @@ static int never_main(int rank, int n, void *arg)
     return 0;
 }
 
+/* The simulation's segments in /dev/shm (its names: "c10dsim-..."). */
+static int sim_segments(void)
+{
+    DIR *d = opendir("/dev/shm");
+    int n = 0;
+    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;)
+        n += strncmp(e->d_name, "c10dsim-", 8) == 0;
+    if (d != NULL)
+        closedir(d);
+    return n;
+}
+
+/* Unlinks the names of simulated communicators whose maker exited: the
+ * count, or -1 where the library is not the simulation. */
+static int sim_reap(void)
+{
+    const char *lib = getenv("C10D_NCCL_LIBRARY");
+    void *h = lib != NULL ? dlopen(lib, RTLD_LAZY | RTLD_LOCAL) : NULL;
+    int (*reap)(void) = h != NULL ? (int (*)(void))dlsym(h, "c10d_gpusim_reap_orphans") : NULL;
+    int n = reap != NULL ? reap() : -1;
+    if (h != NULL)
+        dlclose(h);
+    return n;
+}
+
 static void test_init_never_joins(void **s)
 {
     (void)s;
     sim_only();
+    int before = sim_segments();
     run(2, never_main, NULL, 60);
     run(2, never_main, (void *)1, 60);
+    /* Rank 0 made the segment and exited with its init still waiting for
+     * rank 1: the name outlives it, as nothing of real NCCL's does. */
+    assert_true(sim_reap() >= 1);
+    assert_int_equal(sim_segments(), before);
 }
 
 /* The loop keeps its timers on time while init is slow (simulated delay)
@@ -1979,6 +2010,14 @@ static void test_missing_library(void **s)
     run_on(2, missing_main, NULL, 60, 1); /* no communicator is made */
 }
 
+/* Whatever a rank that died left in /dev/shm (the simulation's names). */
+static int reap_at_end(void **s)
+{
+    (void)s;
+    (void)sim_reap();
+    return 0;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2012,5 +2051,5 @@ int main(void)
     const char *only = getenv("C10D_TEST_FILTER");
     if (only != NULL && *only != '\0')
         cmocka_set_test_filter(only);
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, NULL, reap_at_end);
 }

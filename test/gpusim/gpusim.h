@@ -45,6 +45,11 @@ int sim_dev_ptr_device(const void *p);
 SIM_API unsigned long long c10d_gpusim_contexts(void);
 /* For tests (dlsym): the communicators the process made (init, split, shrink). */
 SIM_API unsigned long c10d_gpusim_comms_made(void);
+/* For tests (dlsym): a segment's name stays in /dev/shm until every rank
+ * joined or its maker released it, so a process that ends before either (a
+ * rank killed, one whose init waits for a peer that never joins) leaves it
+ * behind. Unlinks every name whose maker is gone; returns how many. */
+SIM_API int c10d_gpusim_reap_orphans(void);
 /* 1 if the device can reach [p, p + n): inside one live allocation, or host
  * memory the process maps. */
 int sim_dev_range_valid(const void *p, size_t n);
@@ -62,6 +67,7 @@ struct sim_seg_hdr {
     int32_t nranks;
     _Atomic int32_t joined;
     _Atomic int32_t unlinked; /* the name is gone from /dev/shm */
+    int32_t creator_pid;      /* c10d_gpusim_reap_orphans */
 };
 
 struct sim_split_post {

@@ -13,7 +13,9 @@
  * from the environment when a communicator is created. */
 #include "gpusim.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -303,6 +305,7 @@ static ncclResult_t progress(struct sim_comm *c)
                 return init_failed(c, fail(ncclSystemError, "mmap: %s", strerror(errno)));
             c->seg = m;
             if (c->creator) {
+                sim_hdr(c)->creator_pid = (int32_t)getpid();
                 sim_hdr(c)->magic = SEG_MAGIC;
                 sim_hdr(c)->nranks = c->nranks;
                 atomic_store_explicit(&sim_hdr(c)->ready, 1, memory_order_release);
@@ -654,4 +657,33 @@ SIM_API ncclResult_t ncclCommAbort(ncclComm_t comm)
     atomic_store_explicit(&c->aborted, 1, memory_order_release);
     comm_release(c);
     return ncclSuccess;
+}
+
+SIM_API int c10d_gpusim_reap_orphans(void)
+{
+    DIR *d = opendir("/dev/shm");
+    if (d == NULL)
+        return 0;
+    int reaped = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (strncmp(e->d_name, "c10dsim-", 8) != 0)
+            continue;
+        char name[300];
+        snprintf(name, sizeof name, "/%s", e->d_name);
+        int fd = shm_open(name, O_RDONLY, 0);
+        if (fd < 0)
+            continue;
+        struct sim_seg_hdr h;
+        ssize_t got = pread(fd, &h, sizeof h, 0);
+        close(fd);
+        /* Not laid out yet: its maker may still be at it. */
+        if (got != (ssize_t)sizeof h || h.magic != SEG_MAGIC || h.creator_pid <= 0)
+            continue;
+        if (kill((pid_t)h.creator_pid, 0) == 0 || errno != ESRCH)
+            continue;
+        if (shm_unlink(name) == 0)
+            reaped++;
+    }
+    closedir(d);
+    return reaped;
 }
