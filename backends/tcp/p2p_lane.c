@@ -352,15 +352,12 @@ static void wake_none(void *arg, int r)
  * batch to the loop, a hand-off that costs tens of microseconds. At most
  * this long. Where every rank may have a CPU, briefly, yielding only while
  * the receiver's caller waits in its lane (it copies the message out as
- * soon as it runs); one that does not (a receive posted early, not waited
- * for yet) may leave it there for long: the send looks for
- * COLLECT_GRACE_NS, then goes through the loop. */
+ * soon as it runs). A receiver waiting for nothing is most often between
+ * submitting its batch and waiting for it: a look of COLLECT_GRACE_NS
+ * without yielding (a yield hands a bound rank's CPU to its loop thread). */
 #define COLLECT_WAIT_CROWDED_NS 200000u
 #define COLLECT_WAIT_NS         20000u
-/* A receiver not waiting in its lane is most often between submitting its
- * batch and waiting for it: a few microseconds' look, without yielding
- * (a yield hands a bound rank's CPU to its loop thread). */
-#define COLLECT_GRACE_NS 5000u
+#define COLLECT_GRACE_NS        5000u
 
 static int collect_expected(const struct c10d__tcp_p2p_lane *l, int to)
 {
@@ -492,31 +489,26 @@ static int recv_run(void *arg, uint64_t deadline_ns)
     struct c10d__tcp_p2p_lane *l = rec->l;
     void (*done)(void *) = l->done;
     void *owner = l->owner;
-    /* This call holds the owner until it let go of the lane: the receive may
-     * become the loop's meanwhile (a tcp message of its sender takes the
-     * post back), which may complete it and end the group while this thread
-     * still looks at the mailbox. */
+    /* Held until this call let go of the lane: the loop may take the post
+     * back meanwhile (a tcp message of its sender came first), complete the
+     * receive and end the group while this thread still looks here. */
     l->hold(owner);
     /* Counted as waiting until the message is copied out, not only while
-     * polling: a sender whose next message finds this one still here then
-     * waits for the copy (send_when_collected) instead of handing its batch
-     * to the loop. Without it, 2 ranks exchanging 8 KiB sent a fifth of
-     * their messages and half of their receives through the loop. */
+     * polling, so that a sender whose next message finds this one still
+     * here waits for the copy (send_when_collected) rather than hand its
+     * batch to the loop (at 8 KiB, half the receives had gone there). */
     _Atomic uint32_t *waits = &l->seg->ctl[l->seg->rank].lane_waits;
     atomic_fetch_add_explicit(waits, 1, memory_order_relaxed);
     spin(l, rec->work, deadline_ns, recv_filled, rec);
     if (c10d__shm_mb_state(rec->mb, rec->gen) != C10D_SHM_MB_DATA) {
-        /* Taken back by someone who handed it to the loop, or given up:
-         * counted down before, never after the op may be the loop's (which
-         * may end the group and unmap the segment). */
-        atomic_fetch_sub_explicit(waits, 1, memory_order_relaxed);
-        waits = NULL;
+        /* Taken back by someone who handed it to the loop, or given up. */
         c10d__lock_acquire(&l->mutex);
         int gone = rec->handed || c10d__shm_mb_withdraw(rec->mb, rec->gen);
         if (gone && !rec->handed)
             hand(rec);
         c10d__lock_release(&l->mutex);
         if (gone) {
+            atomic_fetch_sub_explicit(waits, 1, memory_order_relaxed);
             recv_free(rec);
             settle(l);
             done(owner);
@@ -524,8 +516,7 @@ static int recv_run(void *arg, uint64_t deadline_ns)
         }
     }
     collect(rec);
-    if (waits != NULL)
-        atomic_fetch_sub_explicit(waits, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(waits, 1, memory_order_relaxed);
     c10d__work_complete_here(rec->work);
     recv_free(rec);
     done(owner); /* the receive's */
