@@ -221,6 +221,141 @@ static int lane_main(int rank, int n, void *arg)
     return 0;
 }
 
+/* all_to_all in the lane: it stays there only once done at submit, so a
+ * rank whose own blocks are small never keeps peers with a larger block
+ * between them waiting for its caller. */
+static int a2a_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    setenv("C10D_SHM", "1", 1);
+    setenv("C10D_SHM_LANE", "1", 1);
+    c10d_pg_opts po = {0};
+    po.timeout_ms = 60000;
+    c10d_pg *pg = NULL;
+    MP_CHECK(c10d_pg_init(&po, &pg) == 0, "init: %s", c10d_last_error());
+    uint64_t here0, loop0, here1, loop1;
+    c10d__tcp_lane_counts(&here0, &loop0);
+
+    /* 1. Even splits, blocking, in place every other round. */
+    enum { PER = 16 };
+    int32_t in[8 * PER], out[8 * PER];
+    MP_CHECK(n <= 8, "%d ranks: the buffers hold 8", n);
+    for (int k = 0; k < 200; k++) {
+        for (int d = 0; d < n; d++)
+            for (int i = 0; i < PER; i++)
+                in[d * PER + i] = k * 10000 + rank * 100 + d * 10 + i % 10;
+        int32_t *dst = k % 2 ? in : out;
+        c10d_work *w;
+        MP_CHECK(c10d_all_to_all_single(pg, in, dst, (size_t)(n * PER), NULL, NULL, C10D_INT32,
+                                        NULL, &w) == 0 &&
+                     c10d_work_wait(w, 30000) == 0,
+                 "round %d: %s", k, c10d_last_error());
+        c10d_work_release(w);
+        for (int s = 0; s < n; s++)
+            for (int i = 0; i < PER; i++)
+                MP_CHECK(dst[s * PER + i] == k * 10000 + s * 100 + rank * 10 + i % 10,
+                         "round %d: block from rank %d, element %d: %d", k, s, i,
+                         (int)dst[s * PER + i]);
+    }
+    c10d__tcp_lane_counts(&here1, &loop1);
+    MP_CHECK(here1 > here0, "no all_to_all completed in the lane");
+    fprintf(stderr, "rank %d: %llu of 200 all_to_all in the lane, %llu handed to the loop\n", rank,
+            (unsigned long long)(here1 - here0), (unsigned long long)(loop1 - loop0));
+
+    /* 2. Rank 0's blocks are 4 elements each way; ranks 1 and 2 trade 256
+     * KiB, several chunks. Rank 0 issues its op and then blocks on the
+     * store until both finished theirs: they need it through every chunk. */
+    if (n >= 3) {
+        enum { LARGE = 64 * 1024 };
+        size_t sc[8], rc[8], total_s = 0, total_r = 0;
+        for (int d = 0; d < n; d++) {
+            int large = (rank == 1 && d == 2) || (rank == 2 && d == 1);
+            sc[d] = rc[d] = large ? LARGE : 4;
+            total_s += sc[d];
+            total_r += rc[d];
+        }
+        int32_t *s_buf = malloc(total_s * sizeof *s_buf), *r_buf = malloc(total_r * sizeof *r_buf);
+        MP_CHECK(s_buf != NULL && r_buf != NULL, "out of memory");
+        for (size_t i = 0, at = 0; (int)i < n; at += sc[i], i++)
+            for (size_t e = 0; e < sc[i]; e++)
+                s_buf[at + e] = rank * 1000000 + (int)i * 100000 + (int)(e % 100000);
+        c10d_work *w;
+        MP_CHECK(c10d_all_to_all_single(pg, s_buf, r_buf, total_s, sc, rc, C10D_INT32, NULL, &w) ==
+                     0,
+                 "uneven: %s", c10d_last_error());
+        c10d_store *store;
+        MP_CHECK(c10d_pg_store(pg, &store) == 0, "store");
+        if (rank == 0) {
+            const char *keys[2] = {"a2a_done_1", "a2a_done_2"};
+            MP_CHECK(c10d_store_wait_sync(store, keys, 2, 20000) == 0,
+                     "ranks 1 and 2 never finished: %s", c10d_last_error());
+        } else {
+            MP_CHECK(c10d_work_wait(w, 30000) == 0, "uneven: %s", c10d_last_error());
+            if (rank <= 2)
+                MP_CHECK(c10d_store_set_sync(store, rank == 1 ? "a2a_done_1" : "a2a_done_2", "1",
+                                             1) == 0,
+                         "set");
+        }
+        MP_CHECK(c10d_work_wait(w, 30000) == 0, "uneven: %s", c10d_last_error());
+        c10d_work_release(w);
+        c10d_store_release(store);
+        for (size_t s = 0, at = 0; (int)s < n; at += rc[s], s++)
+            for (size_t e = 0; e < rc[s]; e++)
+                MP_CHECK(r_buf[at + e] == (int32_t)s * 1000000 + rank * 100000 + (int)(e % 100000),
+                         "uneven: from rank %zu, element %zu: %d", s, e, (int)r_buf[at + e]);
+        free(s_buf);
+        free(r_buf);
+    }
+
+    /* 3. Split sizes that differ between ranks: every rank fails, in a
+     * group of its own so the world goes on. */
+    int members[8];
+    for (int r = 0; r < n; r++)
+        members[r] = r;
+    c10d_pg *sub = NULL;
+    MP_CHECK(c10d_pg_new_group(pg, members, n, NULL, &sub) == 0, "new_group: %s",
+             c10d_last_error());
+    size_t sc[8], rc[8];
+    for (int d = 0; d < n; d++)
+        sc[d] = rc[d] = 2;
+    if (rank == 0)
+        rc[n - 1] = 1; /* rank n-1 sends 2 */
+    int32_t small_in[16] = {0}, small_out[16];
+    c10d_work *mw;
+    MP_CHECK(c10d_all_to_all_single(sub, small_in, small_out, (size_t)(2 * n), sc, rc, C10D_INT32,
+                                    NULL, &mw) == 0,
+             "mismatched: %s", c10d_last_error());
+    MP_CHECK(c10d_work_wait(mw, 30000) != 0, "mismatched split sizes succeeded");
+    MP_CHECK(strstr(c10d_work_message(mw), "split sizes differ") != NULL, "error: %s",
+             c10d_work_message(mw));
+    c10d_work_release(mw);
+    c10d_pg_destroy(sub);
+
+    MP_CHECK(c10d_all_to_all_single(pg, in, out, (size_t)(n * PER), NULL, NULL, C10D_INT32, NULL,
+                                    &mw) == 0 &&
+                 c10d_work_wait(mw, 30000) == 0,
+             "after the failed group: %s", c10d_last_error());
+    c10d_work_release(mw);
+    c10d_pg_destroy(pg);
+    c10d_shutdown();
+    return 0;
+}
+
+static void test_all_to_all(void **st)
+{
+    (void)st;
+    for (int nranks = 2; nranks <= 3; nranks++) {
+        struct mp_opts o = {0};
+        o.nranks = nranks;
+        o.timeout_s = 120;
+        o.kill_on_failure = 1;
+        struct mp_result res;
+        int rc = mp_run(&o, a2a_main, NULL, &res);
+        assert_false(res.timed_out);
+        assert_int_equal(rc, 0);
+    }
+}
+
 /* A peer killed while this rank's waiter polls the segment in the lane:
  * the waiter sees the group fail (the tcp connection is the liveness
  * signal) and the wait returns an error within the transport's bound. */
@@ -302,6 +437,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lane_2_ranks),
         cmocka_unit_test(test_lane_3_ranks),
+        cmocka_unit_test(test_all_to_all),
         cmocka_unit_test(test_peer_killed_in_the_lane),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -187,9 +187,14 @@ static const char *source_of(const struct c10d__shm_coll *a)
 
 /* ------------------------------------------------------ all_to_all */
 
+static size_t v_count_of(const struct c10d__op *op, int nranks, const size_t *counts, int j)
+{
+    return counts != NULL ? counts[j] : op->count / (size_t)nranks;
+}
+
 static size_t v_count(const struct c10d__shm_coll *a, const size_t *counts, int j)
 {
-    return counts != NULL ? counts[j] : a->op->count / (size_t)a->seg->nranks;
+    return v_count_of(a->op, a->seg->nranks, counts, j);
 }
 
 /* Elements of a block of `count` that the chunk at `done` moves. */
@@ -206,23 +211,20 @@ static size_t v_window(const struct c10d__shm_coll *a, size_t count)
  * window of the output that this very chunk already read from the input,
  * and later chunks read later windows (in-place even splits, all_gather_v's
  * own block). */
-static int v_overlaps(const struct c10d__shm_coll *a)
+static int v_overlaps(const struct c10d__op *op, int p, size_t esz)
 {
-    const struct c10d__op *op = a->op;
-    int p = a->seg->nranks;
     size_t s_off = 0;
     for (int i = 0; i < p; i++) {
-        size_t sc = v_count(a, op->send_counts, i);
-        const char *s_lo =
-            op->sends != NULL ? op->sends[i] : (const char *)op->send + s_off * a->esz;
+        size_t sc = v_count_of(op, p, op->send_counts, i);
+        const char *s_lo = op->sends != NULL ? op->sends[i] : (const char *)op->send + s_off * esz;
         s_off += sc;
         size_t r_off = 0;
         for (int j = 0; j < p && sc > 0; j++) {
-            size_t rc = v_count(a, op->recv_counts, j);
+            size_t rc = v_count_of(op, p, op->recv_counts, j);
             const char *r_lo =
-                op->recvs != NULL ? op->recvs[j] : (const char *)op->recv + r_off * a->esz;
+                op->recvs != NULL ? op->recvs[j] : (const char *)op->recv + r_off * esz;
             r_off += rc;
-            if (rc > 0 && s_lo != r_lo && s_lo < r_lo + rc * a->esz && r_lo < s_lo + sc * a->esz)
+            if (rc > 0 && s_lo != r_lo && s_lo < r_lo + rc * esz && r_lo < s_lo + sc * esz)
                 return 1;
         }
     }
@@ -239,7 +241,7 @@ static size_t v_send_total(const struct c10d__shm_coll *a)
 
 size_t c10d__shm_coll_copy_bytes(const struct c10d__shm_coll *a)
 {
-    if (!a->counted || !v_overlaps(a))
+    if (!a->counted || !v_overlaps(a->op, a->seg->nranks, a->esz))
         return 0;
     size_t bytes = v_send_total(a);
     return bytes > 0 ? bytes : 1;
@@ -648,6 +650,18 @@ int c10d__shm_coll_one_chunk(const struct c10d__op *op, size_t slot_bytes, int n
     if (op->count > chunk_elems_of(op, esz, slot_bytes, nranks))
         return 0;
     return op->kind != C10D_OP_ALL_REDUCE || c10d__shm_small_chunk(op->count * esz, nranks, 1);
+}
+
+int c10d__shm_coll_one_chunk_here(const struct c10d__op *op, size_t slot_bytes, int nranks)
+{
+    if (!counted(op) || !c10d__shm_coll_supports(op, slot_bytes, nranks))
+        return 0;
+    size_t esz = c10d_dtype_size(op->dtype), part = v_part_elems(slot_bytes, nranks, esz);
+    for (int j = 0; j < nranks; j++)
+        if (v_count_of(op, nranks, op->send_counts, j) > part ||
+            v_count_of(op, nranks, op->recv_counts, j) > part)
+            return 0;
+    return !v_overlaps(op, nranks, esz);
 }
 
 int c10d__shm_coll_arrived(const struct c10d__shm_coll *a)

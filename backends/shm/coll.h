@@ -96,6 +96,11 @@ int c10d__shm_coll_progress(struct c10d__shm_coll *a, int *moved);
  * publish): its peers never wait for this rank again, whoever runs the rest
  * and when. */
 int c10d__shm_coll_one_chunk(const struct c10d__op *op, size_t slot_bytes, int nranks);
+/* An all_to_all (every form) whose blocks to and from this rank each fit
+ * one chunk and whose input needs no copy: one chunk for this rank's part,
+ * but a larger block between two other ranks makes more, which this rank
+ * learns only once every rank wrote its slot. */
+int c10d__shm_coll_one_chunk_here(const struct c10d__op *op, size_t slot_bytes, int nranks);
 /* This rank has written its slot of the op's (only) chunk, or it is done. */
 int c10d__shm_coll_arrived(const struct c10d__shm_coll *a);
 /* The op is done (progress returned 1). */

@@ -135,12 +135,48 @@ static void lane_adopt(void *arg)
 
 static const struct c10d__work_park lane_park = {lane_run, lane_adopt};
 
+/* An all_to_all whose own blocks fit one chunk may still need more (a
+ * larger block between two other ranks), known only once every rank wrote
+ * its slot. Parked unfinished, it could keep those peers waiting for a
+ * rank whose caller waits for something else first, so it stays in the
+ * lane only once done here, the peers waited for this long; else the loop
+ * goes on with it. Where the host's ranks outnumber its CPUs the peers may
+ * need this very CPU to get there: longer, yielding. */
+#define COUNTED_SPIN_NS         5000u
+#define COUNTED_WAIT_NS         50000u
+#define COUNTED_WAIT_CROWDED_NS 200000u
+
+static int finish_counted(struct c10d__tcp_lane *l)
+{
+    struct c10d__shm_seg *seg = l->seg;
+    int crowded = seg->crowded;
+    uint64_t start = c10d__now_ns(), yield_from = start + (crowded ? 0 : COUNTED_SPIN_NS);
+    uint64_t end = start + (crowded ? COUNTED_WAIT_CROWDED_NS : COUNTED_WAIT_NS);
+    for (unsigned n = 1;; n++) {
+        int moved;
+        int rc = c10d__shm_coll_progress(&l->coll, &moved);
+        if (moved)
+            c10d__shm_wake_sleepers(seg, ring_none, NULL);
+        if (rc != 0)
+            return rc;
+        if (crowded || (n & 15) == 0) {
+            uint64_t now = c10d__now_ns();
+            if (now >= end || atomic_load_explicit(l->failed, memory_order_acquire) != 0)
+                return 0;
+            if (now >= yield_from)
+                sched_yield();
+        }
+        cpu_relax();
+    }
+}
+
 int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
 {
     struct c10d__shm_seg *seg = l->seg;
     if (seg == NULL || !l->on || op->next != NULL || c10d__on_loop_thread() ||
         atomic_load_explicit(l->failed, memory_order_acquire) != 0 ||
-        !c10d__shm_coll_one_chunk(op, seg->slot_bytes, seg->nranks))
+        !(c10d__shm_coll_one_chunk(op, seg->slot_bytes, seg->nranks) ||
+          c10d__shm_coll_one_chunk_here(op, seg->slot_bytes, seg->nranks)))
         return 0;
     unsigned idle = 0;
     if (!atomic_compare_exchange_strong(&l->word, &idle, LANE_HELD))
@@ -164,7 +200,9 @@ int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
     int rc = c10d__shm_coll_progress(&l->coll, &moved);
     if (moved)
         c10d__shm_wake_sleepers(seg, ring_none, NULL);
-    if (rc < 0 || !c10d__shm_coll_arrived(&l->coll)) {
+    if (rc == 0 && l->coll.counted && c10d__shm_coll_arrived(&l->coll))
+        rc = finish_counted(l);
+    if (rc < 0 || !c10d__shm_coll_arrived(&l->coll) || (l->coll.counted && rc == 0)) {
         /* Not written (a peer is behind) or refused: the loop runs it. */
         hand_to_loop(l);
         return 1;
