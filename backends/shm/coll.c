@@ -267,6 +267,18 @@ static uint64_t *v_header(const struct c10d__shm_seg *seg, int r, uint64_t gen)
     return (uint64_t *)c10d__shm_slot(seg, r, gen);
 }
 
+/* Where this rank's block for rank d starts in what it sends. */
+static const char *v_send_block(const struct c10d__shm_coll *a, int d)
+{
+    const struct c10d__op *op = a->op;
+    if (a->copy == NULL && op->sends != NULL)
+        return op->sends[d];
+    size_t off = 0;
+    for (int j = 0; j < d; j++)
+        off += v_count(a, op->send_counts, j);
+    return (a->copy != NULL ? a->copy : (const char *)op->send) + off * a->esz;
+}
+
 static void v_write(struct c10d__shm_coll *a)
 {
     struct c10d__shm_seg *seg = a->seg;
@@ -282,7 +294,8 @@ static void v_write(struct c10d__shm_coll *a)
         const char *block = a->copy != NULL     ? a->copy + off * a->esz
                             : op->sends != NULL ? op->sends[d]
                                                 : (const char *)op->send + off * a->esz;
-        if (n > 0)
+        /* This rank's own block goes straight to its output (v_read). */
+        if (n > 0 && d != seg->rank)
             memcpy(parts + (size_t)d * a->chunk_elems * a->esz, block + a->done_elems * a->esz,
                    n * a->esz);
         off += count;
@@ -326,8 +339,11 @@ static void v_read(struct c10d__shm_coll *a)
         size_t count = v_count(a, op->recv_counts, j), n = v_window(a, count);
         char *block = op->recvs != NULL ? op->recvs[j] : (char *)op->recv + off * a->esz;
         const char *parts = (const char *)v_header(seg, j, a->gen) + v_header_bytes(p);
-        if (n > 0)
-            memcpy(block + a->done_elems * a->esz, parts + (size_t)seg->rank * part, n * a->esz);
+        const char *src = j == seg->rank ? v_send_block(a, j) + a->done_elems * a->esz
+                                         : parts + (size_t)seg->rank * part;
+        char *dst = block + a->done_elems * a->esz;
+        if (n > 0 && dst != src) /* the same address: an in-place op's own block */
+            memcpy(dst, src, n * a->esz);
         off += count;
     }
 }
