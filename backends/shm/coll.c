@@ -7,12 +7,15 @@
  * slot. */
 #include "coll.h"
 
+#include "in_place.h"
+
 #include "engine/error.h"
 #include "engine/kernels/reduce.h"
 
 #include <string.h>
 
-enum { PH_WRITE, PH_REDUCE, PH_GATHER, PH_DONE };
+/* PH_RELEASE and PH_FINISH: an op read in place (in_place.h). */
+enum { PH_WRITE, PH_REDUCE, PH_GATHER, PH_RELEASE, PH_FINISH, PH_DONE };
 
 /* Kinds whose slot holds a part of every rank's block: this rank's part for
  * rank j at j x (chunk elements). */
@@ -91,6 +94,7 @@ void c10d__shm_coll_start(struct c10d__shm_coll *a, struct c10d__shm_seg *seg,
     a->phase = a->block_elems == 0 && op->kind != C10D_OP_BARRIER ? PH_DONE : PH_WRITE;
     if (a->phase == PH_WRITE)
         a->gen = ++seg->gen;
+    a->offering = a->phase == PH_WRITE && c10d__shm_in_place_offers(op, seg);
     if (op->kind == C10D_OP_ALL_REDUCE && a->phase == PH_WRITE &&
         a->block_elems <= a->chunk_elems &&
         c10d__shm_small_chunk(a->block_elems * a->esz, seg->nranks, 1)) {
@@ -99,11 +103,16 @@ void c10d__shm_coll_start(struct c10d__shm_coll *a, struct c10d__shm_seg *seg,
     }
 }
 
-/* Every rank's `arrive` (or `reduced`) has reached `gen`. */
-static int all_at(const struct c10d__shm_seg *seg, int reduced, uint64_t gen)
+/* Every rank's `arrive` (or, by `which`, `reduced` or `released`) has
+ * reached `gen`. */
+enum { AT_ARRIVE, AT_REDUCED, AT_RELEASED };
+
+static int all_at(const struct c10d__shm_seg *seg, int which, uint64_t gen)
 {
     for (int r = 0; r < seg->nranks; r++) {
-        const _Atomic uint64_t *c = reduced ? &seg->ctl[r].reduced : &seg->ctl[r].arrive;
+        const _Atomic uint64_t *c = which == AT_REDUCED    ? &seg->ctl[r].reduced
+                                    : which == AT_RELEASED ? &seg->ctl[r].released
+                                                           : &seg->ctl[r].arrive;
         if (atomic_load_explicit(c, memory_order_acquire) < gen)
             return 0;
     }
@@ -591,14 +600,14 @@ static int small_progress(struct c10d__shm_coll *a, int *moved)
     struct c10d__shm_seg *seg = a->seg;
     *moved = 0;
     if (a->phase == PH_WRITE) {
-        if (!all_at(seg, 0, a->gen - 1))
+        if (!all_at(seg, AT_ARRIVE, a->gen - 1))
             return waited(a);
         C10D_CHECK(small_write(a));
         a->phase = PH_REDUCE;
         *moved = 1;
     }
     if (a->phase == PH_REDUCE) {
-        if (!all_at(seg, 0, a->gen))
+        if (!all_at(seg, AT_ARRIVE, a->gen))
             return waited(a);
         C10D_CHECK(check_stamps(a));
         *moved = 1;
@@ -617,18 +626,33 @@ int c10d__shm_coll_progress(struct c10d__shm_coll *a, int *moved)
         switch (a->phase) {
         case PH_WRITE:
             /* Our slot for this chunk was last read two chunks ago. */
-            if (!all_at(seg, 0, a->gen - 1))
+            if (!all_at(seg, AT_ARRIVE, a->gen - 1))
                 return waited(a);
-            C10D_CHECK(write_slot(a));
+            if (a->offering) {
+                c10d__shm_in_place_offer(a);
+                publish(a);
+            } else {
+                C10D_CHECK(write_slot(a));
+            }
             a->phase = PH_REDUCE;
             *moved = 1;
             break;
         case PH_REDUCE:
-            if (!all_at(seg, 0, a->gen))
+            if (!all_at(seg, AT_ARRIVE, a->gen))
                 return waited(a);
             C10D_CHECK(check_stamps(a));
             *moved = 1;
-            if (!sliced(a)) {
+            if (a->offering) {
+                a->offering = 0;
+                if (!c10d__shm_in_place_agreed(a)) { /* through the slots from the next chunk */
+                    a->gen = ++seg->gen;
+                    a->phase = PH_WRITE;
+                    break;
+                }
+                C10D_CHECK(c10d__shm_in_place_read(a));
+                atomic_store_explicit(&seg->ctl[seg->rank].reduced, a->gen, memory_order_release);
+                a->phase = PH_RELEASE;
+            } else if (!sliced(a)) {
                 C10D_CHECK(read_chunk(a));
                 next_chunk(a);
             } else {
@@ -637,11 +661,30 @@ int c10d__shm_coll_progress(struct c10d__shm_coll *a, int *moved)
             }
             break;
         case PH_GATHER:
-            if (!all_at(seg, 1, a->gen))
+            if (!all_at(seg, AT_REDUCED, a->gen))
                 return waited(a);
             gather_slices(a);
             *moved = 1;
             next_chunk(a);
+            break;
+        case PH_RELEASE: /* every peer read what it needed from this rank */
+            if (!all_at(seg, AT_REDUCED, a->gen))
+                return waited(a);
+            if (a->live != NULL && !a->live(a->live_arg))
+                return c10d__fail(
+                    C10D_EABORTED,
+                    "shm %s (seq %llu): the op ended while its peers read its buffers",
+                    c10d__op_kind_name(a->op->kind), (unsigned long long)a->op->seq);
+            atomic_store_explicit(&seg->ctl[seg->rank].released, a->gen, memory_order_release);
+            a->phase = PH_FINISH;
+            *moved = 1;
+            break;
+        case PH_FINISH: /* every buffer this rank read was still its op's after the read */
+            if (!all_at(seg, AT_RELEASED, a->gen))
+                return waited(a);
+            a->phase = PH_DONE;
+            a->done_elems = a->block_elems;
+            *moved = 1;
             break;
         default:
             return 1;

@@ -26,7 +26,10 @@
  *               and lists alike);
  *   barrier     nothing: arriving was the point.
  * A slot is written again two chunks later, once every rank has arrived at
- * the chunk in between (so it finished reading this one). */
+ * the chunk in between (so it finished reading this one). A large broadcast
+ * or all_gather starts with an offer instead: its ranks read each other's
+ * buffers in place (in_place.h), or, if one cannot, run the chunks above
+ * from the next one on. */
 #ifndef C10D_BACKENDS_SHM_COLL_H
 #define C10D_BACKENDS_SHM_COLL_H
 
@@ -72,6 +75,13 @@ struct c10d__shm_coll {
      * on every look_every-th call that finds it so (0 or 1: every one);
      * the caller's to set after start. */
     unsigned look_every, waits;
+    /* The first chunk is an offer to read in place (in_place.h). */
+    int offering;
+    /* Whether the op's buffers are still its own (its work not completed
+     * otherwise, as by its deadline): checked before this rank lets its
+     * peers stop reading them. NULL: always; the caller's to set. */
+    int (*live)(void *arg);
+    void *live_arg;
 };
 
 /* Whether `op` runs on a segment with slots of `slot_bytes` for `nranks`

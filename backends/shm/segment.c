@@ -130,6 +130,8 @@ static int map_it(int fd, int nranks, int rank, size_t slot_bytes, struct c10d__
     seg->slot_bytes = slot_bytes;
     seg->crowded = nranks > usable_cpus();
     seg->ctl = (struct c10d__shm_ctl *)((char *)base + ctl_off);
+    atomic_store_explicit(&seg->ctl[rank].self, (uint64_t)(uintptr_t)seg, memory_order_relaxed);
+    atomic_store_explicit(&seg->ctl[rank].pid, (uint64_t)getpid(), memory_order_release);
     seg->data = (char *)base + data_off;
     if (has_rings(nranks)) {
         size_t rings_off = (data_off + (size_t)nranks * 2 * slot_bytes + 4095) & ~(size_t)4095;

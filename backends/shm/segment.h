@@ -55,7 +55,14 @@ struct c10d__shm_ctl {
      * end of a pipe its loop polls, 0 if none; and that pipe's inode, so
      * that a reused descriptor number is never written to. */
     _Atomic uint64_t bell, bell_ino;
-    char pad2[128 - 4 * sizeof(uint64_t)];
+    /* An op read in place (in_place.h): its peers may stop reading its
+     * buffers once this reaches the op's chunk. */
+    _Atomic uint64_t released;
+    /* Written once at attach: its pid, and where its own `struct
+     * c10d__shm_seg` lies in its memory (a peer's probe reads its `nranks`
+     * there to see whether process_vm_readv reaches it). */
+    _Atomic uint64_t pid, self;
+    char pad2[128 - 7 * sizeof(uint64_t)];
 };
 
 struct c10d__shm_seg {
@@ -77,6 +84,12 @@ struct c10d__shm_seg {
      * run on where that is a subset, as in a container's cpuset, else the
      * machine's): a waiter in the caller's lane yields between looks. */
     int crowded;
+    /* Reading peers in place (in_place.h): 0 not tried, 1 every peer read,
+     * 2 never (refused, or C10D_SHM_IN_PLACE=0). */
+    int read_peers;
+    /* A rank refused reading in place for good, seen by every rank at the
+     * same op: no op offers its buffers any more. */
+    atomic_int no_offers;
 };
 
 /* Segments for up to this many ranks carry a byte ring per ordered pair of

@@ -7,6 +7,7 @@
 #include "cpu_relax.h"
 
 #include "backends/fingerprint.h"
+#include "backends/shm/in_place.h"
 #include "engine/env.h"
 #include "engine/error.h"
 #include "engine/loop.h"
@@ -176,7 +177,8 @@ int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
     if (seg == NULL || !l->on || op->next != NULL || c10d__on_loop_thread() ||
         atomic_load_explicit(l->failed, memory_order_acquire) != 0 ||
         !(c10d__shm_coll_one_chunk(op, seg->slot_bytes, seg->nranks) ||
-          c10d__shm_coll_one_chunk_here(op, seg->slot_bytes, seg->nranks)))
+          c10d__shm_coll_one_chunk_here(op, seg->slot_bytes, seg->nranks)) ||
+        c10d__shm_in_place_offers(op, seg)) /* its peers read this rank's buffers to the end */
         return 0;
     unsigned idle = 0;
     if (!atomic_compare_exchange_strong(&l->word, &idle, LANE_HELD))

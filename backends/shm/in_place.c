@@ -1,0 +1,190 @@
+/* Large collectives read in place (in_place.h). */
+#include "in_place.h"
+
+#include "engine/env.h"
+#include "engine/error.h"
+#include "engine/log.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+/* What a rank says in its offer. */
+enum { CAN_NOT_NOW = 0, CAN_READ = 1, CAN_NEVER = 2 };
+
+/* At the start of the offering rank's slot for the chunk. */
+struct offer {
+    uint64_t can;
+    uint64_t pid;
+    uint64_t addr; /* its data: a broadcast root's, an all_gather rank's block */
+};
+
+static atomic_uint_fast64_t read_bytes;
+
+uint64_t c10d__shm_in_place_bytes(void)
+{
+    return atomic_load(&read_bytes);
+}
+
+static struct offer *offer_of(const struct c10d__shm_seg *seg, int r, uint64_t gen)
+{
+    return (struct offer *)c10d__shm_slot(seg, r, gen);
+}
+
+int c10d__shm_in_place_offers(const struct c10d__op *op, const struct c10d__shm_seg *seg)
+{
+    if (atomic_load_explicit(&seg->no_offers, memory_order_relaxed))
+        return 0;
+    size_t bytes = op->count * c10d_dtype_size(op->dtype);
+    if (op->kind == C10D_OP_BROADCAST)
+        return bytes >= C10D_SHM_IN_PLACE_MIN;
+    if (op->kind == C10D_OP_ALL_GATHER && op->recv_counts == NULL)
+        return bytes * (size_t)seg->nranks >= C10D_SHM_IN_PLACE_MIN;
+    return 0;
+}
+
+/* Whether this rank reads every peer's memory: tried once, by reading the
+ * `nranks` of each peer's own segment record where its control block says it
+ * is. A peer that has not attached yet: not now. */
+static int peers_readable(struct c10d__shm_seg *seg)
+{
+    if (seg->read_peers != 0)
+        return seg->read_peers == 1 ? CAN_READ : CAN_NEVER;
+    if (!c10d__env_bool(C10D_ENV_SHM_IN_PLACE)) {
+        seg->read_peers = 2;
+        return CAN_NEVER;
+    }
+    for (int r = 0; r < seg->nranks; r++) {
+        if (r == seg->rank)
+            continue;
+        uint64_t pid = atomic_load_explicit(&seg->ctl[r].pid, memory_order_acquire);
+        uint64_t self = atomic_load_explicit(&seg->ctl[r].self, memory_order_relaxed);
+        if (pid == 0)
+            return CAN_NOT_NOW;
+        int theirs = 0;
+        struct iovec mine = {&theirs, sizeof theirs};
+        struct iovec at = {(void *)(uintptr_t)(self + offsetof(struct c10d__shm_seg, nranks)),
+                           sizeof theirs};
+        ssize_t n = process_vm_readv((pid_t)pid, &mine, 1, &at, 1, 0);
+        if (n != (ssize_t)sizeof theirs || theirs != seg->nranks) {
+            C10D_INFO("shm",
+                      "rank %d cannot read rank %d's memory (%s): large broadcast and all_gather "
+                      "copy through the segment's slots",
+                      seg->rank, r, n < 0 ? strerror(errno) : "another process");
+            seg->read_peers = 2;
+            return CAN_NEVER;
+        }
+    }
+    seg->read_peers = 1;
+    return CAN_READ;
+}
+
+static int overlap(const char *a, const char *b, size_t n)
+{
+    return a < b + n && b < a + n;
+}
+
+/* Where rank r's block of an all_gather's output starts. */
+static char *gather_block(const struct c10d__shm_coll *a, int r)
+{
+    const struct c10d__op *op = a->op;
+    if (op->recvs != NULL)
+        return op->recvs[r];
+    return (char *)op->recv + (size_t)r * op->count * a->esz;
+}
+
+/* What this rank offers its peers to read, NULL if nothing. */
+static const char *offered_data(const struct c10d__shm_coll *a)
+{
+    const struct c10d__op *op = a->op;
+    if (op->kind == C10D_OP_ALL_GATHER)
+        return op->send;
+    if (a->seg->rank == op->root)
+        return op->send != NULL ? op->send : op->recv;
+    return NULL;
+}
+
+/* This op's buffers allow reading in place: nothing this rank writes may
+ * overlap what its peers read from it, but for its own block in place. */
+static int buffers_allow(const struct c10d__shm_coll *a)
+{
+    const struct c10d__op *op = a->op;
+    const char *src = offered_data(a);
+    size_t n = op->count * a->esz;
+    if (src == NULL || n == 0)
+        return 1;
+    if (op->kind == C10D_OP_BROADCAST) /* the root writes only its own output */
+        return op->recv == NULL || op->recv == src || !overlap(op->recv, src, n);
+    for (int r = 0; r < a->seg->nranks; r++) {
+        const char *dst = gather_block(a, r);
+        if (overlap(dst, src, n) && !(r == a->seg->rank && dst == src))
+            return 0;
+    }
+    return 1;
+}
+
+void c10d__shm_in_place_offer(struct c10d__shm_coll *a)
+{
+    struct c10d__shm_seg *seg = a->seg;
+    struct offer *o = offer_of(seg, seg->rank, a->gen);
+    int can = peers_readable(seg);
+    o->can = can == CAN_READ && !buffers_allow(a) ? CAN_NOT_NOW : (uint64_t)can;
+    o->pid = (uint64_t)getpid();
+    o->addr = (uint64_t)(uintptr_t)offered_data(a);
+}
+
+int c10d__shm_in_place_agreed(const struct c10d__shm_coll *a)
+{
+    const struct c10d__shm_seg *seg = a->seg;
+    int all = 1;
+    for (int r = 0; r < seg->nranks; r++) {
+        uint64_t can = offer_of(seg, r, a->gen)->can;
+        if (can == CAN_NEVER) /* every rank sees it at this very op */
+            atomic_store_explicit(&a->seg->no_offers, 1, memory_order_relaxed);
+        all &= can == CAN_READ;
+    }
+    return all;
+}
+
+static int read_from(const struct c10d__shm_coll *a, int r, char *dst, size_t bytes)
+{
+    const struct offer *o = offer_of(a->seg, r, a->gen);
+    for (size_t done = 0; done < bytes;) {
+        struct iovec mine = {dst + done, bytes - done};
+        struct iovec theirs = {(void *)(uintptr_t)(o->addr + done), bytes - done};
+        ssize_t n = process_vm_readv((pid_t)o->pid, &mine, 1, &theirs, 1, 0);
+        if (n <= 0)
+            return c10d__fail(C10D_ECLOSED,
+                              "shm %s (seq %llu): reading rank %d's buffer in place failed: %s",
+                              c10d__op_kind_name(a->op->kind), (unsigned long long)a->op->seq, r,
+                              n < 0 ? strerror(errno) : "nothing read");
+        done += (size_t)n;
+    }
+    atomic_fetch_add_explicit(&read_bytes, bytes, memory_order_relaxed);
+    return 0;
+}
+
+int c10d__shm_in_place_read(struct c10d__shm_coll *a)
+{
+    const struct c10d__op *op = a->op;
+    const struct c10d__shm_seg *seg = a->seg;
+    size_t n = op->count * a->esz;
+    const char *mine = offered_data(a);
+    if (op->kind == C10D_OP_BROADCAST) {
+        if (seg->rank != op->root)
+            return read_from(a, op->root, op->recv, n);
+        if (op->recv != NULL && op->recv != mine)
+            memcpy(op->recv, mine, n);
+        return 0;
+    }
+    for (int r = 0; r < seg->nranks; r++) {
+        char *dst = gather_block(a, r);
+        if (r != seg->rank)
+            C10D_CHECK(read_from(a, r, dst, n));
+        else if (dst != mine)
+            memcpy(dst, mine, n);
+    }
+    return 0;
+}

@@ -1,0 +1,42 @@
+/* Large collectives read in place: instead of copying its data into its slot
+ * for the peers to copy out (two copies), a rank offers its buffer (pid and
+ * address, in its slot) and each reader copies straight from it with
+ * process_vm_readv (one copy), as Open MPI's vader does. Broadcast and
+ * all_gather of equal blocks from C10D_SHM_IN_PLACE_MIN bytes: the kinds
+ * whose size every rank checks against the others' (the fingerprint), so
+ * that every rank starts the op with an offer, or none does.
+ *
+ * An offered op is one chunk: every rank writes its offer and arrives; once
+ * all arrived, each reads what it needs and publishes `reduced`; once all
+ * did, each publishes `released` if its op is still live (its work not
+ * completed: a rank whose op timed out may have its buffer back already);
+ * once all did, each is done. So a reader's bytes count only if every
+ * buffer it read was still its op's after the read. A rank that cannot read
+ * this time (a peer not attached yet, buffers that overlap) says so in its
+ * offer, one that never can (refused, or C10D_SHM_IN_PLACE=0) too; then
+ * every rank runs the op through the slots from the next chunk on, and
+ * after a "never" no op offers any more. docs/shm.md has the argument. */
+#ifndef C10D_BACKENDS_SHM_IN_PLACE_H
+#define C10D_BACKENDS_SHM_IN_PLACE_H
+
+#include "coll.h"
+
+/* Broadcast and all_gather of at least this many bytes (the whole output). */
+#define C10D_SHM_IN_PLACE_MIN (64 * 1024)
+
+/* Whether `op` starts with an offer on seg: the same answer on every rank
+ * for ops whose fingerprints agree. */
+int c10d__shm_in_place_offers(const struct c10d__op *op, const struct c10d__shm_seg *seg);
+/* Writes this rank's offer for a's first chunk into its slot. */
+void c10d__shm_in_place_offer(struct c10d__shm_coll *a);
+/* Every rank arrived with its offer: 1 if all can read in place; 0 if not
+ * (after a "never", seg offers no more). */
+int c10d__shm_in_place_agreed(const struct c10d__shm_coll *a);
+/* Reads this rank's part of the op from its peers' buffers: 0, or < 0 (a
+ * peer's memory could not be read). */
+int c10d__shm_in_place_read(struct c10d__shm_coll *a);
+
+/* Tests: bytes read from peers in place since the process began. */
+uint64_t c10d__shm_in_place_bytes(void);
+
+#endif

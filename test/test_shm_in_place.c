@@ -1,0 +1,300 @@
+/* Large broadcast and all_gather read in place (backends/shm/in_place.h):
+ * three ranks' segments driven in this process (so process_vm_readv reads
+ * this very process), then real ranks through the public API. Covers the
+ * read, the fall back through the slots when one rank cannot read this once
+ * (a peer not attached yet) or ever (then no op offers again), and a rank
+ * whose op ended while its peers read: it never lets them go. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "backends/shm/coll.h"
+#include "backends/shm/in_place.h"
+#include "c10d.h"
+#include "mp_harness.h"
+
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+enum { NR = 3, SLOT = 4096 };
+
+static void make3(struct c10d__shm_seg *seg[NR])
+{
+    char ref[C10D_SHM_REF_MAX];
+    assert_int_equal(c10d__shm_create(NR, SLOT, &seg[0], ref, sizeof ref), 0);
+    for (int r = 1; r < NR; r++)
+        assert_int_equal(c10d__shm_attach(ref, NR, r, &seg[r]), 0);
+}
+
+static void free3(struct c10d__shm_seg *seg[NR])
+{
+    for (int r = NR - 1; r >= 0; r--)
+        c10d__shm_free(seg[r]);
+}
+
+static int never_live(void *arg)
+{
+    (void)arg;
+    return 0;
+}
+
+/* Runs op[r] on seg[r] until every rank is done (or `polls` run out);
+ * rank `dead` (-1: none) says its op ended before it lets its peers go. */
+static void drive(struct c10d__shm_seg *seg[NR], struct c10d__op op[NR], int dead, int polls,
+                  int rc[NR])
+{
+    struct c10d__fp fp;
+    c10d__fp_of(&op[0], NR, &fp);
+    struct c10d__shm_coll x[NR];
+    for (int r = 0; r < NR; r++) {
+        c10d__shm_coll_start(&x[r], seg[r], &op[r], 0, &fp);
+        if (r == dead)
+            x[r].live = never_live;
+    }
+    int moved;
+    for (int r = 0; r < NR; r++)
+        rc[r] = 0;
+    for (int i = 0; i < polls; i++)
+        for (int r = NR - 1; r >= 0; r--)
+            if (rc[r] == 0)
+                rc[r] = c10d__shm_coll_progress(&x[r], &moved);
+}
+
+enum { BC = 40000, AG = 9000 }; /* 160 KB broadcast, 3 x 36 KB all_gather */
+static float bc[NR][BC], ag_in[NR][AG], ag_out[NR][NR * AG];
+
+static void broadcast(struct c10d__shm_seg *seg[NR], int root, uint64_t seq)
+{
+    struct c10d__op op[NR];
+    for (int r = 0; r < NR; r++) {
+        for (int i = 0; i < BC; i++)
+            bc[r][i] = r == root ? (float)(seq * 7 + (uint64_t)i) : -1.0f;
+        op[r] = (struct c10d__op){.kind = C10D_OP_BROADCAST,
+                                  .send = bc[r],
+                                  .recv = bc[r],
+                                  .count = BC,
+                                  .dtype = C10D_FLOAT32,
+                                  .root = root,
+                                  .seq = seq};
+    }
+    int rc[NR];
+    drive(seg, op, -1, 1000000, rc);
+    for (int r = 0; r < NR; r++) {
+        assert_int_equal(rc[r], 1);
+        for (int i = 0; i < BC; i++)
+            assert_true(bc[r][i] == (float)(seq * 7 + (uint64_t)i));
+    }
+}
+
+/* in_place_rank: that rank's send is its own block of its output. */
+static void all_gather(struct c10d__shm_seg *seg[NR], int in_place_rank, uint64_t seq)
+{
+    struct c10d__op op[NR];
+    for (int r = 0; r < NR; r++) {
+        memset(ag_out[r], 0, sizeof ag_out[r]);
+        float *src = r == in_place_rank ? ag_out[r] + (size_t)r * AG : ag_in[r];
+        for (int i = 0; i < AG; i++)
+            src[i] = (float)(r * 100000 + i) + (float)seq;
+        op[r] = (struct c10d__op){.kind = C10D_OP_ALL_GATHER,
+                                  .send = src,
+                                  .recv = ag_out[r],
+                                  .count = AG,
+                                  .dtype = C10D_FLOAT32,
+                                  .seq = seq};
+    }
+    int rc[NR];
+    drive(seg, op, -1, 1000000, rc);
+    for (int r = 0; r < NR; r++) {
+        assert_int_equal(rc[r], 1);
+        for (int j = 0; j < NR; j++)
+            for (int i = 0; i < AG; i++)
+                assert_true(ag_out[r][(size_t)j * AG + (size_t)i] ==
+                            (float)(j * 100000 + i) + (float)seq);
+    }
+}
+
+static void test_read_in_place(void **st)
+{
+    (void)st;
+    struct c10d__shm_seg *seg[NR];
+    make3(seg);
+    uint64_t b0 = c10d__shm_in_place_bytes();
+    broadcast(seg, 1, 1);
+    uint64_t b1 = c10d__shm_in_place_bytes();
+    assert_int_equal(b1 - b0, 2u * BC * sizeof(float)); /* the two non-roots */
+    all_gather(seg, -1, 2);
+    all_gather(seg, 2, 3);
+    uint64_t b2 = c10d__shm_in_place_bytes();
+    assert_int_equal(b2 - b1, 2u * NR * (NR - 1) * AG * sizeof(float));
+    /* Below the size, through the slots as before. */
+    struct c10d__op op[NR];
+    static float small[NR][64];
+    for (int r = 0; r < NR; r++)
+        op[r] = (struct c10d__op){.kind = C10D_OP_BROADCAST,
+                                  .send = small[r],
+                                  .recv = small[r],
+                                  .count = 64,
+                                  .dtype = C10D_FLOAT32,
+                                  .root = 0,
+                                  .seq = 4};
+    int rc[NR];
+    drive(seg, op, -1, 100000, rc);
+    assert_true(rc[0] == 1 && rc[1] == 1 && rc[2] == 1);
+    assert_int_equal(c10d__shm_in_place_bytes(), b2);
+    free3(seg);
+}
+
+/* A rank whose peer has not published its pid yet offers "not now": the op
+ * runs through the slots, and the next one reads in place again. */
+static void test_not_now_then_in_place(void **st)
+{
+    (void)st;
+    struct c10d__shm_seg *seg[NR];
+    make3(seg);
+    uint64_t pid = atomic_exchange(&seg[0]->ctl[2].pid, 0);
+    uint64_t b0 = c10d__shm_in_place_bytes();
+    broadcast(seg, 0, 1);
+    assert_int_equal(c10d__shm_in_place_bytes(), b0); /* rank 0 could not probe rank 2 */
+    atomic_store(&seg[0]->ctl[2].pid, pid);
+    for (int r = 0; r < NR; r++)
+        assert_int_equal(atomic_load(&seg[r]->no_offers), 0);
+    broadcast(seg, 2, 2);
+    assert_int_equal(c10d__shm_in_place_bytes() - b0, 2u * BC * sizeof(float));
+    free3(seg);
+}
+
+/* One rank that can never read: every rank runs that op through the slots
+ * and no later op offers (no extra round any more). */
+static void test_never_stops_offers(void **st)
+{
+    (void)st;
+    struct c10d__shm_seg *seg[NR];
+    make3(seg);
+    seg[1]->read_peers = 2;
+    uint64_t b0 = c10d__shm_in_place_bytes();
+    all_gather(seg, -1, 1);
+    for (int r = 0; r < NR; r++)
+        assert_int_equal(atomic_load(&seg[r]->no_offers), 1);
+    uint64_t gen = seg[0]->gen;
+    broadcast(seg, 2, 2);
+    /* 160 KB in 4 KiB slots: 40 chunks, and no offer before them. */
+    assert_int_equal(seg[0]->gen - gen, (BC * sizeof(float) + SLOT - 1) / SLOT);
+    assert_int_equal(c10d__shm_in_place_bytes(), b0);
+    free3(seg);
+}
+
+/* A rank whose op ended (its deadline) while its peers read its buffer never
+ * releases them: they do not complete with bytes read from a buffer its
+ * owner may have reused; its own progress fails. */
+static void test_ended_op_holds_readers(void **st)
+{
+    (void)st;
+    struct c10d__shm_seg *seg[NR];
+    make3(seg);
+    struct c10d__op op[NR];
+    for (int r = 0; r < NR; r++)
+        op[r] = (struct c10d__op){.kind = C10D_OP_BROADCAST,
+                                  .send = bc[r],
+                                  .recv = bc[r],
+                                  .count = BC,
+                                  .dtype = C10D_FLOAT32,
+                                  .root = 0,
+                                  .seq = 1};
+    int rc[NR];
+    drive(seg, op, 0, 20000, rc);
+    assert_true(rc[0] < 0);
+    assert_string_equal(c10d_last_error(), "shm BROADCAST (seq 1): the op ended while its peers "
+                                           "read its buffers");
+    assert_int_equal(rc[1], 0);
+    assert_int_equal(rc[2], 0);
+    free3(seg);
+}
+
+/* Real ranks: large broadcast and all_gather (in place and not) correct and
+ * read in place; then C10D_SHM_IN_PLACE=0 on rank 1 alone: correct through
+ * the slots, nothing read in place any more. */
+static int ranks_main(int rank, int n, void *arg)
+{
+    int off_on_1 = *(int *)arg;
+    setenv("C10D_SHM", "1", 1);
+    if (off_on_1 && rank == 1)
+        setenv("C10D_SHM_IN_PLACE", "0", 1);
+    c10d_pg_opts po = {0};
+    po.timeout_ms = 60000;
+    c10d_pg *pg = NULL;
+    MP_CHECK(c10d_pg_init(&po, &pg) == 0, "init: %s", c10d_last_error());
+    enum { COUNT = 1 << 18 }; /* 1 MiB of int32 */
+    int32_t *buf = malloc(COUNT * sizeof *buf), *all = malloc((size_t)n * COUNT * sizeof *all);
+    MP_CHECK(buf != NULL && all != NULL, "out of memory");
+    uint64_t b0 = c10d__shm_in_place_bytes();
+    for (int k = 0; k < 6; k++) {
+        int root = k % n;
+        for (int i = 0; i < COUNT; i++)
+            buf[i] = rank == root ? k * 1000003 + i : -1;
+        c10d_work *w;
+        MP_CHECK(c10d_broadcast(pg, buf, buf, COUNT, C10D_INT32, root, NULL, &w) == 0 &&
+                     c10d_work_wait(w, 30000) == 0,
+                 "broadcast %d: %s", k, c10d_last_error());
+        c10d_work_release(w);
+        for (int i = 0; i < COUNT; i++)
+            MP_CHECK(buf[i] == k * 1000003 + i, "broadcast %d: [%d] = %d", k, i, (int)buf[i]);
+        int32_t *send = k % 2 ? all + (size_t)rank * COUNT : buf; /* in place every other */
+        for (int i = 0; i < COUNT; i++)
+            send[i] = rank * 7919 + k * 31 + i;
+        MP_CHECK(c10d_all_gather(pg, send, all, COUNT, C10D_INT32, NULL, &w) == 0 &&
+                     c10d_work_wait(w, 30000) == 0,
+                 "all_gather %d: %s", k, c10d_last_error());
+        c10d_work_release(w);
+        for (int r = 0; r < n; r++)
+            for (int i = 0; i < COUNT; i++)
+                MP_CHECK(all[(size_t)r * COUNT + (size_t)i] == r * 7919 + k * 31 + i,
+                         "all_gather %d: rank %d's [%d] = %d", k, r, i,
+                         (int)all[(size_t)r * COUNT + (size_t)i]);
+    }
+    uint64_t read = c10d__shm_in_place_bytes() - b0;
+    if (off_on_1)
+        MP_CHECK(read == 0, "%llu bytes read in place with C10D_SHM_IN_PLACE=0 on rank 1",
+                 (unsigned long long)read);
+    else
+        MP_CHECK(read > 0, "nothing read in place");
+    free(buf);
+    free(all);
+    c10d_pg_destroy(pg);
+    c10d_shutdown();
+    return 0;
+}
+
+static void run_ranks(int nranks, int off_on_1)
+{
+    struct mp_opts o = {0};
+    o.nranks = nranks;
+    o.timeout_s = 120;
+    o.kill_on_failure = 1;
+    struct mp_result res;
+    int rc = mp_run(&o, ranks_main, &off_on_1, &res);
+    assert_false(res.timed_out);
+    assert_int_equal(rc, 0);
+}
+
+static void test_ranks(void **st)
+{
+    (void)st;
+    run_ranks(2, 0);
+    run_ranks(3, 0);
+    run_ranks(3, 1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_read_in_place),
+        cmocka_unit_test(test_not_now_then_in_place),
+        cmocka_unit_test(test_never_stops_offers),
+        cmocka_unit_test(test_ended_op_holds_readers),
+        cmocka_unit_test(test_ranks),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
