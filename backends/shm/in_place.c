@@ -52,7 +52,7 @@ static int peers_readable(struct c10d__shm_seg *seg)
 {
     if (seg->read_peers != 0)
         return seg->read_peers == 1 ? CAN_READ : CAN_NEVER;
-    if (!c10d__env_bool(C10D_ENV_SHM_IN_PLACE)) {
+    if (!c10d__env_bool(C10D_ENV_SHM_IN_PLACE) || seg->crowded) {
         seg->read_peers = 2;
         return CAN_NEVER;
     }

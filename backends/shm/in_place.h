@@ -15,14 +15,21 @@
  * this time (a peer not attached yet, buffers that overlap) says so in its
  * offer, one that never can (refused, or C10D_SHM_IN_PLACE=0) too; then
  * every rank runs the op through the slots from the next chunk on, and
- * after a "never" no op offers any more. docs/shm.md has the argument. */
+ * after a "never" no op offers any more. Where the ranks outnumber the CPUs
+ * a rank says "never": each round needs every rank on a CPU, and there the
+ * offer's three rounds cost more than a copy (4 ranks on 2 CPUs, 1 MiB
+ * broadcast: 464 us against 378 through the slots). docs/shm.md has the
+ * argument. */
 #ifndef C10D_BACKENDS_SHM_IN_PLACE_H
 #define C10D_BACKENDS_SHM_IN_PLACE_H
 
 #include "coll.h"
 
-/* Broadcast and all_gather of at least this many bytes (the whole output). */
-#define C10D_SHM_IN_PLACE_MIN (64 * 1024)
+/* Broadcast and all_gather of at least this many bytes (the whole output):
+ * below it the offer's extra rounds and the hand-off to the loop cost more
+ * than the copy saved (2 ranks, 64 KiB: 14.8 us against 9.2 through the
+ * slots in the caller's lane; 192 KiB 21.5 against 23.9). */
+#define C10D_SHM_IN_PLACE_MIN (192 * 1024)
 
 /* Whether `op` starts with an offer on seg: the same answer on every rank
  * for ops whose fingerprints agree. */
