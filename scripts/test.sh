@@ -47,6 +47,6 @@ fi
 if [ "$which" = tsan ]; then
     echo "== ThreadSanitizer build (engine tests) =="
     cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DC10D_SANITIZE=thread >/dev/null
-    cmake --build build-tsan -j"$jobs" --target test_work test_work_compose test_loop test_wait_lock test_engine_handoff test_backend_contract test_shm_lane test_p2p_lane test_p2p_lane_batch test_work_park test_lock test_block_cache test_flight_recorder test_pg_args test_pg_lifetime test_pg_ops test_pg_faults test_shm
-    (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R 'test_(work|work_compose|loop|wait_lock|engine_handoff|backend_contract|shm_lane|p2p_lane|p2p_lane_batch|work_park|lock|block_cache|flight_recorder|pg_args|pg_lifetime|pg_ops|pg_faults|shm)$')
+    cmake --build build-tsan -j"$jobs" --target test_work test_work_compose test_loop test_wait_lock test_engine_handoff test_backend_contract test_shm_lane test_p2p_lane test_p2p_lane_batch test_work_park test_lock test_block_cache test_flight_recorder test_pg_args test_pg_lifetime test_pg_ops test_pg_faults test_shm test_shm_in_place
+    (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R 'test_(work|work_compose|loop|wait_lock|engine_handoff|backend_contract|shm_lane|p2p_lane|p2p_lane_batch|work_park|lock|block_cache|flight_recorder|pg_args|pg_lifetime|pg_ops|pg_faults|shm|shm_in_place)$')
 fi

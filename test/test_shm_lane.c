@@ -262,6 +262,30 @@ static int a2a_main(int rank, int n, void *arg)
     fprintf(stderr, "rank %d: %llu of 200 all_to_all in the lane, %llu handed to the loop\n", rank,
             (unsigned long long)(here1 - here0), (unsigned long long)(loop1 - loop0));
 
+    /* 1b. The output one block past the input (recv = send + block): each
+     * receive block starts where the next send block does, which needs no
+     * copy of the input, so a rank's own block must be taken from its input
+     * before a peer's lands on it. One chunk (the lane) and several. */
+    for (size_t per = 16; per <= 100000; per += 100000 - 16) {
+        int32_t *buf = malloc((size_t)(n + 1) * per * sizeof *buf);
+        MP_CHECK(buf != NULL, "out of memory");
+        for (int d = 0; d < n; d++)
+            for (size_t i = 0; i < per; i++)
+                buf[(size_t)d * per + i] = rank * 100 + d * 10 + (int)(i % 10);
+        c10d_work *w;
+        MP_CHECK(c10d_all_to_all_single(pg, buf, buf + per, (size_t)n * per, NULL, NULL, C10D_INT32,
+                                        NULL, &w) == 0 &&
+                     c10d_work_wait(w, 30000) == 0,
+                 "shifted, %zu per block: %s", per, c10d_last_error());
+        c10d_work_release(w);
+        for (int s = 0; s < n; s++)
+            for (size_t i = 0; i < per; i++)
+                MP_CHECK(buf[(size_t)(s + 1) * per + i] == s * 100 + rank * 10 + (int)(i % 10),
+                         "shifted, %zu per block: from rank %d, element %zu: %d", per, s, i,
+                         (int)buf[(size_t)(s + 1) * per + i]);
+        free(buf);
+    }
+
     /* 2. Rank 0's blocks are 4 elements each way; ranks 1 and 2 trade 256
      * KiB, several chunks. Rank 0 issues its op and then blocks on the
      * store until both finished theirs: they need it through every chunk. */

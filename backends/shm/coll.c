@@ -343,17 +343,27 @@ static void v_read(struct c10d__shm_coll *a)
     const struct c10d__shm_seg *seg = a->seg;
     const struct c10d__op *op = a->op;
     int p = seg->nranks;
-    size_t off = 0, part = a->chunk_elems * a->esz;
-    for (int j = 0; j < p; j++) {
-        size_t count = v_count(a, op->recv_counts, j), n = v_window(a, count);
-        char *block = op->recvs != NULL ? op->recvs[j] : (char *)op->recv + off * a->esz;
-        const char *parts = (const char *)v_header(seg, j, a->gen) + v_header_bytes(p);
-        const char *src = j == seg->rank ? v_send_block(a, j) + a->done_elems * a->esz
-                                         : parts + (size_t)seg->rank * part;
-        char *dst = block + a->done_elems * a->esz;
-        if (n > 0 && dst != src) /* the same address: an in-place op's own block */
-            memcpy(dst, src, n * a->esz);
-        off += count;
+    size_t part = a->chunk_elems * a->esz, at = a->done_elems * a->esz;
+    /* This rank's own block first, from its input: a peer's block written
+     * before it could land on that input, where a receive block starts where
+     * this rank's send block does (v_overlaps allows it). Whatever the own
+     * block overwrites was sent into the slot by this chunk's v_write. */
+    for (int pass = 0; pass < 2; pass++) {
+        size_t off = 0;
+        for (int j = 0; j < p; j++) {
+            size_t count = v_count(a, op->recv_counts, j), n = v_window(a, count);
+            int own = j == seg->rank;
+            if (n > 0 && own == (pass == 0)) {
+                char *dst =
+                    (op->recvs != NULL ? op->recvs[j] : (char *)op->recv + off * a->esz) + at;
+                const char *src = own ? v_send_block(a, j) + at
+                                      : (const char *)v_header(seg, j, a->gen) + v_header_bytes(p) +
+                                            (size_t)seg->rank * part;
+                if (dst != src) /* the same address: an in-place op's own block */
+                    memcpy(dst, src, n * a->esz);
+            }
+            off += count;
+        }
     }
 }
 
@@ -670,11 +680,10 @@ int c10d__shm_coll_progress(struct c10d__shm_coll *a, int *moved)
         case PH_RELEASE: /* every peer read what it needed from this rank */
             if (!all_at(seg, AT_REDUCED, a->gen))
                 return waited(a);
+            /* Ended meanwhile (its deadline): it never releases its peers,
+             * and the group's failure, with the work's own words, ends it. */
             if (a->live != NULL && !a->live(a->live_arg))
-                return c10d__fail(
-                    C10D_EABORTED,
-                    "shm %s (seq %llu): the op ended while its peers read its buffers",
-                    c10d__op_kind_name(a->op->kind), (unsigned long long)a->op->seq);
+                return 0;
             atomic_store_explicit(&seg->ctl[seg->rank].released, a->gen, memory_order_release);
             a->phase = PH_FINISH;
             *moved = 1;

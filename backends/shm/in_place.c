@@ -125,12 +125,29 @@ static int buffers_allow(const struct c10d__shm_coll *a)
     return 1;
 }
 
+/* Whether the kernel reads what this rank offers: memory it cannot pin
+ * (a device's mapping, say) fails a peer's read with EFAULT. Its first and
+ * last byte, read by this very process. */
+static int offered_readable(const struct c10d__shm_coll *a)
+{
+    const char *src = offered_data(a);
+    size_t n = a->op->count * a->esz;
+    if (src == NULL || n == 0)
+        return 1;
+    char got[2];
+    struct iovec mine = {got, sizeof got};
+    struct iovec at[2] = {{(void *)src, 1}, {(void *)(src + n - 1), 1}};
+    return process_vm_readv(getpid(), &mine, 1, at, 2, 0) == (ssize_t)sizeof got;
+}
+
 void c10d__shm_in_place_offer(struct c10d__shm_coll *a)
 {
     struct c10d__shm_seg *seg = a->seg;
     struct offer *o = offer_of(seg, seg->rank, a->gen);
     int can = peers_readable(seg);
-    o->can = can == CAN_READ && !buffers_allow(a) ? CAN_NOT_NOW : (uint64_t)can;
+    if (can == CAN_READ && (!buffers_allow(a) || !offered_readable(a)))
+        can = CAN_NOT_NOW;
+    o->can = (uint64_t)can;
     o->pid = (uint64_t)getpid();
     o->addr = (uint64_t)(uintptr_t)offered_data(a);
 }
@@ -173,8 +190,8 @@ int c10d__shm_in_place_read(struct c10d__shm_coll *a)
     size_t n = op->count * a->esz;
     const char *mine = offered_data(a);
     if (op->kind == C10D_OP_BROADCAST) {
-        if (seg->rank != op->root)
-            return read_from(a, op->root, op->recv, n);
+        if (seg->rank != op->root) /* a rank may take part without an output */
+            return op->recv != NULL ? read_from(a, op->root, op->recv, n) : 0;
         if (op->recv != NULL && op->recv != mine)
             memcpy(op->recv, mine, n);
         return 0;

@@ -100,6 +100,15 @@ static long usable_cpus(void)
     return online > 0 ? online : 1;
 }
 
+/* This rank's pid and record, for its peers' reads in place (in_place.h):
+ * only into a segment that checked out as this group's. */
+static void publish_self(struct c10d__shm_seg *seg)
+{
+    atomic_store_explicit(&seg->ctl[seg->rank].self, (uint64_t)(uintptr_t)seg,
+                          memory_order_relaxed);
+    atomic_store_explicit(&seg->ctl[seg->rank].pid, (uint64_t)getpid(), memory_order_release);
+}
+
 static int map_it(int fd, int nranks, int rank, size_t slot_bytes, struct c10d__shm_seg **out)
 {
     size_t ctl_off, data_off;
@@ -130,8 +139,6 @@ static int map_it(int fd, int nranks, int rank, size_t slot_bytes, struct c10d__
     seg->slot_bytes = slot_bytes;
     seg->crowded = nranks > usable_cpus();
     seg->ctl = (struct c10d__shm_ctl *)((char *)base + ctl_off);
-    atomic_store_explicit(&seg->ctl[rank].self, (uint64_t)(uintptr_t)seg, memory_order_relaxed);
-    atomic_store_explicit(&seg->ctl[rank].pid, (uint64_t)getpid(), memory_order_release);
     seg->data = (char *)base + data_off;
     if (has_rings(nranks)) {
         size_t rings_off = (data_off + (size_t)nranks * 2 * slot_bytes + 4095) & ~(size_t)4095;
@@ -301,6 +308,7 @@ int c10d__shm_create(int nranks, size_t slot_bytes, struct c10d__shm_seg **out, 
     h->magic = SEG_MAGIC;
     seg->fd = fd;
     bell_make(seg);
+    publish_self(seg);
     snprintf(ref, cap, "%d.%d.%016" PRIx64 ".%zu", (int)getpid(), fd, h->nonce, slot_bytes);
     *out = seg;
     return 0;
@@ -342,6 +350,7 @@ int c10d__shm_attach(const char *ref, int nranks, int rank, struct c10d__shm_seg
                           path);
     }
     bell_make(seg);
+    publish_self(seg);
     *out = seg;
     return 0;
 }

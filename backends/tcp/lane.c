@@ -196,6 +196,10 @@ int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
     c10d__fp_of(op, seg->nranks, &fp);
     c10d__shm_announce(seg, op->seq, 0, &fp);
     c10d__shm_coll_start(&l->coll, seg, op, 0, &fp);
+    if (l->coll.offering) { /* refused above; offers never come back once stopped */
+        hand_to_loop(l);
+        return 1;
+    }
     l->coll.look_every = LOOK_EVERY;
     c10d__shm_awake(seg);
     int moved;
