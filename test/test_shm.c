@@ -327,15 +327,16 @@ static void drive3(struct c10d__shm_seg *seg[3], struct c10d__op op[3])
 }
 
 /* gather, scatter, the even all_to_all and the list form of all_gather, in
- * chunks of a few elements (slots of 96 bytes: 8 floats of every block), with
- * counts that end mid-chunk. */
+ * chunks of a few elements (slots of 152 bytes: 12 floats of every block;
+ * all_to_all: 2 per pair after its 128-byte header), with counts that end
+ * mid-chunk. */
 static void test_rooted_and_exchange_ops(void **st)
 {
     (void)st;
     enum { C = 37 }; /* elements per block */
     struct c10d__shm_seg *seg[3];
     char ref[C10D_SHM_REF_MAX];
-    assert_int_equal(c10d__shm_create(3, 96, &seg[0], ref, sizeof ref), 0);
+    assert_int_equal(c10d__shm_create(3, 152, &seg[0], ref, sizeof ref), 0);
     for (int r = 1; r < 3; r++)
         assert_int_equal(c10d__shm_attach(ref, 3, r, &seg[r]), 0);
     static float in[3][3 * C], out[3][3 * C];
@@ -442,8 +443,9 @@ static void test_uneven_all_to_all(void **st)
     (void)st;
     struct c10d__shm_seg *seg[3];
     char ref[C10D_SHM_REF_MAX];
-    /* 96-byte slots: a 64-byte header of counts, then 2 floats per pair. */
-    assert_int_equal(c10d__shm_create(3, 96, &seg[0], ref, sizeof ref), 0);
+    /* 152-byte slots: a 128-byte header (counts, then the offer to read what
+     * is left after the first chunk in place), then 2 floats per pair. */
+    assert_int_equal(c10d__shm_create(3, 152, &seg[0], ref, sizeof ref), 0);
     for (int r = 1; r < 3; r++)
         assert_int_equal(c10d__shm_attach(ref, 3, r, &seg[r]), 0);
     size_t sc[3][3], rc_[3][3], stot[3] = {0}, rtot[3] = {0};

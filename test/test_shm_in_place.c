@@ -219,6 +219,73 @@ static void test_ended_op_holds_readers(void **st)
     free3(seg);
 }
 
+/* all_to_all: what is left after the first chunk is read in place once every
+ * rank can, also where only some ranks have blocks longer than a chunk (rank
+ * 0's are short: it reads nothing and nothing of its is read, and says so);
+ * in place (input and output alike) it goes through the slots. */
+static void test_all_to_all_rest(void **st)
+{
+    (void)st;
+    struct c10d__shm_seg *seg[NR];
+    make3(seg);
+    enum { MOST = 1500 }; /* a chunk holds (4096 - 128) / 3 / 4 = 330 per pair */
+    static float in[NR][NR * MOST], out[NR][NR * MOST];
+    static size_t sc[NR][NR], rcn[NR][NR];
+    for (int round = 0; round < 3; round++) {
+        int inplace = round == 2;
+        for (int s = 0; s < NR; s++)
+            for (int d = 0; d < NR; d++)
+                sc[s][d] =
+                    round == 1 && (s == 0 || d == 0) ? 3 : (size_t)(s * 3 + d * 5) % 7 * 200 + 1;
+        if (inplace) /* an even split, in place */
+            for (int s = 0; s < NR; s++)
+                for (int d = 0; d < NR; d++)
+                    sc[s][d] = MOST;
+        struct c10d__op op[NR];
+        for (int r = 0; r < NR; r++) {
+            size_t total = 0;
+            for (int d = 0; d < NR; d++) {
+                rcn[r][d] = sc[d][r];
+                total += sc[r][d];
+            }
+            for (size_t i = 0; i < total; i++)
+                in[r][i] = (float)(r * 100000 + (int)i);
+            memset(out[r], 0, sizeof out[r]);
+            if (inplace)
+                memcpy(out[r], in[r], sizeof out[r]);
+            op[r] = (struct c10d__op){.kind = C10D_OP_ALL_TO_ALL,
+                                      .send = inplace ? out[r] : in[r],
+                                      .recv = out[r],
+                                      .count = total,
+                                      .send_counts = sc[r],
+                                      .recv_counts = rcn[r],
+                                      .dtype = C10D_FLOAT32,
+                                      .seq = (uint64_t)round + 1};
+        }
+        uint64_t b0 = c10d__shm_in_place_bytes();
+        int rc[NR];
+        drive(seg, op, -1, 1000000, rc);
+        for (int r = 0; r < NR; r++) {
+            assert_int_equal(rc[r], 1);
+            size_t at = 0;
+            for (int j = 0; j < NR; j++) {
+                size_t from = 0; /* where block r starts in rank j's input */
+                for (int d = 0; d < r; d++)
+                    from += sc[j][d];
+                for (size_t i = 0; i < rcn[r][j]; i++)
+                    assert_true(out[r][at + i] == (float)(j * 100000 + (int)(from + i)));
+                at += rcn[r][j];
+            }
+        }
+        uint64_t read = c10d__shm_in_place_bytes() - b0;
+        if (inplace)
+            assert_int_equal(read, 0);
+        else
+            assert_true(read > 0);
+    }
+    free3(seg);
+}
+
 /* Real ranks: large broadcast and all_gather (in place and not) correct and
  * read in place, unless the ranks outnumber the CPUs (then nothing is); then
  * C10D_SHM_IN_PLACE=0 on rank 1 alone: correct through the slots, nothing
@@ -261,6 +328,25 @@ static int ranks_main(int rank, int n, void *arg)
                          "all_gather %d: rank %d's [%d] = %d", k, r, i,
                          (int)all[(size_t)r * COUNT + (size_t)i]);
     }
+    /* all_to_all, 2 MiB per rank: what is left after the first chunk. */
+    size_t per = (size_t)n * COUNT / 2 / (size_t)n;
+    int32_t *a2a = malloc((size_t)n * per * sizeof *a2a);
+    MP_CHECK(a2a != NULL, "out of memory");
+    for (int d = 0; d < n; d++)
+        for (size_t i = 0; i < per; i++)
+            all[(size_t)d * per + i] = rank * 1000000 + d * 100000 + (int)(i % 100000);
+    c10d_work *w;
+    MP_CHECK(c10d_all_to_all_single(pg, all, a2a, (size_t)n * per, NULL, NULL, C10D_INT32, NULL,
+                                    &w) == 0 &&
+                 c10d_work_wait(w, 30000) == 0,
+             "all_to_all: %s", c10d_last_error());
+    c10d_work_release(w);
+    for (int s = 0; s < n; s++)
+        for (size_t i = 0; i < per; i++)
+            MP_CHECK(a2a[(size_t)s * per + i] == s * 1000000 + rank * 100000 + (int)(i % 100000),
+                     "all_to_all: from rank %d, element %zu: %d", s, i,
+                     (int)a2a[(size_t)s * per + i]);
+    free(a2a);
     uint64_t read = c10d__shm_in_place_bytes() - b0;
     if (off_on_1 || n > sysconf(_SC_NPROCESSORS_ONLN))
         MP_CHECK(read == 0, "%llu bytes read in place (C10D_SHM_IN_PLACE=0 on rank 1: %d)",
@@ -297,11 +383,9 @@ static void test_ranks(void **st)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_read_in_place),
-        cmocka_unit_test(test_not_now_then_in_place),
-        cmocka_unit_test(test_never_stops_offers),
-        cmocka_unit_test(test_ended_op_holds_readers),
-        cmocka_unit_test(test_ranks),
+        cmocka_unit_test(test_read_in_place),      cmocka_unit_test(test_not_now_then_in_place),
+        cmocka_unit_test(test_never_stops_offers), cmocka_unit_test(test_ended_op_holds_readers),
+        cmocka_unit_test(test_all_to_all_rest),    cmocka_unit_test(test_ranks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

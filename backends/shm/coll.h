@@ -77,6 +77,9 @@ struct c10d__shm_coll {
     unsigned look_every, waits;
     /* The first chunk is an offer to read in place (in_place.h). */
     int offering;
+    /* all_to_all: every rank can read its peers, what is left after the
+     * first chunk is read in place. */
+    int rest_in_place;
     /* Whether the op's buffers are still its own (its work not completed
      * otherwise, as by its deadline): checked before this rank lets its
      * peers stop reading them. NULL: always; the caller's to set. */

@@ -81,6 +81,26 @@ static int peers_readable(struct c10d__shm_seg *seg)
     return CAN_READ;
 }
 
+int c10d__shm_in_place_peers(struct c10d__shm_seg *seg)
+{
+    return peers_readable(seg) == CAN_READ;
+}
+
+int c10d__shm_in_place_readable(const struct iovec *at, int n)
+{
+    if (n == 0)
+        return 1;
+    char got[64];
+    if ((size_t)n > sizeof got)
+        return 0;
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += at[i].iov_len;
+    struct iovec mine = {got, total};
+    return total <= sizeof got &&
+           process_vm_readv(getpid(), &mine, 1, at, (unsigned long)n, 0) == (ssize_t)total;
+}
+
 static int overlap(const char *a, const char *b, size_t n)
 {
     return a < b + n && b < a + n;
@@ -134,10 +154,8 @@ static int offered_readable(const struct c10d__shm_coll *a)
     size_t n = a->op->count * a->esz;
     if (src == NULL || n == 0)
         return 1;
-    char got[2];
-    struct iovec mine = {got, sizeof got};
     struct iovec at[2] = {{(void *)src, 1}, {(void *)(src + n - 1), 1}};
-    return process_vm_readv(getpid(), &mine, 1, at, 2, 0) == (ssize_t)sizeof got;
+    return c10d__shm_in_place_readable(at, 2);
 }
 
 void c10d__shm_in_place_offer(struct c10d__shm_coll *a)
@@ -165,13 +183,13 @@ int c10d__shm_in_place_agreed(const struct c10d__shm_coll *a)
     return all;
 }
 
-static int read_from(const struct c10d__shm_coll *a, int r, char *dst, size_t bytes)
+int c10d__shm_in_place_copy(const struct c10d__shm_coll *a, int r, uint64_t pid, uint64_t addr,
+                            char *dst, size_t bytes)
 {
-    const struct offer *o = offer_of(a->seg, r, a->gen);
     for (size_t done = 0; done < bytes;) {
         struct iovec mine = {dst + done, bytes - done};
-        struct iovec theirs = {(void *)(uintptr_t)(o->addr + done), bytes - done};
-        ssize_t n = process_vm_readv((pid_t)o->pid, &mine, 1, &theirs, 1, 0);
+        struct iovec theirs = {(void *)(uintptr_t)(addr + done), bytes - done};
+        ssize_t n = process_vm_readv((pid_t)pid, &mine, 1, &theirs, 1, 0);
         if (n <= 0)
             return c10d__fail(C10D_ECLOSED,
                               "shm %s (seq %llu): reading rank %d's buffer in place failed: %s",
@@ -181,6 +199,12 @@ static int read_from(const struct c10d__shm_coll *a, int r, char *dst, size_t by
     }
     atomic_fetch_add_explicit(&read_bytes, bytes, memory_order_relaxed);
     return 0;
+}
+
+static int read_from(const struct c10d__shm_coll *a, int r, char *dst, size_t bytes)
+{
+    const struct offer *o = offer_of(a->seg, r, a->gen);
+    return c10d__shm_in_place_copy(a, r, o->pid, o->addr, dst, bytes);
 }
 
 int c10d__shm_in_place_read(struct c10d__shm_coll *a)

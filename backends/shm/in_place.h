@@ -25,6 +25,8 @@
 
 #include "coll.h"
 
+#include <sys/uio.h>
+
 /* Broadcast and all_gather of at least this many bytes (the whole output):
  * below it the offer's extra rounds and the hand-off to the loop cost more
  * than the copy saved (2 ranks, 64 KiB: 14.8 us against 9.2 through the
@@ -42,6 +44,18 @@ int c10d__shm_in_place_agreed(const struct c10d__shm_coll *a);
 /* Reads this rank's part of the op from its peers' buffers: 0, or < 0 (a
  * peer's memory could not be read). */
 int c10d__shm_in_place_read(struct c10d__shm_coll *a);
+
+/* all_to_all (coll.c) learns its length from its first chunk's headers,
+ * which carry each rank's offer too; once every rank can, what is left
+ * after the first chunk is read in place. These are its parts: whether this
+ * rank reads its peers (probed once per segment, as above); whether the
+ * kernel reads each of `n` single bytes of this process (memory it cannot
+ * pin fails a peer's read); and one read of `bytes` from rank r (pid, its
+ * address) into dst. */
+int c10d__shm_in_place_peers(struct c10d__shm_seg *seg);
+int c10d__shm_in_place_readable(const struct iovec *at, int n);
+int c10d__shm_in_place_copy(const struct c10d__shm_coll *a, int r, uint64_t pid, uint64_t addr,
+                            char *dst, size_t bytes);
 
 /* Tests: bytes read from peers in place since the process began. */
 uint64_t c10d__shm_in_place_bytes(void);

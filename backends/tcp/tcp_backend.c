@@ -955,6 +955,8 @@ static void run_taken(struct tcp_state *s, struct tcp_op *o, const struct c10d__
     s->active = o;
     o->linked = 1;
     o->shm = *taken;
+    o->shm.live = op_live;
+    o->shm.live_arg = o;
     if (shm_poll(o) < 0 && !o->completed)
         group_fail(s, C10D_EABORTED, "%s", c10d_last_error());
 }
