@@ -173,7 +173,7 @@ void c10d__shm_a2a_write(struct c10d__shm_coll *a)
     if (a->done_elems == 0) {
         uint64_t *offer = hdr + 2 * p;
         offer[V_CAN] = (uint64_t)v_can(a);
-        offer[V_PID] = (uint64_t)getpid();
+        offer[V_PID] = atomic_load_explicit(&seg->ctl[seg->rank].pid, memory_order_relaxed);
         for (int d = 0; d < p; d++)
             offer[V_ADDR + d] = (uint64_t)(uintptr_t)v_send_block(a, d);
     }

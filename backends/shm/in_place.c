@@ -166,7 +166,7 @@ void c10d__shm_in_place_offer(struct c10d__shm_coll *a)
     if (can == CAN_READ && (!buffers_allow(a) || !offered_readable(a)))
         can = CAN_NOT_NOW;
     o->can = (uint64_t)can;
-    o->pid = (uint64_t)getpid();
+    o->pid = atomic_load_explicit(&seg->ctl[seg->rank].pid, memory_order_relaxed);
     o->addr = (uint64_t)(uintptr_t)offered_data(a);
 }
 
