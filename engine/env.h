@@ -76,9 +76,9 @@
       "shared-memory path: 1 sends this rank's P2P frames to ranks of its segment through a "      \
       "ring in the segment; 0: through the socket")                                                \
     X(SHM_IN_PLACE, "C10D_SHM_IN_PLACE", NULL, "1",                                                \
-      "shared-memory path: 1 lets a large broadcast or all_gather read each peer's buffer "        \
-      "straight from its memory (process_vm_readv, one copy); 0 on any rank: through the "         \
-      "slots (two copies)")                                                                        \
+      "shared-memory path: 1 lets a large broadcast, all_gather or all_to_all read each peer's "   \
+      "buffer straight from its memory (process_vm_readv, one copy); 0 on any rank: through "      \
+      "the slots (two copies)")                                                                    \
     X(SHM_SLOT_BYTES, "C10D_SHM_SLOT_BYTES", NULL, "262144",                                       \
       "shared-memory path: bytes of each of a rank's two slots in the segment (an op "             \
       "runs in chunks of this size; rank 0's value counts)")                                       \

@@ -4,7 +4,8 @@
  * process_vm_readv (one copy), as Open MPI's vader does. Broadcast and
  * all_gather of equal blocks from C10D_SHM_IN_PLACE_MIN bytes: the kinds
  * whose size every rank checks against the others' (the fingerprint), so
- * that every rank starts the op with an offer, or none does.
+ * that every rank starts the op with an offer, or none does. (all_to_all,
+ * whose sizes are not, offers in its first chunk's header: all_to_all.h.)
  *
  * An offered op is one chunk: every rank writes its offer and arrives; once
  * all arrived, each reads what it needs and publishes `reduced`; once all
