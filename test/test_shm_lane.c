@@ -45,16 +45,27 @@ static void fill(int32_t *v, size_t n, int rank, int base)
         v[i] = base + (int)i + rank;
 }
 
-static int lane_main(int rank, int n, void *arg)
+/* The world group on shared memory with the lane on, or NULL. */
+static c10d_pg *lane_group(void)
 {
-    (void)arg;
     setenv("C10D_SHM", "1", 1);
     setenv("C10D_SHM_LANE", "1", 1);
     c10d_pg_opts po = {0};
     po.timeout_ms = 60000;
     c10d_pg *pg = NULL;
-    MP_CHECK(c10d_pg_init(&po, &pg) == 0, "init: %s", c10d_last_error());
-    MP_CHECK(strcmp(c10d_pg_host_path(pg), "shm") == 0, "path %s", c10d_pg_host_path(pg));
+    if (c10d_pg_init(&po, &pg) != 0 || strcmp(c10d_pg_host_path(pg), "shm") != 0) {
+        fprintf(stderr, "init: %s (path %s)\n", c10d_last_error(),
+                pg != NULL ? c10d_pg_host_path(pg) : "none");
+        return NULL;
+    }
+    return pg;
+}
+
+static int lane_main(int rank, int n, void *arg)
+{
+    (void)arg;
+    c10d_pg *pg = lane_group();
+    MP_CHECK(pg != NULL, "no group on shared memory");
     int32_t v[64];
     uint64_t here0, loop0, here1, loop1;
     c10d__tcp_lane_counts(&here0, &loop0);
@@ -227,12 +238,8 @@ static int lane_main(int rank, int n, void *arg)
 static int a2a_main(int rank, int n, void *arg)
 {
     (void)arg;
-    setenv("C10D_SHM", "1", 1);
-    setenv("C10D_SHM_LANE", "1", 1);
-    c10d_pg_opts po = {0};
-    po.timeout_ms = 60000;
-    c10d_pg *pg = NULL;
-    MP_CHECK(c10d_pg_init(&po, &pg) == 0, "init: %s", c10d_last_error());
+    c10d_pg *pg = lane_group();
+    MP_CHECK(pg != NULL, "no group on shared memory");
     uint64_t here0, loop0, here1, loop1;
     c10d__tcp_lane_counts(&here0, &loop0);
 
