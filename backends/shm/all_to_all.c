@@ -7,16 +7,19 @@
 
 #include <string.h>
 #include <sys/uio.h>
-#include <unistd.h>
 
 /* A slot's header at an all_to_all's chunks: its owner's send and receive
- * counts, then its offer (in_place.h): whether it can read what is left in
- * place, its pid, and where each of its send blocks starts. */
+ * counts, then, up to V_OFFER_MAX ranks, its offer (in_place.h): whether it
+ * can read what is left in place, its pid, and where each of its send
+ * blocks starts. Larger segments have no offer (their slots keep room for
+ * parts) and never read in place. */
 enum { V_CAN = 0, V_PID = 1, V_ADDR = 2 }; /* after the 2 x ranks counts */
+#define V_OFFER_MAX 32
 
 static size_t v_header_bytes(int nranks)
 {
-    return ((size_t)(nranks * 3 + 2) * sizeof(uint64_t) + 63) & ~(size_t)63;
+    size_t words = (size_t)nranks * 2 + (nranks <= V_OFFER_MAX ? (size_t)nranks + 2 : 0);
+    return (words * sizeof(uint64_t) + 63) & ~(size_t)63;
 }
 
 size_t c10d__shm_a2a_part_elems(size_t slot_bytes, int nranks, size_t esz)
@@ -133,10 +136,11 @@ static int v_can(struct c10d__shm_coll *a)
                   v_count(a, op->recv_counts, j) > a->chunk_elems;
     if (!longer)
         return 1;
-    if (!c10d__shm_in_place_peers(a->seg) || (a->copy == NULL && v_overlaps(op, p, a->esz, 1)) ||
-        2 * p > 64)
+    if (a->copy == NULL && v_overlaps(op, p, a->esz, 1))
         return 0;
-    struct iovec at[64];
+    if (!c10d__shm_in_place_peers(a->seg))
+        return 0;
+    struct iovec at[2 * V_OFFER_MAX];
     int n = 0;
     for (int d = 0; d < p; d++) {
         size_t len = v_count(a, op->send_counts, d) * a->esz;
@@ -170,7 +174,7 @@ void c10d__shm_a2a_write(struct c10d__shm_coll *a)
                    n * a->esz);
         off += count;
     }
-    if (a->done_elems == 0) {
+    if (a->done_elems == 0 && p <= V_OFFER_MAX) {
         uint64_t *offer = hdr + 2 * p;
         offer[V_CAN] = (uint64_t)v_can(a);
         offer[V_PID] = atomic_load_explicit(&seg->ctl[seg->rank].pid, memory_order_relaxed);
@@ -185,6 +189,8 @@ void c10d__shm_a2a_write(struct c10d__shm_coll *a)
 int c10d__shm_a2a_all_can(const struct c10d__shm_coll *a)
 {
     int p = a->seg->nranks;
+    if (p > V_OFFER_MAX)
+        return 0;
     for (int r = 0; r < p; r++)
         if (v_header(a->seg, r, a->gen)[2 * p + V_CAN] != 1)
             return 0;
@@ -207,9 +213,10 @@ int c10d__shm_a2a_read_rest(struct c10d__shm_coll *a)
                     (op->recvs != NULL ? op->recvs[j] : (char *)op->recv + off * a->esz) + at;
                 size_t bytes = (count - a->chunk_elems) * a->esz;
                 const uint64_t *offer = v_header(seg, j, a->gen) + 2 * p;
-                if (own)
-                    memcpy(dst, v_send_block(a, j) + at, bytes);
-                else
+                const char *mine = own ? v_send_block(a, j) + at : NULL;
+                if (own && dst != mine)
+                    memcpy(dst, mine, bytes);
+                else if (!own)
                     C10D_CHECK(c10d__shm_in_place_copy(a, j, offer[V_PID],
                                                        offer[V_ADDR + seg->rank] + at, dst, bytes));
             }

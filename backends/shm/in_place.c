@@ -70,8 +70,8 @@ static int peers_readable(struct c10d__shm_seg *seg)
         ssize_t n = process_vm_readv((pid_t)pid, &mine, 1, &at, 1, 0);
         if (n != (ssize_t)sizeof theirs || theirs != seg->nranks) {
             C10D_INFO("shm",
-                      "rank %d cannot read rank %d's memory (%s): large broadcast and all_gather "
-                      "copy through the segment's slots",
+                      "rank %d cannot read rank %d's memory (%s): large broadcast, all_gather "
+                      "and all_to_all copy through the segment's slots",
                       seg->rank, r, n < 0 ? strerror(errno) : "another process");
             seg->read_peers = 2;
             return CAN_NEVER;

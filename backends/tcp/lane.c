@@ -150,7 +150,7 @@ static const struct c10d__work_park lane_park = {lane_run, lane_adopt};
 /* The op's buffers are still its own (coll.h): its work not completed. */
 static int work_live(void *arg)
 {
-    return c10d_work_test(arg) == 0;
+    return arg == NULL || c10d_work_test(arg) == 0;
 }
 
 static int finish_counted(struct c10d__tcp_lane *l)
