@@ -125,8 +125,9 @@ static const char *v_send_block(const struct c10d__shm_coll *a, int d)
  * chunk in place: trivially where none of its own blocks is longer than a
  * chunk (nothing of its own is read, it reads nothing); else if it reads its
  * peers, no block it receives overlaps one it sends (the peers read its
- * input while it writes its output), and the kernel reads its input. */
-static int v_can(struct c10d__shm_coll *a)
+ * input while it writes its output), and the kernel reads its input, whose
+ * blocks start at addr[]. */
+static int v_can(struct c10d__shm_coll *a, const uint64_t *addr)
 {
     const struct c10d__op *op = a->op;
     int p = a->seg->nranks;
@@ -146,7 +147,7 @@ static int v_can(struct c10d__shm_coll *a)
         size_t len = v_count(a, op->send_counts, d) * a->esz;
         if (len == 0)
             continue;
-        const char *b = v_send_block(a, d);
+        const char *b = (const char *)(uintptr_t)addr[d];
         at[n++] = (struct iovec){(void *)b, 1};
         at[n++] = (struct iovec){(void *)(b + len - 1), 1};
     }
@@ -160,6 +161,9 @@ void c10d__shm_a2a_write(struct c10d__shm_coll *a)
     int p = seg->nranks;
     uint64_t *hdr = v_header(seg, seg->rank, a->gen);
     char *parts = (char *)hdr + v_header_bytes(p);
+    /* At the first chunk, up to V_OFFER_MAX ranks, the offer follows the
+     * counts: where each block starts is written as the loop finds it. */
+    uint64_t *offer = a->done_elems == 0 && p <= V_OFFER_MAX ? hdr + 2 * p : NULL;
     size_t off = 0;
     for (int d = 0; d < p; d++) {
         size_t count = v_count(a, op->send_counts, d), n = v_window(a, count);
@@ -168,18 +172,17 @@ void c10d__shm_a2a_write(struct c10d__shm_coll *a)
         const char *block = a->copy != NULL     ? a->copy + off * a->esz
                             : op->sends != NULL ? op->sends[d]
                                                 : (const char *)op->send + off * a->esz;
+        if (offer != NULL)
+            offer[V_ADDR + d] = (uint64_t)(uintptr_t)block;
         /* This rank's own block goes straight to its output (v_read). */
         if (n > 0 && d != seg->rank)
             memcpy(parts + (size_t)d * a->chunk_elems * a->esz, block + a->done_elems * a->esz,
                    n * a->esz);
         off += count;
     }
-    if (a->done_elems == 0 && p <= V_OFFER_MAX) {
-        uint64_t *offer = hdr + 2 * p;
-        offer[V_CAN] = (uint64_t)v_can(a);
+    if (offer != NULL) {
+        offer[V_CAN] = (uint64_t)v_can(a, offer + V_ADDR);
         offer[V_PID] = atomic_load_explicit(&seg->ctl[seg->rank].pid, memory_order_relaxed);
-        for (int d = 0; d < p; d++)
-            offer[V_ADDR + d] = (uint64_t)(uintptr_t)v_send_block(a, d);
     }
 }
 

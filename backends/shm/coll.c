@@ -58,6 +58,12 @@ static size_t chunk_elems_of(const struct c10d__op *op, size_t esz, size_t slot_
     return spread(op->kind) ? n / (size_t)nranks : n;
 }
 
+/* The default of a->live: the op's work is not completed. */
+static int work_live(void *work)
+{
+    return work == NULL || c10d_work_test(work) == 0;
+}
+
 void c10d__shm_coll_start(struct c10d__shm_coll *a, struct c10d__shm_seg *seg,
                           const struct c10d__op *op, uint32_t member, const struct c10d__fp *fp)
 {
@@ -66,6 +72,8 @@ void c10d__shm_coll_start(struct c10d__shm_coll *a, struct c10d__shm_seg *seg,
     a->op = op;
     a->member = member;
     a->fp = *fp;
+    a->live = work_live;
+    a->live_arg = op->work;
     a->esz = op->kind == C10D_OP_BARRIER ? 1 : c10d_dtype_size(op->dtype);
     a->chunk_elems = chunk_elems_of(op, a->esz, seg->slot_bytes, seg->nranks);
     a->block_elems = op->count;

@@ -82,7 +82,8 @@ struct c10d__shm_coll {
     int rest_in_place;
     /* Whether the op's buffers are still its own (its work not completed
      * otherwise, as by its deadline): checked before this rank lets its
-     * peers stop reading them. NULL: always; the caller's to set. */
+     * peers stop reading them. Start sets it to look at op->work (none:
+     * always live); a test may replace it. */
     int (*live)(void *arg);
     void *live_arg;
 };

@@ -147,12 +147,6 @@ static const struct c10d__work_park lane_park = {lane_run, lane_adopt};
 #define COUNTED_WAIT_NS         50000u
 #define COUNTED_WAIT_CROWDED_NS 200000u
 
-/* The op's buffers are still its own (coll.h): its work not completed. */
-static int work_live(void *arg)
-{
-    return arg == NULL || c10d_work_test(arg) == 0;
-}
-
 static int finish_counted(struct c10d__tcp_lane *l)
 {
     struct c10d__shm_seg *seg = l->seg;
@@ -202,8 +196,6 @@ int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
     c10d__fp_of(op, seg->nranks, &fp);
     c10d__shm_announce(seg, op->seq, 0, &fp);
     c10d__shm_coll_start(&l->coll, seg, op, 0, &fp);
-    l->coll.live = work_live;
-    l->coll.live_arg = op->work;
     if (l->coll.offering) { /* refused above; offers never come back once stopped */
         hand_to_loop(l);
         return 1;

@@ -615,21 +615,11 @@ static void shm_done(struct c10d__poll_item *item)
 
 static int shm_poll(struct tcp_op *o);
 
-/* Whether o's buffers are still its own: its work did not complete by its
- * deadline or someone else's hand meanwhile. */
-static int op_live(void *arg)
-{
-    struct tcp_op *o = arg;
-    return o->work == NULL || c10d_work_test(o->work) == 0;
-}
-
 /* Runs `op` on `seg` as far as it can now; the poller takes it from there. */
 static int shm_coll(struct tcp_op *o, struct c10d__shm_seg *seg, const struct c10d__op *op)
 {
     struct c10d__tcp_coll *c = &o->coll;
     c10d__shm_coll_start(&o->shm, seg, op, (uint32_t)(o->idx & 0xff), &c->fp);
-    o->shm.live = op_live;
-    o->shm.live_arg = o;
     size_t copy_bytes = c10d__shm_coll_copy_bytes(&o->shm);
     if (copy_bytes > 0) {
         char *copy = c->scratch(c, copy_bytes);
@@ -955,8 +945,6 @@ static void run_taken(struct tcp_state *s, struct tcp_op *o, const struct c10d__
     s->active = o;
     o->linked = 1;
     o->shm = *taken;
-    o->shm.live = op_live;
-    o->shm.live_arg = o;
     if (shm_poll(o) < 0 && !o->completed)
         group_fail(s, C10D_EABORTED, "%s", c10d_last_error());
 }
