@@ -34,13 +34,15 @@ enum bench_op {
     B_BROADCAST,
     B_REDUCE,
     B_ALL_TO_ALL,
+    B_GATHER,
+    B_SCATTER,
     B_SENDRECV,
     B_PINGPONG,
     B_NOPS
 };
-static const char *const op_names[B_NOPS] = {"all_reduce", "all_gather", "reduce_scatter",
-                                             "broadcast",  "reduce",     "all_to_all",
-                                             "sendrecv",   "pingpong"};
+static const char *const op_names[B_NOPS] = {
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
+    "all_to_all", "gather",     "scatter",        "sendrecv",  "pingpong"};
 
 struct opts {
     enum bench_op op;
@@ -60,10 +62,11 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: c10d-bench [-o OP] [-d DTYPE] [-r REDOP] [-b MIN] [-e MAX] [-f FACTOR]\n"
             "                  [-n ITERS] [-w WARMUP] [-c 0|1] [-z 0|1] [-p 0|1] [-t MS]\n"
-            "                  [--backend tcp|nccl] [--device cpu|cuda]\n"
+            "                  [--root R] [--backend tcp|nccl] [--device cpu|cuda]\n"
             "  -o  all_reduce (default), all_gather, reduce_scatter, broadcast, reduce,\n"
-            "      all_to_all, sendrecv, pingpong (ranks 2k and 2k+1: a send, then the\n"
-            "      answer back; one op's time is the round trip)\n"
+            "      all_to_all, gather, scatter (the size: the root's whole buffer),\n"
+            "      sendrecv, pingpong (ranks 2k and 2k+1: a send, then the answer back;\n"
+            "      one op's time is the round trip)\n"
             "  -d  dtype (float32 default; float64 float16 bfloat16 int8 uint8 int32 int64 bool)\n"
             "  -r  reduce op (sum default; avg prod min max band bor bxor premul_sum)\n"
             "  -b, -e  smallest / largest size in bytes, K/M/G suffixes (default 4 .. 64M)\n"
@@ -79,6 +82,7 @@ static void usage(FILE *f)
             "  -t  the group's timeout in ms (default: the library's, 30 minutes, 10 with\n"
             "      nccl): a peer that stops or never comes fails the group's creation or\n"
             "      op after it\n"
+            "  --root  the root of broadcast, reduce, gather and scatter (default 0)\n"
             "  --backend nccl --device cuda: CUDA buffers, one GPU per rank (LOCAL_RANK)\n"
             "  --backend tcp --device cuda: CUDA buffers staged through host memory (several\n"
             "      ranks may share a GPU)\n"
@@ -274,6 +278,8 @@ static double bus_factor(enum bench_op op, int n)
     case B_REDUCE_SCATTER:
     case B_ALL_GATHER:
     case B_ALL_TO_ALL:
+    case B_GATHER:
+    case B_SCATTER:
         return (double)(n - 1) / n;
     default:
         return 1.0;
@@ -361,10 +367,18 @@ static int issue(struct run *r, c10d_work **w)
         return c10d_reduce_scatter(r->pg, r->send, r->recv, r->block, o->dtype, o->redop,
                                    &r->op_opts, w);
     case B_BROADCAST:
-        return c10d_broadcast(r->pg, r->send, r->recv, r->count, o->dtype, o->root, &r->op_opts, w);
+        /* In place, as torch's (one tensor) and MPI_Bcast: the root's output
+         * holds its input (fill_inputs). */
+        return c10d_broadcast(r->pg, r->recv, r->recv, r->count, o->dtype, o->root, &r->op_opts, w);
     case B_REDUCE:
         return c10d_reduce(r->pg, r->send, r->recv, r->count, o->dtype, o->redop, o->root,
                            &r->op_opts, w);
+    case B_GATHER: /* the root's output holds every block, elsewhere none */
+        return c10d_gather(r->pg, r->send, r->rank == o->root ? r->recv : NULL, r->block, o->dtype,
+                           o->root, &r->op_opts, w);
+    case B_SCATTER:
+        return c10d_scatter(r->pg, r->rank == o->root ? r->send : NULL, r->recv, r->block, o->dtype,
+                            o->root, &r->op_opts, w);
     case B_ALL_TO_ALL:
         return c10d_all_to_all_single(r->pg, r->send, r->recv, r->block * (size_t)r->n, NULL, NULL,
                                       o->dtype, &r->op_opts, w);
@@ -398,11 +412,15 @@ static int issue(struct run *r, c10d_work **w)
 static int fill_inputs(struct run *r)
 {
     const struct opts *o = r->o;
-    size_t in = o->op == B_REDUCE_SCATTER || o->op == B_ALL_TO_ALL ? r->block * (size_t)r->n
-                : o->op == B_ALL_GATHER                            ? r->block
-                                                                   : r->count;
+    size_t in = o->op == B_REDUCE_SCATTER || o->op == B_ALL_TO_ALL || o->op == B_SCATTER
+                    ? r->block * (size_t)r->n
+                : o->op == B_ALL_GATHER || o->op == B_GATHER ? r->block
+                                                             : r->count;
     data_fill(r->hsend, in, 0, r->rank, o->dtype, o->redop);
-    memset(r->hrecv, 0xEE, r->count * r->esize);
+    if (o->op == B_BROADCAST && r->rank == o->root)
+        memcpy(r->hrecv, r->hsend, r->count * r->esize);
+    else
+        memset(r->hrecv, 0xEE, r->count * r->esize);
     C10D_CHECK(put(r, r->send, r->hsend, in * r->esize));
     return put(r, r->recv, r->hrecv, r->count * r->esize);
 }
@@ -441,6 +459,17 @@ static long check_outputs(struct run *r)
             for (size_t i = 0; i < r->block; i++)
                 wrong += data_load(r->hrecv, (size_t)p * r->block + i, o->dtype) !=
                          data_value(p, i, o->dtype, o->redop);
+        break;
+    case B_GATHER:
+        for (int p = 0; r->rank == o->root && p < r->n; p++)
+            for (size_t i = 0; i < r->block; i++)
+                wrong += data_load(r->hrecv, (size_t)p * r->block + i, o->dtype) !=
+                         data_value(p, i, o->dtype, o->redop);
+        break;
+    case B_SCATTER: /* block `rank` of the root's input */
+        for (size_t i = 0; i < r->block; i++)
+            wrong += data_load(r->hrecv, i, o->dtype) !=
+                     data_value(o->root, (size_t)r->rank * r->block + i, o->dtype, o->redop);
         break;
     case B_ALL_TO_ALL:
         /* Block p of my output is block `rank` of rank p's input. */
@@ -523,7 +552,8 @@ static int run_size(struct run *r, size_t bytes, double *time_us, double pct[3],
 {
     const struct opts *o = r->o;
     size_t elems = bytes / r->esize;
-    int blocky = o->op == B_ALL_GATHER || o->op == B_REDUCE_SCATTER || o->op == B_ALL_TO_ALL;
+    int blocky = o->op == B_ALL_GATHER || o->op == B_REDUCE_SCATTER || o->op == B_ALL_TO_ALL ||
+                 o->op == B_GATHER || o->op == B_SCATTER;
     r->block = blocky ? elems / (size_t)r->n : elems;
     r->count = blocky ? r->block * (size_t)r->n : elems;
     int rc = fill_inputs(r);
@@ -709,7 +739,9 @@ int main(int argc, char **argv)
         }
     }
     const char *redop = is_reduction(o.op) ? c10d_reduce_op_name(o.redop) : "none";
-    int root = o.op == B_BROADCAST || o.op == B_REDUCE ? o.root : -1;
+    int root = o.op == B_BROADCAST || o.op == B_REDUCE || o.op == B_GATHER || o.op == B_SCATTER
+                   ? o.root
+                   : -1;
     if (r.rank == 0) {
         printf("# c10d-bench %s: %s, %d ranks, backend %s, device %s, dtype %s, iters %d, "
                "warmup %d, check %d\n",

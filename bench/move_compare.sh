@@ -1,16 +1,16 @@
 #!/bin/sh
 # The collectives that move data without reducing it, between ranks of one
 # host, in one go: c10d-bench -o OP (all_to_all with even splits, broadcast
-# from rank 0, all_gather; blocking) on the shared-memory path (the default:
+# from rank 0, all_gather, gather to and scatter from rank 0; blocking) on the shared-memory path (the default:
 # the caller's lane where the op fits one chunk, a large broadcast or
 # all_gather read in place), through the slots only (C10D_SHM_IN_PLACE=0),
 # with the lane off (C10D_SHM_LANE=0: the loop runs it) and with the group
 # on tcp alone (C10D_SHM=0), against Open MPI over shared memory (btl vader,
 # bench/peer/mpi_move.c).
-#   OP=all_to_all|broadcast|all_gather bench/move_compare.sh [BUILD_DIR] [RANKS...]
+#   OP=all_to_all|broadcast|all_gather|gather|scatter bench/move_compare.sh [BUILD_DIR] [RANKS...]
 #   (default: all_to_all, build, 2 4)
 # Size: as c10d-bench's -b (an all_to_all's send buffer, a broadcast's
-# buffer, an all_gather's output). Prints time per op (us) side by side,
+# buffer, an all_gather's or gather's output, a scatter's input). Prints time per op (us) side by side,
 # with c10d's ratio to vader; each peer bound to cores where the ranks fit
 # the CPUs, unbound otherwise (where mpirun would not bind).
 set -eu
