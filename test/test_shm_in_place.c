@@ -1,4 +1,5 @@
-/* Large broadcast and all_gather read in place (backends/shm/in_place.h):
+/* Large broadcast, all_gather, scatter and all_to_all read in place
+ * (backends/shm/in_place.h):
  * three ranks' segments driven in this process (so process_vm_readv reads
  * this very process), then real ranks through the public API. Covers the
  * read, the fall back through the slots when one rank cannot read this once
@@ -67,8 +68,13 @@ static void drive(struct c10d__shm_seg *seg[NR], struct c10d__op op[NR], int dea
                 rc[r] = c10d__shm_coll_progress(&x[r], &moved);
 }
 
-enum { BC = 60000, AG = 18000 }; /* 240 KB broadcast, 3 x 72 KB all_gather */
-static float bc[NR][BC], ag_in[NR][AG], ag_out[NR][NR * AG];
+enum {
+    BC = 60000,
+    AG = 18000,
+    SC = 33000
+}; /* 240 KB broadcast, 3 x 72 KB all_gather,
+      3 x 132 KB scatter */
+static float bc[NR][BC], ag_in[NR][AG], ag_out[NR][NR * AG], sc_in[NR * SC], sc_out[NR][SC];
 
 static void broadcast(struct c10d__shm_seg *seg[NR], int root, uint64_t seq)
 {
@@ -120,6 +126,33 @@ static void all_gather(struct c10d__shm_seg *seg[NR], int in_place_rank, uint64_
     }
 }
 
+/* in_place: the root's output is its own block of its input. */
+static void scatter(struct c10d__shm_seg *seg[NR], int root, int in_place, uint64_t seq)
+{
+    struct c10d__op op[NR];
+    for (size_t i = 0; i < NR * SC; i++)
+        sc_in[i] = (float)(seq * 3 + i);
+    for (int r = 0; r < NR; r++) {
+        memset(sc_out[r], 0, sizeof sc_out[r]);
+        op[r] =
+            (struct c10d__op){.kind = C10D_OP_SCATTER,
+                              .send = r == root ? sc_in : NULL,
+                              .recv = r == root && in_place ? sc_in + (size_t)r * SC : sc_out[r],
+                              .count = SC,
+                              .dtype = C10D_FLOAT32,
+                              .root = root,
+                              .seq = seq};
+    }
+    int rc[NR];
+    drive(seg, op, -1, 1000000, rc);
+    for (int r = 0; r < NR; r++) {
+        assert_int_equal(rc[r], 1);
+        const float *got = op[r].recv;
+        for (size_t i = 0; i < SC; i++)
+            assert_true(got[i] == (float)(seq * 3 + (size_t)r * SC + i));
+    }
+}
+
 static void test_read_in_place(void **st)
 {
     (void)st;
@@ -131,8 +164,11 @@ static void test_read_in_place(void **st)
     assert_int_equal(b1 - b0, 2u * BC * sizeof(float)); /* the two non-roots */
     all_gather(seg, -1, 2);
     all_gather(seg, 2, 3);
+    scatter(seg, 2, 0, 4);
+    scatter(seg, 0, 1, 5);
     uint64_t b2 = c10d__shm_in_place_bytes();
-    assert_int_equal(b2 - b1, 2u * NR * (NR - 1) * AG * sizeof(float));
+    assert_int_equal(b2 - b1, 2u * NR * (NR - 1) * AG * sizeof(float) +
+                                  2u * (NR - 1) * SC * sizeof(float)); /* every non-root */
     /* Below the size, through the slots as before. */
     struct c10d__op op[NR];
     static float small[NR][64];
@@ -143,7 +179,7 @@ static void test_read_in_place(void **st)
                                   .count = 64,
                                   .dtype = C10D_FLOAT32,
                                   .root = 0,
-                                  .seq = 4};
+                                  .seq = 6};
     int rc[NR];
     drive(seg, op, -1, 100000, rc);
     assert_true(rc[0] == 1 && rc[1] == 1 && rc[2] == 1);
@@ -286,7 +322,7 @@ static void test_all_to_all_rest(void **st)
     free3(seg);
 }
 
-/* Real ranks: large broadcast and all_gather (in place and not) correct and
+/* Real ranks: large broadcast, all_gather and scatter (in place and not) correct and
  * read in place, unless the ranks outnumber the CPUs (then nothing is); then
  * C10D_SHM_IN_PLACE=0 on rank 1 alone: correct through the slots, nothing
  * read in place. */
@@ -327,6 +363,18 @@ static int ranks_main(int rank, int n, void *arg)
                 MP_CHECK(all[(size_t)r * COUNT + (size_t)i] == r * 7919 + k * 31 + i,
                          "all_gather %d: rank %d's [%d] = %d", k, r, i,
                          (int)all[(size_t)r * COUNT + (size_t)i]);
+        /* Scatter from `all` (the root's), into its own block every other. */
+        int32_t *out = rank == root && k % 2 ? all + (size_t)rank * COUNT : buf;
+        for (size_t i = 0; rank == root && i < (size_t)n * COUNT; i++)
+            all[i] = k * 17 + (int)i;
+        MP_CHECK(c10d_scatter(pg, rank == root ? all : NULL, out, COUNT, C10D_INT32, root, NULL,
+                              &w) == 0 &&
+                     c10d_work_wait(w, 30000) == 0,
+                 "scatter %d: %s", k, c10d_last_error());
+        c10d_work_release(w);
+        for (int i = 0; i < COUNT; i++)
+            MP_CHECK(out[i] == k * 17 + rank * COUNT + i, "scatter %d: [%d] = %d", k, i,
+                     (int)out[i]);
     }
     /* all_to_all, 2 MiB per rank: what is left after the first chunk. */
     size_t per = (size_t)n * COUNT / 2 / (size_t)n;

@@ -18,7 +18,7 @@ enum { CAN_NOT_NOW = 0, CAN_READ = 1, CAN_NEVER = 2 };
 struct offer {
     uint64_t can;
     uint64_t pid;
-    uint64_t addr; /* its data: a broadcast root's, an all_gather rank's block */
+    uint64_t addr; /* its data: a broadcast or scatter root's, an all_gather rank's block */
 };
 
 static atomic_uint_fast64_t read_bytes;
@@ -42,6 +42,8 @@ int c10d__shm_in_place_offers(const struct c10d__op *op, const struct c10d__shm_
         return bytes >= C10D_SHM_IN_PLACE_MIN;
     if (op->kind == C10D_OP_ALL_GATHER && op->recv_counts == NULL)
         return bytes * (size_t)seg->nranks >= C10D_SHM_IN_PLACE_MIN;
+    if (op->kind == C10D_OP_SCATTER)
+        return bytes * (size_t)seg->nranks >= C10D_SHM_IN_PLACE_SCATTER_MIN;
     return 0;
 }
 
@@ -101,9 +103,10 @@ int c10d__shm_in_place_readable(const struct iovec *at, int n)
            process_vm_readv(getpid(), &mine, 1, at, (unsigned long)n, 0) == (ssize_t)total;
 }
 
-static int overlap(const char *a, const char *b, size_t n)
+/* The a_len bytes at a and the b_len bytes at b share one at least. */
+static int overlap(const char *a, size_t a_len, const char *b, size_t b_len)
 {
-    return a < b + n && b < a + n;
+    return a < b + b_len && b < a + a_len;
 }
 
 /* Where rank r's block of an all_gather's output starts. */
@@ -115,15 +118,23 @@ static char *gather_block(const struct c10d__shm_coll *a, int r)
     return (char *)op->recv + (size_t)r * op->count * a->esz;
 }
 
-/* What this rank offers its peers to read, NULL if nothing. */
+/* What this rank offers its peers to read, NULL if nothing, and its bytes. */
 static const char *offered_data(const struct c10d__shm_coll *a)
 {
     const struct c10d__op *op = a->op;
     if (op->kind == C10D_OP_ALL_GATHER)
         return op->send;
-    if (a->seg->rank == op->root)
-        return op->send != NULL ? op->send : op->recv;
-    return NULL;
+    if (a->seg->rank != op->root)
+        return NULL;
+    if (op->kind == C10D_OP_SCATTER)
+        return op->send;
+    return op->send != NULL ? op->send : op->recv;
+}
+
+static size_t offered_bytes(const struct c10d__shm_coll *a)
+{
+    size_t n = a->op->count * a->esz;
+    return a->op->kind == C10D_OP_SCATTER ? n * (size_t)a->seg->nranks : n;
 }
 
 /* This op's buffers allow reading in place: nothing this rank writes may
@@ -133,13 +144,23 @@ static int buffers_allow(const struct c10d__shm_coll *a)
     const struct c10d__op *op = a->op;
     const char *src = offered_data(a);
     size_t n = op->count * a->esz;
+    if (op->sends != NULL) /* blocks apart: one address cannot say where each is */
+        return 0;
     if (src == NULL || n == 0)
         return 1;
-    if (op->kind == C10D_OP_BROADCAST) /* the root writes only its own output */
-        return op->recv == NULL || op->recv == src || !overlap(op->recv, src, n);
+    switch (op->kind) {
+    case C10D_OP_BROADCAST: /* the root writes only its own output */
+        return op->recv == NULL || op->recv == src || !overlap(op->recv, n, src, n);
+    case C10D_OP_SCATTER: { /* the same, its own block of the input in place */
+        const char *own = src + (size_t)a->seg->rank * n;
+        return op->recv == own || !overlap(op->recv, n, src, offered_bytes(a));
+    }
+    default:
+        break;
+    }
     for (int r = 0; r < a->seg->nranks; r++) {
         const char *dst = gather_block(a, r);
-        if (overlap(dst, src, n) && !(r == a->seg->rank && dst == src))
+        if (overlap(dst, n, src, n) && !(r == a->seg->rank && dst == src))
             return 0;
     }
     return 1;
@@ -151,7 +172,7 @@ static int buffers_allow(const struct c10d__shm_coll *a)
 static int offered_readable(const struct c10d__shm_coll *a)
 {
     const char *src = offered_data(a);
-    size_t n = a->op->count * a->esz;
+    size_t n = offered_bytes(a);
     if (src == NULL || n == 0)
         return 1;
     struct iovec at[2] = {{(void *)src, 1}, {(void *)(src + n - 1), 1}};
@@ -213,12 +234,25 @@ int c10d__shm_in_place_read(struct c10d__shm_coll *a)
     const struct c10d__shm_seg *seg = a->seg;
     size_t n = op->count * a->esz;
     const char *mine = offered_data(a);
-    if (op->kind == C10D_OP_BROADCAST) {
+    switch (op->kind) {
+    case C10D_OP_BROADCAST:
         if (seg->rank != op->root) /* a rank may take part without an output */
             return op->recv != NULL ? read_from(a, op->root, op->recv, n) : 0;
         if (op->recv != NULL && op->recv != mine)
             memcpy(op->recv, mine, n);
         return 0;
+    case C10D_OP_SCATTER: {
+        size_t at = (size_t)seg->rank * n; /* this rank's block of the root's input */
+        if (seg->rank != op->root) {
+            const struct offer *o = offer_of(seg, op->root, a->gen);
+            return c10d__shm_in_place_copy(a, op->root, o->pid, o->addr + at, op->recv, n);
+        }
+        if (op->recv != mine + at)
+            memcpy(op->recv, mine + at, n);
+        return 0;
+    }
+    default:
+        break;
     }
     for (int r = 0; r < seg->nranks; r++) {
         char *dst = gather_block(a, r);

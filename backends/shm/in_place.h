@@ -1,10 +1,16 @@
 /* Large collectives read in place: instead of copying its data into its slot
  * for the peers to copy out (two copies), a rank offers its buffer (pid and
  * address, in its slot) and each reader copies straight from it with
- * process_vm_readv (one copy), as Open MPI's vader does. Broadcast and
- * all_gather of equal blocks from C10D_SHM_IN_PLACE_MIN bytes: the kinds
- * whose size every rank checks against the others' (the fingerprint), so
- * that every rank starts the op with an offer, or none does. (all_to_all,
+ * process_vm_readv (one copy), as Open MPI's vader does. Broadcast,
+ * all_gather of equal blocks and scatter, from the sizes below: kinds whose
+ * size every rank checks against the others' (the fingerprint), so that
+ * every rank starts the op with an offer, or none does. (Gather is not
+ * read in place: its root alone would copy every block, the slower copy
+ * through the kernel at that, where through the slots its peers copy their
+ * blocks in at once; 2 ranks, 4 MiB: 471-503 us in place, 412-475 through
+ * the slots. Nor written in place by its peers: a write that came after the
+ * root's op ended, at its deadline, would land in a buffer its caller has
+ * back.) (all_to_all,
  * whose sizes are not, offers in its first chunk's header: all_to_all.h.)
  *
  * An offered op is one chunk: every rank writes its offer and arrives; once
@@ -33,6 +39,11 @@
  * than the copy saved (2 ranks, 64 KiB: 14.8 us against 9.2 through the
  * slots in the caller's lane; 192 KiB 21.5 against 23.9). */
 #define C10D_SHM_IN_PLACE_MIN (192 * 1024)
+/* Scatter, of at least this many bytes (the root's whole input): up to 256
+ * KiB the op is one chunk through the slots, run in the caller's lane (2
+ * ranks, 256 KiB: 16-18 us through the slots, 17.5-19 in place; 384 KiB:
+ * 34-36 against 20-23). */
+#define C10D_SHM_IN_PLACE_SCATTER_MIN (384 * 1024)
 
 /* Whether `op` starts with an offer on seg: the same answer on every rank
  * for ops whose fingerprints agree. */
