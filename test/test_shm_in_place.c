@@ -13,6 +13,7 @@
 
 #include "backends/shm/coll.h"
 #include "backends/shm/in_place.h"
+#include "backends/tcp/lane.h"
 #include "c10d.h"
 #include "mp_harness.h"
 
@@ -339,7 +340,8 @@ static int ranks_main(int rank, int n, void *arg)
     enum { COUNT = 1 << 18 }; /* 1 MiB of int32 */
     int32_t *buf = malloc(COUNT * sizeof *buf), *all = malloc((size_t)n * COUNT * sizeof *all);
     MP_CHECK(buf != NULL && all != NULL, "out of memory");
-    uint64_t b0 = c10d__shm_in_place_bytes();
+    uint64_t b0 = c10d__shm_in_place_bytes(), here0, loop0;
+    c10d__tcp_lane_counts(&here0, &loop0);
     for (int k = 0; k < 6; k++) {
         int root = k % n;
         for (int i = 0; i < COUNT; i++)
@@ -376,6 +378,49 @@ static int ranks_main(int rank, int n, void *arg)
             MP_CHECK(out[i] == k * 17 + rank * COUNT + i, "scatter %d: [%d] = %d", k, i,
                      (int)out[i]);
     }
+    uint64_t here1, loop1;
+    c10d__tcp_lane_counts(&here1, &loop1);
+    int reads = !off_on_1 && n <= sysconf(_SC_NPROCESSORS_ONLN);
+    /* Up to 1 MiB an op read in place runs in the caller's lane: some of
+     * these 18 did (one whose peer came later than 50 us went to the loop). */
+    MP_CHECK(!reads || here1 > here0, "no op read in place ran in the caller's lane");
+
+    /* A peer that comes late: rank 0's broadcast waits for it in the lane,
+     * then on the loop, while rank 0's caller blocks on the store until
+     * every peer finished the same broadcast, which needs rank 0 to let them
+     * go after their reads. Parked unfinished in the lane, it would hold them
+     * until rank 0 waited for it. */
+    {
+        enum { HALF = 1 << 17 }; /* 512 KiB of int32 */
+        for (int i = 0; i < HALF; i++)
+            buf[i] = rank == 0 ? 77 + i : -1;
+        if (rank != 0)
+            usleep(100 * 1000);
+        c10d_work *w;
+        MP_CHECK(c10d_broadcast(pg, buf, buf, HALF, C10D_INT32, 0, NULL, &w) == 0,
+                 "late broadcast: %s", c10d_last_error());
+        c10d_store *store;
+        MP_CHECK(c10d_pg_store(pg, &store) == 0, "store");
+        char key[32];
+        if (rank == 0) {
+            for (int r = 1; r < n; r++) {
+                snprintf(key, sizeof key, "late_bc_%d", r);
+                const char *keys[1] = {key};
+                MP_CHECK(c10d_store_wait_sync(store, keys, 1, 20000) == 0,
+                         "rank %d never finished the late broadcast: %s", r, c10d_last_error());
+            }
+        } else {
+            MP_CHECK(c10d_work_wait(w, 30000) == 0, "late broadcast: %s", c10d_last_error());
+            snprintf(key, sizeof key, "late_bc_%d", rank);
+            MP_CHECK(c10d_store_set_sync(store, key, "1", 1) == 0, "set");
+        }
+        MP_CHECK(c10d_work_wait(w, 30000) == 0, "late broadcast: %s", c10d_last_error());
+        c10d_work_release(w);
+        c10d_store_release(store);
+        for (int i = 0; i < HALF; i++)
+            MP_CHECK(buf[i] == 77 + i, "late broadcast: [%d] = %d", i, (int)buf[i]);
+    }
+
     /* all_to_all, 2 MiB per rank: what is left after the first chunk. */
     size_t per = (size_t)n * COUNT / 2 / (size_t)n;
     int32_t *a2a = malloc((size_t)n * per * sizeof *a2a);
@@ -396,7 +441,7 @@ static int ranks_main(int rank, int n, void *arg)
                      (int)a2a[(size_t)s * per + i]);
     free(a2a);
     uint64_t read = c10d__shm_in_place_bytes() - b0;
-    if (off_on_1 || n > sysconf(_SC_NPROCESSORS_ONLN))
+    if (!reads)
         MP_CHECK(read == 0, "%llu bytes read in place (C10D_SHM_IN_PLACE=0 on rank 1: %d)",
                  (unsigned long long)read, off_on_1);
     else

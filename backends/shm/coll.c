@@ -479,13 +479,18 @@ int c10d__shm_coll_progress(struct c10d__shm_coll *a, int *moved)
             C10D_CHECK(check_stamps(a));
             *moved = 1;
             if (a->offering) {
-                a->offering = 0;
                 if (!c10d__shm_in_place_agreed(a)) { /* through the slots from the next chunk */
+                    a->offering = 0;
                     a->gen = ++seg->gen;
                     a->phase = PH_WRITE;
                     break;
                 }
+                /* A failed read leaves the op here: run again (the lane
+                 * hands a failure to the loop, which runs it to its end),
+                 * it reads again or fails again, never reads the offer as
+                 * data. */
                 C10D_CHECK(c10d__shm_in_place_read(a));
+                a->offering = 0;
                 atomic_store_explicit(&seg->ctl[seg->rank].reduced, a->gen, memory_order_release);
                 a->phase = PH_RELEASE;
             } else if (!sliced(a)) {

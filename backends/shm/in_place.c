@@ -33,18 +33,35 @@ static struct offer *offer_of(const struct c10d__shm_seg *seg, int r, uint64_t g
     return (struct offer *)c10d__shm_slot(seg, r, gen);
 }
 
-int c10d__shm_in_place_offers(const struct c10d__op *op, const struct c10d__shm_seg *seg)
+/* The bytes an offered op moves in all (0: `op` never offers). */
+static size_t offered_size(const struct c10d__op *op, const struct c10d__shm_seg *seg)
 {
-    if (atomic_load_explicit(&seg->no_offers, memory_order_relaxed))
+    if ((op->kind != C10D_OP_BROADCAST && op->kind != C10D_OP_ALL_GATHER &&
+         op->kind != C10D_OP_SCATTER) ||
+        atomic_load_explicit(&seg->no_offers, memory_order_relaxed))
         return 0;
     size_t bytes = op->count * c10d_dtype_size(op->dtype);
     if (op->kind == C10D_OP_BROADCAST)
-        return bytes >= C10D_SHM_IN_PLACE_MIN;
+        return bytes >= C10D_SHM_IN_PLACE_BROADCAST_MIN && bytes <= C10D_SHM_IN_PLACE_BROADCAST_MAX
+                   ? bytes
+                   : 0;
+    bytes *= (size_t)seg->nranks;
     if (op->kind == C10D_OP_ALL_GATHER && op->recv_counts == NULL)
-        return bytes * (size_t)seg->nranks >= C10D_SHM_IN_PLACE_MIN;
+        return bytes >= C10D_SHM_IN_PLACE_ALL_GATHER_MIN ? bytes : 0;
     if (op->kind == C10D_OP_SCATTER)
-        return bytes * (size_t)seg->nranks >= C10D_SHM_IN_PLACE_SCATTER_MIN;
+        return bytes >= C10D_SHM_IN_PLACE_SCATTER_MIN ? bytes : 0;
     return 0;
+}
+
+int c10d__shm_in_place_offers(const struct c10d__op *op, const struct c10d__shm_seg *seg)
+{
+    return offered_size(op, seg) > 0;
+}
+
+int c10d__shm_in_place_in_lane(const struct c10d__op *op, const struct c10d__shm_seg *seg)
+{
+    size_t bytes = offered_size(op, seg);
+    return bytes > 0 && bytes <= C10D_SHM_IN_PLACE_LANE_MAX;
 }
 
 /* Whether this rank reads every peer's memory: tried once, by reading the

@@ -10,8 +10,8 @@
  * blocks in at once; 2 ranks, 4 MiB: 471-503 us in place, 412-475 through
  * the slots. Nor written in place by its peers: a write that came after the
  * root's op ended, at its deadline, would land in a buffer its caller has
- * back.) (all_to_all,
- * whose sizes are not, offers in its first chunk's header: all_to_all.h.)
+ * back. all_to_all, whose sizes are not in the fingerprint, offers in its
+ * first chunk's header: all_to_all.h.)
  *
  * An offered op is one chunk: every rank writes its offer and arrives; once
  * all arrived, each reads what it needs and publishes `reduced`; once all
@@ -25,8 +25,9 @@
  * after a "never" no op offers any more. Where the ranks outnumber the CPUs
  * a rank says "never": each round needs every rank on a CPU, and there the
  * offer's three rounds cost more than a copy (4 ranks on 2 CPUs, 1 MiB
- * broadcast: 464 us against 378 through the slots). docs/shm.md has the
- * argument. */
+ * broadcast: 464 us against 378 through the slots). Up to
+ * C10D_SHM_IN_PLACE_LANE_MAX the op runs in the caller's lane, done there
+ * or handed to the loop (docs/engine.md). docs/shm.md has the argument. */
 #ifndef C10D_BACKENDS_SHM_IN_PLACE_H
 #define C10D_BACKENDS_SHM_IN_PLACE_H
 
@@ -34,20 +35,32 @@
 
 #include <sys/uio.h>
 
-/* Broadcast and all_gather of at least this many bytes (the whole output):
- * below it the offer's extra rounds and the hand-off to the loop cost more
- * than the copy saved (2 ranks, 64 KiB: 14.8 us against 9.2 through the
- * slots in the caller's lane; 192 KiB 21.5 against 23.9). */
-#define C10D_SHM_IN_PLACE_MIN (192 * 1024)
-/* Scatter, of at least this many bytes (the root's whole input): up to 256
- * KiB the op is one chunk through the slots, run in the caller's lane (2
- * ranks, 256 KiB: 16-18 us through the slots, 17.5-19 in place; 384 KiB:
- * 34-36 against 20-23). */
-#define C10D_SHM_IN_PLACE_SCATTER_MIN (384 * 1024)
+/* The sizes read in place (bytes: a broadcast's buffer, an all_gather's
+ * whole output, a scatter's whole input). Below the least, the offer's
+ * extra rounds cost more than the copy they save; a broadcast above its
+ * most pipelines better through the slots, where its root copies chunks in
+ * while its peers copy the last ones out, each on its own CPU, than one
+ * reader's copy through the kernel, slower than memcpy here. 2 ranks, in
+ * the caller's lane, us in place / through the slots (median of 5):
+ * broadcast 128 KiB 10.7 / 10.7, 256 KiB 18.1 / 21.0, 4 MiB (on the loop)
+ * 547-578 / 460; all_gather 64 KiB 8.0 / 9.4, 128 KiB 11.0 / 15.6; scatter
+ * 64 KiB 5.8 / 6.0, 128 KiB 7.3 / 10.4. */
+#define C10D_SHM_IN_PLACE_BROADCAST_MIN  (192 * 1024)
+#define C10D_SHM_IN_PLACE_BROADCAST_MAX  (1024 * 1024)
+#define C10D_SHM_IN_PLACE_ALL_GATHER_MIN (64 * 1024)
+#define C10D_SHM_IN_PLACE_SCATTER_MIN    (128 * 1024)
 
 /* Whether `op` starts with an offer on seg: the same answer on every rank
  * for ops whose fingerprints agree. */
 int c10d__shm_in_place_offers(const struct c10d__op *op, const struct c10d__shm_seg *seg);
+/* Offered ops up to this many bytes (the whole output, or a scatter's
+ * input) may run in the caller's lane, done there before it lets them go
+ * (docs/engine.md): the copy is then made by the submitting thread, in the
+ * call that submits the op, so larger ones stay on the loop, where a caller
+ * may compute meanwhile. */
+#define C10D_SHM_IN_PLACE_LANE_MAX (1024 * 1024)
+/* Whether `op` offers and is no larger than C10D_SHM_IN_PLACE_LANE_MAX. */
+int c10d__shm_in_place_in_lane(const struct c10d__op *op, const struct c10d__shm_seg *seg);
 /* Writes this rank's offer for a's first chunk into its slot. */
 void c10d__shm_in_place_offer(struct c10d__shm_coll *a);
 /* Every rank arrived with its offer: 1 if all can read in place; 0 if not

@@ -136,28 +136,35 @@ static void lane_adopt(void *arg)
 
 static const struct c10d__work_park lane_park = {lane_run, lane_adopt};
 
-/* An all_to_all whose own blocks fit one chunk may still need more (a
- * larger block between two other ranks), known only once every rank wrote
- * its slot. Parked unfinished, it could keep those peers waiting for a
- * rank whose caller waits for something else first, so it stays in the
- * lane only once done here, the peers waited for this long; else the loop
- * goes on with it. Where the host's ranks outnumber its CPUs the peers may
- * need this very CPU to get there: longer, yielding. */
-#define COUNTED_SPIN_NS         5000u
-#define COUNTED_WAIT_NS         50000u
-#define COUNTED_WAIT_CROWDED_NS 200000u
+/* Two kinds of op need this rank after its slot is written: an all_to_all
+ * whose own blocks fit one chunk (a larger block between two other ranks,
+ * known only once every rank wrote its slot, takes more chunks), and an op
+ * read in place (its peers read this rank's buffers until they release
+ * them). Parked unfinished, either could keep its peers waiting for a rank
+ * whose caller waits for something else first, so it stays in the lane
+ * only once done here, waiting for its peers at most this long since they
+ * last moved; else the loop goes on with it. Where the host's ranks
+ * outnumber its CPUs the peers may need this very CPU to get there:
+ * longer, yielding. */
+#define FINISH_SPIN_NS         5000u
+#define FINISH_WAIT_NS         50000u
+#define FINISH_WAIT_CROWDED_NS 200000u
 
-static int finish_counted(struct c10d__tcp_lane *l)
+static int finish_here(struct c10d__tcp_lane *l)
 {
     struct c10d__shm_seg *seg = l->seg;
     int crowded = seg->crowded;
-    uint64_t start = c10d__now_ns(), yield_from = start + (crowded ? 0 : COUNTED_SPIN_NS);
-    uint64_t end = start + (crowded ? COUNTED_WAIT_CROWDED_NS : COUNTED_WAIT_NS);
+    uint64_t wait = crowded ? FINISH_WAIT_CROWDED_NS : FINISH_WAIT_NS;
+    uint64_t start = c10d__now_ns(), yield_from = start + (crowded ? 0 : FINISH_SPIN_NS);
+    uint64_t end = start + wait;
     for (unsigned n = 1;; n++) {
         int moved;
         int rc = c10d__shm_coll_progress(&l->coll, &moved);
-        if (moved)
+        if (moved) {
             c10d__shm_wake_sleepers(seg, ring_none, NULL);
+            /* A read in place copies inside the call: not a wait. */
+            end = c10d__now_ns() + wait;
+        }
         if (rc != 0)
             return rc;
         if (crowded || (n & 15) == 0) {
@@ -171,14 +178,21 @@ static int finish_counted(struct c10d__tcp_lane *l)
     }
 }
 
+/* One chunk, an all_to_all whose own blocks fit one, or a read in place
+ * small enough (in_place.h); a larger offer stays on the loop. */
+static int lane_fits(const struct c10d__op *op, const struct c10d__shm_seg *seg)
+{
+    if (c10d__shm_in_place_offers(op, seg))
+        return c10d__shm_in_place_in_lane(op, seg);
+    return c10d__shm_coll_one_chunk(op, seg->slot_bytes, seg->nranks) ||
+           c10d__shm_coll_one_chunk_here(op, seg->slot_bytes, seg->nranks);
+}
+
 int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
 {
     struct c10d__shm_seg *seg = l->seg;
     if (seg == NULL || !l->on || op->next != NULL || c10d__on_loop_thread() ||
-        atomic_load_explicit(l->failed, memory_order_acquire) != 0 ||
-        !(c10d__shm_coll_one_chunk(op, seg->slot_bytes, seg->nranks) ||
-          c10d__shm_coll_one_chunk_here(op, seg->slot_bytes, seg->nranks)) ||
-        c10d__shm_in_place_offers(op, seg)) /* its peers read this rank's buffers to the end */
+        atomic_load_explicit(l->failed, memory_order_acquire) != 0 || !lane_fits(op, seg))
         return 0;
     unsigned idle = 0;
     if (!atomic_compare_exchange_strong(&l->word, &idle, LANE_HELD))
@@ -196,19 +210,16 @@ int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
     c10d__fp_of(op, seg->nranks, &fp);
     c10d__shm_announce(seg, op->seq, 0, &fp);
     c10d__shm_coll_start(&l->coll, seg, op, 0, &fp);
-    if (l->coll.offering) { /* refused above; offers never come back once stopped */
-        hand_to_loop(l);
-        return 1;
-    }
+    int finish = l->coll.counted || l->coll.offering; /* done here, or on the loop */
     l->coll.look_every = LOOK_EVERY;
     c10d__shm_awake(seg);
     int moved;
     int rc = c10d__shm_coll_progress(&l->coll, &moved);
     if (moved)
         c10d__shm_wake_sleepers(seg, ring_none, NULL);
-    if (rc == 0 && l->coll.counted && c10d__shm_coll_arrived(&l->coll))
-        rc = finish_counted(l);
-    if (rc < 0 || !c10d__shm_coll_arrived(&l->coll) || (l->coll.counted && rc == 0)) {
+    if (rc == 0 && finish && c10d__shm_coll_arrived(&l->coll))
+        rc = finish_here(l);
+    if (rc < 0 || !c10d__shm_coll_arrived(&l->coll) || (finish && rc == 0)) {
         /* Not written (a peer is behind) or refused: the loop runs it. */
         hand_to_loop(l);
         return 1;
