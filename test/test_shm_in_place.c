@@ -265,7 +265,7 @@ static void test_all_to_all_rest(void **st)
     (void)st;
     struct c10d__shm_seg *seg[NR];
     make3(seg);
-    enum { MOST = 1500 }; /* a chunk holds (4096 - 128) / 3 / 4 = 330 per pair */
+    enum { MOST = 3000 }; /* a chunk holds (4096 + 4096 - 128) / 3 / 4 = 672 per pair */
     static float in[NR][NR * MOST], out[NR][NR * MOST];
     static size_t sc[NR][NR], rcn[NR][NR];
     for (int round = 0; round < 3; round++) {
@@ -273,7 +273,7 @@ static void test_all_to_all_rest(void **st)
         for (int s = 0; s < NR; s++)
             for (int d = 0; d < NR; d++)
                 sc[s][d] =
-                    round == 1 && (s == 0 || d == 0) ? 3 : (size_t)(s * 3 + d * 5) % 7 * 200 + 1;
+                    round == 1 && (s == 0 || d == 0) ? 3 : (size_t)(s * 3 + d * 5) % 7 * 400 + 1;
         if (inplace) /* an even split, in place */
             for (int s = 0; s < NR; s++)
                 for (int d = 0; d < NR; d++)
@@ -340,8 +340,7 @@ static int ranks_main(int rank, int n, void *arg)
     enum { COUNT = 1 << 18 }; /* 1 MiB of int32 */
     int32_t *buf = malloc(COUNT * sizeof *buf), *all = malloc((size_t)n * COUNT * sizeof *all);
     MP_CHECK(buf != NULL && all != NULL, "out of memory");
-    uint64_t b0 = c10d__shm_in_place_bytes(), here0, loop0;
-    c10d__tcp_lane_counts(&here0, &loop0);
+    uint64_t b0 = c10d__shm_in_place_bytes();
     for (int k = 0; k < 6; k++) {
         int root = k % n;
         for (int i = 0; i < COUNT; i++)
@@ -378,12 +377,24 @@ static int ranks_main(int rank, int n, void *arg)
             MP_CHECK(out[i] == k * 17 + rank * COUNT + i, "scatter %d: [%d] = %d", k, i,
                      (int)out[i]);
     }
-    uint64_t here1, loop1;
-    c10d__tcp_lane_counts(&here1, &loop1);
-    int reads = !off_on_1 && n <= sysconf(_SC_NPROCESSORS_ONLN);
     /* Up to 1 MiB an op read in place runs in the caller's lane: some of
-     * these 18 did (one whose peer came later than 50 us went to the loop). */
-    MP_CHECK(!reads || here1 > here0, "no op read in place ran in the caller's lane");
+     * 50 back to back do (one whose peer came later than 50 us goes to the
+     * loop, as where the scheduler put both ranks on one CPU). */
+    int reads = !off_on_1 && n <= sysconf(_SC_NPROCESSORS_ONLN);
+    uint64_t here0, loop0, here1, loop1, b1 = c10d__shm_in_place_bytes();
+    c10d__tcp_lane_counts(&here0, &loop0);
+    for (int k = 0; k < 50; k++) {
+        c10d_work *w;
+        MP_CHECK(c10d_all_gather(pg, buf, all, 16 * 1024, C10D_INT32, NULL, &w) == 0 &&
+                     c10d_work_wait(w, 30000) == 0,
+                 "all_gather of 64 KiB: %s", c10d_last_error());
+        c10d_work_release(w);
+    }
+    c10d__tcp_lane_counts(&here1, &loop1);
+    MP_CHECK(!reads || (here1 > here0 && c10d__shm_in_place_bytes() > b1),
+             "none of 50 ops read in place ran in the caller's lane (%llu in the lane, %llu "
+             "to the loop)",
+             (unsigned long long)(here1 - here0), (unsigned long long)(loop1 - loop0));
 
     /* A peer that comes late: rank 0's broadcast waits for it in the lane,
      * then on the loop, while rank 0's caller blocks on the store until

@@ -11,8 +11,8 @@
 /* A slot's header at an all_to_all's chunks: its owner's send and receive
  * counts, then, up to V_OFFER_MAX ranks, its offer (in_place.h): whether it
  * can read what is left in place, its pid, and where each of its send
- * blocks starts. Larger segments have no offer (their slots keep room for
- * parts) and never read in place. */
+ * blocks starts. Larger segments have no offer and never read in place.
+ * It fits the slot's head room (segment.h), so parts have slot_bytes. */
 enum { V_CAN = 0, V_PID = 1, V_ADDR = 2 }; /* after the 2 x ranks counts */
 #define V_OFFER_MAX 32
 
@@ -24,8 +24,8 @@ static size_t v_header_bytes(int nranks)
 
 size_t c10d__shm_a2a_part_elems(size_t slot_bytes, int nranks, size_t esz)
 {
-    size_t hdr = v_header_bytes(nranks);
-    return slot_bytes > hdr ? (slot_bytes - hdr) / (size_t)nranks / esz : 0;
+    size_t room = slot_bytes + c10d__shm_slot_head_bytes(nranks), hdr = v_header_bytes(nranks);
+    return room > hdr ? (room - hdr) / (size_t)nranks / esz : 0;
 }
 
 static size_t v_count_of(const struct c10d__op *op, int nranks, const size_t *counts, int j)

@@ -73,12 +73,24 @@ static int has_rings(int nranks)
     return nranks >= 2 && nranks <= C10D_SHM_RING_MAX_RANKS;
 }
 
+size_t c10d__shm_slot_head_bytes(int nranks)
+{
+    /* all_to_all's header at most: 3 words per rank and 2 (all_to_all.c). */
+    size_t words = (size_t)nranks * 3 + 2;
+    return (words * sizeof(uint64_t) + 4095) & ~(size_t)4095;
+}
+
+static size_t slot_stride(int nranks, size_t slot_bytes)
+{
+    return slot_bytes + c10d__shm_slot_head_bytes(nranks);
+}
+
 static size_t seg_bytes(int nranks, size_t slot_bytes, size_t *ctl_off, size_t *data_off)
 {
     size_t ctl = (size_t)nranks * sizeof(struct c10d__shm_ctl);
     *ctl_off = HEADER_SIZE;
     *data_off = HEADER_SIZE + ((ctl + 4095) & ~(size_t)4095);
-    size_t bytes = *data_off + (size_t)nranks * 2 * slot_bytes;
+    size_t bytes = *data_off + (size_t)nranks * 2 * slot_stride(nranks, slot_bytes);
     bytes = (bytes + 4095) & ~(size_t)4095;
     if (has_rings(nranks)) /* pages are only made where a ring or mailbox is used */
         bytes += (size_t)nranks * (size_t)nranks * (C10D_SHM_RING_SIZE + C10D_SHM_MAILBOX_SIZE);
@@ -137,11 +149,13 @@ static int map_it(int fd, int nranks, int rank, size_t slot_bytes, struct c10d__
     seg->nranks = nranks;
     seg->rank = rank;
     seg->slot_bytes = slot_bytes;
+    seg->slot_stride = slot_stride(nranks, slot_bytes);
     seg->crowded = nranks > usable_cpus();
     seg->ctl = (struct c10d__shm_ctl *)((char *)base + ctl_off);
     seg->data = (char *)base + data_off;
     if (has_rings(nranks)) {
-        size_t rings_off = (data_off + (size_t)nranks * 2 * slot_bytes + 4095) & ~(size_t)4095;
+        size_t rings_off =
+            (data_off + (size_t)nranks * 2 * seg->slot_stride + 4095) & ~(size_t)4095;
         seg->rings = (char *)base + rings_off;
         seg->mailboxes = seg->rings + (size_t)nranks * (size_t)nranks * C10D_SHM_RING_SIZE;
     }

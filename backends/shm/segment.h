@@ -8,7 +8,8 @@
  * Layout: a header page (magic, nonce, ranks, slot size), then a control
  * block per rank (its counters, each on its own cache lines), then each
  * rank's two data slots (double buffering: a rank fills one while its peers
- * still read the other), then (up to C10D_SHM_RING_MAX_RANKS ranks) a byte
+ * still read the other; each slot_bytes of data plus a head's room,
+ * c10d__shm_slot_head_bytes), then (up to C10D_SHM_RING_MAX_RANKS ranks) a byte
  * ring per ordered pair of ranks for the tcp transport's frames (ring.h) and
  * a mailbox per ordered pair for small P2P messages (mailbox.h).
  * docs/shm.md has the protocol that uses them.
@@ -71,6 +72,7 @@ struct c10d__shm_seg {
     int fd; /* rank 0's memfd (kept so that late peers can open it), else -1 */
     int nranks, rank;
     size_t slot_bytes;
+    size_t slot_stride;        /* slot_bytes and the head's room */
     struct c10d__shm_ctl *ctl; /* nranks of them */
     char *data;
     uint64_t gen;         /* chunks run so far: the same count on every rank */
@@ -154,10 +156,16 @@ struct c10d__shm_mailbox *c10d__shm_mailbox_of(const struct c10d__shm_seg *seg, 
 /* Tests: rings through doorbells and through ring() since the process began. */
 void c10d__shm_bell_counts(uint64_t *bells, uint64_t *fallbacks);
 
+/* Room in every slot beyond its slot_bytes, a whole page: an all_to_all
+ * chunk's header (its counts and offer, all_to_all.c) rides there, so that a
+ * block of a power of two still fits one chunk (a 256 KiB all_to_all on 2
+ * ranks was two chunks, the second of 64 bytes, and went to the loop). */
+size_t c10d__shm_slot_head_bytes(int nranks);
+
 /* Rank r's slot for chunk `gen`. */
 static inline char *c10d__shm_slot(const struct c10d__shm_seg *seg, int r, uint64_t gen)
 {
-    return seg->data + ((size_t)r * 2 + (gen & 1)) * seg->slot_bytes;
+    return seg->data + ((size_t)r * 2 + (gen & 1)) * seg->slot_stride;
 }
 
 #endif
