@@ -328,8 +328,8 @@ static void drive3(struct c10d__shm_seg *seg[3], struct c10d__op op[3])
 
 /* gather, scatter, the even all_to_all and the list form of all_gather, in
  * chunks of a few elements (slots of 152 bytes: 12 floats of every block;
- * all_to_all: 2 per pair after its 128-byte header), with counts that end
- * mid-chunk. */
+ * all_to_all: 12 per pair, its 128-byte header in the slot's head room),
+ * with counts that end mid-chunk. */
 static void test_rooted_and_exchange_ops(void **st)
 {
     (void)st;
@@ -386,6 +386,18 @@ static void test_rooted_and_exchange_ops(void **st)
                                   .dtype = C10D_FLOAT32,
                                   .root = 2,
                                   .seq = seq};
+    drive3(seg, op);
+    for (int j = 0; j < 3; j++)
+        for (int i = 0; i < C; i++)
+            assert_true(out[2][j * C + i] == in[j][i]);
+    /* Again, the root's input its own block of its output (in place). */
+    seq++;
+    memset(out, 0, sizeof out);
+    for (int i = 0; i < C; i++)
+        out[2][2 * C + i] = in[2][i];
+    op[2].send = out[2] + 2 * C;
+    for (int r = 0; r < 3; r++)
+        op[r].seq = seq;
     drive3(seg, op);
     for (int j = 0; j < 3; j++)
         for (int i = 0; i < C; i++)

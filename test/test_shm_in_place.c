@@ -265,7 +265,7 @@ static void test_all_to_all_rest(void **st)
     (void)st;
     struct c10d__shm_seg *seg[NR];
     make3(seg);
-    enum { MOST = 3000 }; /* a chunk holds (4096 + 4096 - 128) / 3 / 4 = 672 per pair */
+    enum { MOST = 3000 }; /* a chunk holds (4096 + 128 - 128) / 3 / 4 = 341 per pair */
     static float in[NR][NR * MOST], out[NR][NR * MOST];
     static size_t sc[NR][NR], rcn[NR][NR];
     for (int round = 0; round < 3; round++) {

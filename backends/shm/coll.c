@@ -172,11 +172,28 @@ static size_t chunk_count(const struct c10d__shm_coll *a)
     return left < a->chunk_elems ? left : a->chunk_elems;
 }
 
+/* A gather's root copies its own block from its input to its output
+ * directly, and puts nothing in its slot (nobody reads it): one copy of
+ * that block instead of two. Not where the input overlaps the output
+ * elsewhere than its own block (the chunks before would overwrite what a
+ * later chunk reads). */
+static int gather_root_direct(const struct c10d__shm_coll *a)
+{
+    const struct c10d__op *op = a->op;
+    if (op->kind != C10D_OP_GATHER || a->seg->rank != op->root)
+        return 0;
+    const char *in = op->send, *out = op->recv;
+    size_t block = a->block_elems * a->esz, all = block * (size_t)a->seg->nranks;
+    return in == out + (size_t)op->root * block || in + block <= out || out + all <= in;
+}
+
 /* What this rank contributes to the chunk, by kind. */
 static const char *source_of(const struct c10d__shm_coll *a)
 {
     const struct c10d__op *op = a->op;
     switch (op->kind) {
+    case C10D_OP_GATHER:
+        return gather_root_direct(a) ? NULL : op->send;
     case C10D_OP_BROADCAST: /* the root's data: its send buffer, or in place */
         if (a->seg->rank != op->root)
             return NULL;
@@ -330,7 +347,14 @@ static int read_chunk(struct c10d__shm_coll *a)
     case C10D_OP_GATHER:
         if (seg->rank != op->root)
             return 0;
-        /* fall through */
+        for (int r = 0; r < seg->nranks; r++) {
+            const char *from = c10d__shm_slot(seg, r, a->gen);
+            if (r == seg->rank && gather_root_direct(a))
+                from = (const char *)op->send + off;
+            if (block_of(a, r) + off != from)
+                memcpy(block_of(a, r) + off, from, n * a->esz);
+        }
+        return 0;
     case C10D_OP_ALL_GATHER:
         for (int r = 0; r < seg->nranks; r++)
             memcpy(block_of(a, r) + off, c10d__shm_slot(seg, r, a->gen), n * a->esz);

@@ -77,7 +77,7 @@ size_t c10d__shm_slot_head_bytes(int nranks)
 {
     /* all_to_all's header at most: 3 words per rank and 2 (all_to_all.c). */
     size_t words = (size_t)nranks * 3 + 2;
-    return (words * sizeof(uint64_t) + 4095) & ~(size_t)4095;
+    return (words * sizeof(uint64_t) + 63) & ~(size_t)63;
 }
 
 static size_t slot_stride(int nranks, size_t slot_bytes)

@@ -156,7 +156,7 @@ struct c10d__shm_mailbox *c10d__shm_mailbox_of(const struct c10d__shm_seg *seg, 
 /* Tests: rings through doorbells and through ring() since the process began. */
 void c10d__shm_bell_counts(uint64_t *bells, uint64_t *fallbacks);
 
-/* Room in every slot beyond its slot_bytes, a whole page: an all_to_all
+/* Room in every slot beyond its slot_bytes, whole cache lines: an all_to_all
  * chunk's header (its counts and offer, all_to_all.c) rides there, so that a
  * block of a power of two still fits one chunk (a 256 KiB all_to_all on 2
  * ranks was two chunks, the second of 64 bytes, and went to the loop). */
