@@ -256,6 +256,60 @@ static void test_ended_op_holds_readers(void **st)
     free3(seg);
 }
 
+/* A read in place that failed (here: a wrong pid in the root's offer) fails
+ * again when the op runs again, as the loop runs it after the caller's lane
+ * handed it over, and never takes the offer for data; with the offer right
+ * again, the same op reads and completes. */
+static void test_failed_read_runs_again(void **st)
+{
+    (void)st;
+    struct c10d__shm_seg *seg[NR];
+    make3(seg);
+    struct c10d__op op[NR];
+    for (int r = 0; r < NR; r++) {
+        for (int i = 0; i < BC; i++)
+            bc[r][i] = r == 0 ? (float)(i + 5) : -1.0f;
+        op[r] = (struct c10d__op){.kind = C10D_OP_BROADCAST,
+                                  .send = bc[r],
+                                  .recv = bc[r],
+                                  .count = BC,
+                                  .dtype = C10D_FLOAT32,
+                                  .root = 0,
+                                  .seq = 1};
+    }
+    struct c10d__fp fp;
+    c10d__fp_of(&op[0], NR, &fp);
+    struct c10d__shm_coll x[NR];
+    for (int r = 0; r < NR; r++)
+        c10d__shm_coll_start(&x[r], seg[r], &op[r], 0, &fp);
+    int moved;
+    /* Ranks 0 and 2 offer and wait for rank 1. */
+    assert_int_equal(c10d__shm_coll_progress(&x[0], &moved), 0);
+    assert_int_equal(c10d__shm_coll_progress(&x[2], &moved), 0);
+    /* The offer's words: can, pid, address (in_place.c). */
+    uint64_t *offer = (uint64_t *)c10d__shm_slot(seg[1], 0, x[0].gen);
+    uint64_t pid = offer[1];
+    offer[1] = 0x7ffffff0; /* no such process */
+    for (int k = 0; k < 3; k++)
+        assert_true(c10d__shm_coll_progress(&x[1], &moved) < 0);
+    for (int i = 0; i < BC; i++)
+        assert_true(bc[1][i] == -1.0f);
+    offer[1] = pid;
+    int rc[NR] = {0, 0, 0};
+    for (int i = 0; i < 1000000 && !(rc[0] == 1 && rc[1] == 1 && rc[2] == 1); i++)
+        for (int r = NR - 1; r >= 0; r--)
+            if (rc[r] != 1) {
+                rc[r] = c10d__shm_coll_progress(&x[r], &moved);
+                assert_true(rc[r] >= 0);
+            }
+    for (int r = 0; r < NR; r++) {
+        assert_int_equal(rc[r], 1);
+        for (int i = 0; i < BC; i++)
+            assert_true(bc[r][i] == (float)(i + 5));
+    }
+    free3(seg);
+}
+
 /* all_to_all: what is left after the first chunk is read in place once every
  * rank can, also where only some ranks have blocks longer than a chunk (rank
  * 0's are short: it reads nothing and nothing of its is read, and says so);
@@ -487,9 +541,13 @@ static void test_ranks(void **st)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_read_in_place),      cmocka_unit_test(test_not_now_then_in_place),
-        cmocka_unit_test(test_never_stops_offers), cmocka_unit_test(test_ended_op_holds_readers),
-        cmocka_unit_test(test_all_to_all_rest),    cmocka_unit_test(test_ranks),
+        cmocka_unit_test(test_read_in_place),
+        cmocka_unit_test(test_not_now_then_in_place),
+        cmocka_unit_test(test_never_stops_offers),
+        cmocka_unit_test(test_ended_op_holds_readers),
+        cmocka_unit_test(test_all_to_all_rest),
+        cmocka_unit_test(test_failed_read_runs_again),
+        cmocka_unit_test(test_ranks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

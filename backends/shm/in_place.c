@@ -58,6 +58,11 @@ int c10d__shm_in_place_offers(const struct c10d__op *op, const struct c10d__shm_
     return offered_size(op, seg) > 0;
 }
 
+size_t c10d__shm_in_place_size(const struct c10d__op *op, const struct c10d__shm_seg *seg)
+{
+    return offered_size(op, seg);
+}
+
 int c10d__shm_in_place_in_lane(const struct c10d__op *op, const struct c10d__shm_seg *seg)
 {
     size_t bytes = offered_size(op, seg);
@@ -89,8 +94,8 @@ static int peers_readable(struct c10d__shm_seg *seg)
         ssize_t n = process_vm_readv((pid_t)pid, &mine, 1, &at, 1, 0);
         if (n != (ssize_t)sizeof theirs || theirs != seg->nranks) {
             C10D_INFO("shm",
-                      "rank %d cannot read rank %d's memory (%s): large broadcast, all_gather "
-                      "and all_to_all copy through the segment's slots",
+                      "rank %d cannot read rank %d's memory (%s): large broadcast, all_gather, "
+                      "scatter and all_to_all copy through the segment's slots",
                       seg->rank, r, n < 0 ? strerror(errno) : "another process");
             seg->read_peers = 2;
             return CAN_NEVER;

@@ -150,11 +150,13 @@ static const struct c10d__work_park lane_park = {lane_run, lane_adopt};
 #define FINISH_WAIT_NS         50000u
 #define FINISH_WAIT_CROWDED_NS 200000u
 
-static int finish_here(struct c10d__tcp_lane *l)
+static int finish_here(struct c10d__tcp_lane *l, uint64_t bytes)
 {
     struct c10d__shm_seg *seg = l->seg;
     int crowded = seg->crowded;
-    uint64_t wait = crowded ? FINISH_WAIT_CROWDED_NS : FINISH_WAIT_NS;
+    /* Plus a peer's copy of what the op moves at 2 GB/s at least: a root
+     * waits for its readers' copies without moving itself. */
+    uint64_t wait = (crowded ? FINISH_WAIT_CROWDED_NS : FINISH_WAIT_NS) + bytes / 2;
     uint64_t start = c10d__now_ns(), yield_from = start + (crowded ? 0 : FINISH_SPIN_NS);
     uint64_t end = start + wait;
     for (unsigned n = 1;; n++) {
@@ -183,7 +185,8 @@ static int finish_here(struct c10d__tcp_lane *l)
 static int lane_fits(const struct c10d__op *op, const struct c10d__shm_seg *seg)
 {
     if (c10d__shm_in_place_offers(op, seg))
-        return c10d__shm_in_place_in_lane(op, seg);
+        return c10d__shm_in_place_in_lane(op, seg) &&
+               c10d__shm_coll_supports(op, seg->slot_bytes, seg->nranks);
     return c10d__shm_coll_one_chunk(op, seg->slot_bytes, seg->nranks) ||
            c10d__shm_coll_one_chunk_here(op, seg->slot_bytes, seg->nranks);
 }
@@ -210,7 +213,13 @@ int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
     c10d__fp_of(op, seg->nranks, &fp);
     c10d__shm_announce(seg, op->seq, 0, &fp);
     c10d__shm_coll_start(&l->coll, seg, op, 0, &fp);
-    int finish = l->coll.counted || l->coll.offering; /* done here, or on the loop */
+    /* Done here, or on the loop: an op that needs this rank after its slot,
+     * and one that fitted as an offer when lane_fits looked but no longer
+     * offers (another thread's op stopped offers since) and so runs
+     * through the slots, maybe in several chunks. */
+    int finish = l->coll.counted || l->coll.offering ||
+                 !c10d__shm_coll_one_chunk(op, seg->slot_bytes, seg->nranks);
+    uint64_t offered = l->coll.offering ? c10d__shm_in_place_size(op, seg) : 0;
     l->coll.look_every = LOOK_EVERY;
     c10d__shm_awake(seg);
     int moved;
@@ -218,7 +227,7 @@ int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
     if (moved)
         c10d__shm_wake_sleepers(seg, ring_none, NULL);
     if (rc == 0 && finish && c10d__shm_coll_arrived(&l->coll))
-        rc = finish_here(l);
+        rc = finish_here(l, offered);
     if (rc < 0 || !c10d__shm_coll_arrived(&l->coll) || (finish && rc == 0)) {
         /* Not written (a peer is behind) or refused: the loop runs it. */
         hand_to_loop(l);

@@ -7,7 +7,11 @@
  * lane (only while the loop holds no collective of the group), writes its
  * slot (so its peers never wait on this rank again) and is parked on its
  * work. A thread that waits on that work reads the peers' slots itself and
- * completes it: no post, no timer, no wake-up of the loop. Whatever else
+ * completes it: no post, no timer, no wake-up of the loop. An op that needs
+ * this rank after its slot is written (an all_to_all whose own blocks fit
+ * one chunk, an op read in place up to 1 MiB) takes the lane only to run
+ * to its end there, its peers waited for a while; it is parked only once
+ * done, else handed to the loop at once. Whatever else
  * awaits it (a callback, a poll, a later op of the group, a failure, the
  * spin limit, the deadline) hands it to the loop, which goes on from where
  * it stands.
