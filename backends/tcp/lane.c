@@ -180,22 +180,31 @@ static int finish_here(struct c10d__tcp_lane *l, uint64_t bytes)
     }
 }
 
-/* One chunk, an all_to_all whose own blocks fit one, or a read in place
- * small enough (in_place.h); a larger offer stays on the loop. */
+/* Whether the lane takes op: FITS_PARK one chunk, parked once its slot is
+ * written; FITS_FINISH an all_to_all whose own blocks fit one, or a read in
+ * place small enough (in_place.h), run to its end here or handed over. A
+ * larger offer stays on the loop. */
+enum { FITS_NOT, FITS_PARK, FITS_FINISH };
+
 static int lane_fits(const struct c10d__op *op, const struct c10d__shm_seg *seg)
 {
     if (c10d__shm_in_place_offers(op, seg))
         return c10d__shm_in_place_in_lane(op, seg) &&
-               c10d__shm_coll_supports(op, seg->slot_bytes, seg->nranks);
-    return c10d__shm_coll_one_chunk(op, seg->slot_bytes, seg->nranks) ||
-           c10d__shm_coll_one_chunk_here(op, seg->slot_bytes, seg->nranks);
+                       c10d__shm_coll_supports(op, seg->slot_bytes, seg->nranks)
+                   ? FITS_FINISH
+                   : FITS_NOT;
+    if (c10d__shm_coll_one_chunk(op, seg->slot_bytes, seg->nranks))
+        return FITS_PARK;
+    return c10d__shm_coll_one_chunk_here(op, seg->slot_bytes, seg->nranks) ? FITS_FINISH : FITS_NOT;
 }
 
 int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
 {
     struct c10d__shm_seg *seg = l->seg;
+    int fits;
     if (seg == NULL || !l->on || op->next != NULL || c10d__on_loop_thread() ||
-        atomic_load_explicit(l->failed, memory_order_acquire) != 0 || !lane_fits(op, seg))
+        atomic_load_explicit(l->failed, memory_order_acquire) != 0 ||
+        (fits = lane_fits(op, seg)) == FITS_NOT)
         return 0;
     unsigned idle = 0;
     if (!atomic_compare_exchange_strong(&l->word, &idle, LANE_HELD))
@@ -214,11 +223,10 @@ int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
     c10d__shm_announce(seg, op->seq, 0, &fp);
     c10d__shm_coll_start(&l->coll, seg, op, 0, &fp);
     /* Done here, or on the loop: an op that needs this rank after its slot,
-     * and one that fitted as an offer when lane_fits looked but no longer
+     * also one that fitted as an offer when lane_fits looked but no longer
      * offers (another thread's op stopped offers since) and so runs
      * through the slots, maybe in several chunks. */
-    int finish = l->coll.counted || l->coll.offering ||
-                 !c10d__shm_coll_one_chunk(op, seg->slot_bytes, seg->nranks);
+    int finish = fits == FITS_FINISH;
     uint64_t offered = l->coll.offering ? c10d__shm_in_place_size(op, seg) : 0;
     l->coll.look_every = LOOK_EVERY;
     c10d__shm_awake(seg);
