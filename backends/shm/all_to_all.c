@@ -109,6 +109,14 @@ static uint64_t *v_header(const struct c10d__shm_seg *seg, int r, uint64_t gen)
     return (uint64_t *)c10d__shm_slot(seg, r, gen);
 }
 
+/* Where the block this rank receives from rank j starts (`off`: the
+ * elements received from the ranks before j). */
+static char *v_recv_block(const struct c10d__shm_coll *a, int j, size_t off)
+{
+    const struct c10d__op *op = a->op;
+    return op->recvs != NULL ? op->recvs[j] : (char *)op->recv + off * a->esz;
+}
+
 /* Where this rank's block for rank d starts in what it sends. */
 static const char *v_send_block(const struct c10d__shm_coll *a, int d)
 {
@@ -212,8 +220,7 @@ int c10d__shm_a2a_read_rest(struct c10d__shm_coll *a)
             size_t count = v_count(a, op->recv_counts, j);
             int own = j == seg->rank;
             if (count > a->chunk_elems && own == (pass == 0)) {
-                char *dst =
-                    (op->recvs != NULL ? op->recvs[j] : (char *)op->recv + off * a->esz) + at;
+                char *dst = v_recv_block(a, j, off) + at;
                 size_t bytes = (count - a->chunk_elems) * a->esz;
                 const uint64_t *offer = v_header(seg, j, a->gen) + 2 * p;
                 const char *mine = own ? v_send_block(a, j) + at : NULL;
@@ -272,8 +279,7 @@ void c10d__shm_a2a_read(struct c10d__shm_coll *a)
             size_t count = v_count(a, op->recv_counts, j), n = v_window(a, count);
             int own = j == seg->rank;
             if (n > 0 && own == (pass == 0)) {
-                char *dst =
-                    (op->recvs != NULL ? op->recvs[j] : (char *)op->recv + off * a->esz) + at;
+                char *dst = v_recv_block(a, j, off) + at;
                 const char *src = own ? v_send_block(a, j) + at
                                       : (const char *)v_header(seg, j, a->gen) + v_header_bytes(p) +
                                             (size_t)seg->rank * part;

@@ -304,14 +304,6 @@ static int reduce_all(struct c10d__shm_coll *a, size_t at)
                                  : 0;
 }
 
-/* Where rank r's block of the output starts. */
-static char *block_of(const struct c10d__shm_coll *a, int r)
-{
-    if (a->op->recvs != NULL)
-        return a->op->recvs[r];
-    return (char *)a->op->recv + (size_t)r * a->block_elems * a->esz;
-}
-
 /* Everything but all_reduce's large chunks, once every slot is written. */
 static int read_chunk(struct c10d__shm_coll *a)
 {
@@ -351,13 +343,14 @@ static int read_chunk(struct c10d__shm_coll *a)
             const char *from = c10d__shm_slot(seg, r, a->gen);
             if (r == seg->rank && gather_root_direct(a))
                 from = (const char *)op->send + off;
-            if (block_of(a, r) + off != from)
-                memcpy(block_of(a, r) + off, from, n * a->esz);
+            char *to = c10d__shm_coll_block(a, r) + off;
+            if (to != from)
+                memcpy(to, from, n * a->esz);
         }
         return 0;
     case C10D_OP_ALL_GATHER:
         for (int r = 0; r < seg->nranks; r++)
-            memcpy(block_of(a, r) + off, c10d__shm_slot(seg, r, a->gen), n * a->esz);
+            memcpy(c10d__shm_coll_block(a, r) + off, c10d__shm_slot(seg, r, a->gen), n * a->esz);
         return 0;
     default: /* barrier */
         return 0;

@@ -120,4 +120,14 @@ int c10d__shm_coll_arrived(const struct c10d__shm_coll *a);
 /* The op is done (progress returned 1). */
 int c10d__shm_coll_done(const struct c10d__shm_coll *a);
 
+/* Where rank r's block of a gathering op's output starts (its list form,
+ * or blocks of block_elems in rank order). Inline: in_place.c, which coll.c
+ * calls, uses it too. */
+static inline char *c10d__shm_coll_block(const struct c10d__shm_coll *a, int r)
+{
+    if (a->op->recvs != NULL)
+        return a->op->recvs[r];
+    return (char *)a->op->recv + (size_t)r * a->block_elems * a->esz;
+}
+
 #endif

@@ -63,12 +63,6 @@ size_t c10d__shm_in_place_size(const struct c10d__op *op, const struct c10d__shm
     return offered_size(op, seg);
 }
 
-int c10d__shm_in_place_in_lane(const struct c10d__op *op, const struct c10d__shm_seg *seg)
-{
-    size_t bytes = offered_size(op, seg);
-    return bytes > 0 && bytes <= C10D_SHM_IN_PLACE_LANE_MAX;
-}
-
 /* Whether this rank reads every peer's memory: tried once, by reading the
  * `nranks` of each peer's own segment record where its control block says it
  * is. A peer that has not attached yet: not now. */
@@ -131,15 +125,6 @@ static int overlap(const char *a, size_t a_len, const char *b, size_t b_len)
     return a < b + b_len && b < a + a_len;
 }
 
-/* Where rank r's block of an all_gather's output starts. */
-static char *gather_block(const struct c10d__shm_coll *a, int r)
-{
-    const struct c10d__op *op = a->op;
-    if (op->recvs != NULL)
-        return op->recvs[r];
-    return (char *)op->recv + (size_t)r * op->count * a->esz;
-}
-
 /* What this rank offers its peers to read, NULL if nothing, and its bytes. */
 static const char *offered_data(const struct c10d__shm_coll *a)
 {
@@ -181,7 +166,7 @@ static int buffers_allow(const struct c10d__shm_coll *a)
         break;
     }
     for (int r = 0; r < a->seg->nranks; r++) {
-        const char *dst = gather_block(a, r);
+        const char *dst = c10d__shm_coll_block(a, r);
         if (overlap(dst, n, src, n) && !(r == a->seg->rank && dst == src))
             return 0;
     }
@@ -277,7 +262,7 @@ int c10d__shm_in_place_read(struct c10d__shm_coll *a)
         break;
     }
     for (int r = 0; r < seg->nranks; r++) {
-        char *dst = gather_block(a, r);
+        char *dst = c10d__shm_coll_block(a, r);
         if (r != seg->rank)
             C10D_CHECK(read_from(a, r, dst, n));
         else if (dst != mine)

@@ -59,8 +59,6 @@ int c10d__shm_in_place_offers(const struct c10d__op *op, const struct c10d__shm_
  * call that submits the op, so larger ones stay on the loop, where a caller
  * may compute meanwhile. */
 #define C10D_SHM_IN_PLACE_LANE_MAX (1024 * 1024)
-/* Whether `op` offers and is no larger than C10D_SHM_IN_PLACE_LANE_MAX. */
-int c10d__shm_in_place_in_lane(const struct c10d__op *op, const struct c10d__shm_seg *seg);
 /* The bytes an offering op moves in all (its whole output, or a scatter's
  * input); 0 if it does not offer. */
 size_t c10d__shm_in_place_size(const struct c10d__op *op, const struct c10d__shm_seg *seg);

@@ -188,8 +188,9 @@ enum { FITS_NOT, FITS_PARK, FITS_FINISH };
 
 static int lane_fits(const struct c10d__op *op, const struct c10d__shm_seg *seg)
 {
-    if (c10d__shm_in_place_offers(op, seg))
-        return c10d__shm_in_place_in_lane(op, seg) &&
+    size_t offered = c10d__shm_in_place_size(op, seg);
+    if (offered > 0)
+        return offered <= C10D_SHM_IN_PLACE_LANE_MAX &&
                        c10d__shm_coll_supports(op, seg->slot_bytes, seg->nranks)
                    ? FITS_FINISH
                    : FITS_NOT;
