@@ -51,6 +51,7 @@ struct opts {
     size_t min_bytes, max_bytes;
     double factor;
     int iters, warmup, check, blocking, percentiles;
+    int in_place;   /* all_reduce, reduce: one buffer is input and output */
     int timeout_ms; /* the group's; 0: the library's default */
     const char *backend;
     c10d_device_type device;
@@ -61,8 +62,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: c10d-bench [-o OP] [-d DTYPE] [-r REDOP] [-b MIN] [-e MAX] [-f FACTOR]\n"
-            "                  [-n ITERS] [-w WARMUP] [-c 0|1] [-z 0|1] [-p 0|1] [-t MS]\n"
-            "                  [--root R] [--backend tcp|nccl] [--device cpu|cuda]\n"
+            "                  [-n ITERS] [-w WARMUP] [-c 0|1] [-z 0|1] [-p 0|1] [-i 0|1]\n"
+            "                  [-t MS] [--root R] [--backend tcp|nccl] [--device cpu|cuda]\n"
             "  -o  all_reduce (default), all_gather, reduce_scatter, broadcast, reduce,\n"
             "      all_to_all, gather, scatter (the size: the root's whole buffer),\n"
             "      sendrecv, pingpong (ranks 2k and 2k+1: a send, then the answer back;\n"
@@ -79,6 +80,9 @@ static void usage(FILE *f)
             "      0: issue all, then wait (default 0)\n"
             "  -p  0: with -z 1, time only the loop, without a clock read per op (as the\n"
             "      MPI and gloo peer benches time theirs; no p50/p99/max); 1: default\n"
+            "  -i  1: all_reduce and reduce in place, one buffer for input and output, as\n"
+            "      torch's all_reduce and MPI_IN_PLACE (default 0: two buffers, as\n"
+            "      nccl-tests' out-of-place column)\n"
             "  -t  the group's timeout in ms (default: the library's, 30 minutes, 10 with\n"
             "      nccl): a peer that stops or never comes fails the group's creation or\n"
             "      op after it\n"
@@ -148,6 +152,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
     o->check = 1;
     o->percentiles = 1;
     o->backend = "tcp";
+    // clang-format off
     static const struct option longopts[] = {
         {"op", required_argument, NULL, 'o'},
         {"dtype", required_argument, NULL, 'd'},
@@ -163,13 +168,15 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"root", required_argument, NULL, 'R'},
         {"blocking", required_argument, NULL, 'z'},
         {"percentiles", required_argument, NULL, 'p'},
+        {"in_place", required_argument, NULL, 'i'},
         {"timeout_ms", required_argument, NULL, 't'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
+    // clang-format on
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "o:d:r:b:e:f:n:w:c:z:p:t:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "o:d:r:b:e:f:n:w:c:z:p:i:t:h", longopts, NULL)) != -1) {
         int bad = 0;
         switch (c) {
         case 'o':
@@ -208,6 +215,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
             break;
         case 'p':
             bad = parse_int(optarg, 0, &o->percentiles) != 0 || o->percentiles > 1;
+            break;
+        case 'i':
+            bad = parse_int(optarg, 0, &o->in_place) != 0 || o->in_place > 1;
             break;
         case 't':
             bad = parse_int(optarg, 1, &o->timeout_ms) != 0;
@@ -248,6 +258,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
     }
     if (o->min_bytes > o->max_bytes) {
         fprintf(stderr, "c10d-bench: -b %zu is larger than -e %zu\n", o->min_bytes, o->max_bytes);
+        return -1;
+    }
+    if (o->in_place && o->op != B_ALL_REDUCE && o->op != B_REDUCE) {
+        fprintf(stderr,
+                "c10d-bench: -i 1 is for all_reduce and reduce (broadcast is always in "
+                "place), not %s\n",
+                op_names[o->op]);
         return -1;
     }
     int nccl = strcmp(o->backend, "nccl") == 0;
@@ -359,8 +376,8 @@ static int issue(struct run *r, c10d_work **w)
     const struct opts *o = r->o;
     switch (o->op) {
     case B_ALL_REDUCE:
-        return c10d_all_reduce(r->pg, r->send, r->recv, r->count, o->dtype, o->redop, &r->op_opts,
-                               w);
+        return c10d_all_reduce(r->pg, o->in_place ? r->recv : r->send, r->recv, r->count, o->dtype,
+                               o->redop, &r->op_opts, w);
     case B_ALL_GATHER:
         return c10d_all_gather(r->pg, r->send, r->recv, r->block, o->dtype, &r->op_opts, w);
     case B_REDUCE_SCATTER:
@@ -371,8 +388,8 @@ static int issue(struct run *r, c10d_work **w)
          * holds its input (fill_inputs). */
         return c10d_broadcast(r->pg, r->recv, r->recv, r->count, o->dtype, o->root, &r->op_opts, w);
     case B_REDUCE:
-        return c10d_reduce(r->pg, r->send, r->recv, r->count, o->dtype, o->redop, o->root,
-                           &r->op_opts, w);
+        return c10d_reduce(r->pg, o->in_place ? r->recv : r->send, r->recv, r->count, o->dtype,
+                           o->redop, o->root, &r->op_opts, w);
     case B_GATHER: /* the root's output holds every block, elsewhere none */
         return c10d_gather(r->pg, r->send, r->rank == o->root ? r->recv : NULL, r->block, o->dtype,
                            o->root, &r->op_opts, w);
@@ -417,7 +434,7 @@ static int fill_inputs(struct run *r)
                 : o->op == B_ALL_GATHER || o->op == B_GATHER ? r->block
                                                              : r->count;
     data_fill(r->hsend, in, 0, r->rank, o->dtype, o->redop);
-    if (o->op == B_BROADCAST && r->rank == o->root)
+    if ((o->op == B_BROADCAST && r->rank == o->root) || o->in_place)
         memcpy(r->hrecv, r->hsend, r->count * r->esize);
     else
         memset(r->hrecv, 0xEE, r->count * r->esize);

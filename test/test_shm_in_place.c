@@ -1,4 +1,4 @@
-/* Large broadcast, all_gather, scatter and all_to_all read in place
+/* Large broadcast, all_gather, scatter, all_reduce and all_to_all read in place
  * (backends/shm/in_place.h):
  * three ranks' segments driven in this process (so process_vm_readv reads
  * this very process), then real ranks through the public API. Covers the
@@ -310,6 +310,95 @@ static void test_failed_read_runs_again(void **st)
     free3(seg);
 }
 
+/* all_reduce, 2.4 MB (an odd count: uneven slices), rank 1 out of place, the
+ * others in place: each rank reduces its slice from its peers' inputs and
+ * reads their slices from their outputs, every byte once. SUM, PREMUL_SUM
+ * and MAX of int32 exact; then a rank whose op ended never lets its peers
+ * go, as above. */
+enum { AR = 600001 };
+static float ar_in[NR][AR], ar_out[NR][AR];
+
+static void all_reduce(struct c10d__shm_seg *seg[NR], c10d_dtype dt, c10d_reduce_op redop,
+                       uint64_t seq)
+{
+    struct c10d__op op[NR];
+    for (int r = 0; r < NR; r++) {
+        float *in = r == 1 ? ar_in[r] : ar_out[r];
+        int32_t *iin = (int32_t *)in;
+        for (int i = 0; i < AR; i++) {
+            if (dt == C10D_INT32)
+                iin[i] = (i * 7 + r * 1000) % 100003 - 50000;
+            else
+                in[i] = (float)i * 0.5f + (float)(r + (int)seq);
+        }
+        if (r == 1)
+            memset(ar_out[r], 0, sizeof ar_out[r]);
+        op[r] = (struct c10d__op){.kind = C10D_OP_ALL_REDUCE,
+                                  .send = in,
+                                  .recv = ar_out[r],
+                                  .count = AR,
+                                  .dtype = dt,
+                                  .redop = redop,
+                                  .premul_factor = 0.5,
+                                  .seq = seq};
+    }
+    int rc[NR];
+    drive(seg, op, -1, 1000000, rc);
+    for (int r = 0; r < NR; r++) {
+        assert_int_equal(rc[r], 1);
+        for (int i = 0; i < AR; i++) {
+            if (dt == C10D_INT32) {
+                int32_t want = INT32_MIN;
+                for (int k = 0; k < NR; k++) {
+                    int32_t v = (i * 7 + k * 1000) % 100003 - 50000;
+                    want = v > want ? v : want;
+                }
+                assert_int_equal(((int32_t *)ar_out[r])[i], want);
+                continue;
+            }
+            float want = 0;
+            for (int k = 0; k < NR; k++)
+                want += (float)i * 0.5f + (float)(k + (int)seq);
+            if (redop == C10D_PREMUL_SUM)
+                want *= 0.5f;
+            assert_true(ar_out[r][i] == want);
+        }
+    }
+}
+
+static void test_all_reduce_in_place(void **st)
+{
+    (void)st;
+    struct c10d__shm_seg *seg[NR];
+    make3(seg);
+    uint64_t b0 = c10d__shm_in_place_bytes(), gen = seg[0]->gen;
+    all_reduce(seg, C10D_FLOAT32, C10D_SUM, 1);
+    /* Every rank reads each peer's copy of its slice, then each peer's slice. */
+    assert_int_equal(c10d__shm_in_place_bytes() - b0, 2u * (NR - 1) * AR * sizeof(float));
+    assert_int_equal(seg[0]->gen - gen, 2); /* the offer's chunk and the gather's */
+    all_reduce(seg, C10D_FLOAT32, C10D_PREMUL_SUM, 2);
+    all_reduce(seg, C10D_INT32, C10D_MAX, 3);
+    assert_int_equal(c10d__shm_in_place_bytes() - b0, 6u * (NR - 1) * AR * sizeof(float));
+
+    struct c10d__op op[NR];
+    for (int r = 0; r < NR; r++)
+        op[r] = (struct c10d__op){.kind = C10D_OP_ALL_REDUCE,
+                                  .send = ar_out[r],
+                                  .recv = ar_out[r],
+                                  .count = AR,
+                                  .dtype = C10D_FLOAT32,
+                                  .redop = C10D_SUM,
+                                  .seq = 4};
+    int rc[NR];
+    drive(seg, op, 2, 20000, rc);
+    for (int r = 0; r < NR; r++) {
+        assert_int_equal(rc[r], 0);
+        assert_int_equal(atomic_load(&seg[r]->ctl[r].reduced), seg[r]->gen);
+    }
+    assert_true(atomic_load(&seg[2]->ctl[2].released) < seg[2]->gen);
+    free3(seg);
+}
+
 /* all_to_all: what is left after the first chunk is read in place once every
  * rank can, also where only some ranks have blocks longer than a chunk (rank
  * 0's are short: it reads nothing and nothing of its is read, and says so);
@@ -377,7 +466,8 @@ static void test_all_to_all_rest(void **st)
     free3(seg);
 }
 
-/* Real ranks: large broadcast, all_gather and scatter (in place and not) correct and
+/* Real ranks: large broadcast, all_gather, scatter (in place and not) and all_reduce
+ * correct and
  * read in place, unless the ranks outnumber the CPUs (then nothing is); then
  * C10D_SHM_IN_PLACE=0 on rank 1 alone: correct through the slots, nothing
  * read in place. */
@@ -486,6 +576,26 @@ static int ranks_main(int rank, int n, void *arg)
             MP_CHECK(buf[i] == 77 + i, "late broadcast: [%d] = %d", i, (int)buf[i]);
     }
 
+    /* all_reduce of 2.5 MiB in place, as torch's: read in place. */
+    {
+        enum { ARN = 640 * 1024 + 3 };
+        float *f = malloc(ARN * sizeof *f);
+        MP_CHECK(f != NULL, "out of memory");
+        for (int k = 0; k < 2; k++) {
+            for (int i = 0; i < ARN; i++)
+                f[i] = (float)(i % 4096) + (float)(rank * 3 + k);
+            c10d_work *w;
+            MP_CHECK(c10d_all_reduce(pg, f, f, ARN, C10D_FLOAT32, C10D_SUM, NULL, &w) == 0 &&
+                         c10d_work_wait(w, 30000) == 0,
+                     "all_reduce %d: %s", k, c10d_last_error());
+            c10d_work_release(w);
+            for (int i = 0; i < ARN; i++)
+                MP_CHECK(f[i] == (float)(n * (i % 4096) + 3 * n * (n - 1) / 2 + n * k),
+                         "all_reduce %d: [%d] = %g", k, i, (double)f[i]);
+        }
+        free(f);
+    }
+
     /* all_to_all, 2 MiB per rank: what is left after the first chunk. */
     size_t per = (size_t)n * COUNT / 2 / (size_t)n;
     int32_t *a2a = malloc((size_t)n * per * sizeof *a2a);
@@ -545,6 +655,7 @@ int main(void)
         cmocka_unit_test(test_not_now_then_in_place),
         cmocka_unit_test(test_never_stops_offers),
         cmocka_unit_test(test_ended_op_holds_readers),
+        cmocka_unit_test(test_all_reduce_in_place),
         cmocka_unit_test(test_all_to_all_rest),
         cmocka_unit_test(test_failed_read_runs_again),
         cmocka_unit_test(test_ranks),

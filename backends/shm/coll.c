@@ -16,7 +16,7 @@
 #include <string.h>
 
 /* PH_RELEASE and PH_FINISH: an op read in place (in_place.h). */
-enum { PH_WRITE, PH_REDUCE, PH_GATHER, PH_RELEASE, PH_FINISH, PH_DONE };
+enum { PH_WRITE, PH_REDUCE, PH_GATHER, PH_GATHER_IN_PLACE, PH_RELEASE, PH_FINISH, PH_DONE };
 
 /* Kinds whose slot holds a part of every rank's block: this rank's part for
  * rank j at j x (chunk elements). */
@@ -509,7 +509,7 @@ int c10d__shm_coll_progress(struct c10d__shm_coll *a, int *moved)
                 C10D_CHECK(c10d__shm_in_place_read(a));
                 a->offering = 0;
                 atomic_store_explicit(&seg->ctl[seg->rank].reduced, a->gen, memory_order_release);
-                a->phase = PH_RELEASE;
+                a->phase = a->op->kind == C10D_OP_ALL_REDUCE ? PH_GATHER_IN_PLACE : PH_RELEASE;
             } else if (!sliced(a)) {
                 C10D_CHECK(read_chunk(a));
                 if (a->rest_in_place) { /* all_to_all: the rest was read in place */
@@ -530,6 +530,18 @@ int c10d__shm_coll_progress(struct c10d__shm_coll *a, int *moved)
             gather_slices(a);
             *moved = 1;
             next_chunk(a);
+            break;
+        case PH_GATHER_IN_PLACE: /* an all_reduce's slices, reduced in place */
+            if (!all_at(seg, AT_REDUCED, a->gen))
+                return waited(a);
+            C10D_CHECK(c10d__shm_in_place_gather(a));
+            /* Its second chunk: arrived (for the next op's first chunk,
+             * which waits for it) and read. */
+            a->gen = ++seg->gen;
+            publish(a);
+            atomic_store_explicit(&seg->ctl[seg->rank].reduced, a->gen, memory_order_release);
+            a->phase = PH_RELEASE;
+            *moved = 1;
             break;
         case PH_RELEASE: /* every peer read what it needed from this rank */
             if (!all_at(seg, AT_REDUCED, a->gen))

@@ -3,6 +3,7 @@
 
 #include "engine/env.h"
 #include "engine/error.h"
+#include "engine/kernels/reduce.h"
 #include "engine/log.h"
 
 #include <errno.h>
@@ -18,7 +19,9 @@ enum { CAN_NOT_NOW = 0, CAN_READ = 1, CAN_NEVER = 2 };
 struct offer {
     uint64_t can;
     uint64_t pid;
-    uint64_t addr; /* its data: a broadcast or scatter root's, an all_gather rank's block */
+    uint64_t addr; /* its data: a broadcast or scatter root's, an all_gather rank's block,
+                      an all_reduce's input */
+    uint64_t out;  /* an all_reduce's output, where its peers read the slice it reduced */
 };
 
 static atomic_uint_fast64_t read_bytes;
@@ -37,10 +40,12 @@ static struct offer *offer_of(const struct c10d__shm_seg *seg, int r, uint64_t g
 static size_t offered_size(const struct c10d__op *op, const struct c10d__shm_seg *seg)
 {
     if ((op->kind != C10D_OP_BROADCAST && op->kind != C10D_OP_ALL_GATHER &&
-         op->kind != C10D_OP_SCATTER) ||
+         op->kind != C10D_OP_SCATTER && op->kind != C10D_OP_ALL_REDUCE) ||
         atomic_load_explicit(&seg->no_offers, memory_order_relaxed))
         return 0;
     size_t bytes = op->count * c10d_dtype_size(op->dtype);
+    if (op->kind == C10D_OP_ALL_REDUCE)
+        return bytes >= C10D_SHM_IN_PLACE_ALL_REDUCE_MIN ? bytes : 0;
     if (op->kind == C10D_OP_BROADCAST)
         return bytes >= C10D_SHM_IN_PLACE_BROADCAST_MIN && bytes <= C10D_SHM_IN_PLACE_BROADCAST_MAX
                    ? bytes
@@ -129,7 +134,7 @@ static int overlap(const char *a, size_t a_len, const char *b, size_t b_len)
 static const char *offered_data(const struct c10d__shm_coll *a)
 {
     const struct c10d__op *op = a->op;
-    if (op->kind == C10D_OP_ALL_GATHER)
+    if (op->kind == C10D_OP_ALL_GATHER || op->kind == C10D_OP_ALL_REDUCE)
         return op->send;
     if (a->seg->rank != op->root)
         return NULL;
@@ -158,6 +163,8 @@ static int buffers_allow(const struct c10d__shm_coll *a)
     switch (op->kind) {
     case C10D_OP_BROADCAST: /* the root writes only its own output */
         return op->recv == NULL || op->recv == src || !overlap(op->recv, n, src, n);
+    case C10D_OP_ALL_REDUCE: /* in place, or apart: a peer reads the input while it is reduced */
+        return op->recv == src || !overlap(op->recv, n, src, n);
     case C10D_OP_SCATTER: { /* the same, its own block of the input in place */
         const char *own = src + (size_t)a->seg->rank * n;
         return op->recv == own || !overlap(op->recv, n, src, offered_bytes(a));
@@ -182,8 +189,10 @@ static int offered_readable(const struct c10d__shm_coll *a)
     size_t n = offered_bytes(a);
     if (src == NULL || n == 0)
         return 1;
-    struct iovec at[2] = {{(void *)src, 1}, {(void *)(src + n - 1), 1}};
-    return c10d__shm_in_place_readable(at, 2);
+    const char *out = a->op->kind == C10D_OP_ALL_REDUCE ? a->op->recv : src;
+    struct iovec at[4] = {
+        {(void *)src, 1}, {(void *)(src + n - 1), 1}, {(void *)out, 1}, {(void *)(out + n - 1), 1}};
+    return c10d__shm_in_place_readable(at, 4);
 }
 
 void c10d__shm_in_place_offer(struct c10d__shm_coll *a)
@@ -196,6 +205,7 @@ void c10d__shm_in_place_offer(struct c10d__shm_coll *a)
     o->can = (uint64_t)can;
     o->pid = atomic_load_explicit(&seg->ctl[seg->rank].pid, memory_order_relaxed);
     o->addr = (uint64_t)(uintptr_t)offered_data(a);
+    o->out = (uint64_t)(uintptr_t)a->op->recv;
 }
 
 int c10d__shm_in_place_agreed(const struct c10d__shm_coll *a)
@@ -235,6 +245,66 @@ static int read_from(const struct c10d__shm_coll *a, int r, char *dst, size_t by
     return c10d__shm_in_place_copy(a, r, o->pid, o->addr, dst, bytes);
 }
 
+/* Rank r's slice of an all_reduce of n elements, as the slots' path cuts a
+ * chunk. */
+static void slice_of(size_t n, int nranks, int r, size_t *lo, size_t *cnt)
+{
+    *lo = n * (size_t)r / (size_t)nranks;
+    *cnt = n * (size_t)(r + 1) / (size_t)nranks - *lo;
+}
+
+/* This rank's slice of an all_reduce: its own input (premultiplied), then
+ * every peer's, read piece by piece into this rank's free slot (the one of
+ * the next chunk, which no peer reads before that chunk), reduced into the
+ * output in rank order, as reduce_slice in coll.c does: the same result to
+ * the bit. A piece of the output stays in cache from its first operand to
+ * its last. */
+static int reduce_own_slice(struct c10d__shm_coll *a)
+{
+    const struct c10d__op *op = a->op;
+    const struct c10d__shm_seg *seg = a->seg;
+    size_t lo, cnt, step = seg->slot_bytes / a->esz;
+    slice_of(op->count, seg->nranks, seg->rank, &lo, &cnt);
+    char *out = (char *)op->recv + lo * a->esz, *piece = c10d__shm_slot(seg, seg->rank, a->gen + 1);
+    const char *in = (const char *)op->send + lo * a->esz;
+    int premul = op->redop == C10D_PREMUL_SUM;
+    for (size_t i = 0; i < cnt; i += step) {
+        size_t m = cnt - i < step ? cnt - i : step, off = i * a->esz;
+        if (out != in)
+            memcpy(out + off, in + off, m * a->esz);
+        if (premul)
+            C10D_CHECK(c10d__reduce_premul(out + off, m, op->dtype, op->premul_factor));
+        for (int r = 0; r < seg->nranks; r++) {
+            if (r == seg->rank)
+                continue;
+            const struct offer *o = offer_of(seg, r, a->gen);
+            C10D_CHECK(c10d__shm_in_place_copy(a, r, o->pid, o->addr + lo * a->esz + off, piece,
+                                               m * a->esz));
+            if (premul)
+                C10D_CHECK(c10d__reduce_premul(piece, m, op->dtype, op->premul_factor));
+            C10D_CHECK(c10d__reduce(out + off, piece, m, op->dtype, op->redop));
+        }
+        C10D_CHECK(c10d__reduce_finish(out + off, m, op->dtype, op->redop, seg->nranks));
+    }
+    return 0;
+}
+
+int c10d__shm_in_place_gather(struct c10d__shm_coll *a)
+{
+    const struct c10d__op *op = a->op;
+    const struct c10d__shm_seg *seg = a->seg;
+    for (int r = 0; r < seg->nranks; r++) {
+        size_t lo, cnt;
+        if (r == seg->rank)
+            continue;
+        slice_of(op->count, seg->nranks, r, &lo, &cnt);
+        const struct offer *o = offer_of(seg, r, a->gen);
+        C10D_CHECK(c10d__shm_in_place_copy(a, r, o->pid, o->out + lo * a->esz,
+                                           (char *)op->recv + lo * a->esz, cnt * a->esz));
+    }
+    return 0;
+}
+
 int c10d__shm_in_place_read(struct c10d__shm_coll *a)
 {
     const struct c10d__op *op = a->op;
@@ -242,6 +312,8 @@ int c10d__shm_in_place_read(struct c10d__shm_coll *a)
     size_t n = op->count * a->esz;
     const char *mine = offered_data(a);
     switch (op->kind) {
+    case C10D_OP_ALL_REDUCE:
+        return reduce_own_slice(a);
     case C10D_OP_BROADCAST:
         if (seg->rank != op->root) /* a rank may take part without an output */
             return op->recv != NULL ? read_from(a, op->root, op->recv, n) : 0;
