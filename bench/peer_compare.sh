@@ -37,7 +37,10 @@ except Exception: print('n/a')")
 # The same conditions for all three: blocking calls (one op completes before the
 # next starts, as MPI_Allreduce and dist.all_reduce do), the same number of
 # iterations per size, and the loop timed as a whole (c10d-bench -p 0: no clock
-# read per op, which costs 25 ns here, as the MPI and gloo benches time theirs).
+# read per op, which costs 25 ns here, as the MPI and gloo benches time theirs),
+# and in place (c10d-bench -i 1: one buffer, as MPI_IN_PLACE in mpi_allreduce.c
+# and torch's dist.all_reduce(t); out of place a rank also copies its input to
+# its output, about 0.1 ms more at 4 MiB).
 # Placement: mpirun binds each rank to a core by default
 # when they fit (2 ranks here) and not when oversubscribed; binding helps some
 # peers and hurts others (gloo's threads then share one core), so when the ranks
@@ -55,7 +58,7 @@ c10d_sweep() { # ranks bind shm -> "size time busbw" lines
         it=$(iterations "$size")
         w=$((it / 10)); [ $w -lt 2 ] && w=2
         C10D_SHM=$3 "$run" -n "$1" --bind-to "$2" --no-prefix "$bench" -o all_reduce -d float32 -r sum \
-            -b "$size" -e "$size" -n "$it" -w "$w" -z 1 -p 0 -c 0 \
+            -b "$size" -e "$size" -n "$it" -w "$w" -z 1 -p 0 -c 0 -i 1 \
             | awk '$1 ~ /^[0-9]+$/ && NF >= 9 {print $1, $6, $8; fflush()}'
         size=$((size * factor))
     done

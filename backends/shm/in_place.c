@@ -94,7 +94,7 @@ static int peers_readable(struct c10d__shm_seg *seg)
         if (n != (ssize_t)sizeof theirs || theirs != seg->nranks) {
             C10D_INFO("shm",
                       "rank %d cannot read rank %d's memory (%s): large broadcast, all_gather, "
-                      "scatter and all_to_all copy through the segment's slots",
+                      "scatter, all_reduce and all_to_all copy through the segment's slots",
                       seg->rank, r, n < 0 ? strerror(errno) : "another process");
             seg->read_peers = 2;
             return CAN_NEVER;
