@@ -15,7 +15,8 @@
 
 #include <string.h>
 
-/* PH_RELEASE and PH_FINISH: an op read in place (in_place.h). */
+/* PH_GATHER_IN_PLACE (an all_reduce's second read), PH_RELEASE and
+ * PH_FINISH: an op read in place (in_place.h). */
 enum { PH_WRITE, PH_REDUCE, PH_GATHER, PH_GATHER_IN_PLACE, PH_RELEASE, PH_FINISH, PH_DONE };
 
 /* Kinds whose slot holds a part of every rank's block: this rank's part for
@@ -505,7 +506,8 @@ int c10d__shm_coll_progress(struct c10d__shm_coll *a, int *moved)
                 /* A failed read leaves the op here: run again (the lane
                  * hands a failure to the loop, which runs it to its end),
                  * it reads again or fails again, never reads the offer as
-                 * data. */
+                 * data. Not an all_reduce, whose read adds into its
+                 * output: it never runs in the lane (in_place.h). */
                 C10D_CHECK(c10d__shm_in_place_read(a));
                 a->offering = 0;
                 atomic_store_explicit(&seg->ctl[seg->rank].reduced, a->gen, memory_order_release);

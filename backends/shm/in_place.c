@@ -254,11 +254,14 @@ static void slice_of(size_t n, int nranks, int r, size_t *lo, size_t *cnt)
 }
 
 /* This rank's slice of an all_reduce: its own input (premultiplied), then
- * every peer's, read piece by piece into this rank's free slot (the one of
- * the next chunk, which no peer reads before that chunk), reduced into the
- * output in rank order, as reduce_slice in coll.c does: the same result to
- * the bit. A piece of the output stays in cache from its first operand to
- * its last. */
+ * every peer's, read piece by piece into this rank's slot for the next
+ * chunk (free: every peer's `arrive` at this chunk says it is done with the
+ * one before, the last that used it), reduced into the output in rank
+ * order, as reduce_slice in coll.c does. The slices are the whole op's, not
+ * each chunk's as there: on 3 ranks or more a float sum may round
+ * otherwise than through the slots (on 2 the same bits); every rank still
+ * gets the same result. A piece of the output stays in cache from its first
+ * operand to its last. */
 static int reduce_own_slice(struct c10d__shm_coll *a)
 {
     const struct c10d__op *op = a->op;

@@ -42,7 +42,7 @@
 #include <sys/uio.h>
 
 /* The sizes read in place (bytes: a broadcast's buffer, an all_gather's
- * whole output, a scatter's whole input). Below the least, the offer's
+ * whole output, a scatter's whole input, an all_reduce's buffer). Below the least, the offer's
  * extra rounds cost more than the copy they save; a broadcast above its
  * most pipelines better through the slots, where its root copies chunks in
  * while its peers copy the last ones out, each on its own CPU, than one
