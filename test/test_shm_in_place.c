@@ -24,15 +24,20 @@
 
 enum { NR = 3, SLOT = 4096 };
 
-static void make3(struct c10d__shm_seg *seg[NR])
+static void make3_slots(struct c10d__shm_seg *seg[NR], size_t slot)
 {
     char ref[C10D_SHM_REF_MAX];
-    assert_int_equal(c10d__shm_create(NR, SLOT, &seg[0], ref, sizeof ref), 0);
+    assert_int_equal(c10d__shm_create(NR, slot, &seg[0], ref, sizeof ref), 0);
     for (int r = 1; r < NR; r++)
         assert_int_equal(c10d__shm_attach(ref, NR, r, &seg[r]), 0);
     /* Three "ranks" polled by one thread: none waits for a CPU. */
     for (int r = 0; r < NR; r++)
         seg[r]->crowded = 0;
+}
+
+static void make3(struct c10d__shm_seg *seg[NR])
+{
+    make3_slots(seg, SLOT);
 }
 
 static void free3(struct c10d__shm_seg *seg[NR])
@@ -310,20 +315,36 @@ static void test_failed_read_runs_again(void **st)
     free3(seg);
 }
 
-/* all_reduce, 2.4 MB (an odd count: uneven slices), rank 1 out of place, the
- * others in place: each rank reduces its slice from its peers' inputs and
- * reads their slices from their outputs, every byte once. SUM, PREMUL_SUM
- * and MAX of int32 exact; then a rank whose op ended never lets its peers
- * go, as above. */
-enum { AR = 600001 };
-static float ar_in[NR][AR], ar_out[NR][AR];
+/* all_reduce, 2.4 MB in 64 KiB slots (smaller ones never offer: their
+ * chunks are reduced whole): 36 chunks cut into uneven slices, and a last
+ * one of 12 KB every rank reduces whole; rank 1 out of place, the others
+ * in place. SUM, PREMUL_SUM and MAX of int32 exact; then random floats give
+ * the same bits as through the slots (sums, averages, premultiplied sums
+ * round alike only where every element adds its terms in the same order);
+ * then a rank whose op ended never lets its peers go, as above. */
+enum { AR_SLOT = 64 * 1024, AR_CHUNK = AR_SLOT / 4, AR = 36 * AR_CHUNK + 3001 };
+static float ar_in[NR][AR], ar_out[NR][AR], ar_slots[NR][AR];
+
+static void all_reduce_op(struct c10d__op op[NR], c10d_dtype dt, c10d_reduce_op redop, uint64_t seq)
+{
+    for (int r = 0; r < NR; r++)
+        op[r] = (struct c10d__op){.kind = C10D_OP_ALL_REDUCE,
+                                  .send = r == 1 ? ar_in[r] : ar_out[r],
+                                  .recv = ar_out[r],
+                                  .count = AR,
+                                  .dtype = dt,
+                                  .redop = redop,
+                                  .premul_factor = 0.37,
+                                  .seq = seq};
+}
 
 static void all_reduce(struct c10d__shm_seg *seg[NR], c10d_dtype dt, c10d_reduce_op redop,
                        uint64_t seq)
 {
     struct c10d__op op[NR];
+    all_reduce_op(op, dt, redop, seq);
     for (int r = 0; r < NR; r++) {
-        float *in = r == 1 ? ar_in[r] : ar_out[r];
+        float *in = (float *)op[r].send;
         int32_t *iin = (int32_t *)in;
         for (int i = 0; i < AR; i++) {
             if (dt == C10D_INT32)
@@ -333,14 +354,6 @@ static void all_reduce(struct c10d__shm_seg *seg[NR], c10d_dtype dt, c10d_reduce
         }
         if (r == 1)
             memset(ar_out[r], 0, sizeof ar_out[r]);
-        op[r] = (struct c10d__op){.kind = C10D_OP_ALL_REDUCE,
-                                  .send = in,
-                                  .recv = ar_out[r],
-                                  .count = AR,
-                                  .dtype = dt,
-                                  .redop = redop,
-                                  .premul_factor = 0.5,
-                                  .seq = seq};
     }
     int rc[NR];
     drive(seg, op, -1, 1000000, rc);
@@ -359,10 +372,32 @@ static void all_reduce(struct c10d__shm_seg *seg[NR], c10d_dtype dt, c10d_reduce
             float want = 0;
             for (int k = 0; k < NR; k++)
                 want += (float)i * 0.5f + (float)(k + (int)seq);
-            if (redop == C10D_PREMUL_SUM)
-                want *= 0.5f;
-            assert_true(ar_out[r][i] == want);
+            if (redop == C10D_PREMUL_SUM) /* 0.37 x each term: not exact, close */
+                assert_true(ar_out[r][i] - want * 0.37f <= want * 1e-6f &&
+                            want * 0.37f - ar_out[r][i] <= want * 1e-6f);
+            else
+                assert_true(ar_out[r][i] == want);
         }
+    }
+}
+
+/* Random floats through `seg` (offering or not, as it stands) into out. */
+static void all_reduce_random(struct c10d__shm_seg *seg[NR], c10d_reduce_op redop, uint64_t seq,
+                              float out[NR][AR])
+{
+    struct c10d__op op[NR];
+    all_reduce_op(op, C10D_FLOAT32, redop, seq);
+    uint32_t x = 12345;
+    for (int r = 0; r < NR; r++)
+        for (int i = 0; i < AR; i++) {
+            x = x * 1664525u + 1013904223u;
+            ((float *)op[r].send)[i] = (float)(x >> 8) / (float)(1u << 24) * 200.0f - 100.0f;
+        }
+    int rc[NR];
+    drive(seg, op, -1, 1000000, rc);
+    for (int r = 0; r < NR; r++) {
+        assert_int_equal(rc[r], 1);
+        memcpy(out[r], ar_out[r], sizeof out[r]);
     }
 }
 
@@ -370,25 +405,36 @@ static void test_all_reduce_in_place(void **st)
 {
     (void)st;
     struct c10d__shm_seg *seg[NR];
-    make3(seg);
+    make3_slots(seg, AR_SLOT);
     uint64_t b0 = c10d__shm_in_place_bytes(), gen = seg[0]->gen;
     all_reduce(seg, C10D_FLOAT32, C10D_SUM, 1);
-    /* Every rank reads each peer's copy of its slice, then each peer's slice. */
-    assert_int_equal(c10d__shm_in_place_bytes() - b0, 2u * (NR - 1) * AR * sizeof(float));
+    /* Every rank reads each peer's copy of its slices, then each peer's
+     * slices; and each peer's whole last chunk. */
+    size_t sliced = 36 * AR_CHUNK, whole = AR - sliced;
+    uint64_t per_op = (2u * (NR - 1) * sliced + NR * (NR - 1) * whole) * sizeof(float);
+    assert_int_equal(c10d__shm_in_place_bytes() - b0, per_op);
     assert_int_equal(seg[0]->gen - gen, 2); /* the offer's chunk and the gather's */
     all_reduce(seg, C10D_FLOAT32, C10D_PREMUL_SUM, 2);
     all_reduce(seg, C10D_INT32, C10D_MAX, 3);
-    assert_int_equal(c10d__shm_in_place_bytes() - b0, 6u * (NR - 1) * AR * sizeof(float));
+    assert_int_equal(c10d__shm_in_place_bytes() - b0, 3 * per_op);
+
+    c10d_reduce_op redops[] = {C10D_SUM, C10D_AVG, C10D_PREMUL_SUM};
+    for (int k = 0; k < 3; k++) {
+        uint64_t b1 = c10d__shm_in_place_bytes();
+        all_reduce_random(seg, redops[k], 10 + (uint64_t)k, ar_slots);
+        assert_int_equal(c10d__shm_in_place_bytes() - b1, per_op);
+        for (int r = 0; r < NR; r++)
+            atomic_store(&seg[r]->no_offers, 1);
+        all_reduce_random(seg, redops[k], 20 + (uint64_t)k, ar_out);
+        for (int r = 0; r < NR; r++) {
+            atomic_store(&seg[r]->no_offers, 0);
+            assert_memory_equal(ar_out[r], ar_slots[r], sizeof ar_out[r]);
+        }
+        assert_int_equal(c10d__shm_in_place_bytes() - b1, per_op); /* nothing more */
+    }
 
     struct c10d__op op[NR];
-    for (int r = 0; r < NR; r++)
-        op[r] = (struct c10d__op){.kind = C10D_OP_ALL_REDUCE,
-                                  .send = ar_out[r],
-                                  .recv = ar_out[r],
-                                  .count = AR,
-                                  .dtype = C10D_FLOAT32,
-                                  .redop = C10D_SUM,
-                                  .seq = 4};
+    all_reduce_op(op, C10D_FLOAT32, C10D_SUM, 30);
     int rc[NR];
     drive(seg, op, 2, 20000, rc);
     for (int r = 0; r < NR; r++) {
@@ -396,6 +442,13 @@ static void test_all_reduce_in_place(void **st)
         assert_int_equal(atomic_load(&seg[r]->ctl[r].reduced), seg[r]->gen);
     }
     assert_true(atomic_load(&seg[2]->ctl[2].released) < seg[2]->gen);
+    free3(seg);
+
+    /* 4 KiB slots: every chunk would be reduced whole, so none offers. */
+    make3(seg);
+    uint64_t b2 = c10d__shm_in_place_bytes();
+    all_reduce(seg, C10D_FLOAT32, C10D_SUM, 40);
+    assert_int_equal(c10d__shm_in_place_bytes(), b2);
     free3(seg);
 }
 

@@ -44,8 +44,12 @@ static size_t offered_size(const struct c10d__op *op, const struct c10d__shm_seg
         atomic_load_explicit(&seg->no_offers, memory_order_relaxed))
         return 0;
     size_t bytes = op->count * c10d_dtype_size(op->dtype);
-    if (op->kind == C10D_OP_ALL_REDUCE)
-        return bytes >= C10D_SHM_IN_PLACE_ALL_REDUCE_MIN ? bytes : 0;
+    if (op->kind == C10D_OP_ALL_REDUCE) /* slots that make sliced chunks: reduce_own_slices */
+        return bytes >= C10D_SHM_IN_PLACE_ALL_REDUCE_MIN &&
+                       seg->slot_bytes / c10d_dtype_size(op->dtype) * c10d_dtype_size(op->dtype) >
+                           C10D_SHM_SMALL_MAX
+                   ? bytes
+                   : 0;
     if (op->kind == C10D_OP_BROADCAST)
         return bytes >= C10D_SHM_IN_PLACE_BROADCAST_MIN && bytes <= C10D_SHM_IN_PLACE_BROADCAST_MAX
                    ? bytes
@@ -245,49 +249,106 @@ static int read_from(const struct c10d__shm_coll *a, int r, char *dst, size_t by
     return c10d__shm_in_place_copy(a, r, o->pid, o->addr, dst, bytes);
 }
 
-/* Rank r's slice of an all_reduce of n elements, as the slots' path cuts a
- * chunk. */
+/* An all_reduce read in place cuts its elements as the slots' path does
+ * (coll.c), so that every element is reduced in the same order, to the same
+ * bits: chunks of a slot's elements, each cut into one slice per rank,
+ * which its owner reduces (its own input first, then its peers' in rank
+ * order) and everyone gathers; but a last chunk of C10D_SHM_SMALL_MAX
+ * bytes or less every rank reduces whole, in rank order. Only slots larger
+ * than that are offered (offered_size), so that one chunk at most is so. */
 static void slice_of(size_t n, int nranks, int r, size_t *lo, size_t *cnt)
 {
     *lo = n * (size_t)r / (size_t)nranks;
     *cnt = n * (size_t)(r + 1) / (size_t)nranks - *lo;
 }
 
-/* This rank's slice of an all_reduce: its own input (premultiplied), then
- * every peer's, read piece by piece into this rank's slot for the next
- * chunk (free: every peer's `arrive` at this chunk says it is done with the
- * one before, the last that used it), reduced into the output in rank
- * order, as reduce_slice in coll.c does. The slices are the whole op's, not
- * each chunk's as there: on 3 ranks or more a float sum may round
- * otherwise than through the slots (on 2 the same bits); every rank still
- * gets the same result. A piece of the output stays in cache from its first
- * operand to its last. */
-static int reduce_own_slice(struct c10d__shm_coll *a)
+static int whole_chunk(const struct c10d__shm_coll *a, size_t n)
+{
+    return n * a->esz <= C10D_SHM_SMALL_MAX;
+}
+
+/* Where this rank reads its peers' pieces: its slot for the next chunk
+ * (free: every peer's `arrive` at this chunk says it is done with the one
+ * before, the last that used it). */
+static char *piece_of(const struct c10d__shm_coll *a)
+{
+    return c10d__shm_slot(a->seg, a->seg->rank, a->gen + 1);
+}
+
+/* Where a whole last chunk is reduced, until this rank may write its output
+ * (its peers read its input there until every rank reduced): past the offer
+ * in the offer's slot, whose head room makes a slot's bytes fit there. */
+_Static_assert(sizeof(struct offer) <= 64, "the offer fits the head room's first line");
+static char *whole_of(const struct c10d__shm_coll *a)
+{
+    return c10d__shm_slot(a->seg, a->seg->rank, a->gen) + 64;
+}
+
+/* Peer r's n elements from byte `at` of its input into piece, premultiplied
+ * as its slot would hold them. */
+static int read_input(struct c10d__shm_coll *a, int r, size_t at, size_t n, char *piece)
+{
+    const struct offer *o = offer_of(a->seg, r, a->gen);
+    C10D_CHECK(c10d__shm_in_place_copy(a, r, o->pid, o->addr + at, piece, n * a->esz));
+    if (a->op->redop == C10D_PREMUL_SUM)
+        C10D_CHECK(c10d__reduce_premul(piece, n, a->op->dtype, a->op->premul_factor));
+    return 0;
+}
+
+/* A last chunk of n elements from element `at`, whole, in rank order (as
+ * reduce_all in coll.c), into whole_of. */
+static int reduce_whole(struct c10d__shm_coll *a, size_t at, size_t n)
+{
+    const struct c10d__op *op = a->op;
+    char *acc = whole_of(a), *piece = piece_of(a);
+    size_t bytes = n * a->esz;
+    for (int r = 0; r < a->seg->nranks; r++) {
+        const char *src = piece;
+        if (r != a->seg->rank) {
+            C10D_CHECK(read_input(a, r, at * a->esz, n, piece));
+        } else {
+            memcpy(piece, (const char *)op->send + at * a->esz, bytes);
+            if (op->redop == C10D_PREMUL_SUM)
+                C10D_CHECK(c10d__reduce_premul(piece, n, op->dtype, op->premul_factor));
+        }
+        if (r == 0)
+            memcpy(acc, src, bytes);
+        else
+            C10D_CHECK(c10d__reduce(acc, src, n, op->dtype, op->redop));
+    }
+    return c10d__reduce_finish(acc, n, op->dtype, op->redop, a->seg->nranks);
+}
+
+/* This rank's slice of every chunk, into its output: its own input
+ * (premultiplied), then each peer's copy of the slice, read into piece_of,
+ * in rank order, as reduce_slice in coll.c. The slice of the output stays
+ * in cache from its first operand to its last. */
+static int reduce_own_slices(struct c10d__shm_coll *a)
 {
     const struct c10d__op *op = a->op;
     const struct c10d__shm_seg *seg = a->seg;
-    size_t lo, cnt, step = seg->slot_bytes / a->esz;
-    slice_of(op->count, seg->nranks, seg->rank, &lo, &cnt);
-    char *out = (char *)op->recv + lo * a->esz, *piece = c10d__shm_slot(seg, seg->rank, a->gen + 1);
-    const char *in = (const char *)op->send + lo * a->esz;
-    int premul = op->redop == C10D_PREMUL_SUM;
-    for (size_t i = 0; i < cnt; i += step) {
-        size_t m = cnt - i < step ? cnt - i : step, off = i * a->esz;
+    char *piece = piece_of(a);
+    for (size_t at = 0; at < op->count; at += a->chunk_elems) {
+        size_t n = op->count - at < a->chunk_elems ? op->count - at : a->chunk_elems, lo, cnt;
+        if (whole_chunk(a, n)) {
+            C10D_CHECK(reduce_whole(a, at, n));
+            continue;
+        }
+        slice_of(n, seg->nranks, seg->rank, &lo, &cnt);
+        size_t off = (at + lo) * a->esz;
+        char *out = (char *)op->recv + off;
+        const char *in = (const char *)op->send + off;
         if (out != in)
-            memcpy(out + off, in + off, m * a->esz);
-        if (premul)
-            C10D_CHECK(c10d__reduce_premul(out + off, m, op->dtype, op->premul_factor));
+            memcpy(out, in, cnt * a->esz);
+        if (op->redop == C10D_PREMUL_SUM)
+            C10D_CHECK(c10d__reduce_premul(out, cnt, op->dtype, op->premul_factor));
         for (int r = 0; r < seg->nranks; r++) {
             if (r == seg->rank)
                 continue;
-            const struct offer *o = offer_of(seg, r, a->gen);
-            C10D_CHECK(c10d__shm_in_place_copy(a, r, o->pid, o->addr + lo * a->esz + off, piece,
-                                               m * a->esz));
-            if (premul)
-                C10D_CHECK(c10d__reduce_premul(piece, m, op->dtype, op->premul_factor));
-            C10D_CHECK(c10d__reduce(out + off, piece, m, op->dtype, op->redop));
+            C10D_CHECK(read_input(a, r, off, cnt, piece));
+            C10D_CHECK(c10d__reduce(out, piece, cnt, op->dtype, op->redop));
         }
-        C10D_CHECK(c10d__reduce_finish(out + off, m, op->dtype, op->redop, seg->nranks));
+        C10D_CHECK(c10d__reduce_finish(out, cnt, op->dtype, op->redop, seg->nranks));
     }
     return 0;
 }
@@ -296,14 +357,22 @@ int c10d__shm_in_place_gather(struct c10d__shm_coll *a)
 {
     const struct c10d__op *op = a->op;
     const struct c10d__shm_seg *seg = a->seg;
-    for (int r = 0; r < seg->nranks; r++) {
-        size_t lo, cnt;
-        if (r == seg->rank)
+    for (size_t at = 0; at < op->count; at += a->chunk_elems) {
+        size_t n = op->count - at < a->chunk_elems ? op->count - at : a->chunk_elems;
+        if (whole_chunk(a, n)) { /* every peer read this rank's input there */
+            memcpy((char *)op->recv + at * a->esz, whole_of(a), n * a->esz);
             continue;
-        slice_of(op->count, seg->nranks, r, &lo, &cnt);
-        const struct offer *o = offer_of(seg, r, a->gen);
-        C10D_CHECK(c10d__shm_in_place_copy(a, r, o->pid, o->out + lo * a->esz,
-                                           (char *)op->recv + lo * a->esz, cnt * a->esz));
+        }
+        for (int r = 0; r < seg->nranks; r++) {
+            size_t lo, cnt;
+            if (r == seg->rank)
+                continue;
+            slice_of(n, seg->nranks, r, &lo, &cnt);
+            size_t off = (at + lo) * a->esz;
+            const struct offer *o = offer_of(seg, r, a->gen);
+            C10D_CHECK(c10d__shm_in_place_copy(a, r, o->pid, o->out + off, (char *)op->recv + off,
+                                               cnt * a->esz));
+        }
     }
     return 0;
 }
@@ -316,7 +385,7 @@ int c10d__shm_in_place_read(struct c10d__shm_coll *a)
     const char *mine = offered_data(a);
     switch (op->kind) {
     case C10D_OP_ALL_REDUCE:
-        return reduce_own_slice(a);
+        return reduce_own_slices(a);
     case C10D_OP_BROADCAST:
         if (seg->rank != op->root) /* a rank may take part without an output */
             return op->recv != NULL ? read_from(a, op->root, op->recv, n) : 0;

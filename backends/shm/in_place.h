@@ -19,8 +19,9 @@
  * did, each publishes `released` if its op is still live (its work not
  * completed: a rank whose op timed out may have its buffer back already);
  * once all did, each is done. An all_reduce reads twice and takes two
- * chunks: once all arrived, each rank reduces its slice from its peers'
- * inputs into its output and publishes `reduced`; once all did, it reads
+ * chunks: once all arrived, each rank reduces its slices (cut as the
+ * slots' path cuts them, to the same bits) from its peers' inputs into its
+ * output and publishes `reduced`; once all did, it reads
  * every peer's reduced slice from that peer's output, and publishes the
  * next chunk's `arrive` and `reduced`; release and end as above, at that
  * chunk. So a reader's bytes count only if every
