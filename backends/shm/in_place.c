@@ -319,36 +319,96 @@ static int reduce_whole(struct c10d__shm_coll *a, size_t at, size_t n)
     return c10d__reduce_finish(acc, n, op->dtype, op->redop, a->seg->nranks);
 }
 
+/* Ranges in one process_vm_readv: an all_reduce's slices, one per chunk,
+ * in one system call (each costs about a microsecond here, and pins its
+ * pages either way). */
+enum { READ_V_MAX = 64 };
+
+/* n ranges of rank r's memory into this process's: one system call, or
+ * where it comes back short, range by range from where it stopped (which
+ * goes on past a read cut short, or names the failure). */
+static int read_v(const struct c10d__shm_coll *a, int r, uint64_t pid, const struct iovec *mine,
+                  const struct iovec *theirs, int n)
+{
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += mine[i].iov_len;
+    ssize_t got = process_vm_readv((pid_t)pid, mine, (unsigned long)n, theirs, (unsigned long)n, 0);
+    size_t skip = got > 0 ? (size_t)got : 0;
+    atomic_fetch_add_explicit(&read_bytes, skip, memory_order_relaxed);
+    for (int i = 0; i < n && skip < total; i++) {
+        size_t len = mine[i].iov_len;
+        if (skip >= len) {
+            skip -= len;
+            total -= len;
+            continue;
+        }
+        C10D_CHECK(c10d__shm_in_place_copy(a, r, pid,
+                                           (uint64_t)(uintptr_t)theirs[i].iov_base + skip,
+                                           (char *)mine[i].iov_base + skip, len - skip));
+        total -= len;
+        skip = 0;
+    }
+    return 0;
+}
+
 /* This rank's slice of every chunk, into its output: its own input
  * (premultiplied), then each peer's copy of the slice, read into piece_of,
- * in rank order, as reduce_slice in coll.c. The slice of the output stays
- * in cache from its first operand to its last. */
+ * in rank order, as reduce_slice in coll.c. As many chunks at a time as
+ * their slices fill the piece, each peer's in one read; those slices of
+ * the output stay in cache from their first operand to their last. */
 static int reduce_own_slices(struct c10d__shm_coll *a)
 {
     const struct c10d__op *op = a->op;
     const struct c10d__shm_seg *seg = a->seg;
     char *piece = piece_of(a);
-    for (size_t at = 0; at < op->count; at += a->chunk_elems) {
-        size_t n = op->count - at < a->chunk_elems ? op->count - at : a->chunk_elems, lo, cnt;
-        if (whole_chunk(a, n)) {
-            C10D_CHECK(reduce_whole(a, at, n));
-            continue;
+    size_t most = (a->chunk_elems + (size_t)seg->nranks - 1) / (size_t)seg->nranks;
+    size_t per = seg->slot_bytes / (most * a->esz);
+    per = per < 1 ? 1 : per > READ_V_MAX ? READ_V_MAX : per;
+    struct iovec mine[READ_V_MAX], theirs[READ_V_MAX];
+    size_t off[READ_V_MAX], cnt[READ_V_MAX];
+    for (size_t at = 0; at < op->count;) {
+        int k = 0;
+        while ((size_t)k < per && at < op->count) {
+            size_t n = op->count - at < a->chunk_elems ? op->count - at : a->chunk_elems, lo;
+            if (whole_chunk(a, n)) /* the last chunk (offered_size) */
+                break;
+            slice_of(n, seg->nranks, seg->rank, &lo, &cnt[k]);
+            off[k++] = (at + lo) * a->esz;
+            at += n;
         }
-        slice_of(n, seg->nranks, seg->rank, &lo, &cnt);
-        size_t off = (at + lo) * a->esz;
-        char *out = (char *)op->recv + off;
-        const char *in = (const char *)op->send + off;
-        if (out != in)
-            memcpy(out, in, cnt * a->esz);
-        if (op->redop == C10D_PREMUL_SUM)
-            C10D_CHECK(c10d__reduce_premul(out, cnt, op->dtype, op->premul_factor));
+        if (k == 0) {
+            C10D_CHECK(reduce_whole(a, at, op->count - at));
+            break;
+        }
+        for (int j = 0; j < k; j++) {
+            char *out = (char *)op->recv + off[j];
+            const char *in = (const char *)op->send + off[j];
+            if (out != in)
+                memcpy(out, in, cnt[j] * a->esz);
+            if (op->redop == C10D_PREMUL_SUM)
+                C10D_CHECK(c10d__reduce_premul(out, cnt[j], op->dtype, op->premul_factor));
+        }
         for (int r = 0; r < seg->nranks; r++) {
             if (r == seg->rank)
                 continue;
-            C10D_CHECK(read_input(a, r, off, cnt, piece));
-            C10D_CHECK(c10d__reduce(out, piece, cnt, op->dtype, op->redop));
+            const struct offer *o = offer_of(seg, r, a->gen);
+            for (int j = 0; j < k; j++) {
+                mine[j] = (struct iovec){piece + (size_t)j * most * a->esz, cnt[j] * a->esz};
+                theirs[j] = (struct iovec){(void *)(uintptr_t)(o->addr + off[j]), cnt[j] * a->esz};
+            }
+            C10D_CHECK(read_v(a, r, o->pid, mine, theirs, k));
+            for (int j = 0; j < k; j++) {
+                if (op->redop == C10D_PREMUL_SUM)
+                    C10D_CHECK(c10d__reduce_premul(mine[j].iov_base, cnt[j], op->dtype,
+                                                   op->premul_factor));
+                C10D_CHECK(c10d__reduce((char *)op->recv + off[j], mine[j].iov_base, cnt[j],
+                                        op->dtype, op->redop));
+            }
         }
-        C10D_CHECK(c10d__reduce_finish(out, cnt, op->dtype, op->redop, seg->nranks));
+        for (int j = 0; j < k; j++)
+            C10D_CHECK(c10d__reduce_finish((char *)op->recv + off[j], cnt[j], op->dtype, op->redop,
+                                           seg->nranks));
     }
     return 0;
 }
@@ -357,23 +417,33 @@ int c10d__shm_in_place_gather(struct c10d__shm_coll *a)
 {
     const struct c10d__op *op = a->op;
     const struct c10d__shm_seg *seg = a->seg;
-    for (size_t at = 0; at < op->count; at += a->chunk_elems) {
-        size_t n = op->count - at < a->chunk_elems ? op->count - at : a->chunk_elems;
-        if (whole_chunk(a, n)) { /* every peer read this rank's input there */
-            memcpy((char *)op->recv + at * a->esz, whole_of(a), n * a->esz);
+    struct iovec mine[READ_V_MAX], theirs[READ_V_MAX];
+    size_t whole_at = op->count;
+    for (int r = 0; r < seg->nranks; r++) {
+        if (r == seg->rank)
             continue;
-        }
-        for (int r = 0; r < seg->nranks; r++) {
-            size_t lo, cnt;
-            if (r == seg->rank)
-                continue;
+        const struct offer *o = offer_of(seg, r, a->gen);
+        int k = 0;
+        for (size_t at = 0; at < op->count; at += a->chunk_elems) {
+            size_t n = op->count - at < a->chunk_elems ? op->count - at : a->chunk_elems, lo, cnt;
+            if (whole_chunk(a, n)) {
+                whole_at = at;
+                break;
+            }
             slice_of(n, seg->nranks, r, &lo, &cnt);
             size_t off = (at + lo) * a->esz;
-            const struct offer *o = offer_of(seg, r, a->gen);
-            C10D_CHECK(c10d__shm_in_place_copy(a, r, o->pid, o->out + off, (char *)op->recv + off,
-                                               cnt * a->esz));
+            mine[k] = (struct iovec){(char *)op->recv + off, cnt * a->esz};
+            theirs[k++] = (struct iovec){(void *)(uintptr_t)(o->out + off), cnt * a->esz};
+            if (k == READ_V_MAX) {
+                C10D_CHECK(read_v(a, r, o->pid, mine, theirs, k));
+                k = 0;
+            }
         }
+        if (k > 0)
+            C10D_CHECK(read_v(a, r, o->pid, mine, theirs, k));
     }
+    if (whole_at < op->count) /* every peer read this rank's input there */
+        memcpy((char *)op->recv + whole_at * a->esz, whole_of(a), (op->count - whole_at) * a->esz);
     return 0;
 }
 
