@@ -46,6 +46,7 @@ static size_t offered_size(const struct c10d__op *op, const struct c10d__shm_seg
     size_t bytes = op->count * c10d_dtype_size(op->dtype);
     if (op->kind == C10D_OP_ALL_REDUCE) /* slots that make sliced chunks: reduce_own_slices */
         return bytes >= C10D_SHM_IN_PLACE_ALL_REDUCE_MIN &&
+                       bytes <= C10D_SHM_IN_PLACE_ALL_REDUCE_MAX &&
                        seg->slot_bytes / c10d_dtype_size(op->dtype) * c10d_dtype_size(op->dtype) >
                            C10D_SHM_SMALL_MAX
                    ? bytes

@@ -58,12 +58,18 @@
 #define C10D_SHM_IN_PLACE_SCATTER_MIN    (128 * 1024)
 /* An all_reduce's buffer. Through the slots each rank copies its input in,
  * reduces its slice from its peers' slots and copies their slices out;
- * read in place, the first copy is gone. Below this the slots win: their
- * chunks stay in cache from one rank's copy to its peer's. 2 ranks bound to
- * cores, in place, us read in place / through the slots (median of 5): 2 MiB
- * 374 / 396, 4 MiB 612 / 802, 16 MiB 3021 / 3111; 1 MiB, in a stand-alone
- * test of both schemes, 201-218 / 161-170. */
+ * read in place, the first copy is gone. Below the least the slots win:
+ * their chunks stay in cache from one rank's copy to its peer's. Above the
+ * most too: read in place, every slice is reduced before any is gathered,
+ * from memory the caches no longer hold, where the slots gather each chunk
+ * right after it is reduced. 2 ranks bound to cores, in place, us read in
+ * place / through the slots (medians of 5, three sets of runs): 2 MiB
+ * 374-412 / 396-427, 4 MiB 612-683 / 802-872, 8 MiB 1311-1440 / 1527-1666,
+ * 16 MiB 3021-4195 / 3111-3615; 32 and 64 MiB (two runs) 10.7-11.9 /
+ * 8.1-9.1 and 22.3-25.9 / 16.7-18.3 ms; 1 MiB, in a stand-alone test of both
+ * schemes, 201-218 / 161-170. */
 #define C10D_SHM_IN_PLACE_ALL_REDUCE_MIN (2 * 1024 * 1024)
+#define C10D_SHM_IN_PLACE_ALL_REDUCE_MAX (8 * 1024 * 1024)
 
 /* Whether `op` starts with an offer on seg: the same answer on every rank
  * for ops whose fingerprints agree. */
