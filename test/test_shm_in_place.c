@@ -74,6 +74,15 @@ static void drive(struct c10d__shm_seg *seg[NR], struct c10d__op op[NR], int dea
                 rc[r] = c10d__shm_coll_progress(&x[r], &moved);
 }
 
+/* Runs op[r] on seg[r] to its end on every rank. */
+static void drive_done(struct c10d__shm_seg *seg[NR], struct c10d__op op[NR])
+{
+    int rc[NR];
+    drive(seg, op, -1, 1000000, rc);
+    for (int r = 0; r < NR; r++)
+        assert_int_equal(rc[r], 1);
+}
+
 enum {
     BC = 60000,
     AG = 18000,
@@ -96,10 +105,8 @@ static void broadcast(struct c10d__shm_seg *seg[NR], int root, uint64_t seq)
                                   .root = root,
                                   .seq = seq};
     }
-    int rc[NR];
-    drive(seg, op, -1, 1000000, rc);
+    drive_done(seg, op);
     for (int r = 0; r < NR; r++) {
-        assert_int_equal(rc[r], 1);
         for (int i = 0; i < BC; i++)
             assert_true(bc[r][i] == (float)(seq * 7 + (uint64_t)i));
     }
@@ -121,10 +128,8 @@ static void all_gather(struct c10d__shm_seg *seg[NR], int in_place_rank, uint64_
                                   .dtype = C10D_FLOAT32,
                                   .seq = seq};
     }
-    int rc[NR];
-    drive(seg, op, -1, 1000000, rc);
+    drive_done(seg, op);
     for (int r = 0; r < NR; r++) {
-        assert_int_equal(rc[r], 1);
         for (int j = 0; j < NR; j++)
             for (int i = 0; i < AG; i++)
                 assert_true(ag_out[r][(size_t)j * AG + (size_t)i] ==
@@ -149,10 +154,8 @@ static void scatter(struct c10d__shm_seg *seg[NR], int root, int in_place, uint6
                               .root = root,
                               .seq = seq};
     }
-    int rc[NR];
-    drive(seg, op, -1, 1000000, rc);
+    drive_done(seg, op);
     for (int r = 0; r < NR; r++) {
-        assert_int_equal(rc[r], 1);
         const float *got = op[r].recv;
         for (size_t i = 0; i < SC; i++)
             assert_true(got[i] == (float)(seq * 3 + (size_t)r * SC + i));
@@ -355,10 +358,8 @@ static void all_reduce(struct c10d__shm_seg *seg[NR], c10d_dtype dt, c10d_reduce
         if (r == 1)
             memset(ar_out[r], 0, sizeof ar_out[r]);
     }
-    int rc[NR];
-    drive(seg, op, -1, 1000000, rc);
+    drive_done(seg, op);
     for (int r = 0; r < NR; r++) {
-        assert_int_equal(rc[r], 1);
         for (int i = 0; i < AR; i++) {
             if (dt == C10D_INT32) {
                 int32_t want = INT32_MIN;
@@ -393,10 +394,8 @@ static void all_reduce_random(struct c10d__shm_seg *seg[NR], c10d_reduce_op redo
             x = x * 1664525u + 1013904223u;
             ((float *)op[r].send)[i] = (float)(x >> 8) / (float)(1u << 24) * 200.0f - 100.0f;
         }
-    int rc[NR];
-    drive(seg, op, -1, 1000000, rc);
+    drive_done(seg, op);
     for (int r = 0; r < NR; r++) {
-        assert_int_equal(rc[r], 1);
         memcpy(out[r], ar_out[r], sizeof out[r]);
     }
 }
@@ -496,10 +495,8 @@ static void test_all_to_all_rest(void **st)
                                       .seq = (uint64_t)round + 1};
         }
         uint64_t b0 = c10d__shm_in_place_bytes();
-        int rc[NR];
-        drive(seg, op, -1, 1000000, rc);
+        drive_done(seg, op);
         for (int r = 0; r < NR; r++) {
-            assert_int_equal(rc[r], 1);
             size_t at = 0;
             for (int j = 0; j < NR; j++) {
                 size_t from = 0; /* where block r starts in rank j's input */

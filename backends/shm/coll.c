@@ -219,9 +219,7 @@ static int sliced(const struct c10d__shm_coll *a)
 
 static void slice_of(const struct c10d__shm_coll *a, int r, size_t *lo, size_t *cnt)
 {
-    size_t n = chunk_count(a), p = (size_t)a->seg->nranks;
-    *lo = n * (size_t)r / p;
-    *cnt = n * (size_t)(r + 1) / p - *lo;
+    c10d__shm_slice(chunk_count(a), a->seg->nranks, r, lo, cnt);
 }
 
 /* dst = src (n elements), premultiplied for PREMUL_SUM: a rank's own
@@ -567,11 +565,6 @@ int c10d__shm_coll_progress(struct c10d__shm_coll *a, int *moved)
             return 1;
         }
     }
-}
-
-int c10d__shm_small_chunk(size_t bytes, int nranks, int only)
-{
-    return bytes <= C10D_SHM_SMALL_MAX || (only && bytes * (size_t)nranks <= C10D_SHM_SMALL_SUM);
 }
 
 int c10d__shm_coll_one_chunk(const struct c10d__op *op, size_t slot_bytes, int nranks)

@@ -51,8 +51,21 @@
 #define C10D_SHM_SMALL_SUM (512 * 1024)
 
 /* Whether an all_reduce chunk of `bytes` on `nranks` is reduced whole; `only`:
- * it is the op's only chunk. */
-int c10d__shm_small_chunk(size_t bytes, int nranks, int only);
+ * it is the op's only chunk. Inline, as the slice below: an all_reduce read
+ * in place (in_place.c, which coll.c calls) cuts its chunks the same way,
+ * to the same bits. */
+static inline int c10d__shm_small_chunk(size_t bytes, int nranks, int only)
+{
+    return bytes <= C10D_SHM_SMALL_MAX || (only && bytes * (size_t)nranks <= C10D_SHM_SMALL_SUM);
+}
+
+/* Rank r's slice of an all_reduce chunk of n elements that is not reduced
+ * whole: elements lo to lo + cnt, which r reduces for every rank. */
+static inline void c10d__shm_slice(size_t n, int nranks, int r, size_t *lo, size_t *cnt)
+{
+    *lo = n * (size_t)r / (size_t)nranks;
+    *cnt = n * (size_t)(r + 1) / (size_t)nranks - *lo;
+}
 
 struct c10d__shm_coll {
     struct c10d__shm_seg *seg;

@@ -257,15 +257,16 @@ static int read_from(const struct c10d__shm_coll *a, int r, char *dst, size_t by
  * order) and everyone gathers; but a last chunk of C10D_SHM_SMALL_MAX
  * bytes or less every rank reduces whole, in rank order. Only slots larger
  * than that are offered (offered_size), so that one chunk at most is so. */
-static void slice_of(size_t n, int nranks, int r, size_t *lo, size_t *cnt)
-{
-    *lo = n * (size_t)r / (size_t)nranks;
-    *cnt = n * (size_t)(r + 1) / (size_t)nranks - *lo;
-}
-
 static int whole_chunk(const struct c10d__shm_coll *a, size_t n)
 {
-    return n * a->esz <= C10D_SHM_SMALL_MAX;
+    return c10d__shm_small_chunk(n * a->esz, a->seg->nranks, 0);
+}
+
+/* Elements of the chunk that starts at element `at`. */
+static size_t chunk_at(const struct c10d__shm_coll *a, size_t at)
+{
+    size_t left = a->op->count - at;
+    return left < a->chunk_elems ? left : a->chunk_elems;
 }
 
 /* Where this rank reads its peers' pieces: its slot for the next chunk
@@ -307,10 +308,11 @@ static int reduce_whole(struct c10d__shm_coll *a, size_t at, size_t n)
         const char *src = piece;
         if (r != a->seg->rank) {
             C10D_CHECK(read_input(a, r, at * a->esz, n, piece));
-        } else {
+        } else if (op->redop == C10D_PREMUL_SUM) { /* this rank's own, as its slot would hold it */
             memcpy(piece, (const char *)op->send + at * a->esz, bytes);
-            if (op->redop == C10D_PREMUL_SUM)
-                C10D_CHECK(c10d__reduce_premul(piece, n, op->dtype, op->premul_factor));
+            C10D_CHECK(c10d__reduce_premul(piece, n, op->dtype, op->premul_factor));
+        } else {
+            src = (const char *)op->send + at * a->esz;
         }
         if (r == 0)
             memcpy(acc, src, bytes);
@@ -371,10 +373,10 @@ static int reduce_own_slices(struct c10d__shm_coll *a)
     for (size_t at = 0; at < op->count;) {
         int k = 0;
         while ((size_t)k < per && at < op->count) {
-            size_t n = op->count - at < a->chunk_elems ? op->count - at : a->chunk_elems, lo;
+            size_t n = chunk_at(a, at), lo;
             if (whole_chunk(a, n)) /* the last chunk (offered_size) */
                 break;
-            slice_of(n, seg->nranks, seg->rank, &lo, &cnt[k]);
+            c10d__shm_slice(n, seg->nranks, seg->rank, &lo, &cnt[k]);
             off[k++] = (at + lo) * a->esz;
             at += n;
         }
@@ -426,12 +428,12 @@ int c10d__shm_in_place_gather(struct c10d__shm_coll *a)
         const struct offer *o = offer_of(seg, r, a->gen);
         int k = 0;
         for (size_t at = 0; at < op->count; at += a->chunk_elems) {
-            size_t n = op->count - at < a->chunk_elems ? op->count - at : a->chunk_elems, lo, cnt;
+            size_t n = chunk_at(a, at), lo, cnt;
             if (whole_chunk(a, n)) {
                 whole_at = at;
                 break;
             }
-            slice_of(n, seg->nranks, r, &lo, &cnt);
+            c10d__shm_slice(n, seg->nranks, r, &lo, &cnt);
             size_t off = (at + lo) * a->esz;
             mine[k] = (struct iovec){(char *)op->recv + off, cnt * a->esz};
             theirs[k++] = (struct iovec){(void *)(uintptr_t)(o->out + off), cnt * a->esz};
