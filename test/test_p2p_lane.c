@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "backends/shm/mailbox.h"
 #include "backends/tcp/p2p_lane.h"
 #include "c10d.h"
 #include "mp_harness.h"
@@ -31,7 +32,7 @@
 /* Message k's size: mostly mailbox-sized, every fifth past its limit. */
 static size_t size_of(int k)
 {
-    static const size_t sizes[] = {4, 1000, 16 * 1024, 40000, 0, 64, 3, 16 * 1024 + 1, 512, 8};
+    static const size_t sizes[] = {4, 1000, 32 * 1024, 40000, 0, 64, 3, 32 * 1024 + 1, 512, 8};
     return sizes[k % 10];
 }
 
@@ -82,6 +83,30 @@ static int order_main(int rank, int n, void *arg)
     fprintf(stderr, "rank %d: ping-pong: %llu sends and %llu receives in the lane\n", rank,
             (unsigned long long)(s1 - s0), (unsigned long long)(r1 - r0));
     MP_CHECK(peer >= n || (s1 > s0 && r1 > r0), "the lane carried nothing");
+
+    /* The mailbox's limit: a message of its size goes through it, one byte
+     * more takes the tcp path. */
+    for (int k = 0; k < 2; k++) {
+        size_t len = C10D_SHM_MAILBOX_BYTES + (size_t)k;
+        uint64_t sa, ra, sb, rb;
+        MP_CHECK(c10d_barrier_sync(pg) == 0, "barrier: %s", c10d_last_error());
+        c10d__tcp_p2p_lane_counts(&sa, &ra);
+        c10d_work *w = NULL;
+        if (peer < n && rank % 2 == 0) {
+            fill(out[0], len, rank, 1000 + k);
+            MP_CHECK(sendb(pg, out[0], len, peer, 6, &w) == 0, "send: %s", c10d_last_error());
+            MP_CHECK(c10d_work_wait_release(w) == 0, "send %zu: %s", len, c10d_last_error());
+        } else if (peer < n) {
+            memset(in[0], 0, len);
+            MP_CHECK(recvb(pg, in[0], len, peer, 6, &w) == 0, "recv: %s", c10d_last_error());
+            MP_CHECK(c10d_work_wait_release(w) == 0, "recv %zu: %s", len, c10d_last_error());
+            MP_CHECK(good(in[0], len, peer, 1000 + k), "%zu bytes: wrong bytes", len);
+        }
+        c10d__tcp_p2p_lane_counts(&sb, &rb);
+        MP_CHECK(peer >= n || rank % 2 == 1 || sb - sa == (k == 0 ? 1u : 0u),
+                 "a send of %zu bytes took the lane %llu times", len,
+                 (unsigned long long)(sb - sa));
+    }
 
     /* 2. One tag, 40 messages in flight from rank 0 to rank 1 and back, of
      * sizes on both sides of the mailbox's limit: received in order, some

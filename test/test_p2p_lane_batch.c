@@ -59,10 +59,10 @@ static int finish(c10d_work *w, int how)
     return rc;
 }
 
-/* Sizes around the mailbox's limit (16 KiB): the mixed batches' members. */
+/* Sizes around the mailbox's limit (32 KiB): the mixed batches' members. */
 static size_t size_of(int k)
 {
-    static const size_t sizes[] = {4, 16 * 1024, 0, 40000, 64, 16 * 1024 + 1, 1000, 3, 9000};
+    static const size_t sizes[] = {4, 32 * 1024, 0, 40000, 64, 32 * 1024 + 1, 1000, 3, 9000};
     return sizes[k % 9];
 }
 
@@ -83,7 +83,7 @@ static int pattern_main(int rank, int n, void *arg)
     /* 1. The sendrecv pattern (a send to the next rank, a receive from the
      * previous), either order, waited, polled and called back. */
     for (int k = 0; k < 600; k++) {
-        size_t len = k % 7 == 0 ? 16 * 1024 : k % 7 == 1 ? 0 : (size_t)(4 + k % 300);
+        size_t len = k % 7 == 0 ? 32 * 1024 : k % 7 == 1 ? 0 : (size_t)(4 + k % 300);
         fill(out[0], len, rank, k);
         memset(in[0], 0xee, len);
         c10d_p2p_op s = op(C10D_P2P_SEND, out[0], len, next, 3);

@@ -60,9 +60,11 @@
  * reduces its slice from its peers' slots and copies their slices out;
  * read in place, the first copy is gone. Below the least the slots win:
  * their chunks stay in cache from one rank's copy to its peer's. Above the
- * most too: read in place, every slice is reduced before any is gathered,
- * from memory the caches no longer hold, where the slots gather each chunk
- * right after it is reduced. 2 ranks bound to cores, in place, us read in
+ * most too, where the slots' pipeline keeps each rank's copies going while
+ * its peer reduces. (Gathering each batch of slices as soon as every rank
+ * reduced it, rather than after the last, was slower at every size: a
+ * slice just written by its owner, which reads this rank's buffer next to
+ * it meanwhile; bench/README.md.) 2 ranks bound to cores, in place, us read in
  * place / through the slots (medians of 5, three sets of runs): 2 MiB
  * 374-412 / 396-427, 4 MiB 612-683 / 802-872, 8 MiB 1311-1440 / 1527-1666,
  * 16 MiB 3021-4195 / 3111-3615; 32 and 64 MiB (two runs) 10.7-11.9 /

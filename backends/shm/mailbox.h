@@ -25,8 +25,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The largest message a mailbox carries; larger ones take the tcp path. */
-#define C10D_SHM_MAILBOX_BYTES ((size_t)16 * 1024)
+/* The largest message a mailbox carries; larger ones take the tcp path.
+ * A mailbox moves a message in two copies, one after the other on two CPUs;
+ * the tcp path reads it in place (one copy) but through both loops' frames.
+ * At 32 KiB the loops' hand-offs cost more than the second copy, at 64 KiB
+ * not for `sendrecv` (2 ranks bound, p50 us, 16 / 32 / 64 KiB mailbox,
+ * three alternating rounds: ping-pong 32 KiB 23.7-27.1 / 12.6-13.8 /
+ * 12.6-13.6, 64 KiB 30.7-33.7 / 29.9-31.2 / 22.9-24.9; sendrecv 32 KiB
+ * 13.5-14.1 / 11.0-12.7 / 10.5-11.1, 64 KiB 15.5-16.3 / 15.4-16.5 /
+ * 18.2-19.1). */
+#define C10D_SHM_MAILBOX_BYTES ((size_t)32 * 1024)
 
 enum {
     C10D_SHM_MB_EMPTY = 0,

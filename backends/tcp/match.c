@@ -33,8 +33,9 @@
 
 /* A P2P message to a rank of this host larger than this is offered in place
  * (cma_read) even where it could go eager: the receiver's one copy instead
- * of two through the ring (docs/shm.md, "P2P"). Smaller ones take a mailbox
- * in the caller's lane, or go eager. */
+ * of two through the ring (docs/shm.md, "P2P"). Smaller ones go eager. Up to
+ * a mailbox's size (mailbox.h) a message most often skips this path, through
+ * the mailbox in the callers' lanes. */
 #define LOCAL_OFFER_MIN ((size_t)16 << 10)
 
 /* Whether a P2P message of `len` bytes that could go eager goes to `pe`
