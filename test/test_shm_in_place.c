@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "backends/shm/all_to_all.h"
 #include "backends/shm/coll.h"
 #include "backends/shm/in_place.h"
 #include "backends/tcp/lane.h"
@@ -516,6 +517,62 @@ static void test_all_to_all_rest(void **st)
     free3(seg);
 }
 
+/* all_to_all whose rank 1 sends blocks of C10D_SHM_A2A_EMPTY_MIN bytes or
+ * more: it sends its first chunk empty, and its peers read those blocks in
+ * place whole (exactly those bytes); where rank 0 can never read in place,
+ * every rank runs the op again through the slots, nothing read in place. */
+static void test_all_to_all_empty(void **st)
+{
+    (void)st;
+    struct c10d__shm_seg *seg[NR];
+    enum { BIG = C10D_SHM_A2A_EMPTY_MIN / 4 + 17, SMALL = 7, MOST = 2 * BIG + SMALL };
+    static float in[NR][MOST], out[NR][MOST];
+    static size_t sc[NR][NR], rcn[NR][NR];
+    for (int s = 0; s < NR; s++)
+        for (int d = 0; d < NR; d++)
+            sc[s][d] = s == 1 && d != 1 ? BIG : SMALL;
+    for (int round = 0; round < 2; round++) {
+        make3(seg);
+        if (round == 1)
+            seg[0]->read_peers = 2; /* never */
+        struct c10d__op op[NR];
+        for (int r = 0; r < NR; r++) {
+            size_t total = 0;
+            for (int d = 0; d < NR; d++) {
+                rcn[r][d] = sc[d][r];
+                total += sc[r][d];
+            }
+            for (size_t i = 0; i < total; i++)
+                in[r][i] = (float)(r * 1000000 + (int)i);
+            memset(out[r], 0, sizeof out[r]);
+            op[r] = (struct c10d__op){.kind = C10D_OP_ALL_TO_ALL,
+                                      .send = in[r],
+                                      .recv = out[r],
+                                      .count = total,
+                                      .send_counts = sc[r],
+                                      .recv_counts = rcn[r],
+                                      .dtype = C10D_FLOAT32,
+                                      .seq = 1};
+        }
+        uint64_t b0 = c10d__shm_in_place_bytes();
+        drive_done(seg, op);
+        for (int r = 0; r < NR; r++) {
+            size_t at = 0;
+            for (int j = 0; j < NR; j++) {
+                size_t from = 0;
+                for (int d = 0; d < r; d++)
+                    from += sc[j][d];
+                for (size_t i = 0; i < rcn[r][j]; i++)
+                    assert_true(out[r][at + i] == (float)(j * 1000000 + (int)(from + i)));
+                at += rcn[r][j];
+            }
+        }
+        assert_int_equal(c10d__shm_in_place_bytes() - b0,
+                         round == 0 ? 2 * (uint64_t)BIG * sizeof(float) : 0);
+        free3(seg);
+    }
+}
+
 /* Real ranks: large broadcast, all_gather, scatter (in place and not) and all_reduce
  * correct and
  * read in place, unless the ranks outnumber the CPUs (then nothing is); then
@@ -707,6 +764,7 @@ int main(void)
         cmocka_unit_test(test_ended_op_holds_readers),
         cmocka_unit_test(test_all_reduce_in_place),
         cmocka_unit_test(test_all_to_all_rest),
+        cmocka_unit_test(test_all_to_all_empty),
         cmocka_unit_test(test_failed_read_runs_again),
         cmocka_unit_test(test_ranks),
     };

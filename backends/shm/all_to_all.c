@@ -10,10 +10,15 @@
 
 /* A slot's header at an all_to_all's chunks: its owner's send and receive
  * counts, then, up to V_OFFER_MAX ranks, its offer (in_place.h): whether it
- * can read what is left in place, its pid, and where each of its send
- * blocks starts. Larger segments have no offer and never read in place.
- * It fits the slot's head room (segment.h), so parts have slot_bytes. */
+ * can read in place (V_CAN: one of the values below), its pid, and where
+ * each of its send blocks starts. Larger segments have no offer and never
+ * read in place. It fits the slot's head room (segment.h), so parts have
+ * slot_bytes. */
 enum { V_CAN = 0, V_PID = 1, V_ADDR = 2 }; /* after the 2 x ranks counts */
+/* V_CAN: cannot; can, and its parts hold the chunk; can, and its parts are
+ * empty (its peers read all of its blocks in place, or, if one cannot,
+ * every rank runs the op through the slots from the next chunk on). */
+enum { V_CANNOT = 0, V_CAN_FULL = 1, V_CAN_EMPTY = 2 };
 #define V_OFFER_MAX 32
 
 static size_t v_header_bytes(int nranks)
@@ -117,21 +122,29 @@ static char *v_recv_block(const struct c10d__shm_coll *a, int j, size_t off)
     return op->recvs != NULL ? op->recvs[j] : (char *)op->recv + off * a->esz;
 }
 
+/* Where this rank's block for rank d starts in what it sends, `off` the
+ * elements of the blocks before it. */
+static const char *v_send_at(const struct c10d__shm_coll *a, int d, size_t off)
+{
+    const struct c10d__op *op = a->op;
+    return a->copy != NULL     ? a->copy + off * a->esz
+           : op->sends != NULL ? op->sends[d]
+                               : (const char *)op->send + off * a->esz;
+}
+
 /* Where this rank's block for rank d starts in what it sends. */
 static const char *v_send_block(const struct c10d__shm_coll *a, int d)
 {
-    const struct c10d__op *op = a->op;
-    if (a->copy == NULL && op->sends != NULL)
-        return op->sends[d];
     size_t off = 0;
     for (int j = 0; j < d; j++)
-        off += v_count(a, op->send_counts, j);
-    return (a->copy != NULL ? a->copy : (const char *)op->send) + off * a->esz;
+        off += v_count(a, a->op->send_counts, j);
+    return v_send_at(a, d, off);
 }
 
-/* Whether this rank may take part in reading what is left after the first
- * chunk in place: trivially where none of its own blocks is longer than a
- * chunk (nothing of its own is read, it reads nothing); else if it reads its
+/* Whether this rank may take part in reading its blocks in place:
+ * trivially where none of its own blocks is longer than a chunk nor as long
+ * as C10D_SHM_A2A_EMPTY_MIN (nothing of its own is read, it reads nothing:
+ * a block read in place is one of these at both ends); else if it reads its
  * peers, no block it receives overlaps one it sends (the peers read its
  * input while it writes its output), and the kernel reads its input, whose
  * blocks start at addr[]. */
@@ -140,9 +153,12 @@ static int v_can(struct c10d__shm_coll *a, const uint64_t *addr)
     const struct c10d__op *op = a->op;
     int p = a->seg->nranks;
     int longer = 0;
-    for (int j = 0; j < p; j++)
-        longer |= v_count(a, op->send_counts, j) > a->chunk_elems ||
-                  v_count(a, op->recv_counts, j) > a->chunk_elems;
+    for (int j = 0; j < p; j++) {
+        size_t s = v_count(a, op->send_counts, j), r = v_count(a, op->recv_counts, j);
+        longer |= s > a->chunk_elems || r > a->chunk_elems ||
+                  (j != a->seg->rank &&
+                   (s * a->esz >= C10D_SHM_A2A_EMPTY_MIN || r * a->esz >= C10D_SHM_A2A_EMPTY_MIN));
+    }
     if (!longer)
         return 1;
     if (a->copy == NULL && v_overlaps(op, p, a->esz, 1))
@@ -162,6 +178,18 @@ static int v_can(struct c10d__shm_coll *a, const uint64_t *addr)
     return c10d__shm_in_place_readable(at, n);
 }
 
+/* Whether this rank's first chunk goes out empty, its blocks read in place
+ * from the start, where it can: one of its send blocks takes
+ * C10D_SHM_A2A_EMPTY_MIN bytes at least. */
+static int v_empty_worth(const struct c10d__shm_coll *a)
+{
+    for (int d = 0; d < a->seg->nranks; d++)
+        if (d != a->seg->rank &&
+            v_count(a, a->op->send_counts, d) * a->esz >= C10D_SHM_A2A_EMPTY_MIN)
+            return 1;
+    return 0;
+}
+
 void c10d__shm_a2a_write(struct c10d__shm_coll *a)
 {
     struct c10d__shm_seg *seg = a->seg;
@@ -170,27 +198,30 @@ void c10d__shm_a2a_write(struct c10d__shm_coll *a)
     uint64_t *hdr = v_header(seg, seg->rank, a->gen);
     char *parts = (char *)hdr + v_header_bytes(p);
     /* At the first chunk, up to V_OFFER_MAX ranks, the offer follows the
-     * counts: where each block starts is written as the loop finds it. */
+     * counts. */
     uint64_t *offer = a->done_elems == 0 && p <= V_OFFER_MAX ? hdr + 2 * p : NULL;
+    int empty = 0;
+    if (offer != NULL) {
+        size_t off = 0;
+        for (int d = 0; d < p; d++) {
+            offer[V_ADDR + d] = (uint64_t)(uintptr_t)v_send_at(a, d, off);
+            off += v_count(a, op->send_counts, d);
+        }
+        int can = !a->slots_only && v_can(a, offer + V_ADDR);
+        empty = can && v_empty_worth(a);
+        offer[V_CAN] = !can ? V_CANNOT : empty ? V_CAN_EMPTY : V_CAN_FULL;
+        offer[V_PID] = atomic_load_explicit(&seg->ctl[seg->rank].pid, memory_order_relaxed);
+    }
     size_t off = 0;
     for (int d = 0; d < p; d++) {
         size_t count = v_count(a, op->send_counts, d), n = v_window(a, count);
         hdr[d] = count;
         hdr[p + d] = v_count(a, op->recv_counts, d);
-        const char *block = a->copy != NULL     ? a->copy + off * a->esz
-                            : op->sends != NULL ? op->sends[d]
-                                                : (const char *)op->send + off * a->esz;
-        if (offer != NULL)
-            offer[V_ADDR + d] = (uint64_t)(uintptr_t)block;
         /* This rank's own block goes straight to its output (v_read). */
-        if (n > 0 && d != seg->rank)
-            memcpy(parts + (size_t)d * a->chunk_elems * a->esz, block + a->done_elems * a->esz,
-                   n * a->esz);
+        if (n > 0 && d != seg->rank && !empty)
+            memcpy(parts + (size_t)d * a->chunk_elems * a->esz,
+                   v_send_at(a, d, off) + a->done_elems * a->esz, n * a->esz);
         off += count;
-    }
-    if (offer != NULL) {
-        offer[V_CAN] = (uint64_t)v_can(a, offer + V_ADDR);
-        offer[V_PID] = atomic_load_explicit(&seg->ctl[seg->rank].pid, memory_order_relaxed);
     }
 }
 
@@ -203,9 +234,26 @@ int c10d__shm_a2a_all_can(const struct c10d__shm_coll *a)
     if (p > V_OFFER_MAX)
         return 0;
     for (int r = 0; r < p; r++)
-        if (v_header(a->seg, r, a->gen)[2 * p + V_CAN] != 1)
+        if (v_header(a->seg, r, a->gen)[2 * p + V_CAN] == V_CANNOT)
             return 0;
     return 1;
+}
+
+/* Rank j's parts of the first chunk are empty (only then: the offer is
+ * written at the first chunk alone). */
+static int v_empty(const struct c10d__shm_coll *a, int j)
+{
+    int p = a->seg->nranks;
+    return a->done_elems == 0 && p <= V_OFFER_MAX &&
+           v_header(a->seg, j, a->gen)[2 * p + V_CAN] == V_CAN_EMPTY;
+}
+
+int c10d__shm_a2a_any_empty(const struct c10d__shm_coll *a)
+{
+    for (int r = 0; r < a->seg->nranks; r++)
+        if (v_empty(a, r))
+            return 1;
+    return 0;
 }
 
 int c10d__shm_a2a_read_rest(struct c10d__shm_coll *a)
@@ -213,15 +261,17 @@ int c10d__shm_a2a_read_rest(struct c10d__shm_coll *a)
     const struct c10d__shm_seg *seg = a->seg;
     const struct c10d__op *op = a->op;
     int p = seg->nranks;
-    size_t at = a->chunk_elems * a->esz;
     for (int pass = 0; pass < 2; pass++) {
         size_t off = 0;
         for (int j = 0; j < p; j++) {
             size_t count = v_count(a, op->recv_counts, j);
             int own = j == seg->rank;
-            if (count > a->chunk_elems && own == (pass == 0)) {
+            /* An empty first chunk: all of j's block is left. */
+            size_t from = !own && v_empty(a, j) ? 0 : a->chunk_elems;
+            if (count > from && own == (pass == 0)) {
+                size_t at = from * a->esz;
                 char *dst = v_recv_block(a, j, off) + at;
-                size_t bytes = (count - a->chunk_elems) * a->esz;
+                size_t bytes = (count - from) * a->esz;
                 const uint64_t *offer = v_header(seg, j, a->gen) + 2 * p;
                 const char *mine = own ? v_send_block(a, j) + at : NULL;
                 if (own && dst != mine)
@@ -278,7 +328,7 @@ void c10d__shm_a2a_read(struct c10d__shm_coll *a)
         for (int j = 0; j < p; j++) {
             size_t count = v_count(a, op->recv_counts, j), n = v_window(a, count);
             int own = j == seg->rank;
-            if (n > 0 && own == (pass == 0)) {
+            if (n > 0 && own == (pass == 0) && (own || !v_empty(a, j))) {
                 char *dst = v_recv_block(a, j, off) + at;
                 const char *src = own ? v_send_block(a, j) + at
                                       : (const char *)v_header(seg, j, a->gen) + v_header_bytes(p) +
@@ -289,6 +339,21 @@ void c10d__shm_a2a_read(struct c10d__shm_coll *a)
             off += count;
         }
     }
+}
+
+size_t c10d__shm_a2a_empty_likely(const struct c10d__op *op, const struct c10d__shm_seg *seg)
+{
+    int p = seg->nranks;
+    size_t esz = c10d_dtype_size(op->dtype), total = 0;
+    int big = 0;
+    if (seg->read_peers != 1 || seg->crowded || p > V_OFFER_MAX || v_overlaps(op, p, esz, 1))
+        return 0;
+    for (int d = 0; d < p; d++) {
+        size_t bytes = v_count_of(op, p, op->send_counts, d) * esz;
+        big |= d != seg->rank && bytes >= C10D_SHM_A2A_EMPTY_MIN;
+        total += bytes;
+    }
+    return big ? total : 0;
 }
 
 int c10d__shm_a2a_own_fit(const struct c10d__op *op, size_t slot_bytes, int nranks)

@@ -303,7 +303,9 @@ static int reduce_all(struct c10d__shm_coll *a, size_t at)
                                  : 0;
 }
 
-/* Everything but all_reduce's large chunks, once every slot is written. */
+/* Everything but all_reduce's large chunks, once every slot is written: 0,
+ * 1 where an all_to_all runs again through the slots (from a new chunk),
+ * or < 0. */
 static int read_chunk(struct c10d__shm_coll *a)
 {
     const struct c10d__shm_seg *seg = a->seg;
@@ -313,10 +315,17 @@ static int read_chunk(struct c10d__shm_coll *a)
     if (a->counted) {
         if (a->done_elems == 0) {
             C10D_CHECK(c10d__shm_a2a_check(a));
+            int all_can = c10d__shm_a2a_all_can(a), empty = c10d__shm_a2a_any_empty(a);
+            if (empty && !all_can) { /* every rank reads the same headers */
+                a->slots_only = 1;
+                a->gen = ++a->seg->gen;
+                a->phase = PH_WRITE;
+                return 1;
+            }
             /* Two chunks or more left: a second chunk alone is cheaper
              * through the slot than the reads' two rounds (2 ranks, 256
              * KiB: 29-32 us against 33-35). */
-            a->rest_in_place = a->block_elems > 2 * a->chunk_elems && c10d__shm_a2a_all_can(a);
+            a->rest_in_place = all_can && (empty || a->block_elems > 2 * a->chunk_elems);
         }
         c10d__shm_a2a_read(a);
         return a->rest_in_place ? c10d__shm_a2a_read_rest(a) : 0;
@@ -511,7 +520,11 @@ int c10d__shm_coll_progress(struct c10d__shm_coll *a, int *moved)
                 atomic_store_explicit(&seg->ctl[seg->rank].reduced, a->gen, memory_order_release);
                 a->phase = a->op->kind == C10D_OP_ALL_REDUCE ? PH_GATHER_IN_PLACE : PH_RELEASE;
             } else if (!sliced(a)) {
-                C10D_CHECK(read_chunk(a));
+                int again = read_chunk(a);
+                if (again < 0)
+                    return again;
+                if (again > 0) /* all_to_all: through the slots from the start */
+                    break;
                 if (a->rest_in_place) { /* all_to_all: the rest was read in place */
                     atomic_store_explicit(&seg->ctl[seg->rank].reduced, a->gen,
                                           memory_order_release);

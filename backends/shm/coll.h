@@ -93,6 +93,9 @@ struct c10d__shm_coll {
     /* all_to_all: every rank can read its peers, what is left after the
      * first chunk is read in place. */
     int rest_in_place;
+    /* all_to_all: a rank sent its first chunk empty, another cannot read in
+     * place: the op runs again through the slots, no offer. */
+    int slots_only;
     /* Whether the op's buffers are still its own (its work not completed
      * otherwise, as by its deadline): checked before this rank lets its
      * peers stop reading them. Start sets it to look at op->work (none:

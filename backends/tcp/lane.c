@@ -7,6 +7,7 @@
 #include "cpu_relax.h"
 
 #include "backends/fingerprint.h"
+#include "backends/shm/all_to_all.h"
 #include "backends/shm/in_place.h"
 #include "engine/env.h"
 #include "engine/error.h"
@@ -182,21 +183,32 @@ static int finish_here(struct c10d__tcp_lane *l, uint64_t bytes)
 
 /* Whether the lane takes op: FITS_PARK one chunk, parked once its slot is
  * written; FITS_FINISH an all_to_all whose own blocks fit one, or a read in
- * place small enough (in_place.h), run to its end here or handed over. A
- * larger offer stays on the loop. */
+ * place small enough (in_place.h; an all_to_all's from its first chunk,
+ * all_to_all.h), run to its end here or handed over. A larger offer stays
+ * on the loop. */
 enum { FITS_NOT, FITS_PARK, FITS_FINISH };
+
+/* The bytes op reads in place where it offers, else 0. */
+static size_t offered_size(const struct c10d__op *op, const struct c10d__shm_seg *seg)
+{
+    return op->kind == C10D_OP_ALL_TO_ALL ? c10d__shm_a2a_empty_likely(op, seg)
+                                          : c10d__shm_in_place_size(op, seg);
+}
 
 static int lane_fits(const struct c10d__op *op, const struct c10d__shm_seg *seg)
 {
     size_t offered = c10d__shm_in_place_size(op, seg);
-    if (offered > 0)
-        return offered <= C10D_SHM_IN_PLACE_LANE_MAX &&
-                       c10d__shm_coll_supports(op, seg->slot_bytes, seg->nranks)
-                   ? FITS_FINISH
-                   : FITS_NOT;
-    if (c10d__shm_coll_one_chunk(op, seg->slot_bytes, seg->nranks))
-        return FITS_PARK;
-    return c10d__shm_coll_one_chunk_here(op, seg->slot_bytes, seg->nranks) ? FITS_FINISH : FITS_NOT;
+    if (offered == 0) {
+        if (c10d__shm_coll_one_chunk(op, seg->slot_bytes, seg->nranks))
+            return FITS_PARK;
+        if (c10d__shm_coll_one_chunk_here(op, seg->slot_bytes, seg->nranks))
+            return FITS_FINISH;
+        offered = offered_size(op, seg);
+    }
+    return offered > 0 && offered <= C10D_SHM_IN_PLACE_LANE_MAX &&
+                   c10d__shm_coll_supports(op, seg->slot_bytes, seg->nranks)
+               ? FITS_FINISH
+               : FITS_NOT;
 }
 
 int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
@@ -228,7 +240,8 @@ int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
      * offers (another thread's op stopped offers since) and so runs
      * through the slots, maybe in several chunks. */
     int finish = fits == FITS_FINISH;
-    uint64_t offered = l->coll.offering ? c10d__shm_in_place_size(op, seg) : 0;
+    uint64_t offered =
+        l->coll.offering || op->kind == C10D_OP_ALL_TO_ALL ? offered_size(op, seg) : 0;
     l->coll.look_every = LOOK_EVERY;
     c10d__shm_awake(seg);
     int moved;
