@@ -647,6 +647,45 @@ static int ranks_main(int rank, int n, void *arg)
              "to the loop)",
              (unsigned long long)(here1 - here0), (unsigned long long)(loop1 - loop0));
 
+    /* all_to_all with blocks of 256 KiB (C10D_SHM_A2A_EMPTY_MIN or more, and
+     * longer than a chunk: the lane takes it only as read in place): every
+     * block read in place whole, no more, from an empty first chunk, in the
+     * caller's lane; where one rank cannot read, run again through the
+     * slots, nothing read. */
+    {
+        size_t blk = 64 * 1024, bytes = blk * sizeof(int32_t);
+        int32_t *out = malloc((size_t)n * bytes);
+        MP_CHECK(out != NULL && bytes >= C10D_SHM_A2A_EMPTY_MIN, "out of memory");
+        uint64_t b2 = c10d__shm_in_place_bytes();
+        c10d__tcp_lane_counts(&here0, &loop0);
+        for (int k = 0; k < 50; k++) {
+            for (int d = 0; d < n; d++)
+                for (size_t i = 0; i < blk; i++)
+                    all[(size_t)d * blk + i] = rank * 1000000 + d * 100000 + k * 1000 + (int)i;
+            c10d_work *w;
+            MP_CHECK(c10d_all_to_all_single(pg, all, out, (size_t)n * blk, NULL, NULL, C10D_INT32,
+                                            NULL, &w) == 0 &&
+                         c10d_work_wait(w, 30000) == 0,
+                     "all_to_all of 256 KiB blocks: %s", c10d_last_error());
+            c10d_work_release(w);
+            for (int s = 0; s < n; s++)
+                for (size_t i = 0; i < blk; i++)
+                    MP_CHECK(out[(size_t)s * blk + i] ==
+                                 s * 1000000 + rank * 100000 + k * 1000 + (int)i,
+                             "all_to_all %d: from rank %d, element %zu: %d", k, s, i,
+                             (int)out[(size_t)s * blk + i]);
+        }
+        c10d__tcp_lane_counts(&here1, &loop1);
+        uint64_t got = c10d__shm_in_place_bytes() - b2,
+                 want = reads ? 50u * (uint64_t)(n - 1) * bytes : 0;
+        MP_CHECK(got == want, "all_to_all of 256 KiB blocks: %llu bytes read in place, not %llu",
+                 (unsigned long long)got, (unsigned long long)want);
+        MP_CHECK(!reads || here1 > here0,
+                 "none of 50 all_to_all read in place ran in the caller's lane (%llu to the loop)",
+                 (unsigned long long)(loop1 - loop0));
+        free(out);
+    }
+
     /* A peer that comes late: rank 0's broadcast waits for it in the lane,
      * then on the loop, while rank 0's caller blocks on the store until
      * every peer finished the same broadcast, which needs rank 0 to let them
