@@ -346,7 +346,8 @@ size_t c10d__shm_a2a_empty_likely(const struct c10d__op *op, const struct c10d__
     int p = seg->nranks;
     size_t esz = c10d_dtype_size(op->dtype), total = 0;
     int big = 0;
-    if (seg->read_peers != 1 || seg->crowded || p > V_OFFER_MAX || v_overlaps(op, p, esz, 1))
+    if (atomic_load_explicit(&seg->read_peers, memory_order_relaxed) != 1 || seg->crowded ||
+        p > V_OFFER_MAX || v_overlaps(op, p, esz, 1))
         return 0;
     for (int d = 0; d < p; d++) {
         size_t bytes = v_count_of(op, p, op->send_counts, d) * esz;

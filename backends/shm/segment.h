@@ -87,8 +87,10 @@ struct c10d__shm_seg {
      * machine's): a waiter in the caller's lane yields between looks. */
     int crowded;
     /* Reading peers in place (in_place.h): 0 not tried, 1 every peer read,
-     * 2 never (refused, or C10D_SHM_IN_PLACE=0). */
-    int read_peers;
+     * 2 never (refused, or C10D_SHM_IN_PLACE=0). Atomic: a caller's thread
+     * looks at it before it takes the lane (all_to_all.c), while the loop
+     * may set it. */
+    atomic_int read_peers;
     /* A rank refused reading in place for good, seen by every rank at the
      * same op: no op offers its buffers any more. */
     atomic_int no_offers;
