@@ -452,6 +452,51 @@ static void test_all_reduce_in_place(void **st)
     free3(seg);
 }
 
+/* Runs an all_to_all on three ranks' segments, rank s sending sc[s][d]
+ * elements to rank d (in[r] and out[r] of `cap` elements; in place: each
+ * rank's input is its output), checks what every rank received, and returns
+ * the bytes read in place. */
+static uint64_t all_to_all_counts(struct c10d__shm_seg *seg[NR], size_t sc[NR][NR], float *in[NR],
+                                  float *out[NR], size_t cap, int inplace, uint64_t seq)
+{
+    static size_t rcn[NR][NR];
+    struct c10d__op op[NR];
+    for (int r = 0; r < NR; r++) {
+        size_t total = 0;
+        for (int d = 0; d < NR; d++) {
+            rcn[r][d] = sc[d][r];
+            total += sc[r][d];
+        }
+        for (size_t i = 0; i < total; i++)
+            in[r][i] = (float)(r * 1000000 + (int)i);
+        memset(out[r], 0, cap * sizeof(float));
+        if (inplace)
+            memcpy(out[r], in[r], cap * sizeof(float));
+        op[r] = (struct c10d__op){.kind = C10D_OP_ALL_TO_ALL,
+                                  .send = inplace ? out[r] : in[r],
+                                  .recv = out[r],
+                                  .count = total,
+                                  .send_counts = sc[r],
+                                  .recv_counts = rcn[r],
+                                  .dtype = C10D_FLOAT32,
+                                  .seq = seq};
+    }
+    uint64_t b0 = c10d__shm_in_place_bytes();
+    drive_done(seg, op);
+    for (int r = 0; r < NR; r++) {
+        size_t at = 0;
+        for (int j = 0; j < NR; j++) {
+            size_t from = 0; /* where block r starts in rank j's input */
+            for (int d = 0; d < r; d++)
+                from += sc[j][d];
+            for (size_t i = 0; i < rcn[r][j]; i++)
+                assert_true(out[r][at + i] == (float)(j * 1000000 + (int)(from + i)));
+            at += rcn[r][j];
+        }
+    }
+    return c10d__shm_in_place_bytes() - b0;
+}
+
 /* all_to_all: what is left after the first chunk is read in place once every
  * rank can, also where only some ranks have blocks longer than a chunk (rank
  * 0's are short: it reads nothing and nothing of its is read, and says so);
@@ -463,7 +508,8 @@ static void test_all_to_all_rest(void **st)
     make3(seg);
     enum { MOST = 3000 }; /* a chunk holds (4096 + 128 - 128) / 3 / 4 = 341 per pair */
     static float in[NR][NR * MOST], out[NR][NR * MOST];
-    static size_t sc[NR][NR], rcn[NR][NR];
+    float *ins[NR] = {in[0], in[1], in[2]}, *outs[NR] = {out[0], out[1], out[2]};
+    static size_t sc[NR][NR];
     for (int round = 0; round < 3; round++) {
         int inplace = round == 2;
         for (int s = 0; s < NR; s++)
@@ -474,41 +520,8 @@ static void test_all_to_all_rest(void **st)
             for (int s = 0; s < NR; s++)
                 for (int d = 0; d < NR; d++)
                     sc[s][d] = MOST;
-        struct c10d__op op[NR];
-        for (int r = 0; r < NR; r++) {
-            size_t total = 0;
-            for (int d = 0; d < NR; d++) {
-                rcn[r][d] = sc[d][r];
-                total += sc[r][d];
-            }
-            for (size_t i = 0; i < total; i++)
-                in[r][i] = (float)(r * 100000 + (int)i);
-            memset(out[r], 0, sizeof out[r]);
-            if (inplace)
-                memcpy(out[r], in[r], sizeof out[r]);
-            op[r] = (struct c10d__op){.kind = C10D_OP_ALL_TO_ALL,
-                                      .send = inplace ? out[r] : in[r],
-                                      .recv = out[r],
-                                      .count = total,
-                                      .send_counts = sc[r],
-                                      .recv_counts = rcn[r],
-                                      .dtype = C10D_FLOAT32,
-                                      .seq = (uint64_t)round + 1};
-        }
-        uint64_t b0 = c10d__shm_in_place_bytes();
-        drive_done(seg, op);
-        for (int r = 0; r < NR; r++) {
-            size_t at = 0;
-            for (int j = 0; j < NR; j++) {
-                size_t from = 0; /* where block r starts in rank j's input */
-                for (int d = 0; d < r; d++)
-                    from += sc[j][d];
-                for (size_t i = 0; i < rcn[r][j]; i++)
-                    assert_true(out[r][at + i] == (float)(j * 100000 + (int)(from + i)));
-                at += rcn[r][j];
-            }
-        }
-        uint64_t read = c10d__shm_in_place_bytes() - b0;
+        uint64_t read =
+            all_to_all_counts(seg, sc, ins, outs, NR * MOST, inplace, (uint64_t)round + 1);
         if (inplace)
             assert_int_equal(read, 0);
         else
@@ -527,7 +540,8 @@ static void test_all_to_all_empty(void **st)
     struct c10d__shm_seg *seg[NR];
     enum { BIG = C10D_SHM_A2A_EMPTY_MIN / 4 + 17, SMALL = 7, MOST = 2 * BIG + SMALL };
     static float in[NR][MOST], out[NR][MOST];
-    static size_t sc[NR][NR], rcn[NR][NR];
+    float *ins[NR] = {in[0], in[1], in[2]}, *outs[NR] = {out[0], out[1], out[2]};
+    static size_t sc[NR][NR];
     for (int s = 0; s < NR; s++)
         for (int d = 0; d < NR; d++)
             sc[s][d] = s == 1 && d != 1 ? BIG : SMALL;
@@ -535,39 +549,7 @@ static void test_all_to_all_empty(void **st)
         make3(seg);
         if (round == 1)
             seg[0]->read_peers = 2; /* never */
-        struct c10d__op op[NR];
-        for (int r = 0; r < NR; r++) {
-            size_t total = 0;
-            for (int d = 0; d < NR; d++) {
-                rcn[r][d] = sc[d][r];
-                total += sc[r][d];
-            }
-            for (size_t i = 0; i < total; i++)
-                in[r][i] = (float)(r * 1000000 + (int)i);
-            memset(out[r], 0, sizeof out[r]);
-            op[r] = (struct c10d__op){.kind = C10D_OP_ALL_TO_ALL,
-                                      .send = in[r],
-                                      .recv = out[r],
-                                      .count = total,
-                                      .send_counts = sc[r],
-                                      .recv_counts = rcn[r],
-                                      .dtype = C10D_FLOAT32,
-                                      .seq = 1};
-        }
-        uint64_t b0 = c10d__shm_in_place_bytes();
-        drive_done(seg, op);
-        for (int r = 0; r < NR; r++) {
-            size_t at = 0;
-            for (int j = 0; j < NR; j++) {
-                size_t from = 0;
-                for (int d = 0; d < r; d++)
-                    from += sc[j][d];
-                for (size_t i = 0; i < rcn[r][j]; i++)
-                    assert_true(out[r][at + i] == (float)(j * 1000000 + (int)(from + i)));
-                at += rcn[r][j];
-            }
-        }
-        assert_int_equal(c10d__shm_in_place_bytes() - b0,
+        assert_int_equal(all_to_all_counts(seg, sc, ins, outs, MOST, 0, 1),
                          round == 0 ? 2 * (uint64_t)BIG * sizeof(float) : 0);
         free3(seg);
     }
