@@ -347,14 +347,15 @@ size_t c10d__shm_a2a_empty_likely(const struct c10d__op *op, const struct c10d__
     size_t esz = c10d_dtype_size(op->dtype), total = 0;
     int big = 0;
     if (atomic_load_explicit(&seg->read_peers, memory_order_relaxed) != 1 || seg->crowded ||
-        p > V_OFFER_MAX || v_overlaps(op, p, esz, 1))
+        p > V_OFFER_MAX)
         return 0;
     for (int d = 0; d < p; d++) {
         size_t bytes = v_count_of(op, p, op->send_counts, d) * esz;
         big |= d != seg->rank && bytes >= C10D_SHM_A2A_EMPTY_MIN;
         total += bytes;
     }
-    return big ? total : 0;
+    /* The overlap's look (every pair) only for an op that could read. */
+    return big && !v_overlaps(op, p, esz, 1) ? total : 0;
 }
 
 int c10d__shm_a2a_own_fit(const struct c10d__op *op, size_t slot_bytes, int nranks)

@@ -195,17 +195,17 @@ static size_t offered_size(const struct c10d__op *op, const struct c10d__shm_seg
                                           : c10d__shm_in_place_size(op, seg);
 }
 
-static int lane_fits(const struct c10d__op *op, const struct c10d__shm_seg *seg)
+/* *offered: what offered_size says, looked at once per op. */
+static int lane_fits(const struct c10d__op *op, const struct c10d__shm_seg *seg, size_t *offered)
 {
-    size_t offered = c10d__shm_in_place_size(op, seg);
-    if (offered == 0) {
+    *offered = offered_size(op, seg);
+    if (*offered == 0 || op->kind == C10D_OP_ALL_TO_ALL) {
         if (c10d__shm_coll_one_chunk(op, seg->slot_bytes, seg->nranks))
             return FITS_PARK;
         if (c10d__shm_coll_one_chunk_here(op, seg->slot_bytes, seg->nranks))
             return FITS_FINISH;
-        offered = offered_size(op, seg);
     }
-    return offered > 0 && offered <= C10D_SHM_IN_PLACE_LANE_MAX &&
+    return *offered > 0 && *offered <= C10D_SHM_IN_PLACE_LANE_MAX &&
                    c10d__shm_coll_supports(op, seg->slot_bytes, seg->nranks)
                ? FITS_FINISH
                : FITS_NOT;
@@ -215,9 +215,10 @@ int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
 {
     struct c10d__shm_seg *seg = l->seg;
     int fits;
+    size_t fitted;
     if (seg == NULL || !l->on || op->next != NULL || c10d__on_loop_thread() ||
         atomic_load_explicit(l->failed, memory_order_acquire) != 0 ||
-        (fits = lane_fits(op, seg)) == FITS_NOT)
+        (fits = lane_fits(op, seg, &fitted)) == FITS_NOT)
         return 0;
     unsigned idle = 0;
     if (!atomic_compare_exchange_strong(&l->word, &idle, LANE_HELD))
@@ -240,8 +241,7 @@ int c10d__tcp_lane_try(struct c10d__tcp_lane *l, struct c10d__op *op)
      * offers (another thread's op stopped offers since) and so runs
      * through the slots, maybe in several chunks. */
     int finish = fits == FITS_FINISH;
-    uint64_t offered =
-        l->coll.offering || op->kind == C10D_OP_ALL_TO_ALL ? offered_size(op, seg) : 0;
+    uint64_t offered = l->coll.offering || op->kind == C10D_OP_ALL_TO_ALL ? fitted : 0;
     l->coll.look_every = LOOK_EVERY;
     c10d__shm_awake(seg);
     int moved;
